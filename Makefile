@@ -1,0 +1,30 @@
+# qmd-indexer developer targets. Everything runs from a virtualenv in .venv (created on first use).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PORT   ?= 8743
+STATE  ?= .state/demo
+
+.PHONY: install demo test bench eval clean
+
+$(BIN)/qmd-indexer: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# the CPU build of torch first: anything else would pull a multi-GB CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test,bench]'
+	touch $@
+
+install: $(BIN)/qmd-indexer ## create .venv and install qmd-indexer with test and bench extras
+
+demo: install ## index the shipped demo workspace and serve searches on 127.0.0.1:$(PORT)
+	HF_HUB_OFFLINE=1 $(BIN)/qmd-indexer run --workspace deploy/demo-workspace --agent demo --state-dir $(STATE) --port $(PORT)
+
+test: install ## run the test suite
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+bench: install ## benchmark indexing and search on ../shared/data/vault (needs that folder)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m indexer.bench
+
+clean:
+	rm -rf .state .bench .eval .pytest_cache

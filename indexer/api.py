@@ -1,0 +1,140 @@
+"""The plugin contract: the values that cross from a file to a Qdrant point, and the three plugin kinds.
+
+A plugin is an object registered under one of three entry-point groups (see ``GROUPS``). The entry point names a
+factory: a class or function called with that plugin's config table (a ``dict``, empty when none is configured).
+Factories must be cheap: load models lazily, on the first ``embed``/``extract`` call, so that ``qmd-indexer
+plugins`` never imports torch.
+
+Flow for one file::
+
+    path, first bytes --Classifier.classify--> kind (e.g. "markdown", "image")
+    FileInfo(kind)    --Extractor.extract-->   Chunk, Chunk, ...   (text with 1-based line ranges, or image bytes)
+    [Chunk]           --Embedder.embed-->      (n, dim) float32, L2-normalised, one row per chunk
+
+Chunks are grouped by ``modality`` and each group goes to the embedder of that modality; its vectors are stored in
+the Qdrant named vector of the same name (``"text"``, ``"image"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+#: entry-point group -> the Protocol its objects must satisfy (see ``indexer.plugins``)
+GROUPS = ("qmd_indexer.classifiers", "qmd_indexer.extractors", "qmd_indexer.embedders")
+
+#: how many bytes of a file a classifier sees (enough for every magic number we sniff)
+HEAD_BYTES = 512
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """One file handed to an extractor.
+
+    ``path`` is absolute and never a symlink; ``rel_path`` is relative to the workspace, with ``/`` separators;
+    ``size_bytes`` is from the ``stat`` taken just before extraction; ``kind`` is what the classifier answered.
+    """
+
+    path: Path
+    rel_path: str
+    kind: str
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One unit that becomes one Qdrant point.
+
+    - ``text``: what is embedded (``modality == "text"``) and shown as the snippet; for an image, a short caption
+      such as the file name.
+    - ``start_line``/``end_line``: 1-based, inclusive line range in the source file (1, 1 for non-text media).
+    - ``kind``: the source kind (``"markdown"``, ``"image"``, ``"audio"``, ...), stored in the payload.
+    - ``modality``: which embedder and named vector this chunk goes to (``"text"`` or ``"image"``).
+    - ``data``: raw bytes for non-text modalities (the image file), else ``None``.
+    - ``start_s``/``end_s``: time range in seconds for audio transcript segments, else ``None``.
+    - ``meta``: small JSON-serialisable extras copied into the payload (e.g. ``{"width": 640, "height": 427}``).
+    """
+
+    text: str
+    start_line: int = 1
+    end_line: int = 1
+    kind: str = "markdown"
+    modality: str = "text"
+    data: bytes | None = None
+    start_s: float | None = None
+    end_s: float | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ExtractContext:
+    """What an extractor may know about the text embedder, so it can size chunks to the model.
+
+    ``token_offsets(text)`` returns the ``(start, end)`` character offsets of each model token of ``text`` (no
+    special tokens); ``max_tokens`` is how many such tokens one chunk may hold without being truncated by the model.
+    """
+
+    max_tokens: int
+    token_offsets: Callable[[str], list[tuple[int, int]]]
+
+
+@runtime_checkable
+class Classifier(Protocol):
+    """Names the media kind of a file from its path and first ``HEAD_BYTES`` bytes.
+
+    Classifiers run in ascending ``priority`` (built-ins use 100); the first non-``None`` answer wins. ``classify``
+    must not raise for unknown input: it returns ``None`` to defer.
+    """
+
+    priority: int
+
+    def classify(self, path: Path, head: bytes) -> str | None: ...
+
+
+@runtime_checkable
+class Extractor(Protocol):
+    """Turns a file of one of ``kinds`` into chunks.
+
+    Raises ``indexer.errors.ExtractError`` (with a human reason) for corrupt or unsupported input; the daemon logs
+    one line naming the file and indexes the rest of the workspace.
+    """
+
+    kinds: frozenset[str]
+
+    def extract(self, file: FileInfo, context: ExtractContext) -> Iterator[Chunk]: ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Embeds chunks of one modality into a fixed-size dense space.
+
+    - ``model_id``: stable identifier of the model and its settings; part of the embedding-cache key and payload.
+    - ``modality``: ``"text"`` or ``"image"``: the chunks it accepts and the Qdrant named vector it fills.
+    - ``dim``: vector size.
+    - ``max_tokens``: token limit of one input for text embedders (chunks are sized to it), ``None`` otherwise.
+
+    ``embed(chunks)`` returns ``(len(chunks), dim)`` float32, rows L2-normalised. ``embed_query(text)`` returns
+    ``(dim,)`` float32, L2-normalised: the query embedded into this space (for an image embedder, its text tower),
+    so a text query can search this modality. ``token_offsets`` is required of text embedders only.
+    Errors: ``indexer.errors.EmbedError`` for an input it cannot embed (e.g. undecodable image bytes).
+    """
+
+    model_id: str
+    modality: str
+    dim: int
+    max_tokens: int | None
+
+    def embed(self, chunks: Sequence[Chunk]) -> np.ndarray: ...
+
+    def embed_query(self, text: str) -> np.ndarray: ...
+
+
+def l2_normalise(vectors: np.ndarray) -> np.ndarray:
+    """Rows of ``vectors`` scaled to unit L2 norm, as float32; zero rows stay zero. Shape is kept."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)

@@ -1,0 +1,132 @@
+"""Markdown text to line-ranged chunks sized by the embedder's own tokenizer.
+
+The reference agent chunks by lines at ~400 tokens with ~80 tokens of overlap. all-MiniLM-L6-v2 keeps only 256
+word pieces (254 without [CLS]/[SEP]) and silently drops the rest, so chunks here are sized to the model:
+``max_tokens`` of the text embedder per chunk, with 20 % of that as overlap (the reference's 80/400 ratio).
+
+Algorithm:
+1. Tokenize the whole text once, with character offsets; each token belongs to the line its first character is on.
+2. A line longer than ``max_tokens`` is cut into pieces at token boundaries (never inside a character); other lines
+   are one piece each. Blank lines cost nothing.
+3. Pieces are packed greedily. A chunk ends early before a markdown heading once it is half full, so sections stay
+   whole when they can. The next chunk starts with the trailing pieces of the previous one that fit in the overlap.
+
+Line numbers are 1-based and inclusive, counted by ``\\n`` as editors count them (a ``\\r`` before it is dropped).
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from markdown_it import MarkdownIt
+
+OVERLAP_RATIO = 0.2  # reference: 80 of 400 tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    """A chunk of a text: ``text`` is ``source[start_char:end_char]``; lines are 1-based, inclusive."""
+
+    text: str
+    start_line: int
+    end_line: int
+    n_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    line: int  # 0-based
+    start: int  # character offsets in the source
+    end: int
+    n_tokens: int
+
+
+def heading_lines(text: str) -> set[int]:
+    """0-based line numbers where a markdown heading starts (ATX or setext), per CommonMark via markdown-it-py."""
+    lines: set[int] = set()
+    for token in MarkdownIt("commonmark").parse(text):
+        if token.type == "heading_open" and token.map:
+            lines.add(token.map[0])
+    return lines
+
+
+def _pieces(text: str, offsets: list[tuple[int, int]], max_tokens: int) -> list[_Piece]:
+    line_starts = [0] + [match.end() for match in re.finditer("\n", text)]
+    if len(line_starts) > 1 and line_starts[-1] == len(text):
+        line_starts.pop()  # a final newline ends the last line; it does not start another
+    tokens_by_line: list[list[int]] = [[] for _ in line_starts]
+    for start, end in offsets:
+        if end > start:
+            tokens_by_line[bisect_right(line_starts, start) - 1].append(start)
+    pieces: list[_Piece] = []
+    for line, begin in enumerate(line_starts):
+        end = line_starts[line + 1] - 1 if line + 1 < len(line_starts) else len(text)
+        if end > begin and text[end - 1] == "\r":
+            end -= 1
+        starts = tokens_by_line[line]
+        if len(starts) <= max_tokens:
+            pieces.append(_Piece(line, begin, end, len(starts)))
+            continue
+        for k in range(0, len(starts), max_tokens):
+            piece_start = begin if k == 0 else starts[k]
+            piece_end = starts[k + max_tokens] if k + max_tokens < len(starts) else end
+            pieces.append(_Piece(line, piece_start, piece_end, min(max_tokens, len(starts) - k)))
+    return pieces
+
+
+def chunk_text(
+    text: str,
+    token_offsets: Callable[[str], list[tuple[int, int]]],
+    max_tokens: int,
+    overlap_tokens: int | None = None,
+) -> list[TextChunk]:
+    """Chunks of ``text``, each at most ``max_tokens`` model tokens, consecutive chunks overlapping by up to
+    ``overlap_tokens`` (default ``OVERLAP_RATIO * max_tokens``). Whitespace-only chunks are dropped; an empty text
+    gives ``[]``. ``token_offsets`` is the embedder's tokenizer (see ``ExtractContext``)."""
+    if max_tokens < 1:
+        raise ValueError("max_tokens must be at least 1")
+    if not text.strip():
+        return []
+    overlap = int(max_tokens * OVERLAP_RATIO) if overlap_tokens is None else overlap_tokens
+    pieces = _pieces(text, token_offsets(text), max_tokens)
+    headings = heading_lines(text)
+    chunks: list[TextChunk] = []
+    first = 0
+    while first < len(pieces):
+        total, last = 0, first
+        while last < len(pieces):
+            piece = pieces[last]
+            if last > first and total + piece.n_tokens > max_tokens:
+                break
+            if last > first and piece.line in headings and piece.start == _line_start(pieces, last) \
+                    and total >= max_tokens // 2:
+                break
+            total += piece.n_tokens
+            last += 1
+        lo, hi = first, last - 1
+        while lo < hi and not text[pieces[lo].start : pieces[lo].end].strip():
+            lo += 1  # blank lines at either edge add no meaning and would widen the cited range
+        while hi > lo and not text[pieces[hi].start : pieces[hi].end].strip():
+            hi -= 1
+        body = text[pieces[lo].start : pieces[hi].end]
+        if body.strip():
+            chunks.append(TextChunk(body, pieces[lo].line + 1, pieces[hi].line + 1, total))
+        if last >= len(pieces):
+            break
+        # step back over trailing pieces that fit in the overlap, but always move forward
+        back, kept = last, 0
+        while back - 1 > first and kept + pieces[back - 1].n_tokens <= overlap:
+            back -= 1
+            kept += pieces[back].n_tokens
+        first = back
+    return chunks
+
+
+def _line_start(pieces: list[_Piece], index: int) -> int:
+    """Start offset of the first piece on the same line as ``pieces[index]``."""
+    while index > 0 and pieces[index - 1].line == pieces[index].line:
+        index -= 1
+    return pieces[index].start

@@ -1,0 +1,337 @@
+"""The ``qmd-indexer`` command line (click). Heavy modules (torch, the store) are imported inside the commands
+that need them, so ``search``, ``status`` and ``--help`` start in a fraction of a second.
+
+Exit codes: 0 success; 1 runtime failure (daemon unreachable, Qdrant unreachable, collection mismatch);
+2 usage or configuration error; 3 ``index --once`` finished but some files failed (each was logged).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+
+
+def configure_logging(fmt: str = "auto", level: str = "info") -> None:
+    """structlog for our events and the stdlib loggers of uvicorn and watchdog alike, to stderr: JSON lines when
+    stderr is not a TTY (journald, pipes) or ``fmt == "json"``, colourless key=value console lines otherwise."""
+    import structlog
+
+    json_lines = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer = structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, renderer],
+        foreign_pre_chain=shared))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("watchdog", "httpx", "httpcore", "sentence_transformers", "transformers", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fail(message: str, code: int = EXIT_FAILURE) -> None:
+    click.echo(f"qmd-indexer: {message}", err=True)
+    sys.exit(code)
+
+
+def _settings(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
+              port: int | None, qdrant_url: str | None = None, extra: tuple[Path, ...] = ()) -> Any:
+    from indexer.config import load_settings
+    from indexer.errors import ConfigError
+
+    overrides: dict[str, Any] = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url}
+    if workspace is not None:
+        overrides["workspace"] = [{"agent": agent or "main", "path": workspace, "extra_paths": list(extra)}]
+    elif agent is not None or extra:
+        _fail("--agent and --extra-path need --workspace (or a config file with [[workspace]] tables)", EXIT_USAGE)
+    try:
+        return load_settings(config, overrides)
+    except ConfigError as exc:
+        _fail(f"config error: {exc}", EXIT_USAGE)
+
+
+def _need_workspaces(settings: Any) -> None:
+    if not settings.workspace:
+        _fail("no workspace configured: pass --workspace PATH [--agent ID], or add [[workspace]] tables to the "
+              "config file (see `qmd-indexer run --help`)", EXIT_USAGE)
+
+
+_config_opt = click.option("--config", "config", type=click.Path(path_type=Path, dir_okay=False),
+                           help="TOML config file [env QMD_INDEXER_CONFIG; default ~/.config/qmd-indexer/config.toml]")
+_port_opt = click.option("--port", type=click.IntRange(1, 65535), help="HTTP API port on 127.0.0.1 [default 8743]")
+
+
+def _workspace_opts(fn):
+    fn = click.option("--extra-path", "extra", multiple=True, type=click.Path(path_type=Path),
+                      help="Extra memory file or directory (repeatable), absolute or workspace-relative.")(fn)
+    fn = click.option("--qdrant-url", help="Qdrant server URL; empty = embedded Qdrant Edge under the state dir.")(fn)
+    fn = click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
+                      help="Where the embedded store and embedding cache live [default ~/.local/state/qmd-indexer].")(fn)
+    fn = click.option("--agent", help="Agent id of --workspace [default main].")(fn)
+    fn = click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
+                      help="Agent workspace directory (holds MEMORY.md and memory/); replaces the config's list.")(fn)
+    return _config_opt(fn)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="qmd-indexer")
+def main() -> None:
+    """Keep an AI agent's memory files indexed in Qdrant and search them by meaning.
+
+    \b
+    Memory is MEMORY.md at the workspace root, every .md under memory/ and any extra paths.
+    Start the daemon on a workspace, then ask it questions from another shell:
+      qmd-indexer run --workspace ~/agent --agent main
+      qmd-indexer search "what did the user say about deploy windows?"
+      qmd-indexer status
+
+    Config comes from a TOML file (--config), QMD_INDEXER_* environment variables and flags.
+    """
+
+
+@main.command()
+@_workspace_opts
+@_port_opt
+@click.option("--reindex", is_flag=True, help="Drop this daemon's collections and rebuild them (after a model change).")
+def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -> None:
+    """Run the daemon: index the workspaces, keep watching them, serve searches.
+
+    \b
+    The first start indexes everything (a progress bar on a terminal); later starts only
+    re-embed what changed. Logs are JSON lines when stderr is not a terminal (journald).
+    SIGTERM or Ctrl-C finishes the files in hand, flushes the store and exits 0.
+
+    \b
+    Examples:
+      qmd-indexer run --workspace ~/agent --agent main
+      qmd-indexer run --config /etc/qmd-indexer/config.toml
+    """
+    settings = _settings(config, workspace, agent, state_dir, port, qdrant_url, extra)
+    _need_workspaces(settings)
+    configure_logging(settings.log_format, settings.log_level)
+    import socket
+    import threading
+
+    with socket.socket() as probe:
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError as exc:
+            _fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}; is a daemon already running? "
+                  f"(choose another with --port)")
+    indexer = _open_indexer(settings, reindex)
+    import uvicorn
+    import structlog
+
+    from indexer.server import create_app
+
+    stop = threading.Event()
+    worker = threading.Thread(target=indexer.run, args=(stop,), name="indexer-worker", daemon=True)
+    worker.start()
+    server = uvicorn.Server(uvicorn.Config(create_app(indexer), host=settings.host, port=settings.port,
+                                           log_config=None, access_log=False, lifespan="off"))
+    structlog.get_logger("qmd_indexer.daemon").info("api_listening", url=f"http://{settings.host}:{settings.port}")
+    try:
+        server.run()
+    finally:
+        stop.set()
+        indexer.settler.wake()
+        worker.join()
+        indexer.close()
+        structlog.get_logger("qmd_indexer.daemon").info("daemon_stopped")
+    sys.exit(EXIT_OK if server.started else EXIT_FAILURE)
+
+
+def _open_indexer(settings: Any, reindex: bool) -> Any:
+    from indexer.daemon import Indexer
+    from indexer.errors import CollectionMismatch, ConfigError, PluginError, StoreUnavailable
+
+    indexer = Indexer(settings)
+    try:
+        indexer.open(reindex=reindex)
+    except ConfigError as exc:
+        _fail(f"config error: {exc}", EXIT_USAGE)
+    except (CollectionMismatch, StoreUnavailable, PluginError) as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"cannot open the store under {settings.state_dir}: {exc}")
+    except Exception as exc:  # qdrant-edge reports a locked shard as a plain exception
+        if "lock" in str(exc).lower():
+            _fail(f"the store under {settings.state_dir} is in use by another process (a running daemon?); "
+                  f"query it with `qmd-indexer search`, or stop it first")
+        raise
+    return indexer
+
+
+@main.command()
+@_workspace_opts
+@click.option("--once", is_flag=True, help="Index everything now and exit (required; `run` keeps watching).")
+@click.option("--reindex", is_flag=True, help="Drop the collections first and rebuild them from scratch.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final status as JSON.")
+def index(config, workspace, agent, state_dir, qdrant_url, extra, once, reindex, as_json) -> None:
+    """Index the workspaces without the daemon, then exit (for scripts and CI).
+
+    \b
+    Exit status: 0 all memory files indexed or deliberately skipped; 3 some files failed
+    (each was logged); 1 the store could not be opened; 2 bad usage or config.
+    Do not run it against the embedded store of a running daemon: only one process can hold it.
+
+    \b
+    Example:
+      qmd-indexer index --once --workspace ~/agent --agent main --state-dir /tmp/qmd
+    """
+    if not once:
+        _fail("`index` needs --once (to keep watching and serving searches, use `qmd-indexer run`)", EXIT_USAGE)
+    settings = _settings(config, workspace, agent, state_dir, None, qdrant_url, extra)
+    _need_workspaces(settings)
+    configure_logging(settings.log_format, settings.log_level)
+    indexer = _open_indexer(settings, reindex)
+    try:
+        status = indexer.index_once()
+    finally:
+        indexer.close()
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+    else:
+        _print_status(status)
+    sys.exit(EXIT_PARTIAL if status["files_failed"] else EXIT_OK)
+
+
+def _client(config: Path | None, port: int | None) -> Any:
+    from indexer.client import Client
+
+    if port is None:
+        port = _settings(config, None, None, None, None).port
+    return Client(port=port)
+
+
+@main.command()
+@click.argument("query")
+@click.option("-k", "k", type=click.IntRange(1, 1000), default=6, show_default=True, help="How many hits.")
+@click.option("--agent", help="Only this agent's collections.")
+@click.option("--collection", "collections", multiple=True, help="Only this collection (repeatable).")
+@click.option("--mode", type=click.Choice(["hybrid", "dense", "keyword"]),
+              help="Retrieval mode [default: the daemon's search_mode, hybrid].")
+@click.option("--path-prefix", help="Only files at or under this workspace-relative path.")
+@click.option("--kind", "kinds", multiple=True, help="Only this source kind: markdown, image, audio... (repeatable)")
+@click.option("--min-score", type=float, help="Drop hits scoring below this.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of hits.")
+@_config_opt
+@_port_opt
+def search(query, k, agent, collections, mode, path_prefix, kinds, min_score, as_json, config, port) -> None:
+    """Ask the running daemon a question; print the best memory chunks.
+
+    \b
+    Each hit shows path:start-end (1-based lines), score, collection and a snippet.
+    --json prints [{"collection", "path", "start_line", "end_line", "score", "snippet", ...}].
+
+    \b
+    Examples:
+      qmd-indexer search "how do I make a task repeat every week"
+      qmd-indexer search "ACME-4471" --mode keyword -k 3 --json
+    """
+    from indexer.client import ClientError
+
+    client = _client(config, port)
+    try:
+        hits = client.search(query, k=k, agent=agent, collection=list(collections) or None, mode=mode,
+                             path_prefix=path_prefix, kind=list(kinds) or None, min_score=min_score)
+    except ClientError as exc:
+        _fail(str(exc), EXIT_USAGE if exc.status_code in (400, 404, 422) else EXIT_FAILURE)
+    if as_json:
+        click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
+        return
+    if not hits:
+        click.echo("no hits", err=True)
+    for rank, hit in enumerate(hits, 1):
+        where = f"{hit['path']}:{hit['start_line']}-{hit['end_line']}"
+        if "start_s" in hit:
+            where += f" [{hit['start_s']:.1f}s-{hit.get('end_s', hit['start_s']):.1f}s]"
+        click.echo(f"{rank}. {where}  score {hit['score']:.3f}  ({hit['collection']}, {hit['kind']})")
+        for line in hit["snippet"].splitlines()[:8]:
+            click.echo(f"     {line}")
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    click.echo(f"ready: {status['ready']}  backend: {status['backend']}  queue: {status['queue_depth']}  "
+               f"embedded since start: {status['chunks_embedded']}  cache hits: {status['cache_hits']}  "
+               f"failed files: {status['files_failed']}")
+    click.echo(f"{'collection':<40} {'files':>7} {'chunks':>8}  root")
+    for name, c in status["collections"].items():
+        click.echo(f"{name:<40} {c['files']:>7} {c['chunks']:>8}  {c['root']}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the daemon's status as JSON.")
+@_config_opt
+@_port_opt
+def status(as_json, config, port) -> None:
+    """Show what the running daemon holds: per-collection files and chunks, queue depth,
+    chunks embedded and cache hits since start. Exit 1 if no daemon answers."""
+    from indexer.client import ClientError
+
+    try:
+        info = _client(config, port).status()
+    except ClientError as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    else:
+        _print_status(info)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of plugin records.")
+@_config_opt
+def plugins(as_json, config) -> None:
+    """List every installed plugin: group, name, distribution and version, what it provides, status.
+
+    \b
+    Plugins are found through the entry-point groups qmd_indexer.classifiers,
+    qmd_indexer.extractors and qmd_indexer.embedders; no model is loaded to list them.
+    A plugin that fails to load is listed as failed with the reason.
+    Status: loaded, failed, disabled (not in the `plugins` allow-list), unused (lost a `prefer` choice).
+    """
+    from indexer.daemon import plugin_configs
+    from indexer.errors import ConfigError
+    from indexer.plugins import load_registry
+
+    settings = _settings(config, None, None, None, None)
+    configure_logging("json" if as_json else settings.log_format, "critical" if as_json else "error")
+    try:
+        registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer)
+    except ConfigError as exc:
+        _fail(f"config error: {exc}", EXIT_USAGE)
+    records = [r.as_dict() for r in registry.records]
+    if as_json:
+        click.echo(json.dumps(records, indent=2))
+        return
+    click.echo(f"{'group':<12} {'name':<24} {'distribution':<28} {'provides':<16} status")
+    for r in records:
+        dist = f"{r['distribution']} {r['version']}"
+        group = r["group"].rsplit(".", 1)[-1]
+        line = f"{group:<12} {r['name']:<24} {dist:<28} {', '.join(r['provides']):<16} {r['status']}"
+        click.echo(line + (f" ({r['reason']})" if r["reason"] else ""))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

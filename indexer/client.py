@@ -1,0 +1,79 @@
+"""Python client of the daemon's HTTP API. Imports only httpx: no torch, no model, so a search from a script or
+the shell costs one HTTP round trip.
+
+    >>> from indexer.client import Client
+    >>> hits = Client(port=8743).search("deploy windows", k=3)
+    >>> hits[0]["path"], hits[0]["start_line"], hits[0]["score"]
+
+Raises ``DaemonUnavailable`` when nothing answers on the port, ``ClientError`` for an error answer (its message
+is the daemon's ``detail``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+DEFAULT_PORT = 8743
+
+
+class ClientError(Exception):
+    """The daemon answered with an error; ``status_code`` is the HTTP status."""
+
+    def __init__(self, message: str, status_code: int = 0) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class DaemonUnavailable(ClientError):
+    """Nothing answers at the daemon's address."""
+
+
+class Client:
+    """Talks to ``http://host:port``; ``timeout_s`` bounds each request (seconds)."""
+
+    def __init__(self, port: int = DEFAULT_PORT, host: str = "127.0.0.1", timeout_s: float = 30.0) -> None:
+        self.base_url = f"http://{host}:{port}"
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, trust_env=False)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise DaemonUnavailable(
+                f"no qmd-indexer daemon answers at {self.base_url} ({exc.__class__.__name__}); "
+                f"start one with `qmd-indexer run`, or pass --port"
+            ) from None
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise ClientError(str(detail), response.status_code)
+        return response.json()
+
+    def health(self) -> dict[str, Any]:
+        """``{"status": "ok", "ready": bool}``."""
+        return self._call("GET", "/health")
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's counters (see ``Indexer.status``)."""
+        return self._call("GET", "/status")
+
+    def search(self, query: str, k: int = 6, agent: str | None = None, collection: str | list[str] | None = None,
+               mode: str | None = None, path_prefix: str | None = None, kind: str | list[str] | None = None,
+               min_score: float | None = None) -> list[dict[str, Any]]:
+        """The ``k`` best hits for ``query`` (see ``indexer.search`` for the hit keys)."""
+        body = {"query": query, "k": k, "agent": agent, "collection": collection, "mode": mode,
+                "path_prefix": path_prefix, "kind": kind, "min_score": min_score}
+        return self._call("POST", "/search", json={key: v for key, v in body.items() if v is not None})["hits"]
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

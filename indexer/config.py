@@ -1,0 +1,169 @@
+"""Settings from a TOML file, the environment and command-line flags, validated into one frozen object.
+
+Precedence, highest first: CLI flags, environment (``QMD_INDEXER_<KEY>``, e.g. ``QMD_INDEXER_PORT=9000``), the
+config file, defaults. The config file is ``--config PATH``, else ``$QMD_INDEXER_CONFIG``, else
+``$XDG_CONFIG_HOME/qmd-indexer/config.toml`` when it exists. Unknown keys are errors, so a typo never silently
+falls back to a default. ``load_settings`` raises ``ConfigError`` whose message is one line naming the key.
+
+Example file (every key optional except a workspace's ``agent`` and ``path``)::
+
+    state_dir = "/var/lib/qmd-indexer"
+    port = 8743
+    qdrant_url = ""                  # empty: embedded Qdrant Edge under state_dir
+    model = "all-MiniLM-L6-v2"
+
+    [[workspace]]
+    agent = "main"
+    path = "~/agent"
+    extra_paths = ["~/notes"]
+    multimodal = { enabled = true, modalities = ["image", "audio"] }
+
+    [plugin.clip]                    # config table handed to the plugin named "clip"
+    model = "/opt/models/clip-ViT-B-32"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from indexer.errors import ConfigError
+
+ENV_PREFIX = "QMD_INDEXER_"
+MIB = 1024 * 1024
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/qmd-indexer`` (XDG Base Directory spec), else ``~/.local/state/qmd-indexer``."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "qmd-indexer"
+
+
+def default_config_path() -> Path:
+    """``$XDG_CONFIG_HOME/qmd-indexer/config.toml``, else ``~/.config/qmd-indexer/config.toml``."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "qmd-indexer" / "config.toml"
+
+
+class Multimodal(BaseModel):
+    """Per-workspace media indexing: off by default; ``modalities`` is a subset of image/audio, or ``["all"]``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    modalities: tuple[Literal["image", "audio", "all"], ...] = ("all",)
+    max_file_bytes: int = Field(default=10 * MIB, gt=0)
+
+    def allows(self, modality: str) -> bool:
+        """Whether files of ``modality`` ("image" or "audio") are indexed in this workspace."""
+        return self.enabled and ("all" in self.modalities or modality in self.modalities)
+
+
+class Workspace(BaseModel):
+    """One agent's workspace: its id, its directory and optional extra files or directories."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agent: str = Field(min_length=1)
+    path: Path
+    extra_paths: tuple[Path, ...] = ()
+    multimodal: Multimodal = Multimodal()
+
+    @field_validator("path")
+    @classmethod
+    def _absolute_path(cls, value: Path) -> Path:
+        return Path(os.path.abspath(value.expanduser()))
+
+
+class Settings(BaseSettings):
+    """All settings of one daemon. Units are in the names: seconds (``_s``), bytes (``_bytes``)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    state_dir: Path = Field(default_factory=default_state_dir)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8743, ge=1, le=65535)
+    qdrant_url: str = ""
+    qdrant_api_key: str = ""
+    qdrant_timeout_s: float = Field(default=10.0, gt=0)
+    model: str = "all-MiniLM-L6-v2"
+    device: str = "cpu"
+    batch_size: int = Field(default=32, ge=1)
+    settle_s: float = Field(default=1.0, ge=0)
+    rescan_interval_s: float = Field(default=300.0, gt=0)
+    max_file_bytes: int = Field(default=10 * MIB, gt=0)
+    search_mode: Literal["hybrid", "dense", "keyword"] = "hybrid"
+    fusion: Literal["rrf", "dbsf"] = "dbsf"
+    rrf_k: int = Field(default=60, ge=1)
+    prefetch_limit: int = Field(default=100, ge=1)
+    plugins: Annotated[tuple[str, ...], NoDecode] = ()
+    prefer: dict[str, str] = {}
+    plugin: dict[str, dict[str, Any]] = {}
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    workspace: tuple[Workspace, ...] = ()
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(name.strip() for name in value.split(",") if name.strip())
+        return value
+
+    @field_validator("state_dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return Path(os.path.abspath(value.expanduser()))
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        # environment beats the file (which arrives as init kwargs); flags are applied after, in load_settings
+        return (env_settings, init_settings)
+
+
+def _format_error(error: ValidationError, origin: str) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{origin}: {key}: {message}{more}"
+
+
+def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Read the config file (if any), the environment and ``overrides`` (CLI flags; ``None`` values ignored).
+
+    Raises ``ConfigError`` with one line such as ``config.toml: port: Input should be less than or equal to 65535``.
+    """
+    explicit = config_path or (Path(os.environ[ENV_PREFIX + "CONFIG"]) if os.environ.get(ENV_PREFIX + "CONFIG") else None)
+    path = explicit or default_config_path()
+    data: dict[str, Any] = {}
+    if explicit is not None or path.exists():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read config file: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    origin = str(path) if data else "config"
+    try:
+        settings = Settings(**data)
+        flags = {key: value for key, value in (overrides or {}).items() if value is not None}
+        if flags:
+            merged = settings.model_dump()
+            merged.update(flags)
+            settings = Settings.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc, origin)) from None
+    agents = [ws.agent for ws in settings.workspace]
+    if len(set(agents)) != len(agents):
+        raise ConfigError(f"{origin}: workspace.agent: agent ids must be unique, got {agents}")
+    return settings

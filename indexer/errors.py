@@ -1,0 +1,55 @@
+"""The exception tree. Every error the indexer raises on purpose is a ``QmdError``::
+
+    QmdError
+    ├── ConfigError          invalid config file, environment or flags (the CLI exits 2 with one line)
+    ├── PluginError          a plugin failed to load or breaks the contract (reported and skipped)
+    ├── CollectionMismatch   an existing collection's vectors differ from the configured embedders (reindex)
+    ├── StoreUnavailable     Qdrant cannot be reached or refused an operation (retried, then logged)
+    ├── FileSkipped          a file is not indexed for a stated reason (too large, not UTF-8 text, FIFO, ...)
+    ├── ExtractError         an extractor could not read a file of its kind (corrupt image, bad codec, ...)
+    ├── EmbedError           an embedder could not embed an input
+    └── ReadRefused          a paged read asked for a path that is not a memory file of that workspace
+"""
+
+from __future__ import annotations
+
+
+class QmdError(Exception):
+    """Base of every error raised on purpose by qmd-indexer."""
+
+
+class ConfigError(QmdError):
+    """Invalid configuration; the message names the key and the problem."""
+
+
+class PluginError(QmdError):
+    """A plugin could not be loaded or does not satisfy its contract."""
+
+
+class CollectionMismatch(QmdError):
+    """An existing collection was created for other vectors than the configured embedders produce."""
+
+
+class StoreUnavailable(QmdError):
+    """The Qdrant store could not be reached or refused an operation."""
+
+
+class FileSkipped(QmdError):
+    """A file is deliberately not indexed; ``reason`` is a short snake_case word for logs."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class ExtractError(QmdError):
+    """An extractor could not turn a file into chunks (corrupt or unsupported content)."""
+
+
+class EmbedError(QmdError):
+    """An embedder could not embed an input."""
+
+
+class ReadRefused(QmdError):
+    """A read asked for a path that is not a memory file of the workspace."""

@@ -1,0 +1,62 @@
+"""Built-in markdown support, registered through the same entry-point groups as any third-party plugin:
+``markdown`` in ``qmd_indexer.classifiers`` and in ``qmd_indexer.extractors`` (see ``pyproject.toml``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from indexer.api import Chunk, ExtractContext, FileInfo
+from indexer.chunking import chunk_text
+from indexer.errors import ExtractError
+
+log = structlog.get_logger("qmd_indexer.markdown")
+SUFFIXES = frozenset({".md", ".markdown"})
+
+
+class MarkdownClassifier:
+    """``"markdown"`` for files named ``*.md`` / ``*.markdown``; content is checked by the extractor."""
+
+    priority = 100
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.suffixes = frozenset(s.lower() for s in (config or {}).get("suffixes", SUFFIXES))
+
+    def classify(self, path: Path, head: bytes) -> str | None:
+        return "markdown" if path.suffix.lower() in self.suffixes else None
+
+
+def decode_text(data: bytes) -> tuple[str, int]:
+    """``(text, n_replaced)``: ``data`` decoded as UTF-8 (a BOM is dropped); invalid byte sequences become U+FFFD
+    and are counted, so one bad byte never hides the rest of a note. Raises ``ExtractError`` for NUL bytes, which
+    mark a binary file rather than text."""
+    if b"\x00" in data:
+        raise ExtractError(f"contains NUL bytes (first at byte {data.index(0)}): binary, not text")
+    text = data.decode("utf-8", errors="replace")
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    replaced = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+    return text, replaced
+
+
+class MarkdownExtractor:
+    """A markdown file to text chunks sized to the embedder (see ``indexer.chunking``)."""
+
+    kinds = frozenset({"markdown"})
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config = dict(config or {})
+
+    def extract(self, file: FileInfo, context: ExtractContext) -> Iterator[Chunk]:
+        try:
+            data = file.path.read_bytes()
+        except OSError as exc:
+            raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
+        text, replaced = decode_text(data)
+        if replaced:
+            log.warning("file_decoded_lossy", path=file.rel_path, reason="invalid_utf8", replaced_sequences=replaced)
+        for chunk in chunk_text(text, context.token_offsets, context.max_tokens):
+            yield Chunk(text=chunk.text, start_line=chunk.start_line, end_line=chunk.end_line, kind="markdown")

@@ -1,0 +1,250 @@
+"""One file through fingerprint, classify, extract, embed and point building. No I/O to the store.
+
+``Pipeline.prepare(collection, path, known)`` returns ``Unchanged`` (nothing to do), or ``Prepared`` (the file's
+chunks), or raises ``FileSkipped`` / ``ExtractError`` with the reason, or ``FileNotFoundError`` when the file is gone
+(the caller then deletes its points). ``Pipeline.to_points(prepared_files)`` embeds the chunks of many files in one
+batch per modality (so small files still fill the model's batches), reusing cached vectors, and builds the points.
+
+Fingerprint: ``stat`` first (size, ``mtime_ns``); only when it differs from what the store holds is the content
+read, and a sha256 of it decides: equal hash, no work. Files are opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked
+with ``fstat``, so a symlink or FIFO swapped in after the walk is refused, never followed or blocked on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo
+from indexer.cache import EmbeddingCache, cache_key
+from indexer.errors import ExtractError, FileSkipped, PluginError
+from indexer.plugins import Registry
+from indexer.store import SPARSE, FileState, Point, ancestor_dirs, point_id
+from indexer.workspace import Collection, rel_path
+
+MEDIA_KINDS = ("image", "audio")  # kinds gated by a workspace's multimodal settings
+_READ_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Unchanged:
+    """The store already holds this content (same stat, or same hash)."""
+
+    path: Path
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A file read and chunked, ready to embed."""
+
+    collection: Collection
+    path: Path
+    rel_path: str
+    kind: str
+    file_hash: str
+    size_bytes: int
+    mtime_ns: int
+    chunks: list[Chunk]
+    embedded: int = 0
+    cache_hits: int = 0
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters since start, shown by ``status``."""
+
+    chunks_embedded: int = 0
+    cache_hits: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+def read_fingerprint(path: Path, max_bytes: int) -> tuple[os.stat_result, bytes, str]:
+    """``(stat, first HEAD_BYTES bytes, sha256 hex)`` of regular file ``path``, streamed in 1 MiB blocks.
+
+    Raises ``FileNotFoundError`` if gone, ``FileSkipped`` for symlinks (``symlink``), non-regular files
+    (``not_regular_file``), files over ``max_bytes`` (``too_large``) and permission errors (``permission_denied``).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except PermissionError:
+        raise FileSkipped("permission_denied", "no read permission") from None
+    except OSError as exc:
+        if exc.errno == getattr(os, "ELOOP", 40):
+            raise FileSkipped("symlink", "symlinks are never followed") from None
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise FileSkipped("unreadable", exc.strerror or str(exc)) from None
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise FileSkipped("not_regular_file", "a FIFO, socket or device")
+        if st.st_size > max_bytes:
+            raise FileSkipped("too_large", f"{st.st_size} bytes > limit {max_bytes}")
+        digest = hashlib.sha256()
+        head = b""
+        while block := handle.read(_READ_BLOCK):
+            if not head:
+                head = block[:HEAD_BYTES]
+            digest.update(block)
+        return st, head, digest.hexdigest()
+
+
+class Pipeline:
+    """Turns files into points with the loaded plugins. ``max_file_bytes`` caps text files; media use the
+    workspace's multimodal cap."""
+
+    def __init__(self, registry: Registry, cache: EmbeddingCache, max_file_bytes: int) -> None:
+        self.registry = registry
+        self.cache = cache
+        self.max_file_bytes = max_file_bytes
+        self.stats = Stats()
+        text = registry.embedders.get("text")
+        if text is None:
+            raise PluginError("no embedder of modality 'text' is loaded; check `qmd-indexer plugins`")
+        self.text_embedder = text
+        from qdrant_edge import Bm25, Bm25Config, TokenizerType
+
+        # Multilingual tokenizer: words for Latin scripts, dictionary segmentation for CJK (keyword search in
+        # Chinese/Japanese works); Qdrant's IDF modifier supplies the corpus statistics at query time.
+        self.bm25 = Bm25(Bm25Config(tokenizer=TokenizerType.Multilingual))
+        self._context: ExtractContext | None = None
+
+    @property
+    def context(self) -> ExtractContext:
+        if self._context is None:
+            self._context = ExtractContext(self.text_embedder.max_tokens, self.text_embedder.token_offsets)
+        return self._context
+
+    def dense_dims(self) -> dict[str, int]:
+        """Named vector -> size, for every loaded embedder (``{"text": 384}``, plus ``"image"`` with CLIP)."""
+        return {modality: int(e.dim) for modality, e in self.registry.embedders.items()}
+
+    # -- step 3-5: fingerprint, classify, extract ----------------------------------------------------------------
+    def prepare(self, collection: Collection, path: Path, known: FileState | None) -> Prepared | Unchanged:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise
+        if stat.S_ISLNK(st.st_mode):
+            raise FileSkipped("symlink", "symlinks are never followed")
+        if not stat.S_ISREG(st.st_mode):
+            raise FileSkipped("not_regular_file", "a FIFO, socket or device")
+        if known and known.complete and known.size_bytes == st.st_size and known.mtime_ns == st.st_mtime_ns:
+            return Unchanged(path)
+        multimodal = collection.workspace.multimodal
+        cap = max(self.max_file_bytes, multimodal.max_file_bytes if multimodal.enabled else 0)
+        st, head, file_hash = read_fingerprint(path, cap)
+        kind = self.registry.classify(path, head)
+        if kind is None:
+            raise FileSkipped("unsupported_type", "no classifier claims it")
+        if collection.role == "root" and kind != "markdown":
+            raise FileSkipped("unsupported_type", "the root memory file must be markdown")
+        if kind in MEDIA_KINDS:
+            if not multimodal.allows(kind):
+                raise FileSkipped("modality_disabled", f"{kind} indexing is off for this workspace")
+            if st.st_size > multimodal.max_file_bytes:
+                raise FileSkipped("too_large", f"{st.st_size} bytes > multimodal limit {multimodal.max_file_bytes}")
+        elif st.st_size > self.max_file_bytes:
+            raise FileSkipped("too_large", f"{st.st_size} bytes > limit {self.max_file_bytes}")
+        if known and known.complete and known.file_hash == file_hash:
+            return Unchanged(path)
+        extractor = self.registry.extractors.get(kind)
+        if extractor is None:
+            raise FileSkipped("no_extractor", f"no extractor plugin handles kind {kind!r}")
+        info = FileInfo(path, rel_path(collection.workspace, path), kind, st.st_size)
+        try:
+            chunks = list(extractor.extract(info, self.context))
+        except (ExtractError, FileSkipped, FileNotFoundError):
+            raise
+        except Exception as exc:  # a plugin's own bug must not stop the daemon; report it for this file
+            raise ExtractError(f"{type(exc).__name__} in extractor for {kind!r}: {exc}") from exc
+        for chunk in chunks:
+            if chunk.modality not in self.registry.embedders:
+                raise FileSkipped("no_embedder", f"no embedder of modality {chunk.modality!r} is loaded")
+        return Prepared(collection, path, info.rel_path, kind, file_hash, st.st_size, st.st_mtime_ns, chunks)
+
+    # -- step 6-7: embed (cached, batched across files) and build points ----------------------------------------
+    def _content(self, chunk: Chunk) -> bytes:
+        return chunk.data if chunk.modality != "text" and chunk.data is not None else chunk.text.encode("utf-8")
+
+    def embed(self, prepared: Sequence[Prepared]) -> list[np.ndarray]:
+        """Per prepared file, its ``(n_chunks, dim)`` float32 vectors; cached vectors are reused, misses embedded
+        in one call per modality. Updates ``embedded``/``cache_hits`` of each file and ``stats``."""
+        by_modality: dict[str, list[tuple[int, int]]] = {}
+        for f, file in enumerate(prepared):
+            for c, chunk in enumerate(file.chunks):
+                by_modality.setdefault(chunk.modality, []).append((f, c))
+        vectors: list[list[np.ndarray | None]] = [[None] * len(file.chunks) for file in prepared]
+        for modality, slots in by_modality.items():
+            embedder = self.registry.embedders[modality]
+            dim = int(embedder.dim)
+            keys = [cache_key(embedder.model_id, self._content(prepared[f].chunks[c])) for f, c in slots]
+            cached = self.cache.get_many(list(dict.fromkeys(keys)), dim)
+            misses: dict[bytes, list[tuple[int, int]]] = {}
+            for key, (f, c) in zip(keys, slots):
+                if key in cached:
+                    vectors[f][c] = cached[key]
+                    prepared[f].cache_hits += 1
+                else:
+                    misses.setdefault(key, []).append((f, c))
+            if misses:
+                firsts = [prepared[f].chunks[c] for f, c in (group[0] for group in misses.values())]
+                fresh = np.asarray(embedder.embed(firsts), dtype=np.float32)
+                if fresh.shape != (len(firsts), dim):
+                    raise ExtractError(f"embedder {embedder.model_id} returned shape {fresh.shape}, "
+                                       f"expected ({len(firsts)}, {dim})")
+                self.cache.put_many(list(zip(misses.keys(), fresh)))
+                for vector, group in zip(fresh, misses.values()):
+                    for n, (f, c) in enumerate(group):
+                        vectors[f][c] = vector
+                        if n == 0:
+                            prepared[f].embedded += 1
+                        else:
+                            prepared[f].cache_hits += 1
+        for file in prepared:
+            self.stats.chunks_embedded += file.embedded
+            self.stats.cache_hits += file.cache_hits
+        return [np.stack(v) if v else np.zeros((0, 0), np.float32) for v in vectors]  # type: ignore[arg-type]
+
+    def points(self, file: Prepared, vectors: np.ndarray) -> list[Point]:
+        """The Qdrant points of one embedded file: deterministic ids, payload with path, lines and hash."""
+        out = []
+        abs_path = str(file.path)
+        for index, (chunk, vector) in enumerate(zip(file.chunks, vectors)):
+            sparse: dict[str, tuple[list[int], list[float]]] = {}
+            if chunk.text.strip():
+                terms = self.bm25.embed_document(chunk.text)
+                if terms.indices:
+                    sparse[SPARSE] = (list(terms.indices), list(terms.values))
+            payload: dict[str, Any] = {
+                "agent": file.collection.agent,
+                "collection": file.collection.name,
+                "path": file.rel_path,
+                "abs_path": abs_path,
+                "dirs": ancestor_dirs(file.rel_path),
+                "file_hash": file.file_hash,
+                "size_bytes": file.size_bytes,
+                "mtime_ns": file.mtime_ns,
+                "chunk_index": index,
+                "chunk_count": len(file.chunks),
+                "start_line": chunk.start_line,
+                "end_line": chunk.end_line,
+                "text": chunk.text,
+                "kind": chunk.kind,
+                "modality": chunk.modality,
+                "model_id": self.registry.embedders[chunk.modality].model_id,
+            }
+            if chunk.start_s is not None:
+                payload["start_s"] = float(chunk.start_s)
+            if chunk.end_s is not None:
+                payload["end_s"] = float(chunk.end_s)
+            payload.update(dict(chunk.meta))
+            out.append(Point(point_id(file.collection.name, abs_path, index), {chunk.modality: vector}, sparse, payload))
+        return out

@@ -1,0 +1,181 @@
+"""Queries over the indexed collections: embed the query, search each collection, merge, cut snippets.
+
+A hit (``dict``, the JSON the API and ``search --json`` return) carries ``collection``, ``agent``, ``path``
+(workspace-relative), ``start_line``/``end_line`` (1-based, inclusive: the lines the snippet shows), ``score``,
+``snippet`` (at most ``SNIPPET_CHARS`` characters, centred on the lines that best match the query), ``kind``,
+``citation`` (``path#Lstart-Lend``) and, where they apply, ``start_s``/``end_s`` (audio) or ``width``/``height``
+(images).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from indexer.store import Filter, Hit, Query, Store
+from indexer.workspace import Collection
+
+SNIPPET_CHARS = 700  # the reference agent's snippet cap
+_WORD = re.compile(r"\w+", re.UNICODE)
+_MEDIA_FIELDS = ("start_s", "end_s", "width", "height", "format")
+
+
+@dataclass(frozen=True, slots=True)
+class SearchParams:
+    """One search: ``k`` hits; ``agent`` and ``collections`` narrow the collections searched; ``mode`` is
+    ``hybrid``/``dense``/``keyword`` (``None``: the configured default); ``path_prefix`` and ``kinds`` filter
+    points; hits scoring below ``min_score`` are dropped."""
+
+    query: str
+    k: int = 6
+    agent: str | None = None
+    collections: tuple[str, ...] = ()
+    mode: str | None = None
+    path_prefix: str | None = None
+    kinds: tuple[str, ...] = ()
+    min_score: float | None = None
+
+
+def _terms(text: str) -> set[str]:
+    words = {w.lower() for w in _WORD.findall(text)}
+    # CJK runs have no spaces: single characters stand in for words
+    words |= {ch for w in words for ch in w if "\u3040" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af"}
+    return words
+
+
+def snippet(text: str, query: str, first_line: int, limit: int = SNIPPET_CHARS) -> tuple[str, int, int]:
+    """``(snippet, start_line, end_line)``: whole lines of ``text`` (which starts at ``first_line``) around the
+    line sharing most words with ``query``, at most ``limit`` characters; a single line longer than that is cut."""
+    lines = text.split("\n")
+    if len(text) <= limit:
+        return text, first_line, first_line + len(lines) - 1
+    terms = _terms(query)
+    best = max(range(len(lines)), key=lambda i: (len(terms & _terms(lines[i])), -i)) if terms else 0
+    lo = hi = best
+    size = len(lines[best])
+    while True:
+        grown = False
+        for side in (-1, 1):
+            j = lo - 1 if side < 0 else hi + 1
+            if 0 <= j < len(lines) and size + 1 + len(lines[j]) <= limit:
+                size += 1 + len(lines[j])
+                lo, hi = (j, hi) if side < 0 else (lo, j)
+                grown = True
+        if not grown:
+            break
+    body = "\n".join(lines[lo : hi + 1])
+    if len(body) > limit:
+        body = body[: limit - 1] + "…"
+    return body, first_line + lo, first_line + hi
+
+
+def to_hit(hit: Hit, query: str) -> dict[str, Any]:
+    """The API's hit dict for a scored point."""
+    p = hit.payload
+    text = p.get("text", "")
+    if p.get("modality", "text") == "text":
+        body, start, end = snippet(text, query, int(p.get("start_line", 1)))
+    else:
+        body, start, end = text[:SNIPPET_CHARS], int(p.get("start_line", 1)), int(p.get("end_line", 1))
+    out = {
+        "collection": p.get("collection"),
+        "agent": p.get("agent"),
+        "path": p.get("path"),
+        "start_line": start,
+        "end_line": end,
+        "score": round(hit.score, 6),
+        "snippet": body,
+        "kind": p.get("kind", "markdown"),
+        "citation": f"{p.get('path')}#L{start}-L{end}",
+    }
+    for key in _MEDIA_FIELDS:
+        if key in p:
+            out[key] = p[key]
+    return out
+
+
+class Searcher:
+    """Answers ``SearchParams`` over ``collections`` in ``store`` with the loaded embedders."""
+
+    def __init__(self, collections: Sequence[Collection], store: Store, embedders: dict[str, Any], bm25: Any,
+                 mode: str = "hybrid", fusion: str = "dbsf", rrf_k: int = 60, prefetch_limit: int = 100) -> None:
+        self.collections = list(collections)
+        self.store = store
+        self.embedders = embedders
+        self.bm25 = bm25
+        self.mode, self.fusion, self.rrf_k, self.prefetch_limit = mode, fusion, rrf_k, prefetch_limit
+        self._embed_query = lru_cache(maxsize=256)(self._embed_query_uncached)
+
+    def _embed_query_uncached(self, text: str) -> tuple[tuple[str, np.ndarray], ...]:
+        return tuple((modality, e.embed_query(text)) for modality, e in sorted(self.embedders.items()))
+
+    def targets(self, params: SearchParams) -> list[Collection]:
+        """The collections ``params`` selects; raises ``KeyError`` naming an unknown agent or collection."""
+        chosen = self.collections
+        if params.agent:
+            chosen = [c for c in chosen if c.agent == params.agent]
+            if not chosen:
+                raise KeyError(f"unknown agent {params.agent!r}")
+        if params.collections:
+            unknown = set(params.collections) - {c.name for c in self.collections}
+            if unknown:
+                raise KeyError(f"unknown collection {sorted(unknown)[0]!r}")
+            chosen = [c for c in chosen if c.name in params.collections]
+        return chosen
+
+    def retrieve(self, params: SearchParams) -> list[Hit]:
+        """Fused hits (raw payloads), best first: the lists of every selected collection are pooled per vector
+        (dense text, dense image, BM25), each pool cut to ``prefetch_limit``, and the pools fused."""
+        mode = params.mode or self.mode
+        if mode not in ("hybrid", "dense", "keyword"):
+            raise ValueError(f"mode must be hybrid, dense or keyword, got {mode!r}")
+        targets = self.targets(params)
+        if not params.query.strip():
+            return []
+        dense = dict(self._embed_query(params.query)) if mode != "keyword" else {}
+        sparse = None
+        if mode != "dense":
+            terms = self.bm25.embed_query(params.query)
+            sparse = (list(terms.indices), list(terms.values))
+        depth = max(self.prefetch_limit, params.k)
+        query = Query(limit=depth, dense=dense, sparse=sparse, filter=Filter(params.path_prefix, tuple(params.kinds)))
+        pools: dict[str, list[Hit]] = {}
+        for collection in targets:
+            for using, hits in self.store.search(collection.name, query).items():
+                pools.setdefault(using, []).extend(hits)
+        lists = [sorted(hits, key=lambda h: -h.score)[:depth] for hits in pools.values() if hits]
+        if not lists:
+            return []
+        fused = lists[0] if len(lists) == 1 else fuse(lists, self.fusion, self.rrf_k, depth)
+        if params.min_score is not None:
+            fused = [h for h in fused if h.score >= params.min_score]
+        return fused[: params.k]
+
+    def search(self, params: SearchParams) -> list[dict[str, Any]]:
+        """The ``params.k`` best hits across the selected collections, best first, as API dicts."""
+        return [to_hit(hit, params.query) for hit in self.retrieve(params)]
+
+
+def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) -> list[Hit]:
+    """Fuse ranked lists with Qdrant's own algorithms, as qdrant-client implements them for its local mode:
+    RRF (score of a point = sum over lists of ``1 / (rank + k - 1)``, rank 1-based; Cormack et al. 2009 with
+    Qdrant's offset) or DBSF (each list's scores normalised by mean +/- 3 standard deviations, then summed)."""
+    from qdrant_client.http import models
+    from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
+
+    by_id: dict[str, Hit] = {}
+    responses = []
+    for hits in lists:
+        responses.append([models.ScoredPoint(id=h.id, version=0, score=h.score) for h in hits])
+        for h in hits:
+            by_id.setdefault(h.id, h)
+    if method == "rrf":
+        fused = reciprocal_rank_fusion(responses, limit=limit, ranking_constant_k=rrf_k)
+    else:
+        fused = distribution_based_score_fusion(responses, limit=limit)
+    return [Hit(str(p.id), float(p.score), by_id[str(p.id)].payload) for p in fused]

@@ -1,0 +1,272 @@
+"""Which files of a workspace are memory, and which collection each belongs to.
+
+Rules (following the reference agent's memory layout):
+
+- **Root memory file**: ``MEMORY.md`` at the workspace root is canonical, ``memory.md`` the legacy name; names are
+  matched exactly as ``os.listdir`` returns them, never case-folded, so on a case-insensitive filesystem the one
+  file is indexed once. When both exist as distinct files, ``MEMORY.md`` is indexed and the split is reported
+  (``qmd-indexer doctor`` repairs it). ``DREAMS.md`` (legacy ``dreams.md``) is auxiliary root memory, same rule.
+- **Memory directory**: every file under ``memory/``, recursively; markdown always, other kinds when a classifier
+  names them (images and audio only when the workspace enables that modality).
+- **Extra paths**: files or directories, absolute or workspace-relative, ``~`` expanded, duplicates removed; a
+  directory is walked like ``memory/``; each gets a collection of its own.
+- **Never**: a symlink anywhere on the way (a symlinked file, a symlinked ``memory/``, a symlinked extra root): a
+  security boundary, so nothing outside the workspace is pulled in; each skip is reported by name. Hidden names
+  (``.git``, ``.obsidian``, editor swap files) and ``.openclaw-repair/`` (the doctor's archive) are skipped.
+- One file reached by two routes (an extra path overlapping ``memory/``) belongs to the first collection in the
+  order root, dir, extras, and is indexed once; the walk also dedupes by (device, inode).
+
+Collections are named ``memory-root-<agent>``, ``memory-dir-<agent>``, ``memory-extra-<name>-<agent>``, sanitised
+to ``[a-z0-9-]``, with ``-2``, ``-3``, ... appended on collision, unique across all workspaces of one daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from indexer.config import Workspace
+
+ROOT_NAMES = (("MEMORY.md", "memory.md"), ("DREAMS.md", "dreams.md"))
+MEMORY_DIR = "memory"
+REPAIR_DIR = ".openclaw-repair"
+
+
+def sanitise(name: str) -> str:
+    """``name`` lowercased with every run of characters outside ``[a-z0-9]`` turned into one ``-``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "x"
+
+
+@dataclass(frozen=True, slots=True)
+class Collection:
+    """One Qdrant collection of one workspace: ``role`` says which rule feeds it; ``root`` is the workspace (for
+    ``"root"``), the memory directory (``"dir"``) or the extra path (``"extra"``, a file or a directory)."""
+
+    name: str
+    agent: str
+    role: Literal["root", "dir", "extra"]
+    root: Path
+    workspace: Workspace
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """A path deliberately not indexed; ``reason`` is a snake_case word (``symlink``, ``split_root_memory``...)."""
+
+    path: Path
+    reason: str
+
+
+def plan_collections(workspaces: Sequence[Workspace]) -> list[Collection]:
+    """The collections of all ``workspaces``, named uniquely, in order (root, dir, extras) per workspace."""
+    taken: set[str] = set()
+    out: list[Collection] = []
+
+    def unique(base: str) -> str:
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}-{n}"
+        taken.add(name)
+        return name
+
+    for ws in workspaces:
+        agent = sanitise(ws.agent)
+        out.append(Collection(unique(f"memory-root-{agent}"), ws.agent, "root", ws.path, ws))
+        out.append(Collection(unique(f"memory-dir-{agent}"), ws.agent, "dir", ws.path / MEMORY_DIR, ws))
+        for extra in extra_roots(ws):
+            base = sanitise(extra.stem if extra.suffix else extra.name)
+            out.append(Collection(unique(f"memory-extra-{base}-{agent}"), ws.agent, "extra", extra, ws))
+    return out
+
+
+def extra_roots(ws: Workspace) -> list[Path]:
+    """The workspace's extra paths: ``~`` expanded, made absolute against the workspace, duplicates removed."""
+    seen: dict[Path, None] = {}
+    for raw in ws.extra_paths:
+        path = raw.expanduser()
+        path = Path(os.path.abspath(path if path.is_absolute() else ws.path / path))
+        seen.setdefault(path, None)
+    return list(seen)
+
+
+def rel_path(ws: Workspace, path: Path) -> str:
+    """``path`` relative to the workspace with ``/`` separators, or the absolute path when outside it."""
+    try:
+        return path.relative_to(ws.path).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _names(directory: Path) -> set[str]:
+    try:
+        return set(os.listdir(directory))
+    except OSError:
+        return set()
+
+
+def root_files(ws: Workspace) -> tuple[list[Path], list[Skip]]:
+    """The root memory files of ``ws`` that are indexed, and the skips (symlinks, split root memory)."""
+    names = _names(ws.path)
+    files: list[Path] = []
+    skips: list[Skip] = []
+    for canonical, legacy in ROOT_NAMES:
+        chosen: Path | None = None
+        for name in (canonical, legacy):
+            if name not in names:
+                continue
+            path = ws.path / name
+            if path.is_symlink():
+                skips.append(Skip(path, "symlink"))
+                continue
+            if chosen is None:
+                chosen = path
+            elif not _same_file(chosen, path):
+                skips.append(Skip(path, "split_root_memory"))
+        if chosen is not None:
+            files.append(chosen)
+    return files, skips
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samestat(os.lstat(a), os.lstat(b))
+    except OSError:
+        return False
+
+
+def _skipped_name(name: str) -> bool:
+    return name.startswith(".") or name == REPAIR_DIR
+
+
+def walk_dir(root: Path, skips: list[Skip]) -> Iterator[Path]:
+    """Regular files under directory ``root``, depth first, never entering a symlink or a hidden directory."""
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return
+    for entry in entries:
+        if _skipped_name(entry.name):
+            continue
+        path = Path(entry.path)
+        if entry.is_symlink():
+            skips.append(Skip(path, "symlink"))
+        elif entry.is_dir(follow_symlinks=False):
+            yield from walk_dir(path, skips)
+        else:
+            yield path
+
+
+def walk(collections: Sequence[Collection]) -> tuple[list[tuple[Collection, Path]], list[Skip]]:
+    """Every candidate file of ``collections`` on disk, each once (first collection wins), and the skips.
+
+    A candidate is not yet known to be memory: the classifiers decide its kind, and the pipeline the rest.
+    """
+    found: list[tuple[Collection, Path]] = []
+    skips: list[Skip] = []
+    seen_paths: set[Path] = set()
+    seen_inodes: set[tuple[int, int]] = set()
+
+    def take(collection: Collection, path: Path) -> None:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return
+        key = (st.st_dev, st.st_ino)
+        if path in seen_paths or key in seen_inodes:
+            return
+        seen_paths.add(path)
+        seen_inodes.add(key)
+        found.append((collection, path))
+
+    for collection in collections:
+        if collection.role == "root":
+            files, root_skips = root_files(collection.workspace)
+            skips.extend(root_skips)
+            for path in files:
+                take(collection, path)
+            continue
+        root = collection.root
+        if _symlink_on_way(collection, root):
+            skips.append(Skip(root, "symlink"))
+            continue
+        if root.is_dir():
+            for path in walk_dir(root, skips):
+                take(collection, path)
+        elif root.is_file():
+            take(collection, root)
+    return found, skips
+
+
+def _symlink_on_way(collection: Collection, path: Path) -> bool:
+    """Whether ``path`` or any directory between the workspace (or the extra root) and it is a symlink."""
+    base = collection.workspace.path if collection.role != "extra" else collection.root
+    try:
+        parts = path.relative_to(base).parts
+    except ValueError:
+        return True
+    current = base
+    if collection.role == "extra" and current.is_symlink():
+        return True
+    for part in parts:
+        current = current / part
+        if current.is_symlink():
+            return True
+    return False
+
+
+def route(collections: Sequence[Collection], path: Path) -> tuple[Collection | None, str | None]:
+    """The collection that owns ``path`` (absolute), or ``(None, reason)`` when it is not memory.
+
+    ``reason`` is ``None`` for paths that are simply outside every root (no log needed), or a skip reason such as
+    ``"symlink"`` or ``"hidden"`` worth reporting. Does not require the file to exist, so deletes route too.
+    """
+    for collection in collections:
+        ws = collection.workspace
+        if collection.role == "root":
+            if path.parent != ws.path:
+                continue
+            for canonical, legacy in ROOT_NAMES:
+                if path.name == canonical:
+                    return (None, "symlink") if path.is_symlink() else (collection, None)
+                if path.name == legacy:
+                    names = _names(ws.path)
+                    if canonical in names and not _same_file(ws.path / canonical, path) and path.exists():
+                        return None, "split_root_memory"
+                    if canonical in names and _same_file(ws.path / canonical, path):
+                        return None, None  # the same file under its other name: indexed once, as MEMORY.md
+                    return (None, "symlink") if path.is_symlink() else (collection, None)
+            continue
+        root = collection.root
+        if collection.role == "extra" and path == root:
+            return (None, "symlink") if path.is_symlink() else (collection, None)
+        try:
+            parts = path.relative_to(root).parts
+        except ValueError:
+            continue
+        if not parts:
+            continue
+        if any(_skipped_name(part) for part in parts):
+            return None, "hidden"
+        if _symlink_on_way(collection, path):
+            return None, "symlink"
+        return collection, None
+    return None, None
+
+
+def stat_regular(path: Path) -> os.stat_result:
+    """``lstat`` of ``path``; raises ``FileNotFoundError`` if gone and ``IsADirectoryError``/``ValueError`` when
+    it is not a regular file (``ValueError("fifo")`` for FIFOs, sockets and devices)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise ValueError("symlink")
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not_regular_file")
+    return st
