@@ -6,8 +6,8 @@ word pieces (254 without [CLS]/[SEP]) and silently drops the rest, so chunks her
 
 Algorithm:
 1. Tokenize the whole text once, with character offsets; each token belongs to the line its first character is on.
-2. A line longer than ``max_tokens`` is cut into pieces at token boundaries (never inside a character); other lines
-   are one piece each. Blank lines cost nothing.
+2. A line longer than ``max_tokens`` is cut into pieces at token boundaries (never inside a character), preferring
+   boundaries before a word; other lines are one piece each. Blank lines cost nothing.
 3. Pieces are packed greedily. A chunk ends early before a markdown heading once it is half full, so sections stay
    whole when they can. The next chunk starts with the trailing pieces of the previous one that fit in the overlap.
 
@@ -64,16 +64,27 @@ def _pieces(text: str, offsets: list[tuple[int, int]], max_tokens: int) -> list[
     pieces: list[_Piece] = []
     for line, begin in enumerate(line_starts):
         end = line_starts[line + 1] - 1 if line + 1 < len(line_starts) else len(text)
+        if end > begin and text[end - 1] == "\n":
+            end -= 1
         if end > begin and text[end - 1] == "\r":
             end -= 1
         starts = tokens_by_line[line]
         if len(starts) <= max_tokens:
             pieces.append(_Piece(line, begin, end, len(starts)))
             continue
-        for k in range(0, len(starts), max_tokens):
+        k = 0
+        while k < len(starts):
+            cut = k + max_tokens
+            if cut < len(starts):
+                # prefer a cut before a token that starts a word, so no word is split across chunks
+                for j in range(cut, k + max_tokens // 2, -1):
+                    if text[starts[j] - 1].isspace():
+                        cut = j
+                        break
             piece_start = begin if k == 0 else starts[k]
-            piece_end = starts[k + max_tokens] if k + max_tokens < len(starts) else end
-            pieces.append(_Piece(line, piece_start, piece_end, min(max_tokens, len(starts) - k)))
+            piece_end = starts[cut] if cut < len(starts) else end
+            pieces.append(_Piece(line, piece_start, piece_end, min(cut, len(starts)) - k))
+            k = cut
     return pieces
 
 
