@@ -1,0 +1,90 @@
+"""One behaviour suite for both store backends: embedded Qdrant Edge, and qdrant-client standing in for a server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexer.errors import CollectionMismatch
+from indexer.store import EdgeStore, Filter, Point, Query, ServerStore, ancestor_dirs, point_id
+
+
+@pytest.fixture(name="store", params=["edge", "server"])
+def store_fixture(request: pytest.FixtureRequest, tmp_path: Path):
+    store = EdgeStore(tmp_path / "qdrant") if request.param == "edge" else ServerStore(":memory:")
+    yield store
+    store.close()
+
+
+def _point(collection: str, path: str, index: int, file_hash: str, vector: list[float], count: int,
+           terms: tuple[list[int], list[float]] = ([1], [1.0])) -> Point:
+    rel = path.lstrip("/")
+    payload = {"abs_path": path, "path": rel, "dirs": ancestor_dirs(rel), "file_hash": file_hash,
+               "chunk_count": count, "size_bytes": 10, "mtime_ns": 5, "kind": "markdown", "text": f"{path}#{index}"}
+    return Point(point_id(collection, path, index), {"text": np.asarray(vector, np.float32)}, {"bm25": terms}, payload)
+
+
+def test_replace_file_leaves_exactly_one_version(store) -> None:
+    store.ensure_collection("c", {"text": 3})
+    store.replace_file("c", "/w/a.md", "h1", [_point("c", "/w/a.md", i, "h1", [1, 0, 0], 3) for i in range(3)])
+    store.replace_file("c", "/w/b.md", "h1", [_point("c", "/w/b.md", 0, "h1", [0, 1, 0], 1)])
+    assert store.count("c") == 4
+    # a shorter new version: its chunk 0 overwrites in place, chunks 1-2 of the old version must go
+    store.replace_file("c", "/w/a.md", "h2", [_point("c", "/w/a.md", 0, "h2", [1, 0, 0], 1)])
+    states = store.file_states("c")
+    assert store.count("c") == 2
+    assert states["/w/a.md"].file_hash == "h2" and states["/w/a.md"].complete
+    store.delete_file("c", "/w/a.md")
+    assert set(store.file_states("c")) == {"/w/b.md"}
+
+
+def test_interrupted_write_is_seen_as_incomplete(store) -> None:
+    store.ensure_collection("c", {"text": 3})
+    # as after a SIGKILL mid-write: 2 of 3 points of a new file, or a mix of two versions
+    store.replace_file("c", "/w/a.md", "h1", [_point("c", "/w/a.md", i, "h1", [1, 0, 0], 3) for i in range(2)])
+    store.replace_file("c", "/w/b.md", "h1", [_point("c", "/w/b.md", i, "h1", [1, 0, 0], 2) for i in range(2)])
+    store._upsert("c", [_point("c", "/w/b.md", 0, "h2", [1, 0, 0], 1)])
+    states = store.file_states("c")
+    assert not states["/w/a.md"].complete
+    assert not states["/w/b.md"].complete
+
+
+def test_search_returns_a_ranked_list_per_vector_with_filters(store) -> None:
+    store.ensure_collection("c", {"text": 3})
+    store.replace_file("c", "/w/memory/x/a.md", "h", [_point("c", "/w/memory/x/a.md", 0, "h", [1, 0, 0], 1, ([7], [1.0]))])
+    store.replace_file("c", "/w/memory/b.md", "h", [_point("c", "/w/memory/b.md", 0, "h", [0.9, 0.1, 0], 1, ([8], [1.0]))])
+    query = Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)}, sparse=([7], [1.0]))
+    lists = store.search("c", query)
+    assert [h.payload["path"] for h in lists["text"]] == ["w/memory/x/a.md", "w/memory/b.md"]
+    assert lists["text"][0].score == pytest.approx(1.0, abs=1e-5)
+    assert [h.payload["path"] for h in lists["bm25"]] == ["w/memory/x/a.md"]
+    only_b = Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)}, filter=Filter(path_prefix="w/memory/b.md"))
+    assert [h.payload["path"] for h in store.search("c", only_b)["text"]] == ["w/memory/b.md"]
+    under_x = Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)}, filter=Filter(path_prefix="w/memory/x/"))
+    assert [h.payload["path"] for h in store.search("c", under_x)["text"]] == ["w/memory/x/a.md"]
+    assert store.search("c", Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)},
+                                   filter=Filter(kinds=("image",))))["text"] == []
+
+
+def test_vector_size_mismatch_says_how_to_reindex(store) -> None:
+    store.ensure_collection("c", {"text": 3})
+    store.ensure_collection("c", {"text": 3})  # same config: fine
+    with pytest.raises(CollectionMismatch, match="--reindex"):
+        store.ensure_collection("c", {"text": 384})
+    store.drop("c")
+    store.ensure_collection("c", {"text": 384})
+
+
+def test_edge_store_survives_reopen(tmp_path: Path) -> None:
+    store = EdgeStore(tmp_path / "q")
+    store.ensure_collection("c", {"text": 3})
+    store.replace_file("c", "/w/a.md", "h1", [_point("c", "/w/a.md", 0, "h1", [1, 0, 0], 1)])
+    store.close()
+    again = EdgeStore(tmp_path / "q")
+    again.ensure_collection("c", {"text": 3})
+    assert again.count("c") == 1
+    with pytest.raises(CollectionMismatch):
+        again.ensure_collection("c", {"text": 4})
+    again.close()
