@@ -174,11 +174,6 @@ def _open_indexer(settings: Any, reindex: bool) -> Any:
         _fail(str(exc))
     except OSError as exc:
         _fail(f"cannot open the store under {settings.state_dir}: {exc}")
-    except Exception as exc:  # qdrant-edge reports a locked shard as a plain exception
-        if "lock" in str(exc).lower():
-            _fail(f"the store under {settings.state_dir} is in use by another process (a running daemon?); "
-                  f"query it with `qmd-indexer search`, or stop it first")
-        raise
     return indexer
 
 

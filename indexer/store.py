@@ -226,7 +226,14 @@ class EdgeStore(Store):
     def _shard(self, name: str) -> Any:
         shard = self._shards.get(name)
         if shard is None:
-            shard = self._qe.EdgeShard.load(str(self.root / name))
+            try:
+                shard = self._qe.EdgeShard.load(str(self.root / name))
+            except Exception as exc:  # qdrant-edge raises plain Exceptions; a held WAL lock says WouldBlock
+                if "WouldBlock" in str(exc) or "lock" in str(exc).lower():
+                    raise StoreUnavailable(
+                        f"the embedded store {self.root} is in use by another process (a running daemon?); "
+                        f"query it with `qmd-indexer search`, or stop it first") from None
+                raise
             self._shards[name] = shard
         return shard
 

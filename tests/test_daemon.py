@@ -1,0 +1,136 @@
+"""The indexing service end to end on real files, the real model and a real store (Edge and qdrant-client)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import write
+from structlog.testing import capture_logs
+
+from indexer.search import SearchParams
+from indexer.server import make_searcher
+from indexer.store import ServerStore
+
+
+def _paths(indexer) -> set[str]:
+    return {os.path.relpath(p, indexer.settings.workspace[0].path) for p in indexer.indexed}
+
+
+def _count_points(indexer) -> int:
+    return sum(indexer.store.count(c.name) for c in indexer.collections)
+
+
+@pytest.fixture(name="backend", params=["edge", "server"])
+def backend_fixture(request: pytest.FixtureRequest):
+    return None if request.param == "edge" else ServerStore(":memory:")
+
+
+def test_index_once_then_search_then_restart_embeds_nothing(workspace: Path, make_indexer, backend) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}], store=backend)
+    status = indexer.index_once()
+    assert _paths(indexer) == {"MEMORY.md", "memory/incidents.md", "memory/food/coffee.md", "memory/travel.md"}
+    assert status["collections"]["memory-root-main"]["files"] == 1
+    assert status["collections"]["memory-dir-main"]["files"] == 3
+    assert status["chunks_embedded"] == 4
+    chunks = _count_points(indexer)
+    assert chunks == sum(c["chunks"] for c in status["collections"].values())
+
+    hits = make_searcher(indexer).search(SearchParams("when can we deploy?", k=3))
+    assert hits[0]["path"] == "MEMORY.md" and hits[0]["collection"] == "memory-root-main"
+    assert set(hits[0]) >= {"collection", "path", "start_line", "end_line", "score", "snippet", "kind", "citation"}
+    assert hits[0]["start_line"] == 1 and hits[0]["end_line"] == 4
+    assert hits[0]["citation"] == "MEMORY.md#L1-L4"
+
+    # restart on the same store: nothing embedded, nothing rewritten
+    if backend is None:
+        indexer.store.close()  # an embedded store is held by one process (one EdgeStore) at a time
+    again = make_indexer([{"agent": "main", "path": workspace}], store=backend)
+    with capture_logs() as logs:
+        status = again.index_once()
+    assert status["chunks_embedded"] == 0 and status["cache_hits"] == 0
+    assert not [e for e in logs if e["event"] == "file_indexed"]
+    assert _count_points(again) == chunks
+
+
+def test_renamed_file_is_not_embedded_again(workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    indexer.index_once()
+    embedded = indexer.pipeline.stats.chunks_embedded
+    old = workspace / "memory" / "travel.md"
+    new = workspace / "memory" / "trips" / "lisbon.md"
+    new.parent.mkdir()
+    old.rename(new)
+    indexer.process([old, new])
+    assert indexer.pipeline.stats.chunks_embedded == embedded, "same text: served from the embedding cache"
+    assert str(old) not in indexer.indexed and str(new) in indexer.indexed
+    hits = make_searcher(indexer).search(SearchParams("flights to Lisbon", k=1))
+    assert hits[0]["path"] == "memory/trips/lisbon.md"
+
+
+def test_edit_replaces_the_files_points(workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    indexer.index_once()
+    note = workspace / "memory" / "incidents.md"
+    note.write_text("# Incidents\n\nNothing happened this week.\n" + "Quiet on-call shift, no pages.\n" * 300)
+    indexer.process([note])
+    state = indexer.indexed[str(note)].state
+    assert state.points > 1 and state.complete
+    searcher = make_searcher(indexer)
+    assert all("ACME-4471" not in h["snippet"] for h in searcher.search(SearchParams("ACME-4471 export disk", k=10)))
+    note.write_text("# Incidents\n\nShort again.\n")
+    indexer.process([note])
+    assert indexer.store.file_states("memory-dir-main")[str(note)].points == 1
+
+
+def test_deleted_files_and_directories_lose_their_points(workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    indexer.index_once()
+    shutil.rmtree(workspace / "memory" / "food")
+    (workspace / "MEMORY.md").unlink()
+    indexer.process([workspace / "memory" / "food", workspace / "MEMORY.md"])
+    assert _paths(indexer) == {"memory/incidents.md", "memory/travel.md"}
+    assert _count_points(indexer) == 2
+
+
+def test_reconciliation_catches_what_happened_while_down(workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    indexer.index_once()
+    indexer.store.close()
+    (workspace / "memory" / "travel.md").unlink()
+    write(workspace / "memory" / "new.md", "# New\n\nWritten while the daemon was down.\n")
+    again = make_indexer([{"agent": "main", "path": workspace}])
+    again.index_once()
+    assert _paths(again) == {"MEMORY.md", "memory/incidents.md", "memory/food/coffee.md", "memory/new.md"}
+    assert _count_points(again) == 4
+
+
+def test_split_root_memory_is_reported_and_canonical_indexed(workspace: Path, make_indexer) -> None:
+    write(workspace / "memory.md", "# Legacy\n\nAn older memory file.\n")
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    with capture_logs() as logs:
+        indexer.index_once()
+    assert "memory.md" not in _paths(indexer) and "MEMORY.md" in _paths(indexer)
+    [event] = [e for e in logs if e.get("reason") == "split_root_memory"]
+    assert event["path"].endswith("/memory.md") and "doctor" in event["detail"]
+
+
+def test_two_agents_in_one_daemon_get_their_own_collections(tmp_path: Path, workspace: Path, make_indexer) -> None:
+    other = tmp_path / "other"
+    write(other / "MEMORY.md", "# Other agent\n\nThe other agent likes green tea.\n")
+    indexer = make_indexer([{"agent": "main", "path": workspace}, {"agent": "ops", "path": other}])
+    indexer.index_once()
+    searcher = make_searcher(indexer)
+    [hit] = searcher.search(SearchParams("green tea", k=1, agent="ops"))
+    assert hit["collection"] == "memory-root-ops" and hit["agent"] == "ops"
+    assert all(h["agent"] == "main" for h in searcher.search(SearchParams("green tea", k=5, agent="main")))
+
+
+def test_a_second_process_on_the_embedded_store_gets_a_clear_error(workspace: Path, make_indexer, tmp_path) -> None:
+    make_indexer([{"agent": "main", "path": workspace}])
+    from indexer.errors import StoreUnavailable
+
+    with pytest.raises(StoreUnavailable, match="in use by another process"):
+        make_indexer([{"agent": "main", "path": workspace}])
