@@ -1,0 +1,135 @@
+"""Bad input: each case logs one clear line, the rest of the workspace is indexed in the same run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import write
+from structlog.testing import capture_logs
+
+
+def _run(indexer):
+    with capture_logs() as logs:
+        status = indexer.index_once()
+    return status, logs
+
+
+def _events(logs, path_end: str) -> list[dict]:
+    return [e for e in logs if str(e.get("path", "")).endswith(path_end)]
+
+
+@pytest.fixture(name="bad_workspace")
+def bad_workspace_fixture(workspace: Path) -> Path:
+    mem = workspace / "memory"
+    write(mem / "latin1.md", "# Caf\xe9\n\nNotes about the caf\xe9 near the office.\n".encode("latin-1"))
+    write(mem / "nul.md", b"# binary\x00\x01\x02 not text")
+    write(mem / "empty.md", "")
+    write(mem / "longline.md", "# Long\n" + " ".join(f"token{i}" for i in range(9000))[:60_000] + "\n")
+    with open(mem / "huge.md", "wb") as handle:  # 50 MB: over the 10 MiB default cap
+        handle.truncate(50 * 1024 * 1024)
+    os.mkfifo(mem / "x.md")
+    (mem / "passwd.md").symlink_to("/etc/passwd")
+    return workspace
+
+
+def test_bad_files_are_logged_and_the_rest_indexed(bad_workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": bad_workspace}])
+    status, logs = _run(indexer)
+    indexed = {Path(p).name for p in indexer.indexed}
+    assert {"MEMORY.md", "incidents.md", "coffee.md", "travel.md", "latin1.md", "longline.md"} <= indexed
+    assert not {"nul.md", "huge.md", "x.md", "passwd.md"} & indexed
+
+    [lossy] = [e for e in _events(logs, "latin1.md") if e["event"] == "file_decoded_lossy"]
+    assert lossy["reason"] == "invalid_utf8" and lossy["replaced_sequences"] == 2
+    [nul] = [e for e in _events(logs, "nul.md") if e["event"] == "file_failed"]
+    assert nul["reason"] == "extract_failed" and "NUL" in nul["detail"]
+    [huge] = _events(logs, "huge.md")
+    assert huge["reason"] == "too_large" and "52428800 bytes" in huge["detail"]
+    [fifo] = _events(logs, "x.md")
+    assert fifo["reason"] == "not_regular_file"
+    [link] = _events(logs, "passwd.md")
+    assert link["reason"] == "symlink"
+    # the empty file is memory with no chunks: indexed, nothing embedded
+    assert str(bad_workspace / "memory" / "empty.md") not in indexer.indexed or \
+        indexer.indexed[str(bad_workspace / "memory" / "empty.md")].state.points == 0
+    assert indexer.indexed[str(bad_workspace / "memory" / "longline.md")].state.points > 10
+    assert status["files_failed"] == 1  # nul.md; skips are deliberate, not failures
+
+    # a rescan of the unchanged bad files stays quiet: one line per problem, not one per scan
+    _, logs = _run(indexer)
+    assert not [e for e in logs if e["event"] in ("file_failed", "file_skipped")]
+
+
+def test_file_fixed_later_converges(bad_workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": bad_workspace}])
+    _run(indexer)
+    (bad_workspace / "memory" / "nul.md").write_text("# Fixed\n\nNow it is text about rotating logs.\n")
+    (bad_workspace / "memory" / "huge.md").write_text("# Small now\n")
+    _run(indexer)
+    assert str(bad_workspace / "memory" / "nul.md") in indexer.indexed
+    assert str(bad_workspace / "memory" / "huge.md") in indexer.indexed
+
+
+def test_file_deleted_between_event_and_read(workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    indexer.index_once()
+    gone = workspace / "memory" / "travel.md"
+    never = workspace / "memory" / "never-existed.md"
+    indexer.on_path(gone)
+    indexer.on_path(never)
+    gone.unlink()
+    with capture_logs() as logs:
+        indexer.process([gone, never])
+    assert str(gone) not in indexer.indexed
+    assert [e["event"] for e in logs] == ["file_removed"]
+
+
+def test_symlinked_memory_directory_is_skipped(tmp_path: Path, make_indexer) -> None:
+    ws = tmp_path / "ws2"
+    write(tmp_path / "outside" / "secret.md", "# Secret\n\nnot part of the workspace\n")
+    write(ws / "MEMORY.md", "# Memory\n\nroot\n")
+    (ws / "memory").symlink_to(tmp_path / "outside")
+    indexer = make_indexer([{"agent": "main", "path": ws}])
+    status, logs = _run(indexer)
+    assert {Path(p).name for p in indexer.indexed} == {"MEMORY.md"}
+    [skip] = [e for e in logs if e.get("reason") == "symlink"]
+    assert skip["path"] == str(ws / "memory")
+
+
+def test_unreadable_file_is_reported_and_the_rest_indexed(tmp_path: Path) -> None:
+    """Runs the real CLI; as root (who reads anything) without the capabilities that bypass file permissions."""
+    as_root = os.geteuid() == 0
+    base = Path(tempfile.mkdtemp(prefix="qmd-perm-"))
+    try:
+        os.chmod(base, 0o755)
+        ws = base / "ws"
+        write(ws / "memory" / "ok.md", "# Fine\n\nA readable note about coffee.\n")
+        secret = write(ws / "memory" / "secret.md", "# Secret\n\nno read permission\n")
+        for d in (ws, ws / "memory"):
+            os.chmod(d, 0o755)
+        os.chmod(ws / "memory" / "ok.md", 0o644)
+        os.chmod(secret, 0o000)
+        state = base / "state"
+        state.mkdir()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HOME": str(base), "QMD_INDEXER_LOG_FORMAT": "json"}
+        command = [sys.executable, "-m", "indexer.cli", "index", "--once", "--json", "--workspace", str(ws),
+                   "--state-dir", str(state)]
+        if as_root:
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                pytest.skip("running as root and util-linux's setpriv is missing: cannot drop CAP_DAC_OVERRIDE")
+            drop = "-dac_override,-dac_read_search"
+            command = [setpriv, f"--inh-caps={drop}", f"--bounding-set={drop}", *command]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+        assert result.returncode == 3, result.stderr  # finished, but a file failed
+        failed = [line for line in result.stderr.splitlines() if '"file_failed"' in line]
+        assert len(failed) == 1 and "secret.md" in failed[0] and "permission_denied" in failed[0]
+        assert '"memory-dir-main": {' in result.stdout and '"files": 1' in result.stdout
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
