@@ -1,0 +1,101 @@
+"""The real watchdog observer: edits, editor saves, deletes, renames and new directories reach the index."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from conftest import Running, wait_for, write
+from structlog.testing import capture_logs
+
+from indexer.watcher import Settler
+
+
+class FakeClock:
+    """A hand-moved clock for the settle queue (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_settler_releases_a_path_once_quiet() -> None:
+    clock = FakeClock()
+    settler = Settler(1.0, clock)
+    a, b = Path("/w/a.md"), Path("/w/b.md")
+    settler.add(a)
+    clock.now = 0.6
+    settler.add(a)  # a second event restarts the quiet period
+    settler.add(b, settle=False)  # scans need no debounce
+    assert settler.take_ready(10) == [b]
+    clock.now = 1.5
+    assert settler.take_ready(10) == []
+    clock.now = 1.6
+    assert settler.take_ready(10) == [a]
+    assert len(settler) == 0
+
+
+def _indexed_count(logs: list[dict], rel: str) -> int:
+    return sum(1 for e in logs if e["event"] == "file_indexed" and e["path"] == rel)
+
+
+def _searchable(indexer, path: Path, needle: str) -> bool:
+    entry = indexer.indexed.get(str(path))
+    if entry is None:
+        return False
+    texts = [p.get("text", "") for p in indexer.store.scroll(entry.collection, ["abs_path", "text"])
+             if p["abs_path"] == str(path)]
+    return any(needle in t for t in texts)
+
+
+def test_create_edit_delete_and_rename_are_followed(workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    with Running(indexer):
+        note = write(workspace / "memory" / "new.md", "# New\n\nThe staging cluster is called kestrel.\n")
+        wait_for(lambda: _searchable(indexer, note, "kestrel"))
+        note.write_text("# New\n\nThe staging cluster was renamed to osprey.\n")
+        wait_for(lambda: _searchable(indexer, note, "osprey"))
+        moved = workspace / "memory" / "renamed.md"
+        note.rename(moved)
+        wait_for(lambda: str(moved) in indexer.indexed and str(note) not in indexer.indexed)
+        moved.unlink()
+        wait_for(lambda: str(moved) not in indexer.indexed)
+
+
+def test_atomic_save_reindexes_the_target_once(workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    target = workspace / "memory" / "travel.md"
+    with Running(indexer), capture_logs() as logs:
+        # temp file renamed over the target (most editors, and atomic writers)
+        tmp = write(workspace / "memory" / "travel.md.tmp.1234", "# Travel\n\nFlights moved to April.\n")
+        os.replace(tmp, target)
+        wait_for(lambda: _searchable(indexer, target, "April"))
+        # backup + unlink + create (vim's default): target -> target~, new target, backup deleted
+        backup = workspace / "memory" / "travel.md~"
+        os.rename(target, backup)
+        write(target, "# Travel\n\nFlights moved to May.\n")
+        backup.unlink()
+        wait_for(lambda: _searchable(indexer, target, "May"))
+        wait_for(lambda: len(indexer.settler) == 0)
+    assert _indexed_count(logs, "memory/travel.md") == 2  # once per save
+    assert not [e for e in logs if e["event"] == "file_indexed" and ("~" in e["path"] or ".tmp" in e["path"])]
+    assert _searchable(indexer, target, "May") and not _searchable(indexer, target, "April")
+
+
+def test_directories_created_after_start_are_watched(tmp_path: Path, make_indexer) -> None:
+    ws = tmp_path / "late"
+    write(ws / "MEMORY.md", "# Memory\n\nroot\n")
+    indexer = make_indexer([{"agent": "main", "path": ws}])
+    with Running(indexer):
+        first = write(ws / "memory" / "first.md", "# First\n\nmemory/ did not exist when the daemon started\n")
+        wait_for(lambda: str(first) in indexer.indexed)
+        deep = write(ws / "memory" / "a" / "b" / "deep.md", "# Deep\n\na directory made later, two levels down\n")
+        wait_for(lambda: str(deep) in indexer.indexed)
+        # a directory moved in from outside arrives as one event: its files must still be found
+        outside = write(tmp_path / "staging" / "moved-in.md", "# Moved\n\nmoved in with its directory\n")
+        os.rename(outside.parent, ws / "memory" / "staging")
+        wait_for(lambda: str(ws / "memory" / "staging" / "moved-in.md") in indexer.indexed)
+        os.rename(ws / "memory" / "a", tmp_path / "gone")
+        wait_for(lambda: str(deep) not in indexer.indexed)
