@@ -1,0 +1,112 @@
+"""Decode image bytes with Pillow: confirm, measure, and convert to the RGB picture CLIP sees.
+
+Pillow is imported inside the functions so that loading the plugin stays cheap. HEIF/HEIC decoding is enabled when
+``pillow-heif`` is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+#: largest picture decoded, in pixels (Pillow's own decompression-bomb limit is 89.5 MP)
+DEFAULT_MAX_PIXELS = 64_000_000
+#: longest side CLIP needs (its processor resizes to 224 px); bigger pictures are shrunk before embedding
+EMBED_SIDE = 448
+_heif_registered = False
+
+
+class ImageDecodeError(ValueError):
+    """The bytes are not a decodable image; the message says why."""
+
+
+def heif_available() -> bool:
+    """Whether ``pillow-heif`` is installed (then ``.heic``/``.heif`` are read)."""
+    return importlib.util.find_spec("pillow_heif") is not None
+
+
+def _image_module() -> Any:
+    global _heif_registered
+    from PIL import Image
+
+    if not _heif_registered and heif_available():
+        import pillow_heif
+
+        pillow_heif.register_heif_opener()
+        _heif_registered = True
+    return Image
+
+
+@dataclass(frozen=True, slots=True)
+class ImageFacts:
+    """What a full decode tells: size in pixels, Pillow's format name, frame count and an embedded description."""
+
+    width: int
+    height: int
+    format: str
+    frames: int
+    description: str
+
+
+def _description(im: Any) -> str:
+    for key in ("Description", "Title", "Comment", "comment"):
+        value = im.info.get(key)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if isinstance(value, str) and value.strip():
+            return " ".join(value.split())[:500]
+    try:
+        value = im.getexif().get(0x010E)  # EXIF ImageDescription
+    except Exception:  # a broken EXIF block is no reason to refuse the picture
+        value = None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return " ".join(value.split())[:500] if isinstance(value, str) else ""
+
+
+def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageFacts:
+    """Verify and fully decode ``data``; raises ``ImageDecodeError`` naming the problem (not an image, corrupt,
+    truncated, over ``max_pixels``)."""
+    Image = _image_module()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                im.verify()  # structure and checksums (PNG CRCs)
+            with Image.open(io.BytesIO(data)) as im:
+                width, height = im.size
+                if width * height > max_pixels:
+                    raise ImageDecodeError(f"{width}x{height} pixels is over the limit of {max_pixels}")
+                im.load()  # the pixels themselves: a truncated JPEG fails here
+                return ImageFacts(width, height, str(im.format or "unknown"), int(getattr(im, "n_frames", 1)),
+                                  _description(im))
+    except ImageDecodeError:
+        raise
+    except Exception as exc:  # Pillow reports damage as OSError, SyntaxError, ValueError, EOFError, bomb errors...
+        raise ImageDecodeError(f"{type(exc).__name__}: {exc}") from None
+
+
+def to_rgb(data: bytes, side: int = EMBED_SIDE) -> Any:
+    """``data`` as a PIL RGB image (first frame; transparency composited onto white), shrunk to at most ``side``
+    pixels on its longer edge. Raises ``ImageDecodeError``."""
+    Image = _image_module()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                im.draft("RGB", (side, side))  # JPEG: decode at a reduced scale, much faster
+                im.seek(0)
+                if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+                    rgba = im.convert("RGBA")
+                    picture = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+                    picture.alpha_composite(rgba)
+                    picture = picture.convert("RGB")
+                else:
+                    picture = im.convert("RGB")
+        picture.thumbnail((side, side))
+        return picture
+    except Exception as exc:
+        raise ImageDecodeError(f"{type(exc).__name__}: {exc}") from None
