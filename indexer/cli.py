@@ -150,6 +150,12 @@ def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -
     server = uvicorn.Server(uvicorn.Config(create_app(indexer), host=settings.host, port=settings.port,
                                            log_config=None, access_log=False, lifespan="off"))
     structlog.get_logger("qmd_indexer.daemon").info("api_listening", url=f"http://{settings.host}:{settings.port}")
+    # uvicorn handles SIGTERM/SIGINT while serving, then re-raises the signal to the handler that was installed
+    # before it; with the default handler that would kill the process before the store is flushed.
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     try:
         server.run()
     finally:

@@ -1,0 +1,169 @@
+"""The command line and the HTTP API as a user meets them: real daemon processes, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import wait_for, write
+
+from indexer.store import EdgeStore
+
+CLI = [sys.executable, "-m", "indexer.cli"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+class Daemon:
+    """``qmd-indexer run`` as a subprocess; stderr goes to a file."""
+
+    def __init__(self, workspace: Path, state: Path, log: Path) -> None:
+        self.port = _free_port()
+        self.log = log
+        with open(log, "w") as stderr:
+            self.proc = subprocess.Popen(
+                [*CLI, "run", "--workspace", str(workspace), "--agent", "main", "--state-dir", str(state),
+                 "--port", str(self.port)], stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).json()["ready"]
+        except httpx.HTTPError:
+            assert self.proc.poll() is None, self.log.read_text()
+            return False
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+
+    def terminate(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+def test_daemon_serves_search_and_status_and_stops_cleanly(workspace: Path, tmp_path: Path) -> None:
+    daemon = Daemon(workspace, tmp_path / "state", tmp_path / "run.log")
+    try:
+        wait_for(daemon.ready, timeout_s=120, interval_s=0.2)
+        result = _cli("search", "when are deploys allowed?", "--json", "-k", "2", "--port", str(daemon.port))
+        assert result.returncode == 0, result.stderr
+        hits = json.loads(result.stdout)
+        assert hits[0]["path"] == "MEMORY.md"
+        assert {"collection", "path", "start_line", "end_line", "score", "snippet"} <= set(hits[0])
+        assert len(hits[0]["snippet"]) <= 700
+
+        human = _cli("search", "ACME-4471", "--port", str(daemon.port))
+        assert human.returncode == 0 and "memory/incidents.md:1-3" in human.stdout
+
+        status = json.loads(_cli("status", "--json", "--port", str(daemon.port)).stdout)
+        assert status["collections"]["memory-dir-main"]["files"] == 3
+        assert status["collections"]["memory-dir-main"]["chunks"] == 3
+        assert status["queue_depth"] == 0 and status["chunks_embedded"] == 4 and "cache_hits" in status
+
+        bad = _cli("search", "x", "--agent", "nobody", "--port", str(daemon.port))
+        assert bad.returncode == 2 and "unknown agent" in bad.stderr
+    finally:
+        code = daemon.terminate()
+    assert code == 0
+    assert daemon.events()[-1]["event"] == "daemon_stopped"
+
+    # a restart with nothing changed embeds nothing
+    again = Daemon(workspace, tmp_path / "state", tmp_path / "run2.log")
+    try:
+        wait_for(again.ready, timeout_s=120, interval_s=0.2)
+        status = json.loads(_cli("status", "--json", "--port", str(again.port)).stdout)
+        assert status["chunks_embedded"] == 0
+        assert status["collections"]["memory-dir-main"]["chunks"] == 3
+    finally:
+        assert again.terminate() == 0
+
+
+def test_sigkill_during_first_index_converges_to_one_copy_of_each_chunk(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    for i in range(40):
+        body = "\n".join(f"Note {i} line {j}: details about service {i * 7 + j} and its on-call rota." for j in range(60))
+        write(ws / "memory" / f"note-{i:02d}.md", f"# Note {i}\n\n{body}\n")
+    state = tmp_path / "state"
+    log = tmp_path / "index.log"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([*CLI, "index", "--once", "--workspace", str(ws), "--state-dir", str(state)],
+                                stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
+    wait_for(lambda: log.read_text().count('"file_indexed"') >= 3 or proc.poll() is not None, timeout_s=180)
+    assert proc.poll() is None, "the index finished before it could be killed; make the workspace bigger"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+
+    result = _cli("index", "--once", "--json", "--workspace", str(ws), "--state-dir", str(state), timeout=600)
+    assert result.returncode == 0, result.stderr
+    store = EdgeStore(state / "qdrant")
+    try:
+        payloads = list(store.scroll("memory-dir-main", ["abs_path", "chunk_index", "chunk_count", "file_hash"]))
+        states = store.file_states("memory-dir-main")
+    finally:
+        store.close()
+    assert len(states) == 40 and all(s.complete for s in states.values())
+    keys = [(p["abs_path"], p["chunk_index"]) for p in payloads]
+    assert len(keys) == len(set(keys)), "no duplicate chunks"
+    assert len(payloads) == sum(s.points for s in states.values())
+    assert all(p["chunk_index"] < p["chunk_count"] for p in payloads)
+
+
+def test_collection_built_for_another_model_stops_with_a_reindex_hint(workspace: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    store = EdgeStore(state / "qdrant")
+    store.ensure_collection("memory-root-main", {"text": 768})
+    store.close()
+    result = _cli("index", "--once", "--workspace", str(workspace), "--state-dir", str(state))
+    assert result.returncode == 1
+    assert "--reindex" in result.stderr.strip().splitlines()[-1]
+    rebuilt = _cli("index", "--once", "--reindex", "--workspace", str(workspace), "--state-dir", str(state))
+    assert rebuilt.returncode == 0, rebuilt.stderr
+
+
+def test_search_without_a_daemon_exits_1_with_a_hint() -> None:
+    result = _cli("search", "anything", "--port", str(_free_port()))
+    assert result.returncode == 1
+    assert "no qmd-indexer daemon answers" in result.stderr and "qmd-indexer run" in result.stderr
+
+
+def test_index_needs_once_and_workspace(tmp_path: Path) -> None:
+    assert _cli("index", "--workspace", str(tmp_path)).returncode == 2
+    result = subprocess.run([*CLI, "index", "--once"], capture_output=True, text=True, timeout=60,
+                            env={**ENV, "XDG_CONFIG_HOME": str(tmp_path)})
+    assert result.returncode == 2 and "no workspace configured" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "index", "search", "status", "plugins"])
+def test_every_command_has_teaching_help(command: str) -> None:
+    result = _cli(command, "--help")
+    assert result.returncode == 0
+    assert len(result.stdout.splitlines()) > 8
+    if command in ("run", "index", "search"):
+        assert "Example" in result.stdout
+
+
+def test_the_client_side_never_imports_torch() -> None:
+    code = ("import sys, indexer.cli, indexer.client, indexer.config, indexer.plugins;"
+            "from click.testing import CliRunner; CliRunner().invoke(indexer.cli.main, ['plugins']);"
+            "print(sorted(m for m in ('torch', 'sentence_transformers', 'qdrant_edge') if m in sys.modules))")
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    assert time.monotonic() - started < 30  # a sanity bound, not a benchmark
