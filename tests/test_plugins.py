@@ -1,0 +1,235 @@
+"""Plugin discovery and the contract (``indexer.plugins``), the ``plugins`` command, a real pip-installed third-party
+plugin, and the guide ``plugins/README.md`` staying in step with the code.
+
+Loading is tested with fake ``importlib.metadata.EntryPoint`` objects pointing at small classes in
+``test_plugins_fakes`` (pluggy's approach); the command and the installed plugin run in real subprocesses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+
+from indexer import api, testing
+from indexer.api import GROUPS
+from indexer.config import load_settings
+from indexer.errors import ConfigError
+from indexer.plugins import CONTRACT, load_registry
+
+try:
+    import test_plugins_fakes as fakes
+except ImportError:  # tests/ imported as a package
+    from tests import test_plugins_fakes as fakes  # type: ignore[no-redef]
+
+REPO = Path(__file__).resolve().parent.parent
+FAKES = fakes.__name__
+CLS, EXT, EMB = GROUPS
+
+
+def ep(name: str, target: str, group: str) -> EntryPoint:
+    """A fake entry point naming ``target`` in the fakes module (or a full ``module:attr`` value)."""
+    return EntryPoint(name, target if ":" in target else f"{FAKES}:{target}", group)
+
+
+def by_name(registry) -> dict[str, object]:
+    return {(r.group.rsplit(".", 1)[-1], r.name): r for r in registry.records}
+
+
+def test_loaded_plugins_are_ordered_and_routed() -> None:
+    registry = load_registry(eps=[
+        ep("late", "LateClassifier", CLS), ep("early", "EarlyClassifier", CLS),
+        ep("fake", "FakeExtractor", EXT), ep("lazy", "LazyImageEmbedder", EMB),
+    ])
+    assert [type(c).__name__ for c in registry.classifiers] == ["EarlyClassifier", "LateClassifier"]
+    assert registry.classify(Path("a.fake"), b"") == "fake"
+    assert registry.classify(Path("a.other"), b"") == "late"
+    assert type(registry.extractors["fake"]).__name__ == "FakeExtractor"
+    assert set(registry.embedders) == {"image"}
+    records = by_name(registry)
+    assert records["extractors", "fake"].provides == ("fake",)
+    assert records["embedders", "lazy"].provides == ("image",)
+    assert all(r.status == "loaded" for r in registry.records)
+
+
+def test_factories_get_their_config_table_and_stay_cheap() -> None:
+    fakes.LazyImageEmbedder.loads = 0
+    registry = load_registry(config={"lazy": {"model": "/models/x"}}, eps=[
+        ep("lazy", "LazyImageEmbedder", EMB), ep("fake", "FakeExtractor", EXT)])
+    assert registry.embedders["image"].config == {"model": "/models/x"}
+    assert registry.extractors["fake"].config == {}
+    assert fakes.LazyImageEmbedder.loads == 0  # dim (the model) was never touched while loading
+
+
+def test_a_raising_classifier_defers_to_the_next() -> None:
+    registry = load_registry(eps=[ep("bug", "RaisingClassifier", CLS), ep("early", "EarlyClassifier", CLS)])
+    assert registry.classify(Path("x.fake"), b"") == "fake"
+
+
+def test_broken_plugins_are_reported_by_name_and_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "qmd_test_explodes.py").write_text("raise RuntimeError('import-time failure')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = load_registry(eps=[
+        ep("absent", "qmd_test_no_such_module:Thing", EXT),
+        ep("explodes", "qmd_test_explodes:Thing", EXT),
+        ep("no-attr", "NoSuchClass", CLS),
+        ep("factory", "failing_factory", EXT),
+        ep("no-kinds", "NoKinds", EXT),
+        ep("audio-vec", "AudioModalityEmbedder", EMB),
+        ep("fake", "FakeExtractor", EXT),
+    ])
+    records = by_name(registry)
+    reasons = {key[1]: (r.status, r.reason) for key, r in records.items()}
+    assert reasons["absent"] == ("failed", "ModuleNotFoundError: No module named 'qmd_test_no_such_module'")
+    assert reasons["explodes"] == ("failed", "RuntimeError: import-time failure")
+    assert reasons["no-attr"][0] == "failed" and "NoSuchClass" in reasons["no-attr"][1]
+    assert reasons["factory"] == ("failed", "RuntimeError: licence key missing")
+    assert reasons["no-kinds"] == ("failed", "PluginError: missing 'kinds' required by qmd_indexer.extractors")
+    assert reasons["audio-vec"] == ("failed", "PluginError: modality must be 'text' or 'image', got 'audio'")
+    assert reasons["fake"] == ("loaded", "")
+    assert list(registry.extractors) == ["fake"] and not registry.embedders
+
+
+def test_allow_list_from_config_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # no user config file
+    monkeypatch.delenv("QMD_INDEXER_CONFIG", raising=False)
+    monkeypatch.setenv("QMD_INDEXER_PLUGINS", "early, fake")
+    settings = load_settings(None, {"state_dir": tmp_path})
+    assert settings.plugins == ("early", "fake")
+    eps = [ep("early", "EarlyClassifier", CLS), ep("late", "LateClassifier", CLS), ep("fake", "FakeExtractor", EXT)]
+    registry = load_registry(settings.plugins, eps=eps)
+    statuses = {r.name: (r.status, r.reason) for r in registry.records}
+    assert statuses == {"early": ("loaded", ""), "fake": ("loaded", ""),
+                        "late": ("disabled", "not in the plugins allow-list")}
+    assert all(r.status == "loaded" for r in load_registry((), eps=eps).records)  # empty list: everything loads
+
+
+def test_two_plugins_for_one_kind_need_a_prefer_choice() -> None:
+    eps = [ep("fake", "FakeExtractor", EXT), ep("rival", "RivalExtractor", EXT)]
+    with pytest.raises(ConfigError, match=r"prefer\.fake: plugins fake, rival all provide kind 'fake'"):
+        load_registry(eps=eps)
+    registry = load_registry(prefer={"fake": "rival"}, eps=eps)
+    assert type(registry.extractors["fake"]).__name__ == "RivalExtractor"
+    assert {r.name: r.status for r in registry.records} == {"fake": "unused", "rival": "loaded"}
+    with pytest.raises(ConfigError, match="modality 'image'"):
+        load_registry(eps=[ep("lazy", "LazyImageEmbedder", EMB), ep("rival", "RivalImageEmbedder", EMB)])
+    with pytest.raises(ConfigError, match="choose one"):
+        load_registry(prefer={"fake": "nobody"}, eps=eps)
+
+
+# -- the command and real installed distributions ---------------------------------------------------------------
+
+def fake_distribution(site: Path, lines: dict[str, dict[str, str]]) -> None:
+    """An installed distribution ``qmd-fake-plugins 1.2.3`` in ``site``: metadata and entry points as pip writes them,
+    pointing into the fakes module (copied next to it)."""
+    info = site / "qmd_fake_plugins-1.2.3.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: qmd-fake-plugins\nVersion: 1.2.3\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in eps.items()) for group, eps in lines.items()))
+    shutil.copy(fakes.__file__, site / "qmd_fake_plugins.py")
+
+
+def cli(*args: str, site: Path, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``qmd-indexer ARGS`` in a fresh interpreter with ``site`` on its path and no user config."""
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "HF_HUB_OFFLINE": "1",
+               "XDG_CONFIG_HOME": str(site / "config"), "QMD_INDEXER_PLUGINS": ""}
+    environ.pop("QMD_INDEXER_CONFIG", None)
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "indexer.cli", *args], capture_output=True, text=True,
+                          env=environ, timeout=timeout, check=False)
+
+
+def test_plugins_command_lists_installed_plugins_with_status(tmp_path: Path) -> None:
+    fake_distribution(tmp_path, {
+        CLS: {"fake-early": "qmd_fake_plugins:EarlyClassifier"},
+        EXT: {"fake-ext": "qmd_fake_plugins:FakeExtractor", "fake-broken": "qmd_fake_plugins:NoKinds"},
+    })
+    run = cli("plugins", "--json", site=tmp_path)
+    assert run.returncode == 0, run.stderr
+    records = {r["name"]: r for r in json.loads(run.stdout)}
+    assert records["markdown"]["distribution"] == "qmd-indexer" and records["markdown"]["status"] == "loaded"
+    assert records["fake-ext"] == {"group": EXT, "name": "fake-ext", "distribution": "qmd-fake-plugins",
+                                   "version": "1.2.3", "provides": ["fake"], "status": "loaded", "reason": ""}
+    assert records["fake-broken"]["status"] == "failed"
+    assert "missing 'kinds'" in records["fake-broken"]["reason"]
+    assert "torch" not in run.stderr
+    text = cli("plugins", site=tmp_path)
+    assert text.returncode == 0
+    line = next(line for line in text.stdout.splitlines() if "fake-broken" in line)
+    assert "qmd-fake-plugins 1.2.3" in line and "failed (PluginError: missing 'kinds'" in line
+    allowed = cli("plugins", "--json", site=tmp_path, env={"QMD_INDEXER_PLUGINS": "fake-early"})
+    statuses = {r["name"]: r["status"] for r in json.loads(allowed.stdout)}
+    assert statuses["fake-early"] == "loaded" and statuses["fake-ext"] == "disabled"
+    assert statuses["markdown"] == "loaded"  # qmd-indexer's own plugins are never disabled
+
+
+def test_plugins_command_reports_an_unresolved_conflict_as_a_config_error(tmp_path: Path) -> None:
+    fake_distribution(tmp_path, {EXT: {"fake-a": "qmd_fake_plugins:FakeExtractor",
+                                       "fake-b": "qmd_fake_plugins:RivalExtractor"}})
+    run = cli("plugins", site=tmp_path)
+    assert run.returncode == 2
+    assert "config error: prefer.fake: plugins fake-a, fake-b all provide kind 'fake'" in run.stderr
+    config = tmp_path / "config" / "qmd-indexer" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('[prefer]\nfake = "fake-b"\n')
+    chosen = cli("plugins", "--json", site=tmp_path)
+    assert chosen.returncode == 0, chosen.stderr
+    statuses = {r["name"]: (r["status"], r["reason"]) for r in json.loads(chosen.stdout)}
+    assert statuses["fake-a"] == ("unused", "prefer.fake = 'fake-b'") and statuses["fake-b"] == ("loaded", "")
+
+
+def test_example_plugin_installed_with_pip_is_listed_and_indexes_its_files(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                          "--target", str(site), str(REPO / "plugins" / "qmd-indexer-notes")],
+                         capture_output=True, text=True, check=False, timeout=300)
+    if pip.returncode != 0:
+        pytest.skip(f"pip could not build the example plugin here: {pip.stderr.strip().splitlines()[-1:]}")
+    notes = [r for r in json.loads(cli("plugins", "--json", site=site).stdout) if r["name"] == "notes"]
+    assert {(r["group"], r["distribution"], r["version"], tuple(r["provides"]), r["status"]) for r in notes} == {
+        (CLS, "qmd-indexer-notes", "0.1.0", ("priority 100",), "loaded"),
+        (EXT, "qmd-indexer-notes", "0.1.0", ("org", "plaintext"), "loaded"),
+    }
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\nThe user prefers tea.\n")
+    (ws / "memory" / "todo.txt").write_text("buy stamps\nrenew the passport before June\n")
+    (ws / "memory" / "garden.org").write_text("* Tomatoes\nSan Marzano on the south bed.\n")
+    (ws / "memory" / "blob.bin").write_bytes(b"\x00\x01")
+    run = cli("index", "--once", "--json", "--workspace", str(ws), "--state-dir", str(tmp_path / "state"),
+              site=site, env={"QMD_INDEXER_PLUGINS": "notes"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    status = json.loads(run.stdout)
+    assert status["collections"]["memory-dir-main"]["files"] == 2  # todo.txt and garden.org; blob.bin has no kind
+    indexed = [json.loads(line) for line in run.stderr.splitlines() if '"file_indexed"' in line]
+    assert {(e["path"], e["kind"]) for e in indexed} >= {("memory/todo.txt", "plaintext"), ("memory/garden.org", "org")}
+
+
+# -- the guide cannot drift from the code -------------------------------------------------------------------------
+
+def contract_names() -> set[str]:
+    names = set(GROUPS) | {m for members in CONTRACT.values() for m in members}
+    for protocol in (api.Classifier, api.Extractor, api.Embedder):
+        names |= {n for n in vars(protocol) if not n.startswith("_")} | set(protocol.__annotations__)
+    for value in (api.FileInfo, api.Chunk, api.ExtractContext):
+        names |= {f.name for f in dataclasses.fields(value)}
+    names |= {"token_offsets", "HEAD_BYTES", "ExtractError", "FileSkipped", "EmbedError", "prefer", "plugins",
+              "QMD_INDEXER_PLUGINS"}
+    return names | set(testing.__all__)
+
+
+def test_guide_mentions_every_group_and_contract_member() -> None:
+    guide = (REPO / "plugins" / "README.md").read_text(encoding="utf-8")
+    missing = sorted(n for n in contract_names() if not re.search(rf"(?<![\w.]){re.escape(n)}(?!\w)", guide))
+    assert not missing, f"plugins/README.md does not mention {missing}: document them (the contract changed)"
+    for group in GROUPS:
+        assert f'[project.entry-points."{group}"]' in guide, f"the guide shows no pyproject table for {group}"

@@ -1,0 +1,111 @@
+"""Small plugin classes that the tests of ``indexer.plugins`` point fake entry points at (no tests here).
+
+Each is a factory taking the plugin's config table, as the contract requires.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from indexer.api import Chunk, l2_normalise
+
+
+class EarlyClassifier:
+    priority = 10
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def classify(self, path: Path, head: bytes) -> str | None:
+        return "fake" if path.suffix == ".fake" else None
+
+
+class LateClassifier:
+    priority = 500
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        pass
+
+    def classify(self, path: Path, head: bytes) -> str | None:
+        return "late"
+
+
+class RaisingClassifier:
+    priority = 1
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        pass
+
+    def classify(self, path: Path, head: bytes) -> str | None:
+        raise RuntimeError("classifier bug")
+
+
+class FakeExtractor:
+    kinds = frozenset({"fake"})
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def extract(self, file: Any, context: Any) -> Any:
+        yield Chunk(text=file.path.read_text(), kind="fake")
+
+
+class RivalExtractor(FakeExtractor):
+    """Claims the same kind as ``FakeExtractor``: needs a ``prefer`` choice."""
+
+
+class NoKinds:
+    """Breaks the extractor contract: no ``kinds``."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        pass
+
+    def extract(self, file: Any, context: Any) -> Any:
+        return iter(())
+
+
+class AudioModalityEmbedder:
+    """Breaks the embedder contract: modality must be text or image."""
+
+    model_id, modality, dim, max_tokens = "x", "audio", 4, None
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        pass
+
+    def embed(self, chunks: Any) -> np.ndarray:
+        return np.zeros((len(chunks), 4), np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return np.zeros(4, np.float32)
+
+
+class LazyImageEmbedder:
+    """An image embedder whose ``dim`` would load a model: loading the plugin must not evaluate it."""
+
+    model_id, modality, max_tokens = "lazy", "image", None
+    loads = 0
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    @property
+    def dim(self) -> int:
+        type(self).loads += 1
+        return 4
+
+    def embed(self, chunks: Any) -> np.ndarray:
+        return l2_normalise(np.ones((len(chunks), self.dim), np.float32))
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return l2_normalise(np.ones(self.dim, np.float32))
+
+
+class RivalImageEmbedder(LazyImageEmbedder):
+    model_id = "rival"
+
+
+def failing_factory(config: dict[str, Any]) -> Any:
+    raise RuntimeError("licence key missing")
