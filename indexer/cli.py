@@ -261,15 +261,119 @@ def search(query, k, agent, collections, mode, path_prefix, kinds, min_score, as
     if as_json:
         click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
         return
+    _print_hits(hits)
+
+
+def _print_hits(hits: list[dict[str, Any]]) -> None:
     if not hits:
         click.echo("no hits", err=True)
     for rank, hit in enumerate(hits, 1):
         where = f"{hit['path']}:{hit['start_line']}-{hit['end_line']}"
         if "start_s" in hit:
             where += f" [{hit['start_s']:.1f}s-{hit.get('end_s', hit['start_s']):.1f}s]"
-        click.echo(f"{rank}. {where}  score {hit['score']:.3f}  ({hit['collection']}, {hit['kind']})")
+        score = "" if hit.get("score") is None else f"  score {hit['score']:.3f}"
+        click.echo(f"{rank}. {where}{score}  ({hit['collection']}, {hit['kind']})")
         for line in hit["snippet"].splitlines()[:8]:
             click.echo(f"     {line}")
+
+
+@main.command()
+@click.argument("path")
+@click.option("--agent", help="Whose workspace PATH is relative to [default: the first that has it].")
+@click.option("--from", "from_line", type=click.IntRange(min=1), default=1, show_default=True,
+              help="First line to read (1-based).")
+@click.option("--lines", type=click.IntRange(min=1), help="At most this many lines.")
+@click.option("--max-chars", type=click.IntRange(min=1), default=12_000, show_default=True,
+              help="At most this many characters (whole lines).")
+@click.option("--json", "as_json", is_flag=True, help="Print the page as JSON, with next_from.")
+@_config_opt
+@_port_opt
+def get(path, agent, from_line, lines, max_chars, as_json, config, port) -> None:
+    """Read part of one memory file through the daemon (streamed: huge files are fine).
+
+    \b
+    Only memory files of the workspace can be read: ../ escapes, paths outside it and
+    symlinks are refused (exit 2). When the page stops early, stderr says which --from
+    continues it.
+
+    \b
+    Examples:
+      qmd-indexer get MEMORY.md
+      qmd-indexer get memory/2026-11-27.md --from 40 --lines 20
+    """
+    from indexer.client import ClientError
+
+    try:
+        page = _client(config, port).get(path, from_line, lines, max_chars, agent)
+    except ClientError as exc:
+        _fail(str(exc), EXIT_USAGE if exc.status_code in (400, 403, 404, 422) else EXIT_FAILURE)
+    if as_json:
+        click.echo(json.dumps(page, ensure_ascii=False, indent=2))
+        return
+    if page["text"]:
+        click.echo(page["text"])
+    if page["truncated"]:
+        click.echo(f"[lines {page['from']}-{page['to']}; continue with --from {page['next_from']}]", err=True)
+
+
+@main.command()
+@click.argument("query", required=False, default="*")
+@click.option("-k", "--top-k", "top_k", type=click.IntRange(1, 10_000), default=6, show_default=True)
+@click.option("--agent", help="Only this agent's memory.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@_config_opt
+@_port_opt
+def recall(query, top_k, agent, as_json, config, port) -> None:
+    """The best memories for QUERY; `*`, `all` or no QUERY lists every memory file.
+
+    \b
+    Examples:
+      qmd-indexer recall "coffee order"
+      qmd-indexer recall --agent main -k 100      # list memory files
+    """
+    from indexer.client import ClientError
+
+    try:
+        hits = _client(config, port).recall(query, top_k, agent)
+    except ClientError as exc:
+        _fail(str(exc), EXIT_USAGE if exc.status_code in (400, 404, 422) else EXIT_FAILURE)
+    if as_json:
+        click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
+    else:
+        _print_hits(hits)
+
+
+@main.command()
+@click.option("--budget-chars", type=click.IntRange(min=1), default=4000, show_default=True,
+              help="Size of the context, in characters.")
+@click.option("--agent", help="Only this agent's memory.")
+@click.option("--query", help="Fill the budget with the best hits for this instead of root memory + recent notes.")
+@click.option("--json", "as_json", is_flag=True, help="Print text, included and omitted as JSON.")
+@_config_opt
+@_port_opt
+def boot(budget_chars, agent, query, as_json, config, port) -> None:
+    """Print a boot context: memory for the start of an agent session, within a budget.
+
+    \b
+    MEMORY.md comes first, then the most recently changed notes; whole lines only.
+    What did not fit is listed on stderr (or under "omitted" with --json).
+
+    \b
+    Example:
+      qmd-indexer boot --agent main --budget-chars 6000
+    """
+    from indexer.client import ClientError
+
+    try:
+        context = _client(config, port).boot_context(budget_chars, agent, query)
+    except ClientError as exc:
+        _fail(str(exc), EXIT_USAGE if exc.status_code in (400, 404, 422) else EXIT_FAILURE)
+    if as_json:
+        click.echo(json.dumps(context, ensure_ascii=False, indent=2))
+        return
+    click.echo(context["text"])
+    for item in context["omitted"]:
+        click.echo(f"[omitted {item['citation']} ({item['lines']} lines)]", err=True)
 
 
 def _print_status(status: dict[str, Any]) -> None:

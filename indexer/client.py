@@ -69,6 +69,23 @@ class Client:
                 "path_prefix": path_prefix, "kind": kind, "min_score": min_score}
         return self._call("POST", "/search", json={key: v for key, v in body.items() if v is not None})["hits"]
 
+    def recall(self, query: str = "*", top_k: int = 6, agent: str | None = None) -> list[dict[str, Any]]:
+        """The ``top_k`` best memories for ``query``; ``*``, ``all`` or ``""`` lists every memory file."""
+        body = {"query": query, "top_k": top_k, "agent": agent}
+        return self._call("POST", "/recall", json={k: v for k, v in body.items() if v is not None})["hits"]
+
+    def boot_context(self, budget_chars: int = 4000, agent: str | None = None,
+                     query: str | None = None) -> dict[str, Any]:
+        """Memory packed into ``budget_chars`` characters: ``{"text", "used_chars", "included", "omitted"...}``."""
+        body = {"budget_chars": budget_chars, "agent": agent, "query": query}
+        return self._call("POST", "/boot", json={k: v for k, v in body.items() if v is not None})
+
+    def get(self, path: str, from_line: int = 1, lines: int | None = None, max_chars: int | None = None,
+            agent: str | None = None) -> dict[str, Any]:
+        """A page of memory file ``path`` (see ``indexer.recall.read_memory``); ``next_from`` continues it."""
+        params = {"path": path, "from": from_line, "lines": lines, "max_chars": max_chars, "agent": agent}
+        return self._call("GET", "/get", params={k: v for k, v in params.items() if v is not None})
+
     def close(self) -> None:
         self._http.close()
 

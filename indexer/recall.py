@@ -1,0 +1,202 @@
+"""Agent-side reads of memory: a paged read of one file, ``recall`` and the boot context.
+
+- ``read_memory``: lines ``from_line`` (1-based) onwards, at most ``lines`` of them and ``max_chars`` characters,
+  streamed line by line so a 200 MB file is never loaded whole; says where to continue. Only memory files of the
+  workspace are readable: ``..`` escapes, absolute paths outside it, symlinks, hidden and non-memory files are
+  refused with ``ReadRefused`` (the same rules as indexing, ``indexer.workspace.route``).
+- ``recall``: the best memories for a query; ``*``, ``all`` or an empty query lists every memory file instead.
+- ``boot_context``: memory packed into a character budget for the start of a session: the root memory file first,
+  then the most recently changed notes (or, given a query, the best hits), whole lines only, with a list of what
+  did not fit.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from indexer.errors import ReadRefused
+from indexer.search import SNIPPET_CHARS, SearchParams, Searcher
+from indexer.store import Store
+from indexer.workspace import Collection, route
+
+DEFAULT_MAX_CHARS = 12_000
+LIST_ALL = frozenset({"", "*", "all"})
+
+
+def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str | None = None) -> tuple[Collection, Path]:
+    """The collection and absolute path of memory file ``path`` (workspace-relative or absolute).
+
+    Raises ``ReadRefused`` when it is not a memory file of the (agent's) workspace, and ``FileNotFoundError`` when
+    it does not exist. The path is normalised lexically (no symlink resolution), then checked by the indexing rules.
+    """
+    chosen = [c for c in collections if agent is None or c.agent == agent]
+    if not chosen:
+        raise ReadRefused(f"unknown agent {agent!r}")
+    for workspace in dict.fromkeys(c.workspace for c in chosen):
+        candidate = Path(os.path.normpath(path if os.path.isabs(path) else workspace.path / path))
+        collection, reason = route(chosen, candidate)
+        if collection is not None and collection.workspace == workspace:
+            st = os.lstat(candidate)  # FileNotFoundError propagates
+            if not stat.S_ISREG(st.st_mode):
+                raise ReadRefused(f"{path}: not a regular file")
+            return collection, candidate
+        if reason:
+            raise ReadRefused(f"{path}: refused ({reason})")
+    raise ReadRefused(f"{path}: not a memory file of this workspace")
+
+
+def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1, lines: int | None = None,
+                max_chars: int = DEFAULT_MAX_CHARS, agent: str | None = None) -> dict[str, Any]:
+    """A page of memory file ``path``.
+
+    Returns ``{"path", "collection", "from", "to", "text", "truncated", "next_from"}``: ``text`` holds whole lines
+    ``from``..``to`` (1-based, inclusive; ``to < from`` when the file has no such lines). ``truncated`` is true when
+    ``lines`` or ``max_chars`` (characters) stopped the read before the end, and ``next_from`` is then the line to
+    ask for next (else ``None``). A single line longer than ``max_chars`` is returned cut, with
+    ``"line_truncated": true``. Raises ``ReadRefused``, ``FileNotFoundError``, ``ValueError`` for bad arguments.
+    """
+    if from_line < 1 or (lines is not None and lines < 1) or max_chars < 1:
+        raise ValueError("from must be >= 1, lines >= 1 and max_chars >= 1")
+    collection, abs_path = resolve_memory_path(collections, path, agent)
+    fd = os.open(abs_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    out: list[str] = []
+    used = 0
+    line_no = 0
+    truncated = line_cut = False
+    with io.open(fd, "r", encoding="utf-8", errors="replace", newline=None) as handle:
+        for line_no, raw in enumerate(handle, 1):
+            if line_no < from_line:
+                continue
+            line = raw.rstrip("\n")
+            if (lines is not None and len(out) >= lines) or (out and used + 1 + len(line) > max_chars):
+                truncated = True
+                line_no -= 1
+                break
+            if not out and len(line) > max_chars:
+                out.append(line[:max_chars])
+                truncated = line_cut = True
+                break
+            used += len(line) + (1 if out else 0)  # joined with "\n" between lines
+            out.append(line)
+    result: dict[str, Any] = {
+        "path": os.path.relpath(abs_path, collection.workspace.path) if abs_path.is_relative_to(collection.workspace.path)
+        else str(abs_path),
+        "collection": collection.name,
+        "from": from_line,
+        "to": from_line + len(out) - 1,
+        "text": "\n".join(out),
+        "truncated": truncated,
+        "next_from": from_line + len(out) if truncated and not line_cut else (from_line + 1 if line_cut else None),
+    }
+    if line_cut:
+        result["line_truncated"] = True
+    return result
+
+
+def list_memories(collections: Sequence[Collection], store: Store, k: int, agent: str | None = None) -> list[dict]:
+    """Every memory file of the (agent's) collections, one entry each, sorted by path; at most ``k``."""
+    entries: dict[str, dict[str, Any]] = {}
+    for collection in collections:
+        if agent and collection.agent != agent:
+            continue
+        for p in store.scroll(collection.name, ["abs_path", "path", "agent", "collection", "kind", "chunk_index",
+                                                "start_line", "end_line", "text"]):
+            entry = entries.get(p["abs_path"])
+            if entry is None:
+                entry = entries[p["abs_path"]] = {
+                    "collection": p["collection"], "agent": p["agent"], "path": p["path"], "start_line": 1,
+                    "end_line": p["end_line"], "score": None, "snippet": "", "kind": p.get("kind", "markdown"),
+                    "_first": 1 << 30}
+            entry["end_line"] = max(entry["end_line"], p["end_line"])
+            if p["chunk_index"] < entry["_first"]:
+                entry["_first"] = p["chunk_index"]
+                entry["snippet"] = p["text"][:SNIPPET_CHARS]
+    listed = sorted(entries.values(), key=lambda e: (e["agent"], e["path"]))[:k]
+    for entry in listed:
+        del entry["_first"]
+        entry["citation"] = f"{entry['path']}#L{entry['start_line']}-L{entry['end_line']}"
+    return listed
+
+
+def recall(searcher: Searcher, query: str, top_k: int = 6, agent: str | None = None) -> list[dict[str, Any]]:
+    """The ``top_k`` best memories for ``query`` (hybrid search); ``*``/``all``/empty lists every memory file."""
+    if query.strip().lower() in LIST_ALL:
+        searcher.targets(SearchParams("", agent=agent))  # raises KeyError for an unknown agent
+        return list_memories(searcher.collections, searcher.store, top_k, agent)
+    return searcher.search(SearchParams(query, k=top_k, agent=agent))
+
+
+def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None = None,
+                 query: str | None = None) -> dict[str, Any]:
+    """Memory for the start of a session, packed into ``budget_chars`` characters.
+
+    Order: with ``query``, its best hits; without, the root memory file, then notes by most recent change. Each
+    piece is a header line ``## <path>#L<a>-L<b>`` and whole lines of text; a piece that does not fit is cut at the
+    last whole line that does. Returns ``{"text", "used_chars", "budget_chars", "included": [citations],
+    "omitted": [{"citation", "lines"}]}``.
+    """
+    if budget_chars < 1:
+        raise ValueError("budget_chars must be >= 1")
+    parts: list[str] = []
+    included: list[str] = []
+    omitted: list[dict[str, Any]] = []
+    used = 0
+    for path, start, text, total in _boot_pieces(searcher, agent, query, budget_chars):
+        last = start + total - 1
+        if text is None:
+            omitted.append({"citation": f"{path}#L{start}-L{last}", "lines": total})
+            continue
+        lines = text.split("\n")
+        room = budget_chars - used - len(f"## {path}#L{start}-L{last}") - 1 - (1 if parts else 0)
+        take = size = 0
+        for line in lines:
+            if size + len(line) + (1 if take else 0) > room:
+                break
+            size += len(line) + (1 if take else 0)
+            take += 1
+        if take == 0:
+            omitted.append({"citation": f"{path}#L{start}-L{last}", "lines": total})
+            continue
+        end = start + take - 1
+        block = f"## {path}#L{start}-L{end}\n" + "\n".join(lines[:take])
+        used += len(block) + (1 if parts else 0)
+        parts.append(block)
+        included.append(f"{path}#L{start}-L{end}")
+        if end < last:
+            omitted.append({"citation": f"{path}#L{end + 1}-L{last}", "lines": last - end})
+    text = "\n".join(parts)
+    return {"text": text, "used_chars": len(text), "budget_chars": budget_chars, "included": included,
+            "omitted": omitted}
+
+
+def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None,
+                 budget_chars: int) -> list[tuple[str, int, str | None, int]]:
+    """``(path, start_line, text, total_lines)`` candidates in priority order. Without a query, files are read
+    from disk (at most ``budget_chars`` characters each, whole lines), so lines are never pieces of chunks."""
+    if query and query.strip().lower() not in LIST_ALL:
+        hits = searcher.search(SearchParams(query, k=20, agent=agent))
+        return [(h["path"], h["start_line"], h["snippet"], h["end_line"] - h["start_line"] + 1)
+                for h in hits if h["kind"] != "image"]
+    targets = searcher.targets(SearchParams("", agent=agent))
+    files: dict[str, dict[str, Any]] = {}
+    for collection in targets:
+        for p in searcher.store.scroll(collection.name, ["abs_path", "path", "mtime_ns", "end_line", "modality"]):
+            if p.get("modality", "text") != "text":
+                continue
+            entry = files.setdefault(p["abs_path"], {"path": p["path"], "mtime": p.get("mtime_ns", 0),
+                                                    "root": collection.role == "root", "lines": 0})
+            entry["lines"] = max(entry["lines"], int(p["end_line"]))
+    pieces = []
+    for abs_path, f in sorted(files.items(), key=lambda kv: (not kv[1]["root"], -kv[1]["mtime"], kv[1]["path"])):
+        try:
+            page = read_memory(searcher.collections, abs_path, 1, None, budget_chars)
+        except (ReadRefused, OSError):
+            continue
+        # a first line longer than the budget cannot be shown whole: the piece is listed as omitted
+        pieces.append((f["path"], 1, None if page.get("line_truncated") else page["text"], max(f["lines"], page["to"])))
+    return pieces

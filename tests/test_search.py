@@ -1,0 +1,205 @@
+"""Retrieval through the product's search path: hybrid/dense/keyword, filters, snippets, CJK, and the agent-side
+reads (paged get, recall, boot context) over the HTTP API."""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from conftest import write
+from fastapi.testclient import TestClient
+
+from indexer.recall import read_memory
+from indexer.search import SearchParams, fuse, snippet
+from indexer.server import create_app, make_searcher
+
+PARAPHRASE_NOTES = {
+    "deploys.md": "# Deploys\n\nWe agreed that releases go out on Tuesday and Thursday mornings, never on Fridays.\n",
+    "outage.md": "# Outage review\n\nThe export job failed overnight because the disk filled up with unrotated logs.\n",
+    "tickets.md": "# Tickets\n\nThe disk-full problem on the batch host is tracked as ACME-4471; Marco owns the fix.\n",
+    "rotation.md": "# Log rotation\n\nAfter the storage incident we rotate logs daily and keep a week of history.\n",
+    "oncall.md": "# On-call\n\nNight pages about storage go to Marco; weekend pages go to the secondary.\n",
+    "storage.md": "# Storage\n\nBatch hosts have small disks, so exports must stream instead of staging files.\n",
+}
+
+
+@pytest.fixture(name="indexed")
+def indexed_fixture(tmp_path: Path, make_indexer):
+    ws = tmp_path / "ws"
+    write(ws / "MEMORY.md", "# Memory\n\nThe user is Dana, an SRE in Lisbon.\nShe prefers short answers.\n")
+    for name, text in PARAPHRASE_NOTES.items():
+        write(ws / "memory" / name, text)
+    write(ws / "memory" / "zh" / "会议.md", "# 会议记录\n\n我们决定把数据库迁移安排在下周二晚上，负责人是王伟。\n")
+    write(ws / "memory" / "ja" / "メモ.md", "# メモ\n\n東京オフィスの引っ越しは三月に予定されています。\n")
+    indexer = make_indexer([{"agent": "main", "path": ws}])
+    indexer.index_once()
+    return indexer, ws
+
+
+def _paths(hits) -> list[str]:
+    return [h["path"] for h in hits]
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "keyword"])
+def test_exact_token_is_found_first(indexed, mode: str) -> None:
+    indexer, _ = indexed
+    hits = make_searcher(indexer).search(SearchParams("ACME-4471", k=3, mode=mode))
+    assert _paths(hits)[0] == "memory/tickets.md"
+
+
+def test_paraphrase_is_found_by_meaning(indexed) -> None:
+    indexer, _ = indexed
+    searcher = make_searcher(indexer)
+    for mode in ("hybrid", "dense"):
+        hits = searcher.search(SearchParams("when are we allowed to ship new versions?", k=2, mode=mode))
+        assert _paths(hits)[0] == "memory/deploys.md"
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "keyword"])
+def test_chinese_and_japanese_queries_find_their_notes(indexed, mode: str) -> None:
+    indexer, _ = indexed
+    searcher = make_searcher(indexer)
+    assert _paths(searcher.search(SearchParams("数据库迁移", k=2, mode=mode)))[0] == "memory/zh/会议.md"
+    assert _paths(searcher.search(SearchParams("東京オフィス", k=2, mode=mode)))[0] == "memory/ja/メモ.md"
+
+
+def test_filters_narrow_the_answer(indexed) -> None:
+    indexer, _ = indexed
+    searcher = make_searcher(indexer)
+    assert set(_paths(searcher.search(SearchParams("meeting", k=10, path_prefix="memory/zh")))) == {"memory/zh/会议.md"}
+    assert _paths(searcher.search(SearchParams("Dana", k=10, collections=("memory-root-main",)))) == ["MEMORY.md"]
+    assert searcher.search(SearchParams("disk", k=10, kinds=("image",))) == []
+    strong = searcher.search(SearchParams("ACME-4471", k=10, mode="keyword", min_score=1.0))
+    assert strong and all(h["score"] >= 1.0 for h in strong)
+    with pytest.raises(KeyError, match="unknown collection"):
+        searcher.search(SearchParams("x", collections=("nope",)))
+
+
+def test_hits_carry_the_contract(indexed) -> None:
+    indexer, _ = indexed
+    [hit] = make_searcher(indexer).search(SearchParams("Dana", k=1))
+    assert hit == {**hit, "collection": "memory-root-main", "agent": "main", "path": "MEMORY.md", "start_line": 1,
+                   "end_line": 4, "kind": "markdown", "citation": "MEMORY.md#L1-L4"}
+    assert isinstance(hit["score"], float) and hit["snippet"].startswith("# Memory")
+
+
+def test_snippet_is_centred_on_the_best_lines_and_capped() -> None:
+    lines = [f"filler line {i} about nothing in particular" for i in range(60)]
+    lines[41] = "the rollback script lives in ops/rollback.sh"
+    body, start, end = snippet("\n".join(lines), "where is the rollback script", first_line=10)
+    assert len(body) <= 700 and "ops/rollback.sh" in body
+    assert start <= 51 <= end and body.splitlines()[51 - start] == lines[41]
+
+
+@pytest.mark.parametrize("method", ["rrf", "dbsf"])
+def test_fusion_ranks_like_qdrants_own_fusion(indexed, method: str) -> None:
+    """Our pooled fusion (qdrant-client's implementation) orders a single collection as Qdrant Edge fuses it."""
+    import qdrant_edge as qe
+
+    indexer, _ = indexed
+    searcher = make_searcher(indexer)
+    query = "who owns the storage problems?"
+    dense = dict(searcher._embed_query(query))["text"]
+    terms = indexer.pipeline.bm25.embed_query(query)
+    from indexer.store import Query
+
+    lists = indexer.store.search("memory-dir-main", Query(limit=100, dense={"text": dense},
+                                                           sparse=(list(terms.indices), list(terms.values))))
+    ours = [h.payload["path"] for h in fuse(list(lists.values()), method, 60, 10)]
+    shard = indexer.store._shard("memory-dir-main")
+    native = shard.query(qe.QueryRequest(
+        limit=10, with_payload=True, query=qe.Fusion.Rrf(k=60) if method == "rrf" else qe.Fusion.Dbsf(),
+        prefetches=[qe.Prefetch(limit=100, query=qe.Query.Nearest(dense.tolist(), using="text")),
+                    qe.Prefetch(limit=100, query=qe.Query.Nearest(qe.SparseVector(indices=list(terms.indices),
+                                                                                  values=list(terms.values)),
+                                                                  using="bm25"))]))
+    assert ours[:3] == [p.payload["path"] for p in native][:3]
+
+
+# -- agent-side reads through the API ---------------------------------------------------------------------------
+@pytest.fixture(name="api")
+def api_fixture(indexed) -> TestClient:
+    indexer, _ = indexed
+    indexer.ready.set()
+    return TestClient(create_app(indexer))
+
+
+def test_api_search_health_status(api: TestClient) -> None:
+    assert api.get("/health").json() == {"status": "ok", "ready": True}
+    assert api.get("/status").json()["collections"]["memory-dir-main"]["files"] == 8
+    hits = api.post("/search", json={"query": "ACME-4471", "k": 1, "mode": "keyword"}).json()["hits"]
+    assert hits[0]["path"] == "memory/tickets.md"
+    assert api.post("/search", json={"query": "x", "agent": "ghost"}).status_code == 404
+    assert api.post("/search", json={"query": "x", "mode": "fuzzy"}).status_code == 422
+
+
+def test_paged_read_continues_where_it_stopped(api: TestClient, indexed) -> None:
+    _, ws = indexed
+    write(ws / "memory" / "log.md", "".join(f"line {i}\n" for i in range(1, 101)))
+    page = api.get("/get", params={"path": "memory/log.md", "from": 10, "lines": 5}).json()
+    assert (page["from"], page["to"], page["truncated"], page["next_from"]) == (10, 14, True, 15)
+    assert page["text"] == "\n".join(f"line {i}" for i in range(10, 15))
+    page = api.get("/get", params={"path": "memory/log.md", "from": 95, "max_chars": 1000}).json()
+    assert (page["to"], page["truncated"], page["next_from"]) == (100, False, None)
+    page = api.get("/get", params={"path": "memory/log.md", "max_chars": 20}).json()
+    assert page["text"] == "line 1\nline 2\nline 3" and page["next_from"] == 4  # whole lines only
+
+
+@pytest.mark.parametrize("path", ["../outside.md", "memory/../../outside.md", "/etc/passwd", "memory/link.md",
+                                  "notes.txt", "memory/.hidden/x.md"])
+def test_reads_outside_memory_are_refused(api: TestClient, indexed, tmp_path: Path, path: str) -> None:
+    _, ws = indexed
+    write(tmp_path / "outside.md", "secret")
+    write(ws / "notes.txt", "not memory")
+    write(ws / "memory" / ".hidden" / "x.md", "hidden")
+    (ws / "memory" / "link.md").symlink_to(tmp_path / "outside.md")
+    response = api.get("/get", params={"path": path})
+    assert response.status_code == 403, response.text
+    assert "secret" not in response.text
+
+
+def test_missing_memory_file_is_404(api: TestClient) -> None:
+    assert api.get("/get", params={"path": "memory/nope.md"}).status_code == 404
+
+
+def test_a_200_mb_file_is_read_without_loading_it(indexed, tmp_path: Path) -> None:
+    indexer, ws = indexed
+    big = ws / "memory" / "big.md"
+    line = ("x" * 99 + "\n").encode()
+    with open(big, "wb") as handle:
+        block = line * 10_000
+        for _ in range(200):  # 200 MB
+            handle.write(block)
+    tracemalloc.start()
+    page = read_memory(indexer.collections, "memory/big.md", from_line=1, lines=3)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert page["to"] == 3 and page["next_from"] == 4
+    assert peak < 5 * 1024 * 1024
+
+
+def test_recall_lists_everything_or_searches(api: TestClient) -> None:
+    listed = api.post("/recall", json={"query": "*", "top_k": 100}).json()["hits"]
+    assert [h["path"] for h in listed] == sorted(h["path"] for h in listed)
+    assert len(listed) == 9 and all(h["score"] is None for h in listed)
+    assert api.post("/recall", json={"query": "all", "top_k": 2}).json()["hits"] == listed[:2]
+    found = api.post("/recall", json={"query": "ACME-4471", "top_k": 1}).json()["hits"]
+    assert found[0]["path"] == "memory/tickets.md"
+
+
+def test_boot_context_fits_the_budget_in_whole_lines(api: TestClient, indexed) -> None:
+    _, ws = indexed
+    context = api.post("/boot", json={"budget_chars": 400}).json()
+    assert context["used_chars"] == len(context["text"]) <= 400
+    assert context["included"][0] == "MEMORY.md#L1-L4"  # the root memory file comes first
+    assert context["omitted"], "a 400-character budget cannot hold every note"
+    sources = {p.relative_to(ws).as_posix(): p.read_text().splitlines()
+               for p in [ws / "MEMORY.md", *(ws / "memory").rglob("*.md")]}
+    for block in context["text"].split("\n## "):
+        header, *body = block.removeprefix("## ").split("\n")
+        path, lines = header.split("#L")
+        start = int(lines.split("-L")[0])
+        assert body == sources[path][start - 1 : start - 1 + len(body)], "whole lines, copied exactly"
+    big = api.post("/boot", json={"budget_chars": 100_000}).json()
+    assert big["omitted"] == [] and len(big["included"]) == 9
