@@ -376,6 +376,43 @@ def boot(budget_chars, agent, query, as_json, config, port) -> None:
         click.echo(f"[omitted {item['citation']} ({item['lines']} lines)]", err=True)
 
 
+@main.command()
+@_workspace_opts
+@click.option("--fix", is_flag=True, help="Archive the legacy memory.md and merge its text into MEMORY.md.")
+def doctor(config, workspace, agent, state_dir, qdrant_url, extra, fix) -> None:
+    """Check each workspace for a split root memory (MEMORY.md and memory.md as two files).
+
+    \b
+    Only MEMORY.md is indexed; --fix moves memory.md to
+    .openclaw-repair/root-memory/<UTC time>/memory.md and, when its text differs,
+    appends it to MEMORY.md under a heading naming the archive. Nothing is lost.
+    Exit status: 0 healthy (or repaired), 1 a problem found and not fixed.
+
+    \b
+    Examples:
+      qmd-indexer doctor --workspace ~/agent
+      qmd-indexer doctor --config /etc/qmd-indexer/config.toml --fix
+    """
+    from indexer.doctor import find_split, fix_split
+
+    settings = _settings(config, workspace, agent, state_dir, None, qdrant_url, extra)
+    _need_workspaces(settings)
+    problems = 0
+    for ws in settings.workspace:
+        legacy = find_split(ws)
+        if legacy is None:
+            click.echo(f"{ws.agent}: ok ({ws.path})")
+        elif not fix:
+            problems += 1
+            click.echo(f"{ws.agent}: split root memory: {legacy} and MEMORY.md are different files; "
+                       f"only MEMORY.md is indexed. Run with --fix to archive and merge it.")
+        else:
+            repair = fix_split(ws)
+            merged = "its text appended to MEMORY.md" if repair.merged else "same text as MEMORY.md"
+            click.echo(f"{ws.agent}: repaired: {legacy.name} archived to {repair.archived_to} ({merged})")
+    sys.exit(EXIT_FAILURE if problems else EXIT_OK)
+
+
 def _print_status(status: dict[str, Any]) -> None:
     click.echo(f"ready: {status['ready']}  backend: {status['backend']}  queue: {status['queue_depth']}  "
                f"embedded since start: {status['chunks_embedded']}  cache hits: {status['cache_hits']}  "

@@ -1,0 +1,72 @@
+"""Split root memory: detection, repair by archive + merge, repeated runs, cross-device moves."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from conftest import write
+
+import indexer.doctor as doctor
+from indexer.config import Workspace
+
+
+def _split(tmp_path: Path, legacy: str = "# Old\n\nLegacy note about the VPN.\n") -> Workspace:
+    write(tmp_path / "MEMORY.md", "# Memory\n\nCurrent facts.\n")
+    write(tmp_path / "memory.md", legacy)
+    return Workspace(agent="main", path=tmp_path)
+
+
+def test_fix_archives_and_merges_without_losing_text(tmp_path: Path) -> None:
+    ws = _split(tmp_path)
+    repair = doctor.fix_split(ws, now=datetime(2026, 11, 30, 7, 5, 1, 250000, tzinfo=UTC))
+    assert repair.archived_to == tmp_path / ".openclaw-repair/root-memory/2026-11-30T07-05-01-250000Z/memory.md"
+    assert repair.archived_to.read_text() == "# Old\n\nLegacy note about the VPN.\n"
+    assert not (tmp_path / "memory.md").exists()
+    merged = (tmp_path / "MEMORY.md").read_text()
+    assert merged.startswith("# Memory\n\nCurrent facts.\n")
+    assert "## Merged from memory.md (archived at .openclaw-repair/root-memory/2026-11-30T07-05-01-250000Z/memory.md)" \
+        in merged and merged.endswith("Legacy note about the VPN.\n")
+    assert doctor.find_split(ws) is None and doctor.fix_split(ws) is None
+
+
+def test_identical_legacy_text_is_archived_not_merged(tmp_path: Path) -> None:
+    ws = _split(tmp_path, legacy="# Memory\n\nCurrent facts.\n")
+    repair = doctor.fix_split(ws)
+    assert repair is not None and not repair.merged
+    assert (tmp_path / "MEMORY.md").read_text() == "# Memory\n\nCurrent facts.\n"
+
+
+def test_repeated_repairs_never_overwrite_an_archive(tmp_path: Path) -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    first = doctor.fix_split(_split(tmp_path, "one\n"), now=now)
+    second = doctor.fix_split(_split(tmp_path, "two\n"), now=now)
+    assert first.archived_to != second.archived_to
+    assert first.archived_to.read_text() == "one\n" and second.archived_to.read_text() == "two\n"
+
+
+def test_cross_device_move_copies_fsyncs_and_unlinks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a fake: an archive on another filesystem cannot be arranged inside tmp_path, so rename reports EXDEV
+    def rename(src, dst):
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    monkeypatch.setattr(doctor.os, "rename", rename)
+    ws = _split(tmp_path)
+    repair = doctor.fix_split(ws)
+    assert repair.archived_to.read_text() == "# Old\n\nLegacy note about the VPN.\n"
+    assert not (tmp_path / "memory.md").exists()
+
+
+def test_doctor_command_exit_codes(tmp_path: Path) -> None:
+    _split(tmp_path)
+    cli = [sys.executable, "-m", "indexer.cli", "doctor", "--workspace", str(tmp_path)]
+    found = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert found.returncode == 1 and "split root memory" in found.stdout
+    fixed = subprocess.run([*cli, "--fix"], capture_output=True, text=True, timeout=60)
+    assert fixed.returncode == 0 and "repaired" in fixed.stdout
+    assert subprocess.run(cli, capture_output=True, text=True, timeout=60).returncode == 0
