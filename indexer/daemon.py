@@ -14,13 +14,14 @@ points are missing, mixed or stale; deterministic point ids make redoing idempot
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,7 @@ class Indexer:
             self.store.ensure_collection(collection.name, dims)
             for abs_path, state in self.store.file_states(collection.name).items():
                 self.indexed[abs_path] = Indexed(collection.name, state)
+        self._attest()
         log.info("store_opened", backend=self.store.kind, collections=[c.name for c in self.collections],
                  files=len(self.indexed), reindex=reindex)
 
@@ -118,10 +120,48 @@ class Indexer:
         if self._cache:
             self._cache.close()
 
+    # -- attestation --------------------------------------------------------------------------------------------
+    def _attest(self) -> list[str]:
+        """Record which filesystem object (device, inode) each workspace path is; return the agents whose path now
+        names another one (a restored backup, a re-created directory). Their files lose the stat shortcut, so
+        every file is re-hashed once instead of trusting sizes and mtimes that may match by accident; unchanged
+        text still costs no embedding. The record is ``<state_dir>/attestations.json``."""
+        record = self.settings.state_dir / "attestations.json"
+        try:
+            previous = json.loads(record.read_text())
+        except (OSError, ValueError):
+            previous = {}
+        current, changed = {}, []
+        for ws in self.settings.workspace:
+            try:
+                st = os.stat(ws.path)
+            except OSError:
+                log.warning("workspace_missing", agent=ws.agent, path=str(ws.path))
+                continue
+            current[ws.agent] = {"path": str(ws.path), "dev": st.st_dev, "ino": st.st_ino}
+            old = previous.get(ws.agent)
+            if old and old["path"] == str(ws.path) and (old["dev"], old["ino"]) != (st.st_dev, st.st_ino):
+                changed.append(ws.agent)
+                log.warning("workspace_reattested", agent=ws.agent, path=str(ws.path),
+                            old_inode=old["ino"], new_inode=st.st_ino)
+                prefix = str(ws.path).rstrip("/") + "/"
+                for abs_path, entry in self.indexed.items():
+                    if abs_path.startswith(prefix):
+                        entry.state = replace(entry.state, size_bytes=-1, mtime_ns=-1)
+        if current != previous:
+            tmp = record.with_suffix(".tmp")
+            tmp.write_text(json.dumps(current, indent=1))
+            tmp.replace(record)
+        return changed
+
     # -- scanning -----------------------------------------------------------------------------------------------
     def scan(self) -> list[Path]:
         """Walk every collection's roots; delete points of files no longer memory; return the paths to check."""
         started = time.monotonic()
+        if self._attest() and self.watcher is not None:  # the old watches follow the old directory
+            self.watcher.stop()
+            self.watcher = Watcher(self.collections, self.on_path, polling=self.polling)
+            self.watcher.start()
         found, skips = walk(self.collections)
         self._report_skips(skips)
         on_disk = {str(path) for _, path in found}

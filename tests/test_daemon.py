@@ -134,3 +134,23 @@ def test_a_second_process_on_the_embedded_store_gets_a_clear_error(workspace: Pa
 
     with pytest.raises(StoreUnavailable, match="in use by another process"):
         make_indexer([{"agent": "main", "path": workspace}])
+
+
+def test_a_replaced_workspace_is_reattested_and_rehashed(workspace: Path, make_indexer, tmp_path: Path) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    indexer.index_once()
+    # restore the workspace from a "backup" in which one note differs but has the same size and mtime
+    backup = tmp_path / "backup"
+    shutil.copytree(workspace, backup)
+    note = backup / "memory" / "travel.md"
+    st = note.stat()
+    note.write_text(note.read_text().replace("March", "April"))
+    os.utime(note, ns=(st.st_atime_ns, st.st_mtime_ns))
+    shutil.rmtree(workspace)
+    backup.rename(workspace)
+    with capture_logs() as logs:
+        indexer.index_once()
+    assert [e["agent"] for e in logs if e["event"] == "workspace_reattested"] == ["main"]
+    assert [e["path"] for e in logs if e["event"] == "file_indexed"] == ["memory/travel.md"]
+    hits = make_searcher(indexer).search(SearchParams("flights in April", k=1))
+    assert "April" in hits[0]["snippet"]
