@@ -52,7 +52,7 @@ class ImageFacts:
 
 
 def _description(im: Any) -> str:
-    for key in ("Description", "Title", "Comment", "comment"):
+    for key in ("Description", "Title"):  # not "Comment": mostly the name of the software that saved the file
         value = im.info.get(key)
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
