@@ -138,7 +138,15 @@ def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -
         except OSError as exc:
             _fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}; is a daemon already running? "
                   f"(choose another with --port)")
-    indexer = _open_indexer(settings, reindex)
+    indexer = _open_indexer(settings, reindex, connect=False)
+    from indexer.errors import CollectionMismatch, StoreUnavailable
+
+    try:
+        indexer.connect()
+    except CollectionMismatch as exc:
+        _fail(str(exc))
+    except StoreUnavailable:
+        pass  # the worker logs it once and keeps retrying; the API answers meanwhile
     import uvicorn
     import structlog
 
@@ -167,13 +175,13 @@ def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -
     sys.exit(EXIT_OK if server.started else EXIT_FAILURE)
 
 
-def _open_indexer(settings: Any, reindex: bool) -> Any:
+def _open_indexer(settings: Any, reindex: bool, connect: bool = True) -> Any:
     from indexer.daemon import Indexer
     from indexer.errors import CollectionMismatch, ConfigError, PluginError, StoreUnavailable
 
     indexer = Indexer(settings)
     try:
-        indexer.open(reindex=reindex)
+        indexer.open(reindex=reindex, connect=connect)
     except ConfigError as exc:
         _fail(f"config error: {exc}", EXIT_USAGE)
     except (CollectionMismatch, StoreUnavailable, PluginError) as exc:

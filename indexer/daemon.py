@@ -77,6 +77,8 @@ class Indexer:
         self.indexed: dict[str, Indexed] = {}
         self.bad: dict[str, tuple[int, int, int, str]] = {}  # abs_path -> (size, mtime_ns, ctime_ns, reason)
         self.ready = threading.Event()
+        self.connected = threading.Event()
+        self._reindex = False
         self.started_at = time.time()
         self.files_failed = 0
         self.last_scan_s: float | None = None
@@ -86,11 +88,11 @@ class Indexer:
         self.watcher: Watcher | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
-    def open(self, reindex: bool = False) -> None:
-        """Load plugins, open the store and cache, create or check every collection, read what is indexed.
+    def open(self, reindex: bool = False, connect: bool = True) -> None:
+        """Load plugins, open the store and cache; with ``connect``, also ``connect()`` to the collections.
 
-        Raises ``CollectionMismatch`` when a collection was built for another model, ``StoreUnavailable`` when
-        Qdrant cannot be reached, ``ConfigError`` for conflicting plugins.
+        Raises ``ConfigError`` for conflicting plugins, ``PluginError`` without a text embedder, and what
+        ``connect`` raises.
         """
         s = self.settings
         s.state_dir.mkdir(parents=True, exist_ok=True)
@@ -100,16 +102,46 @@ class Indexer:
             self.store = open_store(s.state_dir, s.qdrant_url, s.qdrant_api_key, s.qdrant_timeout_s)
         self._cache = EmbeddingCache(s.state_dir / "embeddings.sqlite3")
         self.pipeline = Pipeline(self.registry, self._cache, s.max_file_bytes)
+        self._reindex = reindex
+        if connect:
+            self.connect()
+
+    def connect(self) -> None:
+        """Create or check every collection and read what is indexed (once; ``--reindex`` drops them first).
+
+        Raises ``CollectionMismatch`` when a collection was built for another model, ``StoreUnavailable`` when
+        Qdrant cannot be reached (or the embedded store is held by another process).
+        """
         dims = self.pipeline.dense_dims()
+        indexed: dict[str, Indexed] = {}
         for collection in self.collections:
-            if reindex:
+            if self._reindex:
                 self.store.drop(collection.name)
             self.store.ensure_collection(collection.name, dims)
             for abs_path, state in self.store.file_states(collection.name).items():
-                self.indexed[abs_path] = Indexed(collection.name, state)
+                indexed[abs_path] = Indexed(collection.name, state)
+        self._reindex = False
+        self.indexed = indexed
+        self.connected.set()
         self._attest()
         log.info("store_opened", backend=self.store.kind, collections=[c.name for c in self.collections],
-                 files=len(self.indexed), reindex=reindex)
+                 files=len(self.indexed))
+
+    def _connect_until(self, stop: threading.Event) -> bool:
+        """``connect()``, retrying every ``RETRY_AFTER_S`` while the store is unavailable; one log line per outage."""
+        reported = False
+        while not stop.is_set():
+            try:
+                self.connect()
+                if reported:
+                    log.info("store_reconnected", backend=self.store.kind)
+                return True
+            except StoreUnavailable as exc:
+                if not reported:
+                    log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
+                    reported = True
+            stop.wait(RETRY_AFTER_S)
+        return False
 
     def close(self) -> None:
         if self.watcher:
@@ -332,7 +364,10 @@ class Indexer:
                  chunks_embedded=self.pipeline.stats.chunks_embedded - chunks_before)
 
     def run(self, stop: threading.Event) -> None:
-        """Watch and index until ``stop`` is set; finishes the batch in hand, then returns."""
+        """Watch and index until ``stop`` is set; finishes the batch in hand, then returns. An unavailable store
+        at start is waited for (the API meanwhile answers ``ready: false`` and searches 503)."""
+        if not self.connected.is_set() and not self._connect_until(stop):
+            return
         self.watcher = Watcher(self.collections, self.on_path, polling=self.polling)
         self.watcher.start()
         for embedder in self.registry.embedders.values():  # load models now, not on the first search
@@ -382,6 +417,7 @@ class Indexer:
         stats = self.pipeline.stats if self.pipeline else None
         return {
             "ready": self.ready.is_set(),
+            "store_connected": self.connected.is_set(),
             "backend": self.store.kind if self.store else None,
             "state_dir": str(self.settings.state_dir),
             "uptime_s": round(time.time() - self.started_at, 1),

@@ -154,3 +154,53 @@ def test_a_replaced_workspace_is_reattested_and_rehashed(workspace: Path, make_i
     assert [e["path"] for e in logs if e["event"] == "file_indexed"] == ["memory/travel.md"]
     hits = make_searcher(indexer).search(SearchParams("flights in April", k=1))
     assert "April" in hits[0]["snippet"]
+
+
+def test_daemon_waits_for_an_unavailable_store_and_converges(workspace: Path, tmp_path: Path, registry,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from conftest import make_settings, wait_for
+
+    import indexer.daemon as daemon_module
+    from indexer.daemon import Indexer
+    from indexer.store import EdgeStore
+
+    monkeypatch.setattr(daemon_module, "RETRY_AFTER_S", 0.2)
+    settings = make_settings(tmp_path, [{"agent": "main", "path": workspace}])
+    holder = EdgeStore(settings.state_dir / "qdrant")  # another process holds the embedded store
+    holder.ensure_collection("memory-root-main", {"text": 384})
+    indexer = Indexer(settings, registry=registry)
+    indexer.open(connect=False)
+    stop = threading.Event()
+    thread = threading.Thread(target=indexer.run, args=(stop,), daemon=True)
+    with capture_logs() as logs:
+        thread.start()
+        wait_for(lambda: any(e["event"] == "store_unavailable" for e in logs))
+        assert not indexer.ready.is_set() and indexer.status()["store_connected"] is False
+        holder.close()  # the cause goes away
+        wait_for(indexer.ready.is_set, timeout_s=60)
+    stop.set()
+    indexer.settler.wake()
+    thread.join(30)
+    indexer.store.close()
+    assert [e["event"] for e in logs].count("store_unavailable") == 1  # one line per outage, not per retry
+    assert "store_reconnected" in [e["event"] for e in logs]
+    assert len(indexer.indexed) == 4
+
+
+def test_unreachable_qdrant_server_fails_index_once_with_one_line(workspace: Path, tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    result = subprocess.run(
+        [sys.executable, "-m", "indexer.cli", "index", "--once", "--workspace", str(workspace), "--state-dir",
+         str(tmp_path / "state"), "--qdrant-url", f"http://127.0.0.1:{port}"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "QMD_INDEXER_LOG_FORMAT": "json"})
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("qmd-indexer: Qdrant unreachable")
