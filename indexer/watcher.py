@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import errno
+import heapq
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -34,20 +35,27 @@ _IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
 
 class Settler:
     """Per-path debounce: ``add(path)`` (re)starts that path's quiet period; ``take_ready`` returns paths whose
-    quiet period of ``settle_s`` seconds has passed, oldest deadline first. Thread-safe."""
+    quiet period of ``settle_s`` seconds has passed, earliest deadline first. A heap keeps ``take_ready`` at
+    O(k log n) for a queue of n paths (a first scan queues every file). Thread-safe."""
 
     def __init__(self, settle_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.settle_s = settle_s
         self.clock = clock
         self._deadlines: dict[Path, float] = {}
+        self._heap: list[tuple[float, int, Path]] = []  # may hold stale entries; _deadlines is the truth
+        self._seq = 0
         self._cond = threading.Condition()
 
     def add(self, path: Path, settle: bool = True) -> None:
         """Queue ``path``; ``settle=False`` makes it ready at once (scans) unless an event already holds it."""
         with self._cond:
-            deadline = self.clock() + (self.settle_s if settle else 0.0)
             current = self._deadlines.get(path)
-            self._deadlines[path] = deadline if settle or current is None else current
+            if not settle and current is not None:
+                return
+            deadline = self.clock() + (self.settle_s if settle else 0.0)
+            self._deadlines[path] = deadline
+            self._seq += 1
+            heapq.heappush(self._heap, (deadline, self._seq, path))
             self._cond.notify_all()
 
     def add_many(self, paths: Iterable[Path]) -> None:
@@ -58,16 +66,21 @@ class Settler:
         """Up to ``limit`` settled paths, removed from the queue."""
         with self._cond:
             now = self.clock()
-            ready = sorted((d, str(p), p) for p, d in self._deadlines.items() if d <= now)[:limit]
-            for _, _, path in ready:
-                del self._deadlines[path]
-            return [path for _, _, path in ready]
+            ready: list[Path] = []
+            while self._heap and len(ready) < limit and self._heap[0][0] <= now:
+                deadline, _, path = heapq.heappop(self._heap)
+                if self._deadlines.get(path) == deadline:
+                    del self._deadlines[path]
+                    ready.append(path)
+            return ready
 
     def wait(self, timeout_s: float) -> None:
         """Block until a path may be ready or ``timeout_s`` seconds pass (or ``wake`` is called)."""
         with self._cond:
-            if self._deadlines:
-                timeout_s = max(0.0, min(timeout_s, min(self._deadlines.values()) - self.clock()))
+            while self._heap and self._deadlines.get(self._heap[0][2]) != self._heap[0][0]:
+                heapq.heappop(self._heap)  # drop stale entries so the head is a live deadline
+            if self._heap:
+                timeout_s = max(0.0, min(timeout_s, self._heap[0][0] - self.clock()))
             if timeout_s > 0:
                 self._cond.wait(timeout_s)
 
