@@ -27,13 +27,23 @@ pytest.importorskip("whisper", reason="openai-whisper is not installed")
 from PIL import Image  # noqa: E402
 import soundfile  # noqa: E402
 
-from conftest import write  # noqa: E402
+from indexer.config import Settings  # noqa: E402
 from indexer.daemon import Indexer  # noqa: E402
 from qmd_indexer_audio.tiny_whisper import build_tiny_whisper  # noqa: E402
 from qmd_indexer_image.tiny_clip import TINY_DIM, build_tiny_clip  # noqa: E402
 
 PHRASE = "the harbour lights were green"
 MEDIA = {"image", "clip", "audio"}
+
+
+def write(path: Path, content: str | bytes) -> Path:
+    """Create ``path`` and its parents with ``content``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +90,7 @@ def media_workspace(root: Path) -> Path:
     photo(ws / "memory" / "photos" / "red-bicycle.png", "PNG", (200, 20, 20), size=(120, 80))
     voice(ws / "memory" / "voice" / "memo.wav")
     write(ws / "memory" / "photos" / "broken.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
-    write(ws / "memory" / "voice" / "silence.wav", b"")
+    (ws / "memory" / "voice").mkdir(parents=True, exist_ok=True)
     soundfile.write(str(ws / "memory" / "voice" / "silence.wav"), np.zeros(22_050, np.float32), 22_050)
     big = ws / "memory" / "photos" / "huge.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (400, 400, 3), dtype=np.uint8)).save(big)
@@ -88,10 +98,9 @@ def media_workspace(root: Path) -> Path:
 
 
 def open_indexer(tmp_path: Path, registry: Registry, multimodal: dict) -> Indexer:
-    from conftest import make_settings
-
     ws = media_workspace(tmp_path)
-    settings = make_settings(tmp_path, [{"agent": "main", "path": ws, "multimodal": multimodal}])
+    settings = Settings(state_dir=tmp_path / "state", workspace=[{"agent": "main", "path": ws,
+                                                                  "multimodal": multimodal}])
     indexer = Indexer(settings, registry=registry)
     indexer.open()
     return indexer
