@@ -101,6 +101,10 @@ class Settings(BaseSettings):
     fusion: Literal["rrf", "dbsf"] = "dbsf"
     rrf_k: int = Field(default=60, ge=1)
     prefetch_limit: int = Field(default=100, ge=1)
+    # Cosine floor for image hits of a text query, applied before fusion. Text-image cosine similarities of CLIP
+    # ViT-B/32 sit in a narrow band (roughly 0.1-0.35) where unrelated pairs usually stay under 0.2; not measured
+    # here (no real CLIP weights on this machine), so tune it for your model.
+    image_min_score: float = 0.2
     plugins: Annotated[tuple[str, ...], NoDecode] = ()
     prefer: dict[str, str] = {}
     plugin: dict[str, dict[str, Any]] = {}

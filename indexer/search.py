@@ -103,12 +103,16 @@ class Searcher:
     """Answers ``SearchParams`` over ``collections`` in ``store`` with the loaded embedders."""
 
     def __init__(self, collections: Sequence[Collection], store: Store, embedders: dict[str, Any], bm25: Any,
-                 mode: str = "hybrid", fusion: str = "dbsf", rrf_k: int = 60, prefetch_limit: int = 100) -> None:
+                 mode: str = "hybrid", fusion: str = "dbsf", rrf_k: int = 60, prefetch_limit: int = 100,
+                 min_scores: dict[str, float] | None = None) -> None:
         self.collections = list(collections)
         self.store = store
         self.embedders = embedders
         self.bm25 = bm25
         self.mode, self.fusion, self.rrf_k, self.prefetch_limit = mode, fusion, rrf_k, prefetch_limit
+        # per-vector floors applied before fusion: score-normalising fusion (DBSF) would otherwise lift the best
+        # of an irrelevant list (e.g. images for a query no picture matches) to the top
+        self.min_scores = dict(min_scores or {})
         self._embed_query = lru_cache(maxsize=256)(self._embed_query_uncached)
 
     def _embed_query_uncached(self, text: str) -> tuple[tuple[str, np.ndarray], ...]:
@@ -143,7 +147,8 @@ class Searcher:
             terms = self.bm25.embed_query(params.query)
             sparse = (list(terms.indices), list(terms.values))
         depth = max(self.prefetch_limit, params.k)
-        query = Query(limit=depth, dense=dense, sparse=sparse, filter=Filter(params.path_prefix, tuple(params.kinds)))
+        query = Query(limit=depth, dense=dense, sparse=sparse, filter=Filter(params.path_prefix, tuple(params.kinds)),
+                      thresholds=self.min_scores)
         pools: dict[str, list[Hit]] = {}
         for collection in targets:
             for using, hits in self.store.search(collection.name, query).items():

@@ -84,6 +84,10 @@ class Query:
     sparse: tuple[list[int], list[float]] | None = None
     filter: Filter = Filter()
     score_threshold: float | None = None
+    thresholds: dict[str, float] = field(default_factory=dict)  # per vector name, over score_threshold
+
+    def threshold(self, using: str) -> float | None:
+        return self.thresholds.get(using, self.score_threshold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,7 +327,7 @@ class EdgeStore(Store):
         if not searches:
             return {}
         requests = [qe.QueryRequest(limit=query.limit, query=qe.Query.Nearest(vector, using=using), filter=flt,
-                                    with_payload=True, score_threshold=query.score_threshold)
+                                    with_payload=True, score_threshold=query.threshold(using))
                     for using, vector in searches.items()]
         answers = self._shard(name).query_batch(qe.QueryBatchRequest(requests))
         return {using: [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
@@ -463,7 +467,7 @@ class ServerStore(Store):
         if not searches:
             return {}
         requests = [m.QueryRequest(query=vector, using=using, filter=flt, limit=query.limit, with_payload=True,
-                                   score_threshold=query.score_threshold)
+                                   score_threshold=query.threshold(using))
                     for using, vector in searches.items()]
         answers = self.client.query_batch_points(name, requests)
         return {using: [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in answer.points]

@@ -88,3 +88,14 @@ def test_edge_store_survives_reopen(tmp_path: Path) -> None:
     with pytest.raises(CollectionMismatch):
         again.ensure_collection("c", {"text": 4})
     again.close()
+
+
+def test_per_vector_score_floor(store) -> None:
+    store.ensure_collection("c", {"text": 3})
+    store.replace_file("c", "/w/a.md", "h", [_point("c", "/w/a.md", 0, "h", [1, 0, 0], 1)])
+    store.replace_file("c", "/w/b.md", "h", [_point("c", "/w/b.md", 0, "h", [0.6, 0.8, 0], 1)])
+    vector = {"text": np.asarray([1, 0, 0], np.float32)}
+    assert len(store.search("c", Query(limit=5, dense=vector))["text"]) == 2
+    floored = store.search("c", Query(limit=5, dense=vector, sparse=([1], [1.0]), thresholds={"text": 0.9}))
+    assert [h.payload["path"] for h in floored["text"]] == ["w/a.md"]
+    assert len(floored["bm25"]) == 2  # the floor applies to its own vector only
