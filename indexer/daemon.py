@@ -432,6 +432,6 @@ class Indexer:
 
 # reasons worth a warning (the user may want to act); the rest are routine and logged at debug level
 _LOUD = frozenset({"symlink", "too_large", "split_root_memory", "not_regular_file", "permission_denied",
-                   "unreadable", "no_extractor", "no_embedder"})
+                   "unreadable", "no_extractor", "no_embedder", "silent", "no_speech"})
 # reasons that are failures (the file is memory but could not be indexed), counted in files_failed
 _FAILURES = frozenset({"permission_denied", "unreadable"})

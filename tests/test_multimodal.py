@@ -119,13 +119,13 @@ def test_images_and_audio_are_indexed_and_found_with_text(tmp_path: Path, media_
         names = {Path(p).name for p in indexer.indexed}
         assert {"boats.md", "lighthouse-at-dusk.jpg", "red-bicycle.png", "memo.wav"} <= names
         assert not {"broken.png", "silence.wav", "huge.png"} & names
-        assert status["files_failed"] == 2  # broken.png and silence.wav
+        assert status["files_failed"] == 1  # broken.png; silence.wav is skipped, not failed
         events = [e for e in logs if e["event"] in ("file_failed", "file_skipped")]
         problems = {Path(e["path"]).name: (e["reason"], e["detail"]) for e in events}
         assert len(events) == len(problems) == 3  # one line per bad file, naming it and the reason
         assert problems["broken.png"][0] == "extract_failed"
         assert "corrupt or unreadable PNG image" in problems["broken.png"][1]
-        assert problems["silence.wav"][0] == "extract_failed" and "silent" in problems["silence.wav"][1]
+        assert problems["silence.wav"][0] == "silent" and "dBFS" in problems["silence.wav"][1]
         assert problems["huge.png"][0] == "too_large" and "multimodal limit 100000" in problems["huge.png"][1]
         search = searcher(indexer)
 

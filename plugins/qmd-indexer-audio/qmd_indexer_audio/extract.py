@@ -23,7 +23,7 @@ import numpy as np
 
 from indexer.api import Chunk, ExtractContext, FileInfo
 from indexer.chunking import chunk_text
-from indexer.errors import ExtractError
+from indexer.errors import ExtractError, FileSkipped
 
 from qmd_indexer_audio.decode import SAMPLE_RATE, AudioDecodeError, decode
 from qmd_indexer_audio.engines import Segment, make_engine
@@ -117,15 +117,16 @@ class AudioExtractor:
         peak = float(np.max(np.abs(samples)))
         level = 20 * math.log10(peak) if peak > 0 else -math.inf
         if level < self.silence_dbfs:
-            raise ExtractError(f"silent: peak level {level:.0f} dBFS is below {self.silence_dbfs:.0f} dBFS over "
-                               f"{duration_s:.1f} s; nothing to transcribe")
+            # a deliberate skip, not a failure: the file is fine, it just holds no speech
+            raise FileSkipped("silent", f"peak level {level:.0f} dBFS is below {self.silence_dbfs:.0f} dBFS over "
+                                        f"{duration_s:.1f} s; nothing to transcribe")
         try:
             transcript = self.engine.transcribe(samples)
         except Exception as exc:  # a model that cannot load or run: report it for this file
             raise ExtractError(f"transcription with {self.engine.name} failed: {type(exc).__name__}: {exc}") from exc
         segments = [s for s in transcript.segments if s.text.strip()]
         if not segments:
-            raise ExtractError(f"no speech recognised in {duration_s:.1f} s of audio")
+            raise FileSkipped("no_speech", f"no speech recognised in {duration_s:.1f} s of audio")
         meta = {"duration_s": round(duration_s, 3), "language": transcript.language}
         for text, start_s, end_s in group_segments(segments, context, self.chunk_s):
             yield Chunk(text=text, kind=KIND, modality="text", start_s=round(max(0.0, start_s), 3),
