@@ -40,6 +40,7 @@ log = structlog.get_logger("qmd_indexer.daemon")
 
 BATCH_FILES = 32  # files prepared per worker step: fills the model's batches during a full index
 RETRY_AFTER_S = 5.0  # a write that failed because the store was unreachable is retried after this long
+REFRESH_S = 5.0  # how often the roots are checked for a directory deleted and made again (its watch is dead)
 
 
 @dataclass(slots=True)
@@ -377,10 +378,19 @@ class Indexer:
                 log.error("embedder_failed", model_id=embedder.model_id, error=f"{type(exc).__name__}: {exc}")
         self.settler.add_many(self.scan())
         self._drain(progress=True, stop=stop)
+        if stop.is_set():
+            return
         self.ready.set()
         log.info("daemon_ready", files=len(self.indexed), queue_depth=len(self.settler))
         next_scan = time.monotonic() + self.settings.rescan_interval_s
+        next_refresh = time.monotonic() + REFRESH_S
         while not stop.is_set():
+            if time.monotonic() >= next_refresh:
+                next_refresh = time.monotonic() + REFRESH_S
+                renewed = self.watcher.refresh()
+                if renewed:
+                    log.info("watch_renewed", roots=[str(p) for p in renewed])
+                    self.settler.add_many(self.scan())
             batch = self.settler.take_ready(BATCH_FILES)
             if batch:
                 try:
@@ -401,7 +411,7 @@ class Indexer:
                     log.error("store_unavailable", error=str(exc))
                 next_scan = time.monotonic() + self.settings.rescan_interval_s
                 continue
-            self.settler.wait(min(1.0, max(0.0, next_scan - time.monotonic())))
+            self.settler.wait(min(1.0, max(0.0, next_scan - time.monotonic()), max(0.0, next_refresh - time.monotonic())))
 
     # -- reporting ----------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import errno
 import heapq
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import structlog
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -111,7 +114,12 @@ class _Handler(FileSystemEventHandler):
 
 
 class Watcher:
-    """Runs watchdog observers over the collections' roots and calls ``on_path(path)`` for every event path."""
+    """Runs watchdog observers over the collections' roots and calls ``on_path(path)`` for every event path.
+
+    A watch follows a directory object, not its name: when a root is deleted and made again, or replaced by a
+    restored copy, its old watch sees nothing. ``refresh()`` (called every few seconds by the daemon, and on
+    every directory event for a root) re-watches any root whose (device, inode) changed or that appeared late.
+    """
 
     def __init__(self, collections: list[Collection], on_path: Callable[[Path], None], polling: bool = False) -> None:
         self.collections = collections
@@ -120,45 +128,72 @@ class Watcher:
         self._observer = PollingObserver() if polling else Observer()
         self._fallback: PollingObserver | None = None
         self._handler = _Handler(self)
-        self._watched: set[Path] = set()
+        self._watched: dict[Path, tuple[Any, Any, tuple[int, int]]] = {}  # path -> (observer, watch, dev/ino)
         self._lock = threading.Lock()
+
+    def _roots(self) -> list[tuple[Path, bool]]:
+        """``(directory, recursive)`` for every root that should be watched now."""
+        roots = [(root, False) for root in sorted(self.workspace_roots)]
+        for collection in self.collections:
+            if collection.role == "dir":
+                roots.append((collection.root, True))
+            elif collection.role == "extra":
+                if collection.root.is_dir():
+                    roots.append((collection.root, True))
+                else:
+                    roots.append((collection.root.parent, False))
+        return roots
 
     def start(self) -> None:
         self._observer.start()  # started first, so each schedule() sets its watches now and can fail here
-        for root in sorted(self.workspace_roots):
-            self._schedule(root, recursive=False)
-        for collection in self.collections:
-            if collection.role == "dir":
-                self.watch_memory_dir(collection.root)
-            elif collection.role == "extra" and not collection.root.is_symlink():
-                if collection.root.is_dir():
-                    self._schedule(collection.root, recursive=True)
-                elif collection.root.parent.is_dir():
-                    self._schedule(collection.root.parent, recursive=False)
+        self.refresh()
+
+    def refresh(self) -> list[Path]:
+        """(Re)watch roots that are new or now name another directory; returns them (their files need a scan)."""
+        changed = []
+        for root, recursive in self._roots():
+            if self._schedule(root, recursive):
+                changed.append(root)
+        return changed
 
     def watch_memory_dir(self, path: Path) -> None:
         """Watch ``path`` recursively if it is a real directory (never through a symlink)."""
-        if path.is_dir() and not path.is_symlink():
-            self._schedule(path, recursive=True)
+        self._schedule(path, recursive=True)
 
-    def _schedule(self, path: Path, recursive: bool) -> None:
+    def _schedule(self, path: Path, recursive: bool) -> bool:
+        """Watch ``path`` unless it is already watched as the same directory object; True if a watch was set."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):  # absent, a file, or a symlink: never watched through
+            return False
+        identity = (st.st_dev, st.st_ino)
         with self._lock:
-            if path in self._watched or not path.is_dir():
-                return
-            self._watched.add(path)
+            old = self._watched.get(path)
+            if old is not None:
+                if old[2] == identity:
+                    return False
+                try:
+                    old[0].unschedule(old[1])
+                except (KeyError, OSError):
+                    pass
+            observer = self._observer
             try:
-                self._observer.schedule(self._handler, str(path), recursive=recursive)
-                return
+                watch = observer.schedule(self._handler, str(path), recursive=recursive)
             except OSError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EMFILE):
                     log.error("watch_failed", path=str(path), error=str(exc))
-                    return
-            if self._fallback is None:
-                log.warning("watch_limit_reached", path=str(path),
-                            hint="raise fs.inotify.max_user_watches; polling this root meanwhile")
-                self._fallback = PollingObserver()
-                self._fallback.start()
-            self._fallback.schedule(self._handler, str(path), recursive=recursive)
+                    return False
+                if self._fallback is None:
+                    log.warning("watch_limit_reached", path=str(path),
+                                hint="raise fs.inotify.max_user_watches; polling this root meanwhile")
+                    self._fallback = PollingObserver()
+                    self._fallback.start()
+                observer = self._fallback
+                watch = observer.schedule(self._handler, str(path), recursive=recursive)
+            self._watched[path] = (observer, watch, identity)
+            return True
 
     def stop(self) -> None:
         for observer in (self._observer, self._fallback):

@@ -99,3 +99,35 @@ def test_directories_created_after_start_are_watched(tmp_path: Path, make_indexe
         wait_for(lambda: str(ws / "memory" / "staging" / "moved-in.md") in indexer.indexed)
         os.rename(ws / "memory" / "a", tmp_path / "gone")
         wait_for(lambda: str(deep) not in indexer.indexed)
+
+
+def test_memory_dir_deleted_and_made_again_is_watched_again(workspace: Path, make_indexer) -> None:
+    import shutil
+
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    with Running(indexer):
+        shutil.rmtree(workspace / "memory")
+        wait_for(lambda: not any("/memory/" in p for p in indexer.indexed))
+        (workspace / "memory").mkdir()
+        later = write(workspace / "memory" / "later.md", "# Later\n\nwritten into the new memory directory\n")
+        wait_for(lambda: str(later) in indexer.indexed)
+        again = write(workspace / "memory" / "again.md", "# Again\n\na second write, well after the mkdir\n")
+        wait_for(lambda: str(again) in indexer.indexed)
+
+
+def test_replaced_workspace_directory_is_watched_again(workspace: Path, make_indexer, tmp_path: Path,
+                                                        monkeypatch) -> None:
+    import shutil
+
+    import indexer.daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "REFRESH_S", 0.2)
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    with Running(indexer):
+        shutil.copytree(workspace, tmp_path / "restored")
+        workspace.rename(tmp_path / "old")
+        (tmp_path / "restored").rename(workspace)  # a restored backup at the same path
+        note = write(workspace / "memory" / "after-restore.md", "# After\n\nwritten after the restore\n")
+        wait_for(lambda: str(note) in indexer.indexed)
+        note.write_text("# After\n\nedited after the restore: pelican\n")
+        wait_for(lambda: _searchable(indexer, note, "pelican"))
