@@ -6,8 +6,9 @@ word pieces (254 without [CLS]/[SEP]) and silently drops the rest, so chunks her
 
 Algorithm:
 1. Tokenize the whole text once, with character offsets; each token belongs to the line its first character is on.
-2. A line longer than ``max_tokens`` is cut into pieces at token boundaries (never inside a character), preferring
-   boundaries before a word; other lines are one piece each. Blank lines cost nothing.
+2. Each line is cut into sentences (after ``.``/``!``/``?`` and whitespace); a sentence longer than ``max_tokens``
+   is cut further at token boundaries (never inside a character), preferring boundaries before a word. Each is a
+   piece. Blank lines cost nothing.
 3. Pieces are packed greedily. A chunk ends early before a markdown heading once it is half full, so sections stay
    whole when they can. The next chunk starts with the trailing pieces of the previous one that fit in the overlap.
 
@@ -17,7 +18,7 @@ Line numbers are 1-based and inclusive, counted by ``\\n`` as editors count them
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -68,24 +69,44 @@ def _pieces(text: str, offsets: list[tuple[int, int]], max_tokens: int) -> list[
             end -= 1
         if end > begin and text[end - 1] == "\r":
             end -= 1
-        starts = tokens_by_line[line]
-        if len(starts) <= max_tokens:
-            pieces.append(_Piece(line, begin, end, len(starts)))
-            continue
-        k = 0
-        while k < len(starts):
-            cut = k + max_tokens
-            if cut < len(starts):
-                # prefer a cut before a token that starts a word, so no word is split across chunks
-                for j in range(cut, k + max_tokens // 2, -1):
-                    if text[starts[j] - 1].isspace():
-                        cut = j
-                        break
-            piece_start = begin if k == 0 else starts[k]
-            piece_end = starts[cut] if cut < len(starts) else end
-            pieces.append(_Piece(line, piece_start, piece_end, min(cut, len(starts)) - k))
-            k = cut
+        line_tokens = tokens_by_line[line]
+        for begin, end in _sentences(text, begin, end):
+            starts = line_tokens[bisect_left(line_tokens, begin) : bisect_left(line_tokens, end)]
+            if len(starts) <= max_tokens:
+                pieces.append(_Piece(line, begin, end, len(starts)))
+                continue
+            k = 0
+            while k < len(starts):
+                cut = k + max_tokens
+                if cut < len(starts):
+                    # prefer a cut before a token that starts a word, so no word is split across chunks
+                    for j in range(cut, k + max_tokens // 2, -1):
+                        if text[starts[j] - 1].isspace():
+                            cut = j
+                            break
+                piece_start = begin if k == 0 else starts[k]
+                piece_end = starts[cut] if cut < len(starts) else end
+                pieces.append(_Piece(line, piece_start, piece_end, min(cut, len(starts)) - k))
+                k = cut
     return pieces
+
+
+_SENTENCE_GAP = re.compile(r"(?<=[.!?])\s+")
+
+
+def _sentences(text: str, begin: int, end: int) -> list[tuple[int, int]]:
+    """``(start, end)`` character spans of the sentences of ``text[begin:end]`` (one line): cut after ``.``, ``!``
+    or ``?`` followed by whitespace, the whitespace belonging to neither side. A paragraph written as one long line
+    thus becomes sentence pieces, so packing can fill a chunk and the overlap can carry whole sentences: with one
+    piece per line, a 300-token paragraph under a title gave a title-only chunk and no overlap (measured on BEIR
+    SciFact: 71 % of documents; see ``python -m indexer.eval``)."""
+    spans, start = [], begin
+    for gap in _SENTENCE_GAP.finditer(text, begin, end):
+        if gap.start() > start and gap.end() < end:
+            spans.append((start, gap.start()))
+            start = gap.end()
+    spans.append((start, end))
+    return spans
 
 
 def chunk_text(

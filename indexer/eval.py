@@ -206,9 +206,9 @@ def open_indexed(state: Path, workspace: Path, variant: str, bm25: str, overlap:
         chunking.OVERLAP_RATIO = overlap
     state_dir = state / f"state-{variant}"
     state_dir.mkdir(parents=True, exist_ok=True)
-    shared_cache = state / "embeddings.sqlite3"
+    shared_cache = (state / "embeddings.sqlite3").resolve()
     link = state_dir / "embeddings.sqlite3"
-    if not link.is_symlink():
+    if not (link.is_symlink() and link.resolve() == shared_cache):
         link.unlink(missing_ok=True)
         link.symlink_to(shared_cache)
     stamp_path = state_dir / "code.stamp"

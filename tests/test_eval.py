@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from indexer import eval as ev
+from indexer.chunking import chunk_text
 
 
 def test_ndcg_matches_hand_computed_values() -> None:
@@ -80,6 +81,22 @@ def test_workspace_is_rewritten_only_where_content_changed(tmp_path: Path) -> No
     assert ev.write_workspace(corpus, tmp_path / "ws") == 0
     assert ev.write_workspace({"d1": ("Title", "Changed.")}, tmp_path / "ws") == 1
     assert sorted(p.name for p in (tmp_path / "ws" / "memory").iterdir()) == ["d1.md"]
+
+
+def test_a_title_stays_with_the_start_of_a_long_paragraph() -> None:
+    # a toy tokenizer (one token per word) keeps this independent of the model
+    def words(text: str) -> list[tuple[int, int]]:
+        import re
+
+        return [m.span() for m in re.finditer(r"\S+", text)]
+
+    paragraph = " ".join(f"Sentence {i} has five words." for i in range(40))  # 200 tokens, one line
+    chunks = chunk_text(f"# A title\n\n{paragraph}\n", words, max_tokens=60, overlap_tokens=12)
+    assert chunks[0].text.startswith("# A title\n\nSentence 0")
+    assert all(c.n_tokens <= 60 for c in chunks)
+    for before, after in zip(chunks, chunks[1:]):
+        assert after.text.split(".")[0] in before.text, "consecutive chunks share a sentence"
+        assert after.text.startswith("Sentence"), "chunks start at a sentence"
 
 
 @pytest.mark.slow
