@@ -30,7 +30,7 @@ import structlog
 from indexer.cache import EmbeddingCache
 from indexer.config import Settings
 from indexer.errors import EmbedError, ExtractError, FileSkipped, StoreUnavailable
-from indexer.pipeline import Pipeline, Prepared, Unchanged
+from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
 from indexer.plugins import Registry, load_registry
 from indexer.store import FileState, Store, open_store
 from indexer.watcher import Settler, Watcher
@@ -39,6 +39,7 @@ from indexer.workspace import Collection, Skip, plan_collections, route, walk, w
 log = structlog.get_logger("qmd_indexer.daemon")
 
 BATCH_FILES = 32  # files prepared per worker step: fills the model's batches during a full index
+GROUP_CHUNKS = 256  # chunks embedded and written together; smaller files of a batch go first
 RETRY_AFTER_S = 5.0  # a write that failed because the store was unreachable is retried after this long
 REFRESH_S = 5.0  # how often the roots are checked for a directory deleted and made again (its watch is dead)
 
@@ -79,6 +80,7 @@ class Indexer:
         self.bad: dict[str, tuple[int, int, int, str]] = {}  # abs_path -> (size, mtime_ns, ctime_ns, reason)
         self.ready = threading.Event()
         self.connected = threading.Event()
+        self.stopping = threading.Event()  # set by run()'s stop event: embedding gives up between slices
         self._reindex = False
         self.started_at = time.time()
         self.files_failed = 0
@@ -303,14 +305,32 @@ class Indexer:
         prepared.append(result)
 
     def _write(self, prepared: list[Prepared]) -> None:
+        """Embed and store ``prepared`` files, smallest first in groups of about ``GROUP_CHUNKS`` chunks, so a huge
+        file in the batch does not hold back the small ones."""
+        group: list[Prepared] = []
+        size = 0
+        for file in sorted(prepared, key=lambda f: len(f.chunks)):
+            if group and size + len(file.chunks) > GROUP_CHUNKS:
+                self._write_group(group)
+                group, size = [], 0
+            group.append(file)
+            size += len(file.chunks)
+        if group:
+            self._write_group(group)
+
+    def _write_group(self, prepared: list[Prepared]) -> None:
         try:
-            vectors = self.pipeline.embed(prepared)
+            vectors = self.pipeline.embed(prepared, should_stop=self.stopping.is_set)
+        except Interrupted:
+            log.info("index_interrupted", files=[str(f.path) for f in prepared],
+                     hint="embedded slices are cached; the next start finishes them")
+            return
         except (EmbedError, ExtractError) as exc:
             if len(prepared) == 1:
                 self._skip(prepared[0].path, "embed_failed", str(exc), failed=True)
                 return
             for file in prepared:  # isolate the file the embedder refused
-                self._write([file])
+                self._write_group([file])
             return
         for file, file_vectors in zip(prepared, vectors):
             started = time.monotonic()
@@ -339,6 +359,7 @@ class Indexer:
     # -- run modes ----------------------------------------------------------------------------------------------
     def index_once(self) -> dict[str, Any]:
         """Scan and index everything now (no watcher); returns ``status()``."""
+        self.stopping = threading.Event()
         self.settler.add_many(self.scan())
         self._drain(progress=True)
         self.ready.set()
@@ -367,6 +388,7 @@ class Indexer:
     def run(self, stop: threading.Event) -> None:
         """Watch and index until ``stop`` is set; finishes the batch in hand, then returns. An unavailable store
         at start is waited for (the API meanwhile answers ``ready: false`` and searches 503)."""
+        self.stopping = stop
         if not self.connected.is_set() and not self._connect_until(stop):
             return
         self.watcher = Watcher(self.collections, self.on_path, polling=self.polling)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,13 @@ from indexer.plugins import Registry
 from indexer.store import SPARSE, FileState, Point, ancestor_dirs, point_id
 from indexer.workspace import Collection, rel_path
 
-MEDIA_KINDS = ("image", "audio")  # kinds gated by a workspace's multimodal settings
+MEDIA_KINDS = ("image", "audio")
+EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop  # kinds gated by a workspace's multimodal settings
 _READ_BLOCK = 1 << 20
+
+
+class Interrupted(Exception):
+    """Embedding stopped between slices because a shutdown was requested."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,9 +179,13 @@ class Pipeline:
     def _content(self, chunk: Chunk) -> bytes:
         return chunk.data if chunk.modality != "text" and chunk.data is not None else chunk.text.encode("utf-8")
 
-    def embed(self, prepared: Sequence[Prepared]) -> list[np.ndarray]:
+    def embed(self, prepared: Sequence[Prepared], should_stop: Callable[[], bool] | None = None) -> list[np.ndarray]:
         """Per prepared file, its ``(n_chunks, dim)`` float32 vectors; cached vectors are reused, misses embedded
-        in one call per modality. Updates ``embedded``/``cache_hits`` of each file and ``stats``."""
+        per modality in slices of ``EMBED_SLICE`` chunks, each cached as soon as it is done. Updates
+        ``embedded``/``cache_hits`` of each file and ``stats`` as it goes (so progress shows in ``status``).
+
+        Raises ``Interrupted`` between slices once ``should_stop()`` is true: a huge file never holds up a shutdown
+        for long, and the slices already embedded are in the cache for the next run."""
         by_modality: dict[str, list[tuple[int, int]]] = {}
         for f, file in enumerate(prepared):
             for c, chunk in enumerate(file.chunks):
@@ -194,23 +203,27 @@ class Pipeline:
                     prepared[f].cache_hits += 1
                 else:
                     misses.setdefault(key, []).append((f, c))
-            if misses:
-                firsts = [prepared[f].chunks[c] for f, c in (group[0] for group in misses.values())]
+            self.stats.cache_hits += len(slots) - sum(len(group) for group in misses.values())
+            pending = list(misses.items())
+            for start in range(0, len(pending), EMBED_SLICE):
+                if should_stop is not None and should_stop():
+                    raise Interrupted("stop requested")
+                piece = pending[start : start + EMBED_SLICE]
+                firsts = [prepared[group[0][0]].chunks[group[0][1]] for _, group in piece]
                 fresh = np.asarray(embedder.embed(firsts), dtype=np.float32)
                 if fresh.shape != (len(firsts), dim):
                     raise ExtractError(f"embedder {embedder.model_id} returned shape {fresh.shape}, "
                                        f"expected ({len(firsts)}, {dim})")
-                self.cache.put_many(list(zip(misses.keys(), fresh)))
-                for vector, group in zip(fresh, misses.values()):
+                self.cache.put_many([(key, vector) for (key, _), vector in zip(piece, fresh)])
+                for vector, (_, group) in zip(fresh, piece):
                     for n, (f, c) in enumerate(group):
                         vectors[f][c] = vector
                         if n == 0:
                             prepared[f].embedded += 1
                         else:
                             prepared[f].cache_hits += 1
-        for file in prepared:
-            self.stats.chunks_embedded += file.embedded
-            self.stats.cache_hits += file.cache_hits
+                self.stats.chunks_embedded += len(piece)
+                self.stats.cache_hits += sum(len(group) - 1 for _, group in piece)
         return [np.stack(v) if v else np.zeros((0, 0), np.float32) for v in vectors]  # type: ignore[arg-type]
 
     def points(self, file: Prepared, vectors: np.ndarray) -> list[Point]:

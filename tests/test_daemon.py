@@ -204,3 +204,39 @@ def test_unreachable_qdrant_server_fails_index_once_with_one_line(workspace: Pat
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("qmd-indexer: Qdrant unreachable")
+
+
+def test_stop_during_a_huge_file_is_prompt_and_resumes_from_the_cache(tmp_path: Path, make_indexer,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from conftest import wait_for
+
+    import indexer.pipeline as pipeline_module
+
+    import indexer.daemon as daemon_module
+
+    monkeypatch.setattr(pipeline_module, "EMBED_SLICE", 32)  # slices and groups of 32 chunks keep the test short
+    monkeypatch.setattr(daemon_module, "GROUP_CHUNKS", 32)
+
+    ws = tmp_path / "big"
+    body = "\n".join(f"Entry {i}: the quarterly capacity plan for cluster {i % 97} lists {i * 3} spare cores."
+                     for i in range(4000))
+    write(ws / "memory" / "huge.md", f"# Capacity\n\n{body}\n")
+    write(ws / "memory" / "small.md", "# Small\n\nA short note that must not wait for the huge one.\n")
+    indexer = make_indexer([{"agent": "main", "path": ws}])
+    stop = threading.Event()
+    thread = threading.Thread(target=indexer.run, args=(stop,), daemon=True)
+    thread.start()
+    wait_for(lambda: indexer.pipeline.stats.chunks_embedded >= 64, timeout_s=120)
+    assert str(ws / "memory" / "small.md") in indexer.indexed, "the small file was written first"
+    assert indexer.status()["chunks_embedded"] >= 64  # progress is visible while the huge file embeds
+    stop.set()
+    indexer.settler.wake()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert str(ws / "memory" / "huge.md") not in indexer.indexed
+    embedded_before = indexer.pipeline.stats.chunks_embedded
+    status = indexer.index_once()
+    assert str(ws / "memory" / "huge.md") in indexer.indexed
+    assert status["cache_hits"] >= embedded_before - 1  # the finished slices came from the cache
