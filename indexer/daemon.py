@@ -77,13 +77,13 @@ class Indexer:
         self.settler = Settler(settings.settle_s, clock)
         self.polling = polling
         self.indexed: dict[str, Indexed] = {}
-        self.bad: dict[str, tuple[int, int, int, str]] = {}  # abs_path -> (size, mtime_ns, ctime_ns, reason)
+        # abs_path -> (size, mtime_ns, ctime_ns, reason, failed): files skipped or failing in their current state
+        self.bad: dict[str, tuple[int, int, int, str, bool]] = {}
         self.ready = threading.Event()
         self.connected = threading.Event()
         self.stopping = threading.Event()  # set by run()'s stop event: embedding gives up between slices
         self._reindex = False
         self.started_at = time.time()
-        self.files_failed = 0
         self.last_scan_s: float | None = None
         self._in_hand = 0
         self._cache: EmbeddingCache | None = None
@@ -194,14 +194,15 @@ class Indexer:
         """Walk every collection's roots; delete points of files no longer memory; return the paths to check."""
         started = time.monotonic()
         if self._attest() and self.watcher is not None:  # the old watches follow the old directory
-            self.watcher.stop()
-            self.watcher = Watcher(self.collections, self.on_path, polling=self.polling)
-            self.watcher.start()
+            self.watcher.refresh()
         found, skips = walk(self.collections)
         self._report_skips(skips)
         on_disk = {str(path) for _, path in found}
         for abs_path in [p for p in self.indexed if p not in on_disk]:
             self._remove(abs_path, reason="gone")
+        skipped = {str(s.path) for s in skips}
+        for abs_path in [p for p in self.bad if p not in on_disk and p not in skipped]:
+            del self.bad[abs_path]  # gone, or no longer a candidate: no longer failing
         self.last_scan_s = time.monotonic() - started
         return [path for _, path in found]
 
@@ -220,16 +221,17 @@ class Indexer:
     def _skip(self, path: Path, reason: str, detail: str = "", failed: bool = False) -> None:
         """Log a skip or failure once per file state (a rescan of an unchanged bad file stays quiet)."""
         key = str(path)
-        mark = (*self._fingerprint(path), reason)
+        mark = (*self._fingerprint(path), reason, failed)
         if self.bad.get(key) == mark:
             return
         self.bad[key] = mark
+        detail = detail or _DETAILS.get(reason, "")
         if failed:
-            self.files_failed += 1
             log.error("file_failed", path=key, reason=reason, detail=detail)
+        elif reason in _LOUD:
+            log.warning("file_skipped", path=key, reason=reason, detail=detail)
         else:
-            log.warning("file_skipped", path=key, reason=reason, detail=detail) if reason in _LOUD else \
-                log.debug("file_skipped", path=key, reason=reason, detail=detail)
+            log.info("file_skipped", path=key, reason=reason, detail=detail)
         if key in self.indexed:
             self._remove(key, reason=reason)
 
@@ -277,7 +279,8 @@ class Indexer:
             prefix = key.rstrip("/") + "/"
             for abs_path in [p for p in self.indexed if p.startswith(prefix)]:
                 self._remove(abs_path, reason="deleted")
-            self.bad.pop(key, None)
+            for abs_path in [p for p in self.bad if p == key or p.startswith(prefix)]:
+                del self.bad[abs_path]
             return
         collection, reason = route(self.collections, path)
         if collection is None:
@@ -347,7 +350,7 @@ class Indexer:
                 continue
             self.indexed[abs_path] = Indexed(file.collection.name, FileState(
                 file.file_hash, file.size_bytes, file.mtime_ns, len(points), True))
-            log.info("file_indexed", path=file.rel_path, collection=file.collection.name, kind=file.kind,
+            log.info("file_indexed", path=abs_path, collection=file.collection.name, kind=file.kind,
                      chunks=len(points), embedded=file.embedded, cache_hits=file.cache_hits,
                      write_ms=round((time.monotonic() - started) * 1000, 1))
 
@@ -456,7 +459,7 @@ class Indexer:
             "queue_depth": len(self.settler) + self._in_hand,
             "chunks_embedded": stats.chunks_embedded if stats else 0,
             "cache_hits": stats.cache_hits if stats else 0,
-            "files_failed": self.files_failed,
+            "files_failed": sum(1 for mark in list(self.bad.values()) if mark[4]),
             "last_scan_s": self.last_scan_s,
             "collections": per,
         }
@@ -465,5 +468,10 @@ class Indexer:
 # reasons worth a warning (the user may want to act); the rest are routine and logged at debug level
 _LOUD = frozenset({"symlink", "too_large", "split_root_memory", "not_regular_file", "permission_denied",
                    "unreadable", "no_extractor", "no_embedder", "silent", "no_speech"})
+_DETAILS = {
+    "split_root_memory": "MEMORY.md and memory.md are distinct files; MEMORY.md is indexed. Run `qmd-indexer doctor`.",
+    "symlink": "symlinks are never followed",
+    "hidden": "hidden names are not memory",
+}
 # reasons that are failures (the file is memory but could not be indexed), counted in files_failed
 _FAILURES = frozenset({"permission_denied", "unreadable"})

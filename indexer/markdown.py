@@ -57,6 +57,6 @@ class MarkdownExtractor:
             raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
         text, replaced = decode_text(data)
         if replaced:
-            log.warning("file_decoded_lossy", path=file.rel_path, reason="invalid_utf8", replaced_sequences=replaced)
+            log.warning("file_decoded_lossy", path=str(file.path), reason="invalid_utf8", replaced_sequences=replaced)
         for chunk in chunk_text(text, context.token_offsets, context.max_tokens):
             yield Chunk(text=chunk.text, start_line=chunk.start_line, end_line=chunk.end_line, kind="markdown")

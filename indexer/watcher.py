@@ -106,6 +106,9 @@ class _Handler(FileSystemEventHandler):
         paths = [event.src_path]
         if getattr(event, "dest_path", ""):
             paths.append(event.dest_path)
+        if event.is_directory and event.event_type in ("deleted", "moved"):
+            # a watched root that goes away takes its watch with it, even if a new directory later gets its inode
+            self.watcher.forget(Path(event.src_path if isinstance(event.src_path, str) else event.src_path.decode()))
         for raw in paths:
             path = Path(raw if isinstance(raw, str) else raw.decode())
             self.watcher.on_path(path)
@@ -194,6 +197,16 @@ class Watcher:
                 watch = observer.schedule(self._handler, str(path), recursive=recursive)
             self._watched[path] = (observer, watch, identity)
             return True
+
+    def forget(self, path: Path) -> None:
+        """Drop the watch of root ``path`` (deleted or moved away), so the next directory there is watched anew."""
+        with self._lock:
+            old = self._watched.pop(path, None)
+            if old is not None:
+                try:
+                    old[0].unschedule(old[1])
+                except (KeyError, OSError, RuntimeError):
+                    pass
 
     def stop(self) -> None:
         for observer in (self._observer, self._fallback):

@@ -133,3 +133,17 @@ def test_unreadable_file_is_reported_and_the_rest_indexed(tmp_path: Path) -> Non
         assert '"memory-dir-main": {' in result.stdout and '"files": 1' in result.stdout
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_files_failed_counts_files_failing_now(bad_workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": bad_workspace}])
+    assert indexer.index_once()["files_failed"] == 1
+    nul = bad_workspace / "memory" / "nul.md"
+    nul.write_bytes(b"\x00 broken again, differently")
+    assert indexer.index_once()["files_failed"] == 1  # the same file failing twice is one failing file
+    nul.write_text("# Fixed\n\ntext at last\n")
+    assert indexer.index_once()["files_failed"] == 0
+    nul.write_bytes(b"\x00")
+    assert indexer.index_once()["files_failed"] == 1
+    nul.unlink()
+    assert indexer.index_once()["files_failed"] == 0

@@ -151,7 +151,7 @@ def test_a_replaced_workspace_is_reattested_and_rehashed(workspace: Path, make_i
     with capture_logs() as logs:
         indexer.index_once()
     assert [e["agent"] for e in logs if e["event"] == "workspace_reattested"] == ["main"]
-    assert [e["path"] for e in logs if e["event"] == "file_indexed"] == ["memory/travel.md"]
+    assert [e["path"] for e in logs if e["event"] == "file_indexed"] == [str(workspace / "memory" / "travel.md")]
     hits = make_searcher(indexer).search(SearchParams("flights in April", k=1))
     assert "April" in hits[0]["snippet"]
 

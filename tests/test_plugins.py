@@ -211,7 +211,8 @@ def test_example_plugin_installed_with_pip_is_listed_and_indexes_its_files(tmp_p
     status = json.loads(run.stdout)
     assert status["collections"]["memory-dir-main"]["files"] == 2  # todo.txt and garden.org; blob.bin has no kind
     indexed = [json.loads(line) for line in run.stderr.splitlines() if '"file_indexed"' in line]
-    assert {(e["path"], e["kind"]) for e in indexed} >= {("memory/todo.txt", "plaintext"), ("memory/garden.org", "org")}
+    assert {(e["path"], e["kind"]) for e in indexed} >= {(str(ws / "memory" / "todo.txt"), "plaintext"),
+                                                          (str(ws / "memory" / "garden.org"), "org")}
 
 
 # -- the guide cannot drift from the code -------------------------------------------------------------------------

@@ -38,7 +38,7 @@ def test_settler_releases_a_path_once_quiet() -> None:
 
 
 def _indexed_count(logs: list[dict], rel: str) -> int:
-    return sum(1 for e in logs if e["event"] == "file_indexed" and e["path"] == rel)
+    return sum(1 for e in logs if e["event"] == "file_indexed" and e["path"].endswith("/" + rel))
 
 
 def _searchable(indexer, path: Path, needle: str) -> bool:
