@@ -98,6 +98,8 @@ class Settings(BaseSettings):
     rescan_interval_s: float = Field(default=300.0, gt=0)
     max_file_bytes: int = Field(default=10 * MIB, gt=0)
     search_mode: Literal["hybrid", "dense", "keyword"] = "hybrid"
+    # Fusion and depth measured with `make eval` (BEIR SciFact, hybrid nDCG@10; tuned on the 809 train queries):
+    # dbsf 0.738 vs rrf 0.720 on train, 0.732 vs 0.713 on test; prefetch_limit 100 beats 50 (dbsf 0.738 vs 0.735).
     fusion: Literal["rrf", "dbsf"] = "dbsf"
     rrf_k: int = Field(default=60, ge=1)
     prefetch_limit: int = Field(default=100, ge=1)
