@@ -15,11 +15,13 @@ from __future__ import annotations
 import io
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from indexer.api import HEAD_BYTES
 from indexer.errors import ReadRefused
+from indexer.pipeline import MEDIA_KINDS
 from indexer.search import SNIPPET_CHARS, SearchParams, Searcher
 from indexer.store import Store
 from indexer.workspace import Collection, route
@@ -28,15 +30,18 @@ DEFAULT_MAX_CHARS = 12_000
 LIST_ALL = frozenset({"", "*", "all"})
 
 
-def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str | None = None) -> tuple[Collection, Path]:
+def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str | None = None,
+                        classify: Callable[[Path, bytes], str | None] | None = None) -> tuple[Collection, Path]:
     """The collection and absolute path of memory file ``path`` (workspace-relative or absolute).
 
-    Raises ``ReadRefused`` when it is not a memory file of the (agent's) workspace, and ``FileNotFoundError`` when
-    it does not exist. The path is normalised lexically (no symlink resolution), then checked by the indexing rules.
+    Raises ``ReadRefused`` when it is not a text memory file of the (agent's) workspace (``classify``, the plugin
+    registry's, must name a non-media kind: a ``.png`` or ``notes.txt`` without a plugin for it is not memory),
+    ``FileNotFoundError`` when it does not exist, ``KeyError`` for an unknown agent. The path is normalised
+    lexically (no symlink resolution), then checked by the indexing rules.
     """
     chosen = [c for c in collections if agent is None or c.agent == agent]
     if not chosen:
-        raise ReadRefused(f"unknown agent {agent!r}")
+        raise KeyError(f"unknown agent {agent!r}")
     for workspace in dict.fromkeys(c.workspace for c in chosen):
         candidate = Path(os.path.normpath(path if os.path.isabs(path) else workspace.path / path))
         collection, reason = route(chosen, candidate)
@@ -44,6 +49,11 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
             st = os.lstat(candidate)  # FileNotFoundError propagates
             if not stat.S_ISREG(st.st_mode):
                 raise ReadRefused(f"{path}: not a regular file")
+            if classify is not None:
+                with open(os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as handle:
+                    kind = classify(candidate, handle.read(HEAD_BYTES))
+                if kind is None or kind in MEDIA_KINDS or (collection.role == "root" and kind != "markdown"):
+                    raise ReadRefused(f"{path}: not a text memory file (kind {kind or 'unknown'})")
             return collection, candidate
         if reason:
             raise ReadRefused(f"{path}: refused ({reason})")
@@ -51,18 +61,20 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
 
 
 def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1, lines: int | None = None,
-                max_chars: int = DEFAULT_MAX_CHARS, agent: str | None = None) -> dict[str, Any]:
+                max_chars: int = DEFAULT_MAX_CHARS, agent: str | None = None,
+                classify: Callable[[Path, bytes], str | None] | None = None) -> dict[str, Any]:
     """A page of memory file ``path``.
 
     Returns ``{"path", "collection", "from", "to", "text", "truncated", "next_from"}``: ``text`` holds whole lines
     ``from``..``to`` (1-based, inclusive; ``to < from`` when the file has no such lines). ``truncated`` is true when
     ``lines`` or ``max_chars`` (characters) stopped the read before the end, and ``next_from`` is then the line to
     ask for next (else ``None``). A single line longer than ``max_chars`` is returned cut, with
-    ``"line_truncated": true``. Raises ``ReadRefused``, ``FileNotFoundError``, ``ValueError`` for bad arguments.
+    ``"line_truncated": true`` (and ``next_from`` the line after it). Raises what ``resolve_memory_path`` raises
+    (``classify`` is passed to it) and ``ValueError`` for bad arguments.
     """
     if from_line < 1 or (lines is not None and lines < 1) or max_chars < 1:
         raise ValueError("from must be >= 1, lines >= 1 and max_chars >= 1")
-    collection, abs_path = resolve_memory_path(collections, path, agent)
+    collection, abs_path = resolve_memory_path(collections, path, agent, classify)
     fd = os.open(abs_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     out: list[str] = []
     used = 0
@@ -132,7 +144,7 @@ def recall(searcher: Searcher, query: str, top_k: int = 6, agent: str | None = N
 
 
 def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None = None,
-                 query: str | None = None) -> dict[str, Any]:
+                 query: str | None = None, classify: Callable[[Path, bytes], str | None] | None = None) -> dict[str, Any]:
     """Memory for the start of a session, packed into ``budget_chars`` characters.
 
     Order: with ``query``, its best hits; without, the root memory file, then notes by most recent change. Each
@@ -146,7 +158,7 @@ def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None
     included: list[str] = []
     omitted: list[dict[str, Any]] = []
     used = 0
-    for path, start, text, total in _boot_pieces(searcher, agent, query, budget_chars):
+    for path, start, text, total in _boot_pieces(searcher, agent, query, budget_chars, classify):
         last = start + total - 1
         if text is None:
             omitted.append({"citation": f"{path}#L{start}-L{last}", "lines": total})
@@ -174,8 +186,8 @@ def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None
             "omitted": omitted}
 
 
-def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None,
-                 budget_chars: int) -> list[tuple[str, int, str | None, int]]:
+def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None, budget_chars: int,
+                 classify: Callable[[Path, bytes], str | None] | None = None) -> list[tuple[str, int, str | None, int]]:
     """``(path, start_line, text, total_lines)`` candidates in priority order. Without a query, files are read
     from disk (at most ``budget_chars`` characters each, whole lines), so lines are never pieces of chunks."""
     if query and query.strip().lower() not in LIST_ALL:
@@ -194,7 +206,7 @@ def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None,
     pieces = []
     for abs_path, f in sorted(files.items(), key=lambda kv: (not kv[1]["root"], -kv[1]["mtime"], kv[1]["path"])):
         try:
-            page = read_memory(searcher.collections, abs_path, 1, None, budget_chars)
+            page = read_memory(searcher.collections, abs_path, 1, None, budget_chars, classify=classify)
         except (ReadRefused, OSError):
             continue
         # a first line longer than the budget cannot be shown whole: the piece is listed as omitted

@@ -115,11 +115,13 @@ def create_app(indexer: Indexer) -> FastAPI:
 
     @app.post("/boot")
     def boot(body: BootBody) -> dict[str, Any]:
-        return _answer(lambda: boot_context(searcher, body.budget_chars, body.agent, body.query))
+        return _answer(lambda: boot_context(searcher, body.budget_chars, body.agent, body.query,
+                                            indexer.registry.classify))
 
     @app.get("/get")
     def get(path: str, agent: str | None = None, from_: int = Query(default=1, alias="from"),
             lines: int | None = None, max_chars: int = DEFAULT_MAX_CHARS) -> dict[str, Any]:
-        return _answer(lambda: read_memory(indexer.collections, path, from_, lines, max_chars, agent))
+        return _answer(lambda: read_memory(indexer.collections, path, from_, lines, max_chars, agent,
+                                           indexer.registry.classify))
 
     return app

@@ -147,11 +147,14 @@ def test_paged_read_continues_where_it_stopped(api: TestClient, indexed) -> None
 
 
 @pytest.mark.parametrize("path", ["../outside.md", "memory/../../outside.md", "/etc/passwd", "memory/link.md",
+                                  "memory/notes.txt", "memory/photo.png",
                                   "notes.txt", "memory/.hidden/x.md"])
 def test_reads_outside_memory_are_refused(api: TestClient, indexed, tmp_path: Path, path: str) -> None:
     _, ws = indexed
     write(tmp_path / "outside.md", "secret")
     write(ws / "notes.txt", "not memory")
+    write(ws / "memory" / "notes.txt", "secret: a text file no plugin claims is not memory")
+    write(ws / "memory" / "photo.png", b"\x89PNG\r\n\x1a\n secret bytes")
     write(ws / "memory" / ".hidden" / "x.md", "hidden")
     (ws / "memory" / "link.md").symlink_to(tmp_path / "outside.md")
     response = api.get("/get", params={"path": path})
@@ -159,8 +162,9 @@ def test_reads_outside_memory_are_refused(api: TestClient, indexed, tmp_path: Pa
     assert "secret" not in response.text
 
 
-def test_missing_memory_file_is_404(api: TestClient) -> None:
+def test_missing_memory_file_and_unknown_agent_are_404(api: TestClient) -> None:
     assert api.get("/get", params={"path": "memory/nope.md"}).status_code == 404
+    assert api.get("/get", params={"path": "MEMORY.md", "agent": "ghost"}).status_code == 404
 
 
 def test_a_200_mb_file_is_read_without_loading_it(indexed, tmp_path: Path) -> None:
