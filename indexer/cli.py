@@ -49,6 +49,14 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _finite(value: float | None) -> float | None:
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter("must be a finite number")
+    return value
+
+
 def _fail(message: str, code: int = EXIT_FAILURE) -> None:
     click.echo(f"qmd-indexer: {message}", err=True)
     sys.exit(code)
@@ -86,7 +94,8 @@ def _workspace_opts(fn):
                       help="Extra memory file or directory (repeatable), absolute or workspace-relative.")(fn)
     fn = click.option("--qdrant-url", help="Qdrant server URL; empty = embedded Qdrant Edge under the state dir.")(fn)
     fn = click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
-                      help="Where the embedded store and embedding cache live [default ~/.local/state/qmd-indexer].")(fn)
+                      help="Where the embedded store and embedding cache live "
+                           "[default $XDG_STATE_HOME/qmd-indexer, else ~/.local/state/qmd-indexer].")(fn)
     fn = click.option("--agent", help="Agent id of --workspace [default main].")(fn)
     fn = click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
                       help="Agent workspace directory (holds MEMORY.md and memory/); replaces the config's list.")(fn)
@@ -139,11 +148,11 @@ def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -
             _fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}; is a daemon already running? "
                   f"(choose another with --port)")
     indexer = _open_indexer(settings, reindex, connect=False)
-    from indexer.errors import CollectionMismatch, StoreUnavailable
+    from indexer.errors import CollectionMismatch, StoreLocked, StoreUnavailable
 
     try:
         indexer.connect()
-    except CollectionMismatch as exc:
+    except (CollectionMismatch, StoreLocked) as exc:  # not transient: a config mistake, so say it and stop
         _fail(str(exc))
     except StoreUnavailable:
         pass  # the worker logs it once and keeps retrying; the API answers meanwhile
@@ -164,15 +173,18 @@ def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    failed_to_serve = False
     try:
         server.run()
+    except SystemExit:  # uvicorn exits when it cannot bind (a port taken between our probe and its bind)
+        failed_to_serve = True
     finally:
         stop.set()
         indexer.settler.wake()
         worker.join()
         indexer.close()
         structlog.get_logger("qmd_indexer.daemon").info("daemon_stopped")
-    sys.exit(EXIT_OK if server.started else EXIT_FAILURE)
+    sys.exit(EXIT_OK if server.started and not failed_to_serve else EXIT_FAILURE)
 
 
 def _open_indexer(settings: Any, reindex: bool, connect: bool = True) -> Any:
@@ -242,7 +254,8 @@ def _client(config: Path | None, port: int | None) -> Any:
               help="Retrieval mode [default: the daemon's search_mode, hybrid].")
 @click.option("--path-prefix", help="Only files at or under this workspace-relative path.")
 @click.option("--kind", "kinds", multiple=True, help="Only this source kind: markdown, image, audio... (repeatable)")
-@click.option("--min-score", type=float, help="Drop hits scoring below this.")
+@click.option("--min-score", type=float, callback=lambda ctx, param, value: _finite(value),
+              help="Drop hits scoring below this (the score shown: cosine for dense, fused otherwise).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of hits.")
 @_config_opt
 @_port_opt
@@ -260,6 +273,8 @@ def search(query, k, agent, collections, mode, path_prefix, kinds, min_score, as
     """
     from indexer.client import ClientError
 
+    if not query.strip():
+        raise click.UsageError("QUERY is empty; to list every memory file use `qmd-indexer recall`")
     client = _client(config, port)
     try:
         hits = client.search(query, k=k, agent=agent, collection=list(collections) or None, mode=mode,
@@ -292,7 +307,7 @@ def _print_hits(hits: list[dict[str, Any]]) -> None:
               help="First line to read (1-based).")
 @click.option("--lines", type=click.IntRange(min=1), help="At most this many lines.")
 @click.option("--max-chars", type=click.IntRange(min=1), default=12_000, show_default=True,
-              help="At most this many characters (whole lines).")
+              help="At most this many characters, in whole lines (a single longer line is cut).")
 @click.option("--json", "as_json", is_flag=True, help="Print the page as JSON, with next_from.")
 @_config_opt
 @_port_opt
@@ -326,7 +341,8 @@ def get(path, agent, from_line, lines, max_chars, as_json, config, port) -> None
 
 @main.command()
 @click.argument("query", required=False, default="*")
-@click.option("-k", "--top-k", "top_k", type=click.IntRange(1, 10_000), default=6, show_default=True)
+@click.option("-k", "--top-k", "top_k", type=click.IntRange(1, 10_000), default=6, show_default=True,
+              help="How many memories (hits, or files when listing).")
 @click.option("--agent", help="Only this agent's memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @_config_opt
@@ -352,7 +368,7 @@ def recall(query, top_k, agent, as_json, config, port) -> None:
 
 
 @main.command()
-@click.option("--budget-chars", type=click.IntRange(min=1), default=4000, show_default=True,
+@click.option("--budget-chars", type=click.IntRange(1, 1_000_000), default=4000, show_default=True,
               help="Size of the context, in characters.")
 @click.option("--agent", help="Only this agent's memory.")
 @click.option("--query", help="Fill the budget with the best hits for this instead of root memory + recent notes.")
@@ -385,9 +401,12 @@ def boot(budget_chars, agent, query, as_json, config, port) -> None:
 
 
 @main.command()
-@_workspace_opts
+@_config_opt
+@click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="Workspace directory to check; replaces the config's list.")
+@click.option("--agent", help="Agent id of --workspace [default main].")
 @click.option("--fix", is_flag=True, help="Archive the legacy memory.md and merge its text into MEMORY.md.")
-def doctor(config, workspace, agent, state_dir, qdrant_url, extra, fix) -> None:
+def doctor(config, workspace, agent, fix) -> None:
     """Check each workspace for a split root memory (MEMORY.md and memory.md as two files).
 
     \b
@@ -403,7 +422,7 @@ def doctor(config, workspace, agent, state_dir, qdrant_url, extra, fix) -> None:
     """
     from indexer.doctor import find_split, fix_split
 
-    settings = _settings(config, workspace, agent, state_dir, None, qdrant_url, extra)
+    settings = _settings(config, workspace, agent, None, None)
     _need_workspaces(settings)
     problems = 0
     for ws in settings.workspace:

@@ -50,6 +50,8 @@ class Client:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
+            if isinstance(detail, list):  # FastAPI's validation errors (422): one line per bad field
+                detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', [])[1:])}: {e.get('msg')}" for e in detail)
             raise ClientError(str(detail), response.status_code)
         return response.json()
 

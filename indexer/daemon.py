@@ -106,6 +106,10 @@ class Indexer:
         self._cache = EmbeddingCache(s.state_dir / "embeddings.sqlite3")
         self.pipeline = Pipeline(self.registry, self._cache, s.max_file_bytes)
         self._reindex = reindex
+        for collection in self.collections:
+            if collection.role == "extra" and not os.path.lexists(collection.root):
+                log.warning("extra_path_missing", agent=collection.agent, path=str(collection.root),
+                            hint="watched from its parent once it exists; picked up by the next rescan")
         if connect:
             self.connect()
 

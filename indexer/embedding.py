@@ -93,6 +93,9 @@ class SentenceTransformerEmbedder:
                     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
                     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
                     from sentence_transformers import SentenceTransformer
+                    from transformers.utils import logging as transformers_logging
+
+                    transformers_logging.disable_progress_bar()  # a tqdm bar would break JSON log lines
 
                     model = SentenceTransformer(self._load_path, device=self.device)
                     if self.precision == "bf16":

@@ -5,6 +5,7 @@
     ├── PluginError          a plugin failed to load or breaks the contract (reported and skipped)
     ├── CollectionMismatch   an existing collection's vectors differ from the configured embedders (reindex)
     ├── StoreUnavailable     Qdrant cannot be reached or refused an operation (retried, then logged)
+    │   └── StoreLocked      the embedded store is held by another process (a config mistake: not retried at start)
     ├── FileSkipped          a file is not indexed for a stated reason (too large, not UTF-8 text, FIFO, ...)
     ├── ExtractError         an extractor could not read a file of its kind (corrupt image, bad codec, ...)
     ├── EmbedError           an embedder could not embed an input
@@ -32,6 +33,10 @@ class CollectionMismatch(QmdError):
 
 class StoreUnavailable(QmdError):
     """The Qdrant store could not be reached or refused an operation."""
+
+
+class StoreLocked(StoreUnavailable):
+    """The embedded store's write-ahead log is locked by another process."""
 
 
 class FileSkipped(QmdError):

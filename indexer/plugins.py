@@ -156,7 +156,7 @@ def load_registry(
             record.obj, record.provides = obj, _provides(ep.group, obj)
         except Exception as exc:  # any failure of third-party code: report and skip
             record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
-            log.error("plugin_failed", group=ep.group, plugin=ep.name, distribution=dist, reason=record.reason)
+            log.warning("plugin_failed", group=ep.group, plugin=ep.name, distribution=dist, reason=record.reason)
     _resolve_conflicts(records, prefer)
     return Registry(records)
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from indexer.errors import CollectionMismatch, StoreUnavailable
+from indexer.errors import CollectionMismatch, StoreLocked, StoreUnavailable
 
 SPARSE = "bm25"
 KEYWORD_FIELDS = ("abs_path", "path", "dirs", "kind")
@@ -234,7 +234,7 @@ class EdgeStore(Store):
                 shard = self._qe.EdgeShard.load(str(self.root / name))
             except Exception as exc:  # qdrant-edge raises plain Exceptions; a held WAL lock says WouldBlock
                 if "WouldBlock" in str(exc) or "lock" in str(exc).lower():
-                    raise StoreUnavailable(
+                    raise StoreLocked(
                         f"the embedded store {self.root} is in use by another process (a running daemon?); "
                         f"query it with `qmd-indexer search`, or stop it first") from None
                 raise

@@ -94,6 +94,22 @@ def test_daemon_serves_search_and_status_and_stops_cleanly(workspace: Path, tmp_
         assert again.terminate() == 0
 
 
+def test_second_daemon_on_a_held_store_exits_1(workspace: Path, tmp_path: Path) -> None:
+    first = Daemon(workspace, tmp_path / "state", tmp_path / "first.log")
+    try:
+        wait_for(first.ready, timeout_s=120, interval_s=0.2)
+        second = _cli("run", "--workspace", str(workspace), "--state-dir", str(tmp_path / "state"), "--port",
+                      str(_free_port()))
+        assert second.returncode == 1
+        assert "in use by another process" in second.stderr.strip().splitlines()[-1]
+        empty = _cli("search", "  ", "--port", str(first.port))
+        assert empty.returncode == 2 and "QUERY is empty" in empty.stderr
+        nan = _cli("search", "x", "--min-score", "nan", "--port", str(first.port))
+        assert nan.returncode == 2 and "finite" in nan.stderr
+    finally:
+        assert first.terminate() == 0
+
+
 def test_sigkill_during_first_index_converges_to_one_copy_of_each_chunk(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     for i in range(40):
