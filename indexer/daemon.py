@@ -14,6 +14,7 @@ points are missing, mixed or stale; deterministic point ids make redoing idempot
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -373,20 +374,25 @@ class Indexer:
         return self.status()
 
     def _drain(self, progress: bool, stop: threading.Event | None = None) -> None:
+        """Process everything queued now; on a terminal, with a progress bar that log lines print above."""
         total = len(self.settler)
         bar = None
+        redirect: Any = contextlib.nullcontext()
         if progress and total and sys.stderr.isatty():
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             bar = tqdm(total=total, unit="file", desc="indexing", file=sys.stderr, leave=False)
+            redirect = logging_redirect_tqdm()
         started, chunks_before = time.monotonic(), self.pipeline.stats.chunks_embedded
-        while not (stop and stop.is_set()):
-            batch = self.settler.take_ready(BATCH_FILES)
-            if not batch:
-                break
-            self.process(batch)
-            if bar:
-                bar.update(len(batch))
+        with redirect:
+            while not (stop and stop.is_set()):
+                batch = self.settler.take_ready(BATCH_FILES)
+                if not batch:
+                    break
+                self.process(batch)
+                if bar:
+                    bar.update(len(batch))
         if bar:
             bar.close()
         log.info("index_pass_finished", files=len(self.indexed), seconds=round(time.monotonic() - started, 2),
