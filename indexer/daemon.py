@@ -274,7 +274,9 @@ class Indexer:
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
             collection, _ = route(self.collections, path)
-            if collection is not None or path in {c.root for c in self.collections}:
+            # a directory made or moved in under a memory root: its files arrive without events of their own. The
+            # workspace root itself is never walked (it may hold anything); its memory files have their own events.
+            if collection is not None or path in {c.root for c in self.collections if c.role != "root"}:
                 skips: list[Skip] = []
                 self.settler.add_many(walk_dir(path, skips))
                 self._report_skips(skips)

@@ -101,8 +101,8 @@ class _Handler(FileSystemEventHandler):
         self.watcher = watcher
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type in _IGNORED_EVENTS:
-            return
+        if event.event_type in _IGNORED_EVENTS or (event.is_directory and event.event_type == "modified"):
+            return  # a directory's "modified" only echoes changes that arrive as events of their own
         paths = [event.src_path]
         if getattr(event, "dest_path", ""):
             paths.append(event.dest_path)

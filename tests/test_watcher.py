@@ -131,3 +131,22 @@ def test_replaced_workspace_directory_is_watched_again(workspace: Path, make_ind
         wait_for(lambda: str(note) in indexer.indexed)
         note.write_text("# After\n\nedited after the restore: pelican\n")
         wait_for(lambda: _searchable(indexer, note, "pelican"))
+
+
+def test_saving_a_root_file_does_not_walk_the_workspace(workspace: Path, make_indexer) -> None:
+    # a workspace may hold anything beside its memory (a code checkout, node_modules): never walk it on an event
+    for i in range(50):
+        write(workspace / "src" / f"module{i}.md", "# not memory: outside memory/\n")
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    with Running(indexer):
+        seen: list[Path] = []
+        original = indexer.process
+
+        def spy(paths):
+            seen.extend(paths)
+            original(paths)
+
+        indexer.process = spy
+        (workspace / "MEMORY.md").write_text("# Memory\n\nDeploys moved to Wednesday.\n")
+        wait_for(lambda: _searchable(indexer, workspace / "MEMORY.md", "Wednesday"))
+    assert not [p for p in seen if "src" in p.parts]
