@@ -237,6 +237,16 @@ def index(config, workspace, agent, state_dir, qdrant_url, extra, once, reindex,
     sys.exit(EXIT_PARTIAL if status["files_failed"] else EXIT_OK)
 
 
+def _ask(config: Path | None, port: int | None, call: Any) -> Any:
+    """``call(client)`` against the daemon; an error answer exits 2 when the request was at fault (4xx), else 1."""
+    from indexer.client import ClientError
+
+    try:
+        return call(_client(config, port))
+    except ClientError as exc:
+        _fail(str(exc), EXIT_USAGE if 400 <= exc.status_code < 500 else EXIT_FAILURE)
+
+
 def _client(config: Path | None, port: int | None) -> Any:
     from indexer.client import Client
 
@@ -271,16 +281,11 @@ def search(query, k, agent, collections, mode, path_prefix, kinds, min_score, as
       qmd-indexer search "how do I make a task repeat every week"
       qmd-indexer search "ACME-4471" --mode keyword -k 3 --json
     """
-    from indexer.client import ClientError
-
     if not query.strip():
         raise click.UsageError("QUERY is empty; to list every memory file use `qmd-indexer recall`")
-    client = _client(config, port)
-    try:
-        hits = client.search(query, k=k, agent=agent, collection=list(collections) or None, mode=mode,
-                             path_prefix=path_prefix, kind=list(kinds) or None, min_score=min_score)
-    except ClientError as exc:
-        _fail(str(exc), EXIT_USAGE if exc.status_code in (400, 404, 422) else EXIT_FAILURE)
+    hits = _ask(config, port, lambda client: client.search(
+        query, k=k, agent=agent, collection=list(collections) or None, mode=mode, path_prefix=path_prefix,
+        kind=list(kinds) or None, min_score=min_score))
     if as_json:
         click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
         return
@@ -324,12 +329,7 @@ def get(path, agent, from_line, lines, max_chars, as_json, config, port) -> None
       qmd-indexer get MEMORY.md
       qmd-indexer get memory/2026-11-27.md --from 40 --lines 20
     """
-    from indexer.client import ClientError
-
-    try:
-        page = _client(config, port).get(path, from_line, lines, max_chars, agent)
-    except ClientError as exc:
-        _fail(str(exc), EXIT_USAGE if exc.status_code in (400, 403, 404, 422) else EXIT_FAILURE)
+    page = _ask(config, port, lambda client: client.get(path, from_line, lines, max_chars, agent))
     if as_json:
         click.echo(json.dumps(page, ensure_ascii=False, indent=2))
         return
@@ -355,12 +355,7 @@ def recall(query, top_k, agent, as_json, config, port) -> None:
       qmd-indexer recall "coffee order"
       qmd-indexer recall --agent main -k 100      # list memory files
     """
-    from indexer.client import ClientError
-
-    try:
-        hits = _client(config, port).recall(query, top_k, agent)
-    except ClientError as exc:
-        _fail(str(exc), EXIT_USAGE if exc.status_code in (400, 404, 422) else EXIT_FAILURE)
+    hits = _ask(config, port, lambda client: client.recall(query, top_k, agent))
     if as_json:
         click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
     else:
@@ -386,12 +381,7 @@ def boot(budget_chars, agent, query, as_json, config, port) -> None:
     Example:
       qmd-indexer boot --agent main --budget-chars 6000
     """
-    from indexer.client import ClientError
-
-    try:
-        context = _client(config, port).boot_context(budget_chars, agent, query)
-    except ClientError as exc:
-        _fail(str(exc), EXIT_USAGE if exc.status_code in (400, 404, 422) else EXIT_FAILURE)
+    context = _ask(config, port, lambda client: client.boot_context(budget_chars, agent, query))
     if as_json:
         click.echo(json.dumps(context, ensure_ascii=False, indent=2))
         return
@@ -456,12 +446,7 @@ def _print_status(status: dict[str, Any]) -> None:
 def status(as_json, config, port) -> None:
     """Show what the running daemon holds: per-collection files and chunks, queue depth,
     chunks embedded and cache hits since start. Exit 1 if no daemon answers."""
-    from indexer.client import ClientError
-
-    try:
-        info = _client(config, port).status()
-    except ClientError as exc:
-        _fail(str(exc))
+    info = _ask(config, port, lambda client: client.status())
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:

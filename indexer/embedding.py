@@ -50,6 +50,20 @@ def resolve_model(name: str) -> tuple[str, str]:
     return name, name
 
 
+def load_sentence_transformer(path: str, device: str) -> Any:
+    """A ``SentenceTransformer`` from ``path`` (a local directory, or a name in the local cache), loaded offline
+    unless ``HF_HUB_OFFLINE`` says otherwise, with no progress bars (a tqdm bar would break JSON log lines).
+    Raises ``OSError`` when the model is not on disk. Shared by every sentence-transformers plugin."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    return SentenceTransformer(path, device=device)
+
+
 def cpu_has_bf16() -> bool:
     """Whether this CPU advertises native bf16 arithmetic (Linux ``/proc/cpuinfo`` flags)."""
     try:
@@ -89,15 +103,7 @@ class SentenceTransformerEmbedder:
         if self._model is None:
             with self._lock:
                 if self._model is None:
-                    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-                    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-                    from sentence_transformers import SentenceTransformer
-                    from transformers.utils import logging as transformers_logging
-
-                    transformers_logging.disable_progress_bar()  # a tqdm bar would break JSON log lines
-
-                    model = SentenceTransformer(self._load_path, device=self.device)
+                    model = load_sentence_transformer(self._load_path, self.device)
                     if self.precision == "bf16":
                         import torch
 

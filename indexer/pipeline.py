@@ -16,7 +16,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,6 @@ class Stats:
 
     chunks_embedded: int = 0
     cache_hits: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 def read_fingerprint(path: Path, max_bytes: int) -> tuple[os.stat_result, bytes, str]:
@@ -136,10 +135,7 @@ class Pipeline:
 
     # -- step 3-5: fingerprint, classify, extract ----------------------------------------------------------------
     def prepare(self, collection: Collection, path: Path, known: FileState | None) -> Prepared | Unchanged:
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            raise
+        st = os.lstat(path)  # FileNotFoundError: the caller deletes the file's points
         if stat.S_ISLNK(st.st_mode):
             raise FileSkipped("symlink", "symlinks are never followed")
         if not stat.S_ISREG(st.st_mode):

@@ -435,7 +435,8 @@ class ServerStore(Store):
         return m.Filter(must=[m.FieldCondition(key="abs_path", match=m.MatchValue(value=abs_path))], must_not=must_not)
 
     def _delete(self, name: str, abs_path: str, keep_hash: str | None) -> None:
-        self.client.delete(name, points_selector=m_filter(self._m, self._path_filter(abs_path, keep_hash)), wait=True)
+        selector = self._m.FilterSelector(filter=self._path_filter(abs_path, keep_hash))
+        self.client.delete(name, points_selector=selector, wait=True)
 
     def _scroll_payloads(self, name: str, fields: list[str] | None) -> Iterator[dict[str, Any]]:
         offset = None
@@ -483,11 +484,6 @@ class ServerStore(Store):
     def close(self) -> None:
         with self._lock:
             self.client.close()
-
-
-def m_filter(models: Any, flt: Any) -> Any:
-    """A qdrant-client ``FilterSelector`` for ``flt``."""
-    return models.FilterSelector(filter=flt)
 
 
 def open_store(state_dir: Path, qdrant_url: str = "", api_key: str = "", timeout_s: float = 10.0) -> Store:

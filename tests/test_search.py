@@ -147,13 +147,13 @@ def test_paged_read_continues_where_it_stopped(api: TestClient, indexed) -> None
 
 
 @pytest.mark.parametrize("path", ["../outside.md", "memory/../../outside.md", "/etc/passwd", "memory/link.md",
-                                  "memory/notes.txt", "memory/photo.png",
+                                  "memory/table.csv", "memory/photo.png",
                                   "notes.txt", "memory/.hidden/x.md"])
 def test_reads_outside_memory_are_refused(api: TestClient, indexed, tmp_path: Path, path: str) -> None:
     _, ws = indexed
     write(tmp_path / "outside.md", "secret")
     write(ws / "notes.txt", "not memory")
-    write(ws / "memory" / "notes.txt", "secret: a text file no plugin claims is not memory")
+    write(ws / "memory" / "table.csv", "secret: a text file no plugin claims is not memory")
     write(ws / "memory" / "photo.png", b"\x89PNG\r\n\x1a\n secret bytes")
     write(ws / "memory" / ".hidden" / "x.md", "hidden")
     (ws / "memory" / "link.md").symlink_to(tmp_path / "outside.md")

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from indexer.api import Chunk, l2_normalise
+from indexer.embedding import load_sentence_transformer
 from indexer.errors import EmbedError
 
 from qmd_indexer_image.decode import ImageDecodeError, to_rgb
@@ -95,12 +96,7 @@ class ClipEmbedder:
         if self._model is None:
             with self._lock:
                 if self._model is None:
-                    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-                    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-                    from sentence_transformers import SentenceTransformer
-
-                    model = SentenceTransformer(self._load_path, device=self.device)
+                    model = load_sentence_transformer(self._load_path, self.device)
                     self._dim = int(model.get_embedding_dimension())
                     self._model = model
         return self._model
