@@ -57,6 +57,18 @@ def _finite(value: float | None) -> float | None:
     return value
 
 
+def _since(value: str | None) -> str | None:
+    """Check ``--since`` here, so a typo is a usage error (exit 2) before the daemon is asked."""
+    if value is not None:
+        from indexer.points import parse_since
+
+        try:
+            parse_since(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 def _fail(message: str, code: int = EXIT_FAILURE) -> None:
     click.echo(f"qmd-indexer: {message}", err=True)
     sys.exit(code)
@@ -266,10 +278,12 @@ def _client(config: Path | None, port: int | None) -> Any:
 @click.option("--kind", "kinds", multiple=True, help="Only this source kind: markdown, image, audio... (repeatable)")
 @click.option("--min-score", type=float, callback=lambda ctx, param, value: _finite(value),
               help="Drop hits scoring below this (the score shown: cosine for dense, fused otherwise).")
+@click.option("--since", callback=lambda ctx, param, value: _since(value),
+              help="Only files modified since: a duration (7d, 12h, 30m, 2w) or an ISO date (2026-11-01).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of hits.")
 @_config_opt
 @_port_opt
-def search(query, k, agent, collections, mode, path_prefix, kinds, min_score, as_json, config, port) -> None:
+def search(query, k, agent, collections, mode, path_prefix, kinds, min_score, since, as_json, config, port) -> None:
     """Ask the running daemon a question; print the best memory chunks.
 
     \b
@@ -280,12 +294,13 @@ def search(query, k, agent, collections, mode, path_prefix, kinds, min_score, as
     Examples:
       qmd-indexer search "how do I make a task repeat every week"
       qmd-indexer search "ACME-4471" --mode keyword -k 3 --json
+      qmd-indexer search "deploy window" --since 7d
     """
     if not query.strip():
         raise click.UsageError("QUERY is empty; to list every memory file use `qmd-indexer recall`")
     hits = _ask(config, port, lambda client: client.search(
         query, k=k, agent=agent, collection=list(collections) or None, mode=mode, path_prefix=path_prefix,
-        kind=list(kinds) or None, min_score=min_score))
+        kind=list(kinds) or None, min_score=min_score, since=since))
     if as_json:
         click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
         return

@@ -65,10 +65,11 @@ class Client:
 
     def search(self, query: str, k: int = 6, agent: str | None = None, collection: str | list[str] | None = None,
                mode: str | None = None, path_prefix: str | None = None, kind: str | list[str] | None = None,
-               min_score: float | None = None) -> list[dict[str, Any]]:
-        """The ``k`` best hits for ``query`` (see ``indexer.search`` for the hit keys)."""
+               min_score: float | None = None, since: str | None = None) -> list[dict[str, Any]]:
+        """The ``k`` best hits for ``query`` (see ``indexer.search`` for the hit keys); ``since`` keeps files
+        modified since a duration (``7d``, ``12h``) or ISO date/date-time (``2026-11-01``)."""
         body = {"query": query, "k": k, "agent": agent, "collection": collection, "mode": mode,
-                "path_prefix": path_prefix, "kind": kind, "min_score": min_score}
+                "path_prefix": path_prefix, "kind": kind, "min_score": min_score, "since": since}
         return self._call("POST", "/search", json={key: v for key, v in body.items() if v is not None})["hits"]
 
     def recall(self, query: str = "*", top_k: int = 6, agent: str | None = None) -> list[dict[str, Any]]:

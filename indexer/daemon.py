@@ -33,7 +33,8 @@ from indexer.config import Settings
 from indexer.errors import EmbedError, ExtractError, FileSkipped, StoreUnavailable
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
 from indexer.plugins import Registry, load_registry
-from indexer.store import FileState, Store, open_store
+from indexer.points import FileState
+from indexer.store import Store, open_store
 from indexer.watcher import Settler, Watcher
 from indexer.workspace import Collection, Skip, plan_collections, route, walk, walk_dir
 

@@ -18,7 +18,6 @@ import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -26,7 +25,7 @@ from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo
 from indexer.cache import EmbeddingCache, cache_key
 from indexer.errors import ExtractError, FileSkipped, PluginError
 from indexer.plugins import Registry
-from indexer.store import SPARSE, FileState, Point, ancestor_dirs, point_id
+from indexer.points import SPARSE, FileState, Payload, Point, point_id
 from indexer.workspace import Collection, rel_path
 
 MEDIA_KINDS = ("image", "audio")
@@ -235,28 +234,12 @@ class Pipeline:
                 terms = self.bm25.embed_document(chunk.text)
                 if terms.indices:
                     sparse[SPARSE] = (list(terms.indices), list(terms.values))
-            payload: dict[str, Any] = {
-                "agent": file.collection.agent,
-                "collection": file.collection.name,
-                "path": file.rel_path,
-                "abs_path": abs_path,
-                "dirs": ancestor_dirs(file.rel_path),
-                "file_hash": file.file_hash,
-                "size_bytes": file.size_bytes,
-                "mtime_ns": file.mtime_ns,
-                "chunk_index": index,
-                "chunk_count": len(file.chunks),
-                "start_line": chunk.start_line,
-                "end_line": chunk.end_line,
-                "text": chunk.text,
-                "kind": chunk.kind,
-                "modality": chunk.modality,
-                "model_id": self.registry.embedders[chunk.modality].model_id,
-            }
-            if chunk.start_s is not None:
-                payload["start_s"] = float(chunk.start_s)
-            if chunk.end_s is not None:
-                payload["end_s"] = float(chunk.end_s)
-            payload.update(dict(chunk.meta))
+            payload = Payload(
+                agent=file.collection.agent, collection=file.collection.name, path=file.rel_path, abs_path=abs_path,
+                file_hash=file.file_hash, size_bytes=file.size_bytes, mtime_ns=file.mtime_ns, chunk_index=index,
+                chunk_count=len(file.chunks), start_line=chunk.start_line, end_line=chunk.end_line, text=chunk.text,
+                kind=chunk.kind, modality=chunk.modality, model_id=self.registry.embedders[chunk.modality].model_id,
+                start_s=None if chunk.start_s is None else float(chunk.start_s),
+                end_s=None if chunk.end_s is None else float(chunk.end_s), extra=dict(chunk.meta))
             out.append(Point(point_id(file.collection.name, abs_path, index), {chunk.modality: vector}, sparse, payload))
         return out

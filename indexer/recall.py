@@ -118,16 +118,15 @@ def list_memories(collections: Sequence[Collection], store: Store, k: int, agent
             continue
         for p in store.scroll(collection.name, ["abs_path", "path", "agent", "collection", "kind", "chunk_index",
                                                 "start_line", "end_line", "text"]):
-            entry = entries.get(p["abs_path"])
+            entry = entries.get(p.abs_path)
             if entry is None:
-                entry = entries[p["abs_path"]] = {
-                    "collection": p["collection"], "agent": p["agent"], "path": p["path"], "start_line": 1,
-                    "end_line": p["end_line"], "score": None, "snippet": "", "kind": p.get("kind", "markdown"),
-                    "_first": 1 << 30}
-            entry["end_line"] = max(entry["end_line"], p["end_line"])
-            if p["chunk_index"] < entry["_first"]:
-                entry["_first"] = p["chunk_index"]
-                entry["snippet"] = p["text"][:SNIPPET_CHARS]
+                entry = entries[p.abs_path] = {
+                    "collection": p.collection, "agent": p.agent, "path": p.path, "start_line": 1,
+                    "end_line": p.end_line, "score": None, "snippet": "", "kind": p.kind, "_first": 1 << 30}
+            entry["end_line"] = max(entry["end_line"], p.end_line)
+            if p.chunk_index < entry["_first"]:
+                entry["_first"] = p.chunk_index
+                entry["snippet"] = p.text[:SNIPPET_CHARS]
     listed = sorted(entries.values(), key=lambda e: (e["agent"], e["path"]))[:k]
     for entry in listed:
         del entry["_first"]
@@ -198,11 +197,11 @@ def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None, budge
     files: dict[str, dict[str, Any]] = {}
     for collection in targets:
         for p in searcher.store.scroll(collection.name, ["abs_path", "path", "mtime_ns", "end_line", "modality"]):
-            if p.get("modality", "text") != "text":
+            if p.modality != "text":
                 continue
-            entry = files.setdefault(p["abs_path"], {"path": p["path"], "mtime": p.get("mtime_ns", 0),
-                                                    "root": collection.role == "root", "lines": 0})
-            entry["lines"] = max(entry["lines"], int(p["end_line"]))
+            entry = files.setdefault(p.abs_path, {"path": p.path, "mtime": p.mtime_ns,
+                                                  "root": collection.role == "root", "lines": 0})
+            entry["lines"] = max(entry["lines"], p.end_line)
     pieces = []
     for abs_path, f in sorted(files.items(), key=lambda kv: (not kv[1]["root"], -kv[1]["mtime"], kv[1]["path"])):
         try:

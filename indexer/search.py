@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from indexer.store import Filter, Hit, Query, Store
+from indexer.points import Filter, Hit, Query
+from indexer.store import Store
 from indexer.workspace import Collection
 
 SNIPPET_CHARS = 700  # the reference agent's snippet cap
@@ -32,6 +33,7 @@ class SearchParams:
     points; hits scoring below ``min_score`` are dropped."""
 
     query: str
+    _: KW_ONLY
     k: int = 6
     agent: str | None = None
     collections: tuple[str, ...] = ()
@@ -39,6 +41,7 @@ class SearchParams:
     path_prefix: str | None = None
     kinds: tuple[str, ...] = ()
     min_score: float | None = None
+    since_ns: int | None = None
 
 
 def _terms(text: str) -> set[str]:
@@ -77,25 +80,24 @@ def snippet(text: str, query: str, first_line: int, limit: int = SNIPPET_CHARS) 
 def to_hit(hit: Hit, query: str) -> dict[str, Any]:
     """The API's hit dict for a scored point."""
     p = hit.payload
-    text = p.get("text", "")
-    if p.get("modality", "text") == "text":
-        body, start, end = snippet(text, query, int(p.get("start_line", 1)))
+    if p.modality == "text":
+        body, start, end = snippet(p.text, query, p.start_line)
     else:
-        body, start, end = text[:SNIPPET_CHARS], int(p.get("start_line", 1)), int(p.get("end_line", 1))
+        body, start, end = p.text[:SNIPPET_CHARS], p.start_line, p.end_line
     out = {
-        "collection": p.get("collection"),
-        "agent": p.get("agent"),
-        "path": p.get("path"),
+        "collection": p.collection,
+        "agent": p.agent,
+        "path": p.path,
         "start_line": start,
         "end_line": end,
         "score": round(hit.score, 6),
         "snippet": body,
-        "kind": p.get("kind", "markdown"),
-        "citation": f"{p.get('path')}#L{start}-L{end}",
+        "kind": p.kind,
+        "citation": f"{p.path}#L{start}-L{end}",
     }
     for key in _MEDIA_FIELDS:
-        if key in p:
-            out[key] = p[key]
+        if p.get(key) is not None:
+            out[key] = p.get(key)
     return out
 
 
@@ -147,8 +149,8 @@ class Searcher:
             terms = self.bm25.embed_query(params.query)
             sparse = (list(terms.indices), list(terms.values))
         depth = max(self.prefetch_limit, params.k)
-        query = Query(limit=depth, dense=dense, sparse=sparse, filter=Filter(params.path_prefix, tuple(params.kinds)),
-                      thresholds=self.min_scores)
+        query = Query(limit=depth, dense=dense, sparse=sparse, thresholds=self.min_scores,
+                      filter=Filter(path_prefix=params.path_prefix, kinds=tuple(params.kinds), since_ns=params.since_ns))
         pools: dict[str, list[Hit]] = {}
         for collection in targets:
             for using, hits in self.store.search(collection.name, query).items():

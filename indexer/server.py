@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 from indexer.daemon import Indexer
 from indexer.errors import ReadRefused, StoreUnavailable
 from indexer.recall import DEFAULT_MAX_CHARS, boot_context, read_memory, recall
+from indexer.points import parse_since
 from indexer.search import SearchParams, Searcher
 
 
@@ -42,6 +43,8 @@ class SearchBody(BaseModel):
     path_prefix: str | None = None
     kind: list[str] | str | None = None
     min_score: float | None = None
+    since: str | None = Field(default=None, description="only files modified since: a duration (7d, 12h, 30m, 2w) "
+                              "or an ISO date/date-time (2026-11-01, 2026-11-01T09:30)")
 
 
 class RecallBody(BaseModel):
@@ -105,9 +108,13 @@ def create_app(indexer: Indexer) -> FastAPI:
 
     @app.post("/search")
     def search(body: SearchBody) -> dict[str, Any]:
-        params = SearchParams(body.query, body.k, body.agent, _as_tuple(body.collection), body.mode,
-                              body.path_prefix, _as_tuple(body.kind), body.min_score)
-        return {"hits": _answer(lambda: searcher.search(params))}
+        def run() -> list[dict[str, Any]]:
+            since_ns = parse_since(body.since) if body.since is not None else None  # ValueError: 400
+            return searcher.search(SearchParams(
+                query=body.query, k=body.k, agent=body.agent, collections=_as_tuple(body.collection), mode=body.mode,
+                path_prefix=body.path_prefix, kinds=_as_tuple(body.kind), min_score=body.min_score, since_ns=since_ns))
+
+        return {"hits": _answer(run)}
 
     @app.post("/recall")
     def recall_(body: RecallBody) -> dict[str, Any]:

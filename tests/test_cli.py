@@ -158,6 +158,11 @@ def test_search_without_a_daemon_exits_1_with_a_hint() -> None:
     assert "no qmd-indexer daemon answers" in result.stderr and "qmd-indexer run" in result.stderr
 
 
+def test_a_bad_since_is_a_usage_error_before_the_daemon_is_asked() -> None:
+    result = _cli("search", "anything", "--since", "last week", "--port", str(_free_port()))
+    assert result.returncode == 2 and "7d" in result.stderr and "daemon" not in result.stderr
+
+
 def test_index_needs_once_and_workspace(tmp_path: Path) -> None:
     assert _cli("index", "--workspace", str(tmp_path)).returncode == 2
     result = subprocess.run([*CLI, "index", "--once"], capture_output=True, text=True, timeout=60,

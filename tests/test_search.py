@@ -102,11 +102,11 @@ def test_fusion_ranks_like_qdrants_own_fusion(indexed, method: str) -> None:
     query = "who owns the storage problems?"
     dense = dict(searcher._embed_query(query))["text"]
     terms = indexer.pipeline.bm25.embed_query(query)
-    from indexer.store import Query
+    from indexer.points import Query
 
     lists = indexer.store.search("memory-dir-main", Query(limit=100, dense={"text": dense},
                                                            sparse=(list(terms.indices), list(terms.values))))
-    ours = [h.payload["path"] for h in fuse(list(lists.values()), method, 60, 10)]
+    ours = [h.payload.path for h in fuse(list(lists.values()), method, 60, 10)]
     shard = indexer.store._shard("memory-dir-main")
     native = shard.query(qe.QueryRequest(
         limit=10, with_payload=True, query=qe.Fusion.Rrf(k=60) if method == "rrf" else qe.Fusion.Dbsf(),
@@ -207,3 +207,30 @@ def test_boot_context_fits_the_budget_in_whole_lines(api: TestClient, indexed) -
         assert body == sources[path][start - 1 : start - 1 + len(body)], "whole lines, copied exactly"
     big = api.post("/boot", json={"budget_chars": 100_000}).json()
     assert big["omitted"] == [] and len(big["included"]) == 9
+
+
+def test_since_filters_by_modification_time_through_the_api(tmp_path: Path, make_indexer) -> None:
+    import os
+    import time
+
+    ws = tmp_path / "ws"
+    old = write(ws / "memory" / "2025-01-10.md", "# Deploy\n\nThe deploy window moved to Tuesday.\n")
+    write(ws / "memory" / "today.md", "# Deploy\n\nThe deploy window is now Thursday morning.\n")
+    month_ago = time.time() - 30 * 86_400
+    os.utime(old, (month_ago, month_ago))
+    indexer = make_indexer([{"agent": "main", "path": ws}])
+    indexer.index_once()
+    api = TestClient(create_app(indexer))
+
+    def paths(since: str | None) -> list[str]:
+        body = {"query": "deploy window", "k": 5, **({"since": since} if since else {})}
+        response = api.post("/search", json=body)
+        assert response.status_code == 200, response.text
+        return sorted(h["path"] for h in response.json()["hits"])
+
+    assert paths(None) == ["memory/2025-01-10.md", "memory/today.md"]
+    assert paths("7d") == ["memory/today.md"]
+    assert paths("45d") == ["memory/2025-01-10.md", "memory/today.md"]
+    assert paths(time.strftime("%Y-%m-%d", time.localtime(month_ago - 86_400))) == paths(None)
+    bad = api.post("/search", json={"query": "deploy", "since": "last tuesday"})
+    assert bad.status_code == 400 and "7d" in bad.json()["detail"]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from indexer.errors import CollectionMismatch
-from indexer.store import EdgeStore, Filter, Point, Query, ServerStore, ancestor_dirs, point_id
+from indexer.points import Filter, Payload, Point, Query, point_id
+from indexer.store import EdgeStore, ServerStore
 
 
 @pytest.fixture(name="store", params=["edge", "server"])
@@ -19,10 +20,9 @@ def store_fixture(request: pytest.FixtureRequest, tmp_path: Path):
 
 
 def _point(collection: str, path: str, index: int, file_hash: str, vector: list[float], count: int,
-           terms: tuple[list[int], list[float]] = ([1], [1.0])) -> Point:
-    rel = path.lstrip("/")
-    payload = {"abs_path": path, "path": rel, "dirs": ancestor_dirs(rel), "file_hash": file_hash,
-               "chunk_count": count, "size_bytes": 10, "mtime_ns": 5, "kind": "markdown", "text": f"{path}#{index}"}
+           terms: tuple[list[int], list[float]] = ([1], [1.0]), mtime_ns: int = 5) -> Point:
+    payload = Payload(abs_path=path, path=path.lstrip("/"), file_hash=file_hash, chunk_index=index, chunk_count=count,
+                      size_bytes=10, mtime_ns=mtime_ns, text=f"{path}#{index}")
     return Point(point_id(collection, path, index), {"text": np.asarray(vector, np.float32)}, {"bm25": terms}, payload)
 
 
@@ -45,7 +45,7 @@ def test_interrupted_write_is_seen_as_incomplete(store) -> None:
     # as after a SIGKILL mid-write: 2 of 3 points of a new file, or a mix of two versions
     store.replace_file("c", "/w/a.md", "h1", [_point("c", "/w/a.md", i, "h1", [1, 0, 0], 3) for i in range(2)])
     store.replace_file("c", "/w/b.md", "h1", [_point("c", "/w/b.md", i, "h1", [1, 0, 0], 2) for i in range(2)])
-    store._upsert("c", [_point("c", "/w/b.md", 0, "h2", [1, 0, 0], 1)])
+    store.upsert("c", [_point("c", "/w/b.md", 0, "h2", [1, 0, 0], 1)])
     states = store.file_states("c")
     assert not states["/w/a.md"].complete
     assert not states["/w/b.md"].complete
@@ -57,13 +57,13 @@ def test_search_returns_a_ranked_list_per_vector_with_filters(store) -> None:
     store.replace_file("c", "/w/memory/b.md", "h", [_point("c", "/w/memory/b.md", 0, "h", [0.9, 0.1, 0], 1, ([8], [1.0]))])
     query = Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)}, sparse=([7], [1.0]))
     lists = store.search("c", query)
-    assert [h.payload["path"] for h in lists["text"]] == ["w/memory/x/a.md", "w/memory/b.md"]
+    assert [h.payload.path for h in lists["text"]] == ["w/memory/x/a.md", "w/memory/b.md"]
     assert lists["text"][0].score == pytest.approx(1.0, abs=1e-5)
-    assert [h.payload["path"] for h in lists["bm25"]] == ["w/memory/x/a.md"]
+    assert [h.payload.path for h in lists["bm25"]] == ["w/memory/x/a.md"]
     only_b = Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)}, filter=Filter(path_prefix="w/memory/b.md"))
-    assert [h.payload["path"] for h in store.search("c", only_b)["text"]] == ["w/memory/b.md"]
+    assert [h.payload.path for h in store.search("c", only_b)["text"]] == ["w/memory/b.md"]
     under_x = Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)}, filter=Filter(path_prefix="w/memory/x/"))
-    assert [h.payload["path"] for h in store.search("c", under_x)["text"]] == ["w/memory/x/a.md"]
+    assert [h.payload.path for h in store.search("c", under_x)["text"]] == ["w/memory/x/a.md"]
     assert store.search("c", Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)},
                                    filter=Filter(kinds=("image",))))["text"] == []
 
@@ -97,5 +97,31 @@ def test_per_vector_score_floor(store) -> None:
     vector = {"text": np.asarray([1, 0, 0], np.float32)}
     assert len(store.search("c", Query(limit=5, dense=vector))["text"]) == 2
     floored = store.search("c", Query(limit=5, dense=vector, sparse=([1], [1.0]), thresholds={"text": 0.9}))
-    assert [h.payload["path"] for h in floored["text"]] == ["w/a.md"]
+    assert [h.payload.path for h in floored["text"]] == ["w/a.md"]
     assert len(floored["bm25"]) == 2  # the floor applies to its own vector only
+
+
+def test_since_keeps_files_modified_at_or_after(store) -> None:
+    store.ensure_collection("c", {"text": 3})
+    old, new = 1_700_000_000 * 10**9, 1_800_000_000 * 10**9
+    store.replace_file("c", "/w/old.md", "h", [_point("c", "/w/old.md", 0, "h", [1, 0, 0], 1, mtime_ns=old)])
+    store.replace_file("c", "/w/new.md", "h", [_point("c", "/w/new.md", 0, "h", [1, 0, 0], 1, mtime_ns=new)])
+    vector = {"text": np.asarray([1, 0, 0], np.float32)}
+
+    def paths(since_ns: int) -> list[str]:
+        lists = store.search("c", Query(limit=5, dense=vector, sparse=([1], [1.0]), filter=Filter(since_ns=since_ns)))
+        return sorted({h.payload.path for hits in lists.values() for h in hits})
+
+    assert paths(old) == ["w/new.md", "w/old.md"]
+    assert paths(old + 10**9) == ["w/new.md"]
+    assert paths(new + 10**9) == []
+
+
+def test_payload_round_trips_with_plugin_fields() -> None:
+    payload = Payload(path="memory/a/b.md", abs_path="/w/memory/a/b.md", kind="image", modality="image",
+                      start_s=1.5, extra={"width": 640, "path": "not ours to override"})
+    stored = payload.to_payload()
+    assert stored["dirs"] == ["memory", "memory/a"] and stored["width"] == 640 and stored["path"] == "memory/a/b.md"
+    assert "end_s" not in stored
+    back = Payload.from_payload(stored)
+    assert back.get("width") == 640 and back.start_s == 1.5 and back.path == payload.path

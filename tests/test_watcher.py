@@ -45,8 +45,8 @@ def _searchable(indexer, path: Path, needle: str) -> bool:
     entry = indexer.indexed.get(str(path))
     if entry is None:
         return False
-    texts = [p.get("text", "") for p in indexer.store.scroll(entry.collection, ["abs_path", "text"])
-             if p["abs_path"] == str(path)]
+    texts = [p.text for p in indexer.store.scroll(entry.collection, ["abs_path", "text"])
+             if p.abs_path == str(path)]
     return any(needle in t for t in texts)
 
 

@@ -1,0 +1,189 @@
+"""What crosses into and out of Qdrant: points, their payload, ids, filters and queries. No I/O.
+
+This is the one place that knows the collection schema (the README's "Collection schema" lists it for other tools):
+
+- named dense vectors, one per modality (``"text"``, ``"image"``), cosine distance;
+- ``SPARSE`` (``"bm25"``): BM25 term weights of the chunk text, with Qdrant's IDF modifier;
+- the payload (``Payload``), written by ``Payload.to_payload`` and read back by ``Payload.from_payload`` only;
+- payload indexes: keyword on ``KEYWORD_FIELDS``, integer on ``INTEGER_FIELDS``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+SPARSE = "bm25"  # the sparse vector's name: BM25 terms with Qdrant's IDF modifier
+KEYWORD_FIELDS = ("abs_path", "path", "dirs", "kind")  # keyword payload indexes (exact-match filters)
+INTEGER_FIELDS = ("mtime_ns",)  # integer payload indexes (range filters: ``since``)
+STATE_FIELDS = ("abs_path", "file_hash", "size_bytes", "mtime_ns", "chunk_count")  # what ``FileState`` needs
+
+
+def point_id(collection: str, abs_path: str, chunk_index: int) -> str:
+    """Deterministic point id: uuid5 of collection, absolute path and chunk index (RFC 4122 name-based UUID), so
+    re-indexing a file overwrites its points instead of duplicating them."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"qmd-indexer:{collection}:{abs_path}#{chunk_index}"))
+
+
+def ancestor_dirs(rel_path: str) -> list[str]:
+    """``"a/b/c.md"`` -> ``["a", "a/b"]``: the payload field that makes directory-prefix filters exact matches."""
+    parts = rel_path.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Payload:
+    """The payload of one point (one chunk of one file). Defaults stand for fields a partial read left out.
+
+    ``path`` is workspace-relative with ``/`` separators, ``abs_path`` absolute; ``file_hash`` is the sha256 hex of
+    the whole file and ``chunk_count`` its number of points (together they tell a complete write from an
+    interrupted one); ``size_bytes``/``mtime_ns`` are the file's ``stat`` when indexed; ``start_line``/``end_line``
+    are 1-based and inclusive; ``start_s``/``end_s`` are seconds (audio); ``extra`` holds a plugin's own fields
+    (``Chunk.meta``, e.g. image ``width``/``height``), stored at the top level of the payload.
+    """
+
+    agent: str = ""
+    collection: str = ""
+    path: str = ""
+    abs_path: str = ""
+    file_hash: str = ""
+    size_bytes: int = -1
+    mtime_ns: int = -1
+    chunk_index: int = 0
+    chunk_count: int = -1
+    start_line: int = 1
+    end_line: int = 1
+    text: str = ""
+    kind: str = "markdown"
+    modality: str = "text"
+    model_id: str = ""
+    start_s: float | None = None
+    end_s: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_payload(self) -> dict[str, Any]:
+        """The JSON object stored in Qdrant: every field, ``dirs`` (ancestor directories of ``path``), and
+        ``extra`` merged in (it cannot override a field of ours). ``None`` times are left out."""
+        out: dict[str, Any] = {k: v for k, v in self.extra.items() if k not in _OWN}
+        for f in _FIELDS:
+            value = getattr(self, f)
+            if value is not None:
+                out[f] = value
+        out["dirs"] = ancestor_dirs(self.path)
+        return out
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field of ours or of ``extra`` by name (``default`` when absent or ``None``)."""
+        value = getattr(self, key, None) if key in _OWN else self.extra.get(key)
+        return default if value is None else value
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> Payload:
+        """Read a stored payload (whole or partial); unknown keys go to ``extra``."""
+        known = {k: payload[k] for k in _FIELDS if k in payload and payload[k] is not None}
+        for k in _INTS:
+            if k in known:
+                known[k] = int(known[k])
+        extra = {k: v for k, v in payload.items() if k not in _OWN}
+        return cls(**known, extra=extra)
+
+
+_FIELDS = tuple(f.name for f in fields(Payload) if f.name != "extra")
+_INTS = ("size_bytes", "mtime_ns", "chunk_index", "chunk_count", "start_line", "end_line")
+_OWN = frozenset(_FIELDS) | {"dirs"}
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One point to upsert: ``dense`` maps a named vector to its ``(dim,)`` float32 values; ``sparse`` maps a
+    sparse vector name to ``(indices, values)``."""
+
+    id: str
+    dense: dict[str, np.ndarray]
+    sparse: dict[str, tuple[list[int], list[float]]]
+    payload: Payload
+
+
+@dataclass(frozen=True, slots=True)
+class FileState:
+    """What the store holds of one file: its content hash and the stat it was indexed at; ``complete`` is false
+    when the points disagree (mixed hashes, or fewer points than ``chunk_count``: an interrupted write)."""
+
+    file_hash: str
+    size_bytes: int
+    mtime_ns: int
+    points: int
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Filter:
+    """Which points a search, scroll or delete sees; every given condition must hold.
+
+    - ``path_prefix``: a workspace-relative file path or directory (``memory/projects``);
+    - ``kinds``: source kinds (``markdown``, ``image``...), any of them;
+    - ``since_ns``: files modified at or after this time (nanoseconds since the epoch, the payload's ``mtime_ns``);
+    - ``abs_path``: one file; ``except_hash``: points whose ``file_hash`` differs (a file's stale points).
+    """
+
+    path_prefix: str | None = None
+    kinds: tuple[str, ...] = ()
+    since_ns: int | None = None
+    abs_path: str | None = None
+    except_hash: str | None = None
+
+    def is_empty(self) -> bool:
+        return self == _NO_FILTER
+
+
+_NO_FILTER = Filter()
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
+def parse_since(value: str, now_s: float | None = None) -> int:
+    """``since`` as nanoseconds since the epoch: a duration back from ``now_s`` (``90s``, ``30m``, ``12h``, ``7d``,
+    ``2w``), an ISO 8601 date (``2026-11-01``: local midnight) or date-time (``2026-11-01T09:30``, local time
+    unless it carries an offset). Raises ``ValueError`` naming the accepted forms."""
+    match = _DURATION.match(value)
+    if match:
+        now = time.time() if now_s is None else now_s
+        return int((now - float(match[1]) * _SECONDS[match[2]]) * 1e9)
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValueError(f"since must be a duration such as 7d, 12h, 30m, 2w or an ISO date/date-time such as "
+                         f"2026-11-01 or 2026-11-01T09:30, got {value!r}") from None
+    return int(moment.timestamp() * 1e9)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Query:
+    """One retrieval against one collection: a nearest-neighbour search per named dense vector in ``dense`` and,
+    when ``sparse`` is given, one over the BM25 sparse vector; each returns up to ``limit`` points passing
+    ``filter`` and scoring at least ``thresholds.get(vector name)``. Fusion of the lists is the caller's
+    (``indexer.search``), so that lists from several collections are fused as one pool."""
+
+    limit: int
+    dense: Mapping[str, np.ndarray] = field(default_factory=dict)
+    sparse: tuple[list[int], list[float]] | None = None
+    filter: Filter = _NO_FILTER
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A scored point: ``score`` is the cosine similarity (dense), BM25 score (keyword) or fused score."""
+
+    id: str
+    score: float
+    payload: Payload

@@ -1,0 +1,24 @@
+"""The only package that talks to Qdrant: an embedded Qdrant Edge store, or a Qdrant server through qdrant-client.
+
+``Store`` (``base.py``) is the interface and holds the one translation of filters and queries; ``EdgeStore``
+(``edge.py``) and ``ServerStore`` (``server.py``) are thin dialect adapters. The schema of points and payloads is
+``indexer.points``'.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from indexer.store.base import Store
+from indexer.store.edge import EdgeStore
+from indexer.store.server import ServerStore
+
+__all__ = ["EdgeStore", "ServerStore", "Store", "open_store"]
+
+
+def open_store(state_dir: Path, qdrant_url: str = "", api_key: str = "", timeout_s: float = 10.0) -> Store:
+    """The configured backend: Edge under ``state_dir/qdrant`` when ``qdrant_url`` is empty, qdrant-client's
+    in-process mode for ``":memory:"``, else the server at ``qdrant_url``."""
+    if not qdrant_url:
+        return EdgeStore(state_dir / "qdrant")
+    return ServerStore(qdrant_url, api_key, timeout_s)

@@ -1,0 +1,148 @@
+"""Qdrant Edge (``qdrant-edge-py``): Qdrant's engine inside this process, one shard per collection.
+
+Measured here (2 cores, 100k x 384): Edge upserts 100k points in 4.5 s and answers a query in ~15 ms by exact
+scan; qdrant-client's local mode takes 99 s and 193 ms. Hence Edge is the embedded default.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from indexer.errors import StoreLocked
+from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
+from indexer.store.base import SCROLL_PAGE, Dialect, Store
+
+
+class EdgeStore(Store):
+    """One Edge shard per collection under ``root`` (``<state_dir>/qdrant/<collection>/``, write-ahead logged).
+
+    Only one process can open a shard (its WAL is locked), so queries go through the daemon. Shards are not
+    ``optimize()``d: that builds HNSW but holds the GIL for its whole run (59 s at 100k points here), freezing the
+    watcher and the API; an exact scan answers in ~15 ms at 100k x 384 instead.
+    """
+
+    kind = "edge"
+
+    def __init__(self, root: Path) -> None:
+        import qdrant_edge as qe
+
+        super().__init__(Dialect(qe, qe.RangeFloat))
+        self._qe = qe
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._shards: dict[str, Any] = {}
+
+    def _meta_path(self, name: str) -> Path:
+        return self.root / name / "qmd-collection.json"
+
+    def _shard(self, name: str) -> Any:
+        shard = self._shards.get(name)
+        if shard is None:
+            try:
+                shard = self._qe.EdgeShard.load(str(self.root / name))
+            except Exception as exc:  # qdrant-edge raises plain Exceptions; a held WAL lock says WouldBlock
+                if "WouldBlock" in str(exc) or "lock" in str(exc).lower():
+                    raise StoreLocked(
+                        f"the embedded store {self.root} is in use by another process (a running daemon?); "
+                        f"query it with `qmd-indexer search`, or stop it first") from None
+                raise
+            self._shards[name] = shard
+        return shard
+
+    def _dense_config(self, name: str) -> dict[str, int] | None:
+        meta = self._meta_path(name)
+        if not meta.exists():
+            return None
+        shard = self._shard(name)
+        record = json.loads(meta.read_text())
+        if record.get("integer_indexes") != list(INTEGER_FIELDS):  # made before range filters existed
+            for key in INTEGER_FIELDS:
+                shard.update(self._qe.UpdateOperation.create_field_index(key, self._qe.PayloadSchemaType.Integer))
+            self._write_meta(name, record["dense"])
+        return {k: int(v) for k, v in record["dense"].items()}
+
+    def _create(self, name: str, dense: dict[str, int]) -> None:
+        qe = self._qe
+        path = self.root / name
+        if path.exists():  # a shard without our metadata: an interrupted create; start it over
+            shutil.rmtree(path)
+        config = qe.EdgeConfig(
+            vectors={v: qe.EdgeVectorParams(size=s, distance=qe.Distance.Cosine) for v, s in dense.items()},
+            sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+        )
+        shard = qe.EdgeShard.create(str(path), config)
+        for key in KEYWORD_FIELDS:
+            shard.update(qe.UpdateOperation.create_field_index(key, qe.PayloadSchemaType.Keyword))
+        for key in INTEGER_FIELDS:
+            shard.update(qe.UpdateOperation.create_field_index(key, qe.PayloadSchemaType.Integer))
+        self._shards[name] = shard
+        self._write_meta(name, dense)
+
+    def _write_meta(self, name: str, dense: dict[str, int]) -> None:
+        tmp = self._meta_path(name).with_suffix(".tmp")
+        tmp.write_text(json.dumps({"dense": dense, "sparse": [SPARSE], "integer_indexes": list(INTEGER_FIELDS)}))
+        tmp.replace(self._meta_path(name))
+
+    def _add_vector(self, name: str, vector: str, size: int) -> None:
+        qe = self._qe
+        self._shard(name).update(qe.UpdateOperation.create_dense_vector(vector, size, qe.Distance.Cosine))
+        dense = self._dense_config(name) or {}
+        dense[vector] = size
+        self._write_meta(name, dense)
+
+    def _upsert(self, name: str, points: Sequence[Point]) -> None:
+        qe = self._qe
+        edge_points = [qe.Point(id=uuid.UUID(p.id), vector=self.dialect.vectors(p), payload=p.payload.to_payload())
+                       for p in points]
+        self._shard(name).update(qe.UpdateOperation.upsert_points(edge_points))
+
+    def _delete(self, name: str, flt: Filter) -> None:
+        self._shard(name).update(self._qe.UpdateOperation.delete_points_by_filter(self.dialect.filter(flt)))
+
+    def _scroll(self, name: str, fields: list[str] | None) -> Iterator[Mapping[str, Any]]:
+        qe = self._qe
+        shard = self._shard(name)
+        offset = None
+        while True:
+            records, offset = shard.scroll(qe.ScrollRequest(offset=offset, limit=SCROLL_PAGE,
+                                                            with_payload=fields if fields else True,
+                                                            with_vector=False))
+            for record in records:
+                yield dict(record.payload or {})
+            if offset is None:
+                return
+
+    def _query(self, name: str, searches: dict[str, Any], flt: Any,
+               query: Query) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
+        qe = self._qe
+        requests = [qe.QueryRequest(limit=query.limit, query=qe.Query.Nearest(vector, using=using), filter=flt,
+                                    with_payload=True, score_threshold=query.thresholds.get(using))
+                    for using, vector in searches.items()]
+        answers = self._shard(name).query_batch(qe.QueryBatchRequest(requests))
+        return {using: [(p.id, p.score, p.payload) for p in points] for using, points in zip(searches, answers)}
+
+    def _count(self, name: str) -> int:
+        return int(self._shard(name).count(self._qe.CountRequest(exact=True)))
+
+    def _drop(self, name: str) -> None:
+        shard = self._shards.pop(name, None)
+        if shard is not None:
+            shard.close()
+        shutil.rmtree(self.root / name, ignore_errors=True)
+
+    def flush(self) -> None:
+        with self._lock:
+            for shard in self._shards.values():
+                shard.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            for shard in self._shards.values():
+                shard.flush()
+                shard.close()
+            self._shards.clear()
