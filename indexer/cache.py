@@ -2,6 +2,11 @@
 
 Unchanged text is never embedded twice, across restarts and renames: the key is the sha256 of the model id and the
 chunk's text (or raw bytes for images), not of its path. Vectors are stored as float32 bytes.
+
+The cache is disposable: everything in it can be recomputed. A file that is not a readable SQLite database (garbage,
+truncated, damaged while running) is set aside as ``<name>.corrupt-<unix time>`` with one ``cache_reset`` log line
+and a new one is started; a cache that cannot be written (disk full, read-only) logs ``cache_write_failed`` once per
+outage and indexing goes on uncached. Neither ever stops the daemon.
 """
 
 from __future__ import annotations
@@ -9,10 +14,14 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import structlog
+
+log = structlog.get_logger("qmd_indexer.cache")
 
 
 def cache_key(model_id: str, content: bytes) -> bytes:
@@ -24,33 +33,93 @@ class EmbeddingCache:
     """``get_many``/``put_many`` over a SQLite file (WAL mode); ``path=None`` keeps it in memory. Thread-safe."""
 
     def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._write_failing = False
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path) if path else ":memory:", check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS embedding (key BLOB PRIMARY KEY, vector BLOB NOT NULL)")
-        self._lock = threading.Lock()
+        try:
+            self._db = self._connect()
+        except sqlite3.DatabaseError as exc:
+            self._db = self._reset(exc)
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path) if self.path else ":memory:", check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS embedding (key BLOB PRIMARY KEY, vector BLOB NOT NULL)")
+            db.execute("SELECT key FROM embedding LIMIT 1").fetchall()
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
+
+    def _reset(self, exc: Exception) -> sqlite3.Connection:
+        """Set the damaged file (and its WAL/SHM) aside and start an empty cache."""
+        if self.path is None:
+            raise exc
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+        for suffix in ("", "-wal", "-shm"):
+            source = self.path.with_name(self.path.name + suffix)
+            try:
+                source.replace(aside.with_name(aside.name + suffix))
+            except FileNotFoundError:
+                pass
+        log.warning("cache_reset", path=str(self.path), set_aside=str(aside), error=f"{type(exc).__name__}: {exc}",
+                    detail="the embedding cache is disposable; vectors are recomputed as needed")
+        return self._connect()
+
+    def _recover(self, exc: sqlite3.DatabaseError) -> None:
+        """After an error on a live connection: a damaged file is reset; anything else is left to the caller."""
+        if isinstance(exc, sqlite3.OperationalError):
+            return  # full disk, read-only file, lock timeout: the file itself is fine
+        try:
+            self._db.close()
+        except sqlite3.Error:
+            pass
+        self._db = self._reset(exc)
 
     def get_many(self, keys: Sequence[bytes], dim: int) -> dict[bytes, np.ndarray]:
-        """The cached ``(dim,)`` float32 vectors among ``keys``; entries of another size are ignored."""
+        """The cached ``(dim,)`` float32 vectors among ``keys``; entries of another size are ignored. A cache that
+        cannot be read answers with what it found so far (the rest is embedded again)."""
         found: dict[bytes, np.ndarray] = {}
         with self._lock:
-            for start in range(0, len(keys), 500):
-                batch = list(keys[start : start + 500])
-                marks = ",".join("?" * len(batch))
-                for key, blob in self._db.execute(f"SELECT key, vector FROM embedding WHERE key IN ({marks})", batch):
-                    vector = np.frombuffer(blob, dtype=np.float32)
-                    if vector.shape == (dim,):
-                        found[bytes(key)] = vector
+            try:
+                for start in range(0, len(keys), 500):
+                    batch = list(keys[start : start + 500])
+                    marks = ",".join("?" * len(batch))
+                    for key, blob in self._db.execute(f"SELECT key, vector FROM embedding WHERE key IN ({marks})",
+                                                      batch):
+                        vector = np.frombuffer(blob, dtype=np.float32)
+                        if vector.shape == (dim,):
+                            found[bytes(key)] = vector
+            except sqlite3.DatabaseError as exc:
+                log.warning("cache_read_failed", path=str(self.path), error=f"{type(exc).__name__}: {exc}")
+                self._recover(exc)
         return found
 
     def put_many(self, items: Sequence[tuple[bytes, np.ndarray]]) -> None:
-        with self._lock, self._db:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO embedding (key, vector) VALUES (?, ?)",
-                [(key, np.asarray(vec, dtype=np.float32).tobytes()) for key, vec in items],
-            )
+        """Store ``(key, (dim,) vector)`` pairs; never raises for a cache that cannot be written (logged once)."""
+        rows = [(key, np.asarray(vec, dtype=np.float32).tobytes()) for key, vec in items]
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    with self._db:
+                        self._db.executemany("INSERT OR REPLACE INTO embedding (key, vector) VALUES (?, ?)", rows)
+                except sqlite3.DatabaseError as exc:
+                    if attempt == 1 and not isinstance(exc, sqlite3.OperationalError):
+                        self._recover(exc)  # damaged: reset, then write into the new cache
+                        continue
+                    if not self._write_failing:
+                        self._write_failing = True
+                        log.error("cache_write_failed", path=str(self.path), error=f"{type(exc).__name__}: {exc}",
+                                  detail="indexing goes on without caching until the cache can be written")
+                    return
+                if self._write_failing:
+                    self._write_failing = False
+                    log.info("cache_write_recovered", path=str(self.path))
+                return
 
     def __len__(self) -> int:
         with self._lock:

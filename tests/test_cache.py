@@ -1,0 +1,65 @@
+"""The embedding cache is disposable: damage to it is logged and repaired, never fatal, and never loses an index."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import structlog
+from conftest import write
+
+from indexer.cache import EmbeddingCache, cache_key
+
+
+def _items(n: int, dim: int = 4) -> list[tuple[bytes, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    return [(cache_key("m", f"text {i}".encode()), rng.random(dim, dtype=np.float32)) for i in range(n)]
+
+
+def test_a_garbage_cache_file_is_set_aside_and_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "embeddings.sqlite3"
+    path.write_bytes(b"this is not a database" * 100)
+    with structlog.testing.capture_logs() as logs:
+        cache = EmbeddingCache(path)
+    items = _items(3)
+    cache.put_many(items)
+    assert set(cache.get_many([k for k, _ in items], 4)) == {k for k, _ in items}
+    cache.close()
+    assert [e["event"] for e in logs] == ["cache_reset"]
+    assert list(tmp_path.glob("embeddings.sqlite3.corrupt-*")), "the damaged file is kept for inspection"
+
+
+@pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete"])
+def test_damage_while_running_never_raises_and_is_repaired_at_the_next_open(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "embeddings.sqlite3"
+    cache = EmbeddingCache(path)
+    items = _items(2000, dim=64)
+    cache.put_many(items)
+    cache._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    if damage == "overwrite":  # a stray write or a bad restore
+        path.write_bytes(os.urandom(path.stat().st_size))
+    elif damage == "truncate":
+        os.truncate(path, 100)
+    else:
+        path.unlink()
+    cache.get_many([k for k, _ in items], 64)  # whatever it finds, it must not raise
+    cache.put_many(items[:5])
+    assert set(cache.get_many([k for k, _ in items[:5]], 64)) == {k for k, _ in items[:5]}
+    cache.close()
+    with structlog.testing.capture_logs() as logs:
+        reopened = EmbeddingCache(path)
+    reopened.put_many(items[:5])
+    assert set(reopened.get_many([k for k, _ in items[:5]], 64)) == {k for k, _ in items[:5]}
+    reopened.close()
+    if damage != "delete":  # a deleted cache is simply a new, empty one
+        assert [e["event"] for e in logs] == ["cache_reset"], logs
+
+
+def test_a_daemon_starts_and_indexes_over_a_garbage_cache(tmp_path: Path, workspace: Path, make_indexer) -> None:
+    write(tmp_path / "state" / "embeddings.sqlite3", b"\x00garbage" * 1000)
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    status = indexer.index_once()
+    assert sum(c["files"] for c in status["collections"].values()) == 4
+    assert status["files_failed"] == 0
