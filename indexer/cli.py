@@ -37,8 +37,19 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
+    from indexer.systemd import journal_priority, under_journald
+
+    class Formatter(structlog.stdlib.ProcessorFormatter):
+        """Under journald, each line starts with its syslog priority (``<3>`` error, ``<4>`` warning, ``<6>``
+        info), so ``journalctl -p warning`` filters it (sd-daemon(3))."""
+
+        def format(self, record: logging.LogRecord) -> str:
+            line = super().format(record)
+            return f"<{journal_priority(record.levelname)}>{line}" if journald else line
+
+    journald = under_journald()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+    handler.setFormatter(Formatter(
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                     structlog.processors.format_exc_info, renderer],
         foreign_pre_chain=shared))

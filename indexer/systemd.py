@@ -1,0 +1,102 @@
+"""systemd integration with the standard library alone: ``sd_notify`` and journald log priorities.
+
+- ``Notifier`` sends the service manager the state messages of sd_notify(3): one datagram of ``KEY=VALUE`` lines to
+  the ``AF_UNIX`` socket named by ``$NOTIFY_SOCKET`` (a leading ``@`` names an abstract socket). Without that
+  variable (not under systemd ``Type=notify``) every call is a no-op.
+- ``watchdog_interval_s()`` reads ``$WATCHDOG_USEC`` (microseconds; for this process when ``$WATCHDOG_PID`` is
+  unset or ours): the daemon must send ``WATCHDOG=1`` more often than that, and only while its worker makes
+  progress, so a hung worker gets the service restarted.
+- ``journal_priority`` maps a log level to its syslog priority; ``qmd-indexer`` prefixes each line with ``<N>``
+  when ``$JOURNAL_STREAM`` is set (stderr is connected to journald), see sd-daemon(3), so that
+  ``journalctl -p warning`` works.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+# syslog priorities (sd-daemon(3), syslog(3)): <3> error, <4> warning, <6> info, <7> debug
+PRIORITIES = {"critical": 2, "exception": 3, "error": 3, "warning": 4, "warn": 4, "info": 6, "debug": 7}
+
+
+def journal_priority(level: str) -> int:
+    """Syslog priority of a log level name (``"error"`` -> 3); unknown levels are info (6)."""
+    return PRIORITIES.get(level.lower(), 6)
+
+
+def under_journald() -> bool:
+    """Whether stderr is the journald stream systemd connected (``$JOURNAL_STREAM`` is ``device:inode`` of it)."""
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    if not stream:
+        return False
+    try:
+        device, inode = (int(part) for part in stream.split(":"))
+        st = os.fstat(2)
+    except (ValueError, OSError):
+        return False
+    return (st.st_dev, st.st_ino) == (device, inode)
+
+
+def watchdog_interval_s() -> float | None:
+    """The service watchdog timeout in seconds (``$WATCHDOG_USEC``), or ``None`` when no watchdog is set for this
+    process."""
+    usec = os.environ.get("WATCHDOG_USEC", "")
+    pid = os.environ.get("WATCHDOG_PID", "")
+    if not usec.isdigit() or int(usec) == 0 or (pid and pid != str(os.getpid())):
+        return None
+    return int(usec) / 1_000_000
+
+
+class Notifier:
+    """Sends sd_notify messages (``ready``, ``status``, ``watchdog``, ``reloading``, ``stopping``). Thread-safe;
+    send errors are ignored (the service manager may be gone during shutdown), as sd_notify(3) does."""
+
+    def __init__(self, address: str | None = None) -> None:
+        address = os.environ.get("NOTIFY_SOCKET", "") if address is None else address
+        self.address = "\0" + address[1:] if address.startswith("@") else address
+        self._lock = threading.Lock()
+        self._socket: socket.socket | None = None
+        if self.address:
+            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+
+    @property
+    def enabled(self) -> bool:
+        return self._socket is not None
+
+    def send(self, **fields: object) -> bool:
+        """Send ``KEY=value`` lines (``send(READY=1, STATUS="...")``); returns whether a datagram went out."""
+        if self._socket is None:
+            return False
+        message = "\n".join(f"{key}={str(value).replace(chr(10), ' ')}" for key, value in fields.items())
+        with self._lock:
+            try:
+                self._socket.sendto(message.encode("utf-8"), self.address)
+            except OSError:
+                return False
+        return True
+
+    def ready(self, status: str = "") -> bool:
+        return self.send(READY=1, **({"STATUS": status} if status else {}))
+
+    def status(self, status: str) -> bool:
+        return self.send(STATUS=status)
+
+    def watchdog(self) -> bool:
+        return self.send(WATCHDOG=1)
+
+    def reloading(self) -> bool:
+        import time
+
+        # systemd 253+ wants MONOTONIC_USEC with RELOADING=1 (Type=notify-reload); older versions ignore it
+        return self.send(RELOADING=1, MONOTONIC_USEC=time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
+
+    def stopping(self) -> bool:
+        return self.send(STOPPING=1)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._socket is not None:
+                self._socket.close()
+                self._socket = None

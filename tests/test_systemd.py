@@ -1,0 +1,91 @@
+"""systemd integration: the sd_notify protocol against a real AF_UNIX datagram socket, journald priorities, and
+the unit file checked by systemd-analyze."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from indexer.systemd import Notifier, journal_priority, watchdog_interval_s
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(name="listener")
+def listener_fixture(tmp_path: Path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    sock.settimeout(5)
+    yield sock
+    sock.close()
+
+
+def test_notifier_sends_the_sd_notify_datagrams(listener: socket.socket, tmp_path: Path) -> None:
+    notifier = Notifier(str(tmp_path / "notify.sock"))
+    assert notifier.ready("indexed 3 files")
+    assert listener.recv(4096).decode() == "READY=1\nSTATUS=indexed 3 files"
+    assert notifier.watchdog() and listener.recv(4096) == b"WATCHDOG=1"
+    assert notifier.status("queue 2\nlines") and listener.recv(4096) == b"STATUS=queue 2 lines"
+    assert notifier.stopping() and listener.recv(4096) == b"STOPPING=1"
+    notifier.close()
+
+
+def test_abstract_socket_names_and_no_socket() -> None:
+    name = f"qmd-indexer-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name)
+        sock.settimeout(5)
+        notifier = Notifier("@" + name)
+        assert notifier.ready() and sock.recv(64) == b"READY=1"
+        notifier.close()
+    silent = Notifier("")
+    assert not silent.enabled and not silent.ready()
+
+
+def test_watchdog_interval_is_for_this_process_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WATCHDOG_USEC", "30000000")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    assert watchdog_interval_s() == 30.0
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid() + 1))
+    assert watchdog_interval_s() is None
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    assert watchdog_interval_s() == 30.0
+    monkeypatch.delenv("WATCHDOG_USEC")
+    assert watchdog_interval_s() is None
+
+
+def test_journald_lines_carry_their_priority(tmp_path: Path) -> None:
+    """With JOURNAL_STREAM naming stderr, each JSON line starts with <N>; elsewhere lines are unchanged."""
+    code = ("from indexer.cli import configure_logging; import structlog; configure_logging('json');"
+            "log = structlog.get_logger('t'); log.error('bad'); log.warning('hmm'); log.info('fine')")
+    err = tmp_path / "stderr"
+    with open(err, "w") as handle:
+        st = os.fstat(handle.fileno())
+        env = {**os.environ, "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+        subprocess.run([sys.executable, "-c", code], stderr=handle, env=env, check=True, timeout=60)
+    lines = err.read_text().splitlines()
+    assert [line[:3] for line in lines] == ["<3>", "<4>", "<6>"], lines
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                           env={k: v for k, v in os.environ.items() if k != "JOURNAL_STREAM"})
+    assert all(line.startswith("{") for line in plain.stderr.splitlines())
+    assert journal_priority("critical") == 2 and journal_priority("debug") == 7
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed "
+                    "(Debian package systemd); .ci/run installs it")
+def test_unit_file_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    """The shipped unit, with ExecStart pointed at this checkout's executable (the unit names /opt/qmd-indexer)."""
+    unit = (ROOT / "deploy" / "qmd-indexer.service").read_text()
+    executable = Path(sys.executable).parent / "qmd-indexer"
+    if not executable.exists():
+        pytest.skip(f"{executable} is not installed (make install)")
+    copy = tmp_path / "qmd-indexer.service"
+    copy.write_text(unit.replace("/opt/qmd-indexer/.venv/bin/qmd-indexer", str(executable)))
+    result = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
