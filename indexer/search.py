@@ -43,6 +43,12 @@ class SearchParams:
     min_score: float | None = None
     since_ns: int | None = None
 
+    def __post_init__(self) -> None:
+        # JSON may carry unpaired UTF-16 surrogates ("\ud800"), which no tokenizer can encode: each becomes "?"
+        clean = self.query.encode("utf-8", "replace").decode("utf-8")
+        if clean != self.query:
+            object.__setattr__(self, "query", clean)
+
 
 def _terms(text: str) -> set[str]:
     words = {w.lower() for w in _WORD.findall(text)}
