@@ -18,6 +18,31 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from indexer.config import Settings  # noqa: E402
 from indexer.daemon import Indexer  # noqa: E402
 from indexer.plugins import Registry, load_registry  # noqa: E402
+from qdrant.fixtures import qdrant_cluster, qdrant_server  # noqa: E402,F401  (real Qdrant servers, see there)
+
+BACKENDS = ["edge", "memory", "server", "cluster"]  # what a store-taking test runs against
+
+
+def backend_store(request: pytest.FixtureRequest, backend: str, **options: Any) -> Any:
+    """A store of ``backend`` for one test, or ``None`` for Edge (the daemon's default, made from the settings):
+    ``memory`` is qdrant-client's in-process mode; ``server`` the session's single node over REST; ``cluster`` the
+    session's 3-node cluster over gRPC, with 3 shards, 2 replicas and both acknowledging every write."""
+    from indexer.store import ServerOptions, ServerStore
+
+    if backend == "edge":
+        return None
+    if backend == "memory":
+        return ServerStore(":memory:")
+    from qdrant.fixtures import CLUSTER_COLLECTIONS, drop_all_collections
+
+    if backend == "server":
+        url, opts = request.getfixturevalue("qdrant_server").url, ServerOptions(**options)
+    else:
+        node = request.getfixturevalue("qdrant_cluster").nodes[0]
+        url = node.url
+        opts = ServerOptions(prefer_grpc=True, grpc_port=node.grpc_port, **{**CLUSTER_COLLECTIONS, **options})
+    request.addfinalizer(lambda: drop_all_collections(url))  # the next test starts on an empty server
+    return ServerStore(url, options=opts)
 
 
 @pytest.fixture(scope="session", name="registry")
