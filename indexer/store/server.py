@@ -93,6 +93,7 @@ class ServerStore(Store):
         super().__init__(Dialect(models, models.Range))
         self._m = models
         self.options = options or ServerOptions()
+        self._failing = False
         self._local = url == ":memory:"
         if self._local:
             self.client = QdrantClient(location=":memory:")
@@ -119,16 +120,19 @@ class ServerStore(Store):
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            retrying = Retrying(retry=retry_if_exception(_transient), stop=stop_after_attempt(ATTEMPTS),
+            # once a write has failed through all its retries, the next ones get one try each until one succeeds:
+            # the caller retries them later, and an outage must not cost every queued file the whole backoff
+            attempts = 1 if write and self._failing else ATTEMPTS
+            retrying = Retrying(retry=retry_if_exception(_transient), stop=stop_after_attempt(attempts),
                                 wait=wait_exponential(multiplier=0.5, max=8), before_sleep=failed_once, reraise=False)
             try:
                 result = retrying(fn, *args, **kwargs)
             except RetryError as exc:
                 if write:
-                    self.degraded = True
+                    self.degraded = self._failing = True
                 raise StoreUnavailable(f"Qdrant unreachable: {exc.last_attempt.exception()}") from None
             if write:
-                self.degraded = False
+                self.degraded = self._failing = False
             return result
 
         return call  # type: ignore[return-value]

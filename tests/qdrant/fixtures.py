@@ -3,8 +3,8 @@
 The binary is the pinned v1.16.3 release that ``tests/qdrant/install.sh`` installs (``make qdrant``; ``.ci/run`` runs
 it); ``$QMD_QDRANT_BIN`` may name another. Without it, every test that asks for a server skips and says how to get
 it. Each node is a child process in its own session with its storage in a temp directory; it is stopped by pid at
-teardown (SIGTERM, then SIGKILL) and, should pytest itself die, by the kernel (``PR_SET_PDEATHSIG``), so no node
-outlives the run.
+teardown (SIGTERM, then SIGKILL), at interpreter exit, and, should pytest itself be killed, by the kernel
+(``PR_SET_PDEATHSIG``, for nodes started from the main thread), so no node outlives the run.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -105,7 +106,10 @@ class Node:
                 args += ["--bootstrap", self.bootstrap]
         log = open(self.root / "qdrant.log", "ab")  # noqa: SIM115 - the child holds it
         self.proc = subprocess.Popen(args, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     # the death signal follows the forking *thread*: only the main one outlives it
+                                     preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread()
+                                     else None)
         log.close()
         _LIVE[self.proc.pid] = self.proc
         self.wait_ready()
