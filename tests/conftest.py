@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from indexer.config import Settings  # noqa: E402
 from indexer.daemon import Indexer  # noqa: E402
 from indexer.plugins import Registry, load_registry  # noqa: E402
-from qdrant.fixtures import qdrant_cluster, qdrant_server  # noqa: E402,F401  (real Qdrant servers, see there)
+from qdrant.fixtures import fault_cluster, qdrant_cluster, qdrant_server  # noqa: E402,F401  (real Qdrant servers, see there)
 
 BACKENDS = ["edge", "memory", "server", "cluster"]  # what a store-taking test runs against
 

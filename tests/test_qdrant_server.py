@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import wait_for
-from qdrant.fixtures import CLUSTER_COLLECTIONS, Cluster, Node, make_cluster, make_node, running
+from qdrant.fixtures import CLUSTER_COLLECTIONS, Cluster, Node, make_node, running
 from qdrant_client.http.exceptions import UnexpectedResponse
 from structlog.testing import capture_logs
 
@@ -28,13 +28,6 @@ def small_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     """A single node that refuses request bodies over 1 MiB."""
     with running(make_node(tmp_path_factory.mktemp("qdrant-1mb"), QDRANT__SERVICE__MAX_REQUEST_SIZE_MB="1")) as node:
         yield node
-
-
-@pytest.fixture(scope="module", name="fault_cluster")
-def fault_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A 3-node cluster of this module's own: its tests kill and restart nodes."""
-    with running(make_cluster(tmp_path_factory.mktemp("qdrant-fault"))) as cluster:
-        yield cluster
 
 
 def _points(n: int, file_hash: str = "h", text_chars: int = 2000, path: str = "/w/huge.md") -> list[Point]:
@@ -159,3 +152,25 @@ def test_an_unreachable_server_fails_writes_fast_after_the_first_gives_up(tmp_pa
         store.upsert("c", _points(3))
         assert not store.degraded and store.count("c") == 3
         store.close()
+
+
+def test_one_huge_note_is_indexed_under_a_1_mib_request_limit(tmp_path: Path, small_server: Node, make_indexer) -> None:
+    from conftest import write
+
+    # ~150 chunks of ~1 KB text plus a 384-float vector each: ~1.4 MB of points for one file
+    body = "\n".join(f"Line {i}: the storage audit of rack {i % 41} found {i * 7 % 300} degraded disks and "
+                     f"{i % 9} spare controllers awaiting replacement by the night shift." for i in range(1200))
+    ws = tmp_path / "ws"
+    note = write(ws / "memory" / "audit.md", f"# Audit\n\n{body}\n")
+    indexer = make_indexer([{"agent": "main", "path": ws}], qdrant_url=small_server.url, qdrant_max_request_mb=1)
+    status = indexer.index_once()
+    state = indexer.indexed[str(note)].state
+    assert state.complete and state.points > 100
+    assert indexer.store.count("memory-dir-main") == state.points == status["collections"]["memory-dir-main"]["chunks"]
+    store = indexer.store
+    assert len(list(store.batches([store._struct(p) for p in store.scroll_points("memory-dir-main")]))) >= 2, \
+        "the note's points exceed one request"
+    assert status["store_degraded"] is False and status["files_failed"] == 0
+    for c in indexer.collections:
+        indexer.store.drop(c.name)
+    indexer.store.close()

@@ -253,3 +253,11 @@ def qdrant_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
     need_binary()
     with running(make_cluster(tmp_path_factory.mktemp("qdrant-cluster"))) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def fault_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A 3-node cluster of the test module's own, for tests that kill and restart nodes."""
+    need_binary()
+    with running(make_cluster(tmp_path_factory.mktemp("qdrant-fault"))) as cluster:
+        yield cluster
