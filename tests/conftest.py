@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -133,3 +134,29 @@ def wait_for(condition: Callable[[], Any], timeout_s: float = 20.0, interval_s: 
             return value
         time.sleep(interval_s)
     raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+def snapshot(store: Any, name: str) -> dict[str, tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]]:
+    """Point id -> (payload, dense vectors, sparse vectors as sorted pairs) of every point of ``name``."""
+    return {p.id: (p.payload.to_payload(), p.dense, {k: sorted(zip(*v)) for k, v in p.sparse.items()})
+            for p in store.scroll_points(name)}
+
+
+def assert_same_points(actual: Any, expected: Any, names: list[str]) -> int:
+    """Every collection in ``names`` holds the same points (ids, payloads, vectors) in both stores; returns the
+    number of points compared."""
+    total = 0
+    for name in names:
+        got, want = snapshot(actual, name), snapshot(expected, name)
+        assert set(got) == set(want), (f"{name}: {len(set(want) - set(got))} points lost, "
+                                       f"{len(set(got) - set(want))} extra")
+        for pid, (payload, dense, sparse) in want.items():
+            g_payload, g_dense, g_sparse = got[pid]
+            assert g_payload == payload, pid
+            assert g_sparse.keys() == sparse.keys()
+            for k in sparse:
+                assert [i for i, _ in g_sparse[k]] == [i for i, _ in sparse[k]]
+                assert np.allclose([v for _, v in g_sparse[k]], [v for _, v in sparse[k]], atol=1e-6)
+            assert dense.keys() == g_dense.keys() and all(np.allclose(dense[k], g_dense[k], atol=1e-5) for k in dense)
+        total += len(want)
+    return total

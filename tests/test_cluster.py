@@ -7,19 +7,17 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
-import numpy as np
 import pytest
-from conftest import make_settings, wait_for, write
+from conftest import assert_same_points, make_settings, wait_for, write
 from qdrant.fixtures import CLUSTER_COLLECTIONS, Cluster
 
 import indexer.daemon as daemon_module
 from indexer.daemon import Indexer
 from indexer.search import SearchParams
 from indexer.server import make_searcher
-from indexer.store import ServerOptions, ServerStore, Store
+from indexer.store import ServerOptions, ServerStore
 
 TOPICS = ["deploys", "incidents", "travel", "coffee", "hiring", "budget"]
 
@@ -40,32 +38,6 @@ def _cluster_store(cluster: Cluster) -> ServerStore:
     node = cluster.nodes[0]
     return ServerStore(node.url, options=ServerOptions(prefer_grpc=True, grpc_port=node.grpc_port,
                                                        **CLUSTER_COLLECTIONS))
-
-
-def snapshot(store: Store, name: str) -> dict[str, tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]]:
-    """Point id -> (payload, dense vectors, sparse vectors as sorted pairs) of every point of ``name``."""
-    return {p.id: (p.payload.to_payload(), p.dense, {k: sorted(zip(*v)) for k, v in p.sparse.items()})
-            for p in store.scroll_points(name)}
-
-
-def assert_same_points(actual: Store, expected: Store, names: list[str]) -> int:
-    """Every collection in ``names`` holds the same points (ids, payloads, vectors) in both stores; returns the
-    number of points compared."""
-    total = 0
-    for name in names:
-        got, want = snapshot(actual, name), snapshot(expected, name)
-        assert set(got) == set(want), (f"{name}: {len(set(want) - set(got))} points lost, "
-                                       f"{len(set(got) - set(want))} extra")
-        for pid, (payload, dense, sparse) in want.items():
-            g_payload, g_dense, g_sparse = got[pid]
-            assert g_payload == payload, pid
-            assert g_sparse.keys() == sparse.keys()
-            for k in sparse:
-                assert [i for i, _ in g_sparse[k]] == [i for i, _ in sparse[k]]
-                assert np.allclose([v for _, v in g_sparse[k]], [v for _, v in sparse[k]], atol=1e-6)
-            assert dense.keys() == g_dense.keys() and all(np.allclose(dense[k], g_dense[k], atol=1e-5) for k in dense)
-        total += len(want)
-    return total
 
 
 def clean_index(tmp_path: Path, workspace: Path, cache_from: Path, registry, agent: str = "main") -> Indexer:
