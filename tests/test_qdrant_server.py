@@ -3,6 +3,7 @@ while a cluster node is down and succeed once it is back (see ``tests/qdrant/fix
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,7 +50,9 @@ def test_upserts_are_split_under_the_servers_request_size_limit(small_server: No
     whole.close()
 
     store = ServerStore(small_server.url, options=ServerOptions(max_request_bytes=1 * MIB))
-    batches = list(store.batches([store._struct(p) for p in points]))
+    batches = list(store.batches(points))
+    assert all(len(json.dumps([store._struct(p).model_dump(mode="json", exclude_none=True) for p in b])) < MIB
+               for b in batches), "json_bytes is an upper bound"
     assert len(batches) >= 3 and sum(map(len, batches)) == 300
     store.replace_file("c", "/w/huge.md", "h", points)
     assert store.count("c") == 300
@@ -168,7 +171,7 @@ def test_one_huge_note_is_indexed_under_a_1_mib_request_limit(tmp_path: Path, sm
     assert state.complete and state.points > 100
     assert indexer.store.count("memory-dir-main") == state.points == status["collections"]["memory-dir-main"]["chunks"]
     store = indexer.store
-    assert len(list(store.batches([store._struct(p) for p in store.scroll_points("memory-dir-main")]))) >= 2, \
+    assert len(list(store.batches(list(store.scroll_points("memory-dir-main"))))) >= 2, \
         "the note's points exceed one request"
     assert status["store_degraded"] is False and status["files_failed"] == 0
     for c in indexer.collections:

@@ -19,6 +19,7 @@ a collection is created; an existing collection that differs is reported in one 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -80,6 +81,17 @@ def _transient(exc: BaseException) -> bool:
         return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
                               grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED)
     return False
+
+
+def json_bytes(point: Point) -> int:
+    """An upper bound of ``point``'s size in a REST upsert body (gRPC's protobuf is smaller), without serialising
+    its vectors: the payload as compact UTF-8 JSON, 25 bytes per float (the longest ``repr`` of a float32 widened to
+    a double, ``-1.2345678901234567e-05``, and a comma), 11 per sparse index, and 64 per object for keys and
+    brackets. Serialising each point with pydantic instead costs ~130 us a point (13 s per 100,000)."""
+    payload = len(json.dumps(point.payload.to_payload(), ensure_ascii=False, separators=(",", ":")).encode())
+    floats = sum(v.size for v in point.dense.values()) + sum(len(values) for _, values in point.sparse.values())
+    indices = sum(len(indices) for indices, _ in point.sparse.values())
+    return len(point.id) + payload + 25 * floats + 11 * indices + 64 * (2 + len(point.dense) + len(point.sparse))
 
 
 class ServerStore(Store):
@@ -202,29 +214,28 @@ class ServerStore(Store):
 
     # points -----------------------------------------------------------------------------------------------------
     def _upsert(self, name: str, points: Sequence[Point]) -> None:
-        for batch in self.batches([self._struct(p) for p in points]):
-            self._upsert_request(name, batch)
+        for batch in self.batches(points):
+            self._upsert_request(name, [self._struct(p) for p in batch])
 
     def _struct(self, point: Point) -> Any:
         return self._m.PointStruct(id=point.id, vector=self.dialect.vectors(point), payload=point.payload.to_payload())
 
-    def batches(self, structs: Sequence[Any]) -> Iterator[list[Any]]:
-        """``structs`` (``PointStruct``) in order, in runs of at most ``batch_points`` whose JSON body (what REST
-        sends; gRPC's protobuf is smaller) fits ``max_request_bytes``. Raises ``ValueError`` for one point that
-        alone exceeds it."""
+    def batches(self, points: Sequence[Point]) -> Iterator[list[Point]]:
+        """``points`` in order, in runs of at most ``batch_points`` whose upsert body (``json_bytes`` each) fits
+        ``max_request_bytes``. Raises ``ValueError`` for one point that alone exceeds it."""
         limit = self.options.max_request_bytes - _ENVELOPE_BYTES
-        batch: list[Any] = []
+        batch: list[Point] = []
         size = 0
-        for struct in structs:
-            n = len(struct.model_dump_json(exclude_none=True)) + 1  # and its comma
+        for point in points:
+            n = json_bytes(point)
             if n > limit:
-                raise ValueError(f"point {struct.id} ({struct.payload.get('abs_path')}#{struct.payload.get('chunk_index')}) "
-                                 f"serialises to {n} bytes, over the request limit of {self.options.max_request_bytes}; "
-                                 f"raise qdrant_max_request_mb (and the server's max_request_size_mb)")
+                raise ValueError(f"point {point.id} ({point.payload.abs_path}#{point.payload.chunk_index}) takes up to "
+                                 f"{n} bytes, over the request limit of {self.options.max_request_bytes}; raise "
+                                 f"qdrant_max_request_mb (and the server's max_request_size_mb)")
             if batch and (size + n > limit or len(batch) >= self.options.batch_points):
                 yield batch
                 batch, size = [], 0
-            batch.append(struct)
+            batch.append(point)
             size += n
         if batch:
             yield batch
