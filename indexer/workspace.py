@@ -17,7 +17,8 @@ Rules (following the reference agent's memory layout):
   order root, dir, extras, and is indexed once; the walk also dedupes by (device, inode).
 
 Collections are named ``memory-root-<agent>``, ``memory-dir-<agent>``, ``memory-extra-<name>-<agent>``, sanitised
-to ``[a-z0-9-]``, with ``-2``, ``-3``, ... appended on collision, unique across all workspaces of one daemon.
+to ``[a-z0-9-]``, with ``-2``, ``-3``, ... appended on collision, unique across all workspaces of one daemon, and
+preceded by the ``collection_prefix`` setting (daemons on several machines sharing one Qdrant server).
 """
 
 from __future__ import annotations
@@ -62,12 +63,14 @@ class Skip:
     reason: str
 
 
-def plan_collections(workspaces: Sequence[Workspace]) -> list[Collection]:
-    """The collections of all ``workspaces``, named uniquely, in order (root, dir, extras) per workspace."""
+def plan_collections(workspaces: Sequence[Workspace], prefix: str = "") -> list[Collection]:
+    """The collections of all ``workspaces``, named uniquely (each preceded by ``prefix``), in order (root, dir,
+    extras) per workspace."""
     taken: set[str] = set()
     out: list[Collection] = []
 
     def unique(base: str) -> str:
+        base = prefix + base
         name, n = base, 1
         while name in taken:
             n += 1

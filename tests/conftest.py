@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -18,6 +19,31 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from indexer.config import Settings  # noqa: E402
 from indexer.daemon import Indexer  # noqa: E402
 from indexer.plugins import Registry, load_registry  # noqa: E402
+from qdrant.fixtures import fault_cluster, qdrant_cluster, qdrant_server  # noqa: E402,F401  (real Qdrant servers, see there)
+
+BACKENDS = ["edge", "memory", "server", "cluster"]  # what a store-taking test runs against
+
+
+def backend_store(request: pytest.FixtureRequest, backend: str, **options: Any) -> Any:
+    """A store of ``backend`` for one test, or ``None`` for Edge (the daemon's default, made from the settings):
+    ``memory`` is qdrant-client's in-process mode; ``server`` the session's single node over REST; ``cluster`` the
+    session's 3-node cluster over gRPC, with 3 shards, 2 replicas and both acknowledging every write."""
+    from indexer.store import ServerOptions, ServerStore
+
+    if backend == "edge":
+        return None
+    if backend == "memory":
+        return ServerStore(":memory:")
+    from qdrant.fixtures import CLUSTER_COLLECTIONS, drop_all_collections
+
+    if backend == "server":
+        url, opts = request.getfixturevalue("qdrant_server").url, ServerOptions(**options)
+    else:
+        node = request.getfixturevalue("qdrant_cluster").nodes[0]
+        url = node.url
+        opts = ServerOptions(prefer_grpc=True, grpc_port=node.grpc_port, **{**CLUSTER_COLLECTIONS, **options})
+    request.addfinalizer(lambda: drop_all_collections(url))  # the next test starts on an empty server
+    return ServerStore(url, options=opts)
 
 
 @pytest.fixture(scope="session", name="registry")
@@ -108,3 +134,29 @@ def wait_for(condition: Callable[[], Any], timeout_s: float = 20.0, interval_s: 
             return value
         time.sleep(interval_s)
     raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+def snapshot(store: Any, name: str) -> dict[str, tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]]:
+    """Point id -> (payload, dense vectors, sparse vectors as sorted pairs) of every point of ``name``."""
+    return {p.id: (p.payload.to_payload(), p.dense, {k: sorted(zip(*v)) for k, v in p.sparse.items()})
+            for p in store.scroll_points(name)}
+
+
+def assert_same_points(actual: Any, expected: Any, names: list[str]) -> int:
+    """Every collection in ``names`` holds the same points (ids, payloads, vectors) in both stores; returns the
+    number of points compared."""
+    total = 0
+    for name in names:
+        got, want = snapshot(actual, name), snapshot(expected, name)
+        assert set(got) == set(want), (f"{name}: {len(set(want) - set(got))} points lost, "
+                                       f"{len(set(got) - set(want))} extra")
+        for pid, (payload, dense, sparse) in want.items():
+            g_payload, g_dense, g_sparse = got[pid]
+            assert g_payload == payload, pid
+            assert g_sparse.keys() == sparse.keys()
+            for k in sparse:
+                assert [i for i, _ in g_sparse[k]] == [i for i, _ in sparse[k]]
+                assert np.allclose([v for _, v in g_sparse[k]], [v for _, v in sparse[k]], atol=1e-6)
+            assert dense.keys() == g_dense.keys() and all(np.allclose(dense[k], g_dense[k], atol=1e-5) for k in dense)
+        total += len(want)
+    return total

@@ -134,10 +134,10 @@ def test_sigkill_during_first_index_converges_to_one_copy_of_each_chunk(tmp_path
     finally:
         store.close()
     assert len(states) == 40 and all(s.complete for s in states.values())
-    keys = [(p["abs_path"], p["chunk_index"]) for p in payloads]
+    keys = [(p.abs_path, p.chunk_index) for p in payloads]
     assert len(keys) == len(set(keys)), "no duplicate chunks"
     assert len(payloads) == sum(s.points for s in states.values())
-    assert all(p["chunk_index"] < p["chunk_count"] for p in payloads)
+    assert all(p.chunk_index < p.chunk_count for p in payloads)
 
 
 def test_collection_built_for_another_model_stops_with_a_reindex_hint(workspace: Path, tmp_path: Path) -> None:

@@ -32,6 +32,9 @@ def test_file_env_and_flags_in_order_of_precedence(tmp_path: Path, monkeypatch: 
     ("prot = 1\n", "prot: unknown key"),
     ('[[workspace]]\nagent = "a"\n', "workspace.0.path: Field required"),
     ("port = \n", "invalid TOML"),
+    ('qdrant_quantization = "pq"\n', "qdrant_quantization: Input should be 'none' or 'int8'"),
+    ("qdrant_replication_factor = 0\n", "qdrant_replication_factor: Input should be greater than or equal to 1"),
+    ('collection_prefix = "My Host"\n', "collection_prefix: String should match pattern"),
     ('[[workspace]]\nagent = "a"\npath = "/x"\n[[workspace]]\nagent = "a"\npath = "/y"\n', "agent ids must be unique"),
 ])
 def test_invalid_config_names_the_key(tmp_path: Path, text: str, message: str) -> None:
@@ -54,3 +57,17 @@ def test_cli_exits_2_with_one_line_on_bad_config(tmp_path: Path) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "port" in lines[0] and lines[0].startswith("qmd-indexer: config error")
+
+
+def test_server_settings_reach_the_store_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from indexer.store import ServerOptions
+
+    config = tmp_path / "config.toml"
+    config.write_text('qdrant_url = "http://qdrant:6333"\nqdrant_shard_number = 3\nqdrant_replication_factor = 2\n'
+                      'qdrant_write_consistency_factor = 2\nqdrant_on_disk_vectors = true\n'
+                      'qdrant_quantization = "int8"\nqdrant_max_request_mb = 1.5\n')
+    monkeypatch.setenv("QMD_INDEXER_QDRANT_PREFER_GRPC", "true")
+    options = ServerOptions.from_settings(load_settings(config))
+    assert options == ServerOptions(prefer_grpc=True, max_request_bytes=int(1.5 * 1024 * 1024), shard_number=3,
+                                    replication_factor=2, write_consistency_factor=2, on_disk_vectors=True,
+                                    quantization="int8")

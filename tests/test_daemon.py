@@ -1,4 +1,5 @@
-"""The indexing service end to end on real files, the real model and a real store (Edge and qdrant-client)."""
+"""The indexing service end to end on real files, the real model and a real store (Edge, a Qdrant server, a 3-node
+cluster, and qdrant-client's in-process mode)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import write
+from conftest import BACKENDS, backend_store, write
 from structlog.testing import capture_logs
 
 from indexer.search import SearchParams
 from indexer.server import make_searcher
-from indexer.store import ServerStore
 
 
 def _paths(indexer) -> set[str]:
@@ -23,9 +23,12 @@ def _count_points(indexer) -> int:
     return sum(indexer.store.count(c.name) for c in indexer.collections)
 
 
-@pytest.fixture(name="backend", params=["edge", "server"])
+@pytest.fixture(name="backend", params=BACKENDS)
 def backend_fixture(request: pytest.FixtureRequest):
-    return None if request.param == "edge" else ServerStore(":memory:")
+    store = backend_store(request, request.param)
+    yield store
+    if store is not None:
+        store.close()
 
 
 def test_index_once_then_search_then_restart_embeds_nothing(workspace: Path, make_indexer, backend) -> None:
@@ -70,8 +73,8 @@ def test_renamed_file_is_not_embedded_again(workspace: Path, make_indexer) -> No
     assert hits[0]["path"] == "memory/trips/lisbon.md"
 
 
-def test_edit_replaces_the_files_points(workspace: Path, make_indexer) -> None:
-    indexer = make_indexer([{"agent": "main", "path": workspace}])
+def test_edit_replaces_the_files_points(workspace: Path, make_indexer, backend) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}], store=backend)
     indexer.index_once()
     note = workspace / "memory" / "incidents.md"
     note.write_text("# Incidents\n\nNothing happened this week.\n" + "Quiet on-call shift, no pages.\n" * 300)
@@ -85,8 +88,8 @@ def test_edit_replaces_the_files_points(workspace: Path, make_indexer) -> None:
     assert indexer.store.file_states("memory-dir-main")[str(note)].points == 1
 
 
-def test_deleted_files_and_directories_lose_their_points(workspace: Path, make_indexer) -> None:
-    indexer = make_indexer([{"agent": "main", "path": workspace}])
+def test_deleted_files_and_directories_lose_their_points(workspace: Path, make_indexer, backend) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}], store=backend)
     indexer.index_once()
     shutil.rmtree(workspace / "memory" / "food")
     (workspace / "MEMORY.md").unlink()

@@ -1,4 +1,5 @@
-"""One behaviour suite for both store backends: embedded Qdrant Edge, and qdrant-client standing in for a server."""
+"""One behaviour suite for every store backend: embedded Qdrant Edge, a real Qdrant server, a real 3-node cluster,
+and qdrant-client's in-process mode as a fast extra (see ``conftest.backend_store``)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import BACKENDS, backend_store
 
 from indexer.errors import CollectionMismatch
 from indexer.points import Filter, Payload, Point, Query, point_id
-from indexer.store import EdgeStore, ServerStore
+from indexer.store import EdgeStore
 
 
-@pytest.fixture(name="store", params=["edge", "server"])
+@pytest.fixture(name="store", params=BACKENDS)
 def store_fixture(request: pytest.FixtureRequest, tmp_path: Path):
-    store = EdgeStore(tmp_path / "qdrant") if request.param == "edge" else ServerStore(":memory:")
+    store = backend_store(request, request.param) or EdgeStore(tmp_path / "qdrant")
     yield store
     store.close()
 

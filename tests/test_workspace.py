@@ -112,3 +112,10 @@ def test_collection_names_are_sanitised_and_unique_across_agents(tmp_path: Path)
                      "memory-root-ops-bot-2", "memory-dir-ops-bot-2"]
     assert all(sanitise(n) == n for n in names)
     assert len(set(names)) == len(names)
+
+
+def test_collection_prefix_keeps_two_machines_apart(tmp_path: Path) -> None:
+    laptop = [c.name for c in plan_collections([_ws(tmp_path, "main")], "laptop-")]
+    desk = [c.name for c in plan_collections([_ws(tmp_path, "main")], "desk-")]
+    assert laptop == ["laptop-memory-root-main", "laptop-memory-dir-main"]
+    assert desk == ["desk-memory-root-main", "desk-memory-dir-main"]

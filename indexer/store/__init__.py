@@ -11,14 +11,15 @@ from pathlib import Path
 
 from indexer.store.base import Store
 from indexer.store.edge import EdgeStore
-from indexer.store.server import ServerStore
+from indexer.store.server import ServerOptions, ServerStore
 
-__all__ = ["EdgeStore", "ServerStore", "Store", "open_store"]
+__all__ = ["EdgeStore", "ServerOptions", "ServerStore", "Store", "open_store"]
 
 
-def open_store(state_dir: Path, qdrant_url: str = "", api_key: str = "", timeout_s: float = 10.0) -> Store:
+def open_store(state_dir: Path, qdrant_url: str = "", api_key: str = "", options: ServerOptions | None = None) -> Store:
     """The configured backend: Edge under ``state_dir/qdrant`` when ``qdrant_url`` is empty, qdrant-client's
-    in-process mode for ``":memory:"``, else the server at ``qdrant_url``."""
+    in-process mode for ``":memory:"``, else the server at ``qdrant_url`` (``options``: timeouts, request limits,
+    collection creation settings)."""
     if not qdrant_url:
         return EdgeStore(state_dir / "qdrant")
-    return ServerStore(qdrant_url, api_key, timeout_s)
+    return ServerStore(qdrant_url, api_key, options)

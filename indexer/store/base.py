@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from indexer.errors import CollectionMismatch
 from indexer.points import SPARSE, STATE_FIELDS, FileState, Filter, Hit, Payload, Point, Query
 
@@ -78,10 +80,26 @@ def file_states(payloads: Iterator[Mapping[str, Any]]) -> dict[str, FileState]:
             for path, (hashes, n, first) in seen.items()}
 
 
+def point_from_record(pid: Any, vectors: Mapping[str, Any] | None, payload: Mapping[str, Any] | None) -> Point:
+    """A ``Point`` from a stored record: its id, named vectors (dense: list of floats; sparse: an object with
+    ``indices`` and ``values``) and payload."""
+    dense: dict[str, np.ndarray] = {}
+    sparse: dict[str, tuple[list[int], list[float]]] = {}
+    for vname, value in (vectors or {}).items():
+        if hasattr(value, "indices"):
+            sparse[vname] = (list(value.indices), list(value.values))
+        else:
+            dense[vname] = np.asarray(value, np.float32)
+    return Point(str(pid), dense, sparse, Payload.from_payload(payload or {}))
+
+
 class Store:
-    """Backend-neutral base: subclasses implement the ``_``-prefixed primitives; this class holds the lock."""
+    """Backend-neutral base: subclasses implement the ``_``-prefixed primitives; this class holds the lock.
+
+    ``degraded`` is true while writes to the store are failing (a server backend retrying or giving up)."""
 
     kind = "abstract"
+    degraded = False
 
     def __init__(self, dialect: Dialect) -> None:
         self._lock = threading.RLock()
@@ -156,6 +174,22 @@ class Store:
         with self._lock:
             return [Payload.from_payload(raw) for raw in self._scroll(name, list(fields) if fields else None)]
 
+    def collections(self) -> dict[str, dict[str, int]]:
+        """Every collection in the store: name -> its dense vectors (name -> size)."""
+        with self._lock:
+            return {name: self._dense_config(name) or {} for name in self._names()}
+
+    def scroll_points(self, name: str, page: int = SCROLL_PAGE) -> Iterator[Point]:
+        """Every point of ``name`` with its vectors and payload, read ``page`` points per request (the lock is
+        held per page, not across the iteration)."""
+        offset: Any = None
+        while True:
+            with self._lock:
+                points, offset = self._points_page(name, offset, page)
+            yield from points
+            if offset is None:
+                return
+
     def flush(self) -> None:
         """Persist what is buffered (Edge); a no-op for a server."""
 
@@ -179,6 +213,13 @@ class Store:
         raise NotImplementedError
 
     def _scroll(self, name: str, fields: list[str] | None) -> Iterator[Mapping[str, Any]]:
+        raise NotImplementedError
+
+    def _names(self) -> list[str]:
+        raise NotImplementedError
+
+    def _points_page(self, name: str, offset: Any, limit: int) -> tuple[list[Point], Any]:
+        """Up to ``limit`` points from ``offset`` (``None``: the start), and the next offset (``None``: done)."""
         raise NotImplementedError
 
     def _query(self, name: str, searches: dict[str, Any], flt: Any,

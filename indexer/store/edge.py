@@ -15,7 +15,7 @@ from typing import Any
 
 from indexer.errors import StoreLocked
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
-from indexer.store.base import SCROLL_PAGE, Dialect, Store
+from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
 
 
 class EdgeStore(Store):
@@ -116,6 +116,14 @@ class EdgeStore(Store):
                 yield dict(record.payload or {})
             if offset is None:
                 return
+
+    def _names(self) -> list[str]:
+        return sorted(path.parent.name for path in self.root.glob("*/qmd-collection.json"))
+
+    def _points_page(self, name: str, offset: Any, limit: int) -> tuple[list[Point], Any]:
+        records, offset = self._shard(name).scroll(self._qe.ScrollRequest(offset=offset, limit=limit,
+                                                                          with_payload=True, with_vector=True))
+        return [point_from_record(r.id, r.vector, r.payload) for r in records], offset
 
     def _query(self, name: str, searches: dict[str, Any], flt: Any,
                query: Query) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:

@@ -1,38 +1,97 @@
 """A Qdrant server or cluster through qdrant-client (or its in-process ``:memory:`` mode, which tests use as a
-fast extra). Calls are retried with exponential backoff (tenacity) and raise ``StoreUnavailable`` when the server
-stays unreachable."""
+fast extra).
+
+Writes are made to survive a cluster:
+
+- an upsert is split into requests of at most ``batch_points`` points whose serialised body stays under the
+  server's ``max_request_size_mb`` (a request over it is refused whole, so one huge note must not become one request);
+- every request is retried with exponential backoff (tenacity) on transport errors, timeouts, HTTP 5xx/429 and the
+  matching gRPC codes, then raises ``StoreUnavailable``. Repeating a write is safe even when the failed attempt was
+  partly applied (a cluster answers 500 when a replica missed a write that the others took): point ids are
+  deterministic (``indexer.points.point_id``), so an upsert overwrites the same points and a delete by filter
+  deletes the same ones;
+- ``degraded`` is true from the first failed write attempt until a write succeeds again (``status`` shows it).
+
+Collection settings (shards, replicas, write consistency, on-disk vectors, int8 quantization) are applied only when
+a collection is created; an existing collection that differs is reported in one log line and left as it is.
+"""
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import structlog
 
 from indexer.errors import CollectionMismatch, StoreUnavailable
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
-from indexer.store.base import SCROLL_PAGE, Dialect, Store
+from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
+
+log = structlog.get_logger("qmd_indexer.store")
 
 F = TypeVar("F", bound=Callable[..., Any])
+MIB = 1024 * 1024
+ATTEMPTS = 5  # tries per request: waits of 0.5, 1, 2, 4 s between them
+_ENVELOPE_BYTES = 1024  # the upsert body's own JSON around the points (`{"points": [...]}`), with room to spare
 
 
-def _retrying(fn: F) -> F:
-    """Retry ``fn`` on transport errors (0.5 s, 1 s, 2 s... up to 5 tries), then raise ``StoreUnavailable``."""
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """How to talk to a server and what to create: gRPC on ``grpc_port`` if ``prefer_grpc``; ``timeout_s`` per request (seconds); ``max_request_bytes`` the
+    server's request size limit (its ``max_request_size_mb``); ``batch_points`` the most points per upsert request;
+    the rest are collection creation settings (``None``: the server's default)."""
+
+    prefer_grpc: bool = False
+    grpc_port: int = 6334
+    timeout_s: float = 10.0
+    max_request_bytes: int = 32 * MIB
+    batch_points: int = 256
+    shard_number: int | None = None
+    replication_factor: int | None = None
+    write_consistency_factor: int | None = None
+    on_disk_vectors: bool = False
+    quantization: str = "none"  # "none" or "int8" (scalar)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ServerOptions:
+        """The ``qdrant_*`` keys of ``indexer.config.Settings``."""
+        return cls(prefer_grpc=settings.qdrant_prefer_grpc, grpc_port=settings.qdrant_grpc_port,
+                   timeout_s=settings.qdrant_timeout_s,
+                   max_request_bytes=int(settings.qdrant_max_request_mb * MIB),
+                   batch_points=settings.qdrant_batch_points, shard_number=settings.qdrant_shard_number,
+                   replication_factor=settings.qdrant_replication_factor,
+                   write_consistency_factor=settings.qdrant_write_consistency_factor,
+                   on_disk_vectors=settings.qdrant_on_disk_vectors, quantization=settings.qdrant_quantization)
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether ``exc`` may pass on its own: no connection, a timeout, HTTP 5xx/429, or the gRPC equivalents."""
+    import grpc
     import httpx
-    from qdrant_client.http.exceptions import ResponseHandlingException
-    from tenacity import RetryError, retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+    from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-    transient = (ResponseHandlingException, httpx.TransportError, ConnectionError, TimeoutError)
-    wrapped = retry(retry=retry_if_exception_type(transient), stop=stop_after_attempt(5),
-                    wait=wait_exponential(multiplier=0.5, max=8), reraise=False)(fn)
+    if isinstance(exc, (ResponseHandlingException, httpx.TransportError, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, UnexpectedResponse):
+        return exc.status_code is not None and (exc.status_code >= 500 or exc.status_code == 429)
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
+                              grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    return False
 
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return wrapped(*args, **kwargs)
-        except RetryError as exc:
-            raise StoreUnavailable(f"Qdrant unreachable: {exc.last_attempt.exception()}") from None
 
-    return call  # type: ignore[return-value]
+def json_bytes(point: Point) -> int:
+    """An upper bound of ``point``'s size in a REST upsert body (gRPC's protobuf is smaller), without serialising
+    its vectors: the payload as compact UTF-8 JSON, 25 bytes per float (the longest ``repr`` of a float32 widened to
+    a double, ``-1.2345678901234567e-05``, and a comma), 11 per sparse index, and 64 per object for keys and
+    brackets. Serialising each point with pydantic instead costs ~130 us a point (13 s per 100,000)."""
+    payload = len(json.dumps(point.payload.to_payload(), ensure_ascii=False, separators=(",", ":")).encode())
+    floats = sum(v.size for v in point.dense.values()) + sum(len(values) for _, values in point.sparse.values())
+    indices = sum(len(indices) for indices, _ in point.sparse.values())
+    return len(point.id) + payload + 25 * floats + 11 * indices + 64 * (2 + len(point.dense) + len(point.sparse))
 
 
 class ServerStore(Store):
@@ -40,35 +99,103 @@ class ServerStore(Store):
 
     kind = "server"
 
-    def __init__(self, url: str, api_key: str = "", timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, api_key: str = "", options: ServerOptions | None = None) -> None:
         from qdrant_client import QdrantClient, models
 
         super().__init__(Dialect(models, models.Range))
         self._m = models
+        self.options = options or ServerOptions()
+        self._failing = False
         self._local = url == ":memory:"
         if self._local:
             self.client = QdrantClient(location=":memory:")
         else:
-            self.client = QdrantClient(url=url, api_key=api_key or None, timeout=int(max(1, timeout_s)))
-        for method in ("_dense_config", "_create", "_add_vector", "_upsert", "_delete", "_query", "_count", "_drop"):
-            setattr(self, method, _retrying(getattr(self, method)))
+            # check_compatibility=False: the client (1.20) is newer than the servers this is tested against (1.16),
+            # and the check only warns about that gap; every call used here exists in both.
+            self.client = QdrantClient(url=url, api_key=api_key or None, timeout=int(max(1, self.options.timeout_s)),
+                                       prefer_grpc=self.options.prefer_grpc, grpc_port=self.options.grpc_port,
+                                       check_compatibility=False)
+        for method in ("_dense_config", "_create", "_add_vector", "_names", "_scroll_page", "_points_page", "_query",
+                       "_count", "_drop"):
+            setattr(self, method, self._retrying(getattr(self, method), write=False))
+        for method in ("_upsert_request", "_delete"):
+            setattr(self, method, self._retrying(getattr(self, method), write=True))
 
+    def _retrying(self, fn: F, write: bool) -> F:
+        """``fn`` retried on transient errors (``ATTEMPTS`` tries, backoff 0.5 s doubling to 8 s), then
+        ``StoreUnavailable``; for a write, ``degraded`` follows whether it is failing."""
+        from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+        def failed_once(_: Any) -> None:
+            if write:
+                self.degraded = True
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            # once a write has failed through all its retries, the next ones get one try each until one succeeds:
+            # the caller retries them later, and an outage must not cost every queued file the whole backoff
+            attempts = 1 if write and self._failing else ATTEMPTS
+            retrying = Retrying(retry=retry_if_exception(_transient), stop=stop_after_attempt(attempts),
+                                wait=wait_exponential(multiplier=0.5, max=8), before_sleep=failed_once, reraise=False)
+            try:
+                result = retrying(fn, *args, **kwargs)
+            except RetryError as exc:
+                if write:
+                    self.degraded = self._failing = True
+                raise StoreUnavailable(f"Qdrant unreachable: {exc.last_attempt.exception()}") from None
+            if write:
+                self.degraded = self._failing = False
+            return result
+
+        return call  # type: ignore[return-value]
+
+    # collections ------------------------------------------------------------------------------------------------
     def _dense_config(self, name: str) -> dict[str, int] | None:
         if not self.client.collection_exists(name):
             return None
         info = self.client.get_collection(name)
-        if not self._local and any(key not in (info.payload_schema or {}) for key in INTEGER_FIELDS):
-            for key in INTEGER_FIELDS:  # made before range filters existed
-                self.client.create_payload_index(name, key, self._m.PayloadSchemaType.INTEGER)
+        if not self._local:
+            if any(key not in (info.payload_schema or {}) for key in INTEGER_FIELDS):
+                for key in INTEGER_FIELDS:  # made before range filters existed
+                    self.client.create_payload_index(name, key, self._m.PayloadSchemaType.INTEGER)
+            self._report_settings(name, info)
         vectors = info.config.params.vectors
         return {k: int(v.size) for k, v in (vectors or {}).items()} if isinstance(vectors, dict) else {}
 
+    def _report_settings(self, name: str, info: Any) -> None:
+        """One log line when ``name`` was created with other settings than the configured ones."""
+        o, params = self.options, info.config.params
+        vectors = params.vectors if isinstance(params.vectors, dict) else {}
+        wanted = {"shard_number": o.shard_number, "replication_factor": o.replication_factor,
+                  "write_consistency_factor": o.write_consistency_factor}
+        differ = {key: {"collection": getattr(params, key), "configured": value}
+                  for key, value in wanted.items() if value is not None and getattr(params, key) != value}
+        on_disk = all(bool(v.on_disk) for v in vectors.values()) if vectors else False
+        if on_disk != o.on_disk_vectors:
+            differ["on_disk_vectors"] = {"collection": on_disk, "configured": o.on_disk_vectors}
+        quantized = "int8" if info.config.quantization_config is not None else "none"
+        if quantized != o.quantization:
+            differ["quantization"] = {"collection": quantized, "configured": o.quantization}
+        if differ:
+            log.warning("collection_settings_differ", collection=name, differ=differ,
+                        hint="settings apply when a collection is created; it is used as it is. To apply them, "
+                             "rebuild it with `qmd-indexer index --once --reindex`")
+
     def _create(self, name: str, dense: dict[str, int]) -> None:
-        m = self._m
+        m, o = self._m, self.options
+        extra: dict[str, Any] = {}
+        if not self._local:  # the in-process mode has no shards, replicas or quantization
+            extra = {"shard_number": o.shard_number, "replication_factor": o.replication_factor,
+                     "write_consistency_factor": o.write_consistency_factor}
+            if o.quantization == "int8":
+                extra["quantization_config"] = m.ScalarQuantization(
+                    scalar=m.ScalarQuantizationConfig(type=m.ScalarType.INT8, always_ram=True))
         self.client.create_collection(
             name,
-            vectors_config={v: m.VectorParams(size=s, distance=m.Distance.COSINE) for v, s in dense.items()},
+            vectors_config={v: m.VectorParams(size=s, distance=m.Distance.COSINE, on_disk=o.on_disk_vectors or None)
+                            for v, s in dense.items()},
             sparse_vectors_config={SPARSE: m.SparseVectorParams(modifier=m.Modifier.IDF)},
+            **extra,
         )
         if not self._local:  # the in-process mode has no payload indexes (and warns)
             for key in KEYWORD_FIELDS:
@@ -82,9 +209,38 @@ class ServerStore(Store):
             f"with `qmd-indexer index --once --reindex`."
         )
 
+    def _names(self) -> list[str]:
+        return sorted(c.name for c in self.client.get_collections().collections)
+
+    # points -----------------------------------------------------------------------------------------------------
     def _upsert(self, name: str, points: Sequence[Point]) -> None:
-        structs = [self._m.PointStruct(id=p.id, vector=self.dialect.vectors(p), payload=p.payload.to_payload())
-                   for p in points]
+        for batch in self.batches(points):
+            self._upsert_request(name, [self._struct(p) for p in batch])
+
+    def _struct(self, point: Point) -> Any:
+        return self._m.PointStruct(id=point.id, vector=self.dialect.vectors(point), payload=point.payload.to_payload())
+
+    def batches(self, points: Sequence[Point]) -> Iterator[list[Point]]:
+        """``points`` in order, in runs of at most ``batch_points`` whose upsert body (``json_bytes`` each) fits
+        ``max_request_bytes``. Raises ``ValueError`` for one point that alone exceeds it."""
+        limit = self.options.max_request_bytes - _ENVELOPE_BYTES
+        batch: list[Point] = []
+        size = 0
+        for point in points:
+            n = json_bytes(point)
+            if n > limit:
+                raise ValueError(f"point {point.id} ({point.payload.abs_path}#{point.payload.chunk_index}) takes up to "
+                                 f"{n} bytes, over the request limit of {self.options.max_request_bytes}; raise "
+                                 f"qdrant_max_request_mb (and the server's max_request_size_mb)")
+            if batch and (size + n > limit or len(batch) >= self.options.batch_points):
+                yield batch
+                batch, size = [], 0
+            batch.append(point)
+            size += n
+        if batch:
+            yield batch
+
+    def _upsert_request(self, name: str, structs: list[Any]) -> None:
         self.client.upsert(name, structs, wait=True)
 
     def _delete(self, name: str, flt: Filter) -> None:
@@ -93,12 +249,19 @@ class ServerStore(Store):
     def _scroll(self, name: str, fields: list[str] | None) -> Iterator[Mapping[str, Any]]:
         offset = None
         while True:
-            records, offset = self.client.scroll(name, limit=SCROLL_PAGE, offset=offset,
-                                                 with_payload=fields if fields else True, with_vectors=False)
+            records, offset = self._scroll_page(name, offset, fields)
             for record in records:
                 yield dict(record.payload or {})
             if offset is None:
                 return
+
+    def _scroll_page(self, name: str, offset: Any, fields: list[str] | None) -> Any:
+        return self.client.scroll(name, limit=SCROLL_PAGE, offset=offset, with_payload=fields if fields else True,
+                                  with_vectors=False)
+
+    def _points_page(self, name: str, offset: Any, limit: int) -> tuple[list[Point], Any]:
+        records, offset = self.client.scroll(name, limit=limit, offset=offset, with_payload=True, with_vectors=True)
+        return [point_from_record(record.id, record.vector, record.payload) for record in records], offset
 
     def _query(self, name: str, searches: dict[str, Any], flt: Any,
                query: Query) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
@@ -120,3 +283,4 @@ class ServerStore(Store):
     def close(self) -> None:
         with self._lock:
             self.client.close()
+
