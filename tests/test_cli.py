@@ -170,7 +170,8 @@ def test_index_needs_once_and_workspace(tmp_path: Path) -> None:
     assert result.returncode == 2 and "no workspace configured" in result.stderr
 
 
-@pytest.mark.parametrize("command", ["run", "index", "search", "status", "plugins", "get", "recall", "boot", "doctor"])
+@pytest.mark.parametrize("command", ["run", "index", "search", "status", "plugins", "get", "recall", "boot", "doctor",
+                                     "mcp"])
 def test_every_command_has_teaching_help(command: str) -> None:
     result = _cli(command, "--help")
     assert result.returncode == 0
@@ -180,7 +181,7 @@ def test_every_command_has_teaching_help(command: str) -> None:
 
 
 def test_the_client_side_never_imports_torch() -> None:
-    code = ("import sys, indexer.cli, indexer.client, indexer.config, indexer.plugins;"
+    code = ("import sys, indexer.cli, indexer.client, indexer.config, indexer.plugins, indexer.mcp;"
             "from click.testing import CliRunner; CliRunner().invoke(indexer.cli.main, ['plugins']);"
             "print(sorted(m for m in ('torch', 'sentence_transformers', 'qdrant_edge') if m in sys.modules))")
     started = time.monotonic()
