@@ -67,9 +67,10 @@ class Client:
         """The daemon's counters (see ``Indexer.status``)."""
         return self._call("GET", "/status")
 
-    def search(self, query: str, k: int = DEFAULT_K, agent: str | None = None, collection: str | list[str] | None = None,
-               mode: str | None = None, path_prefix: str | None = None, kind: str | list[str] | None = None,
-               min_score: float | None = None, since: str | None = None) -> list[Hit]:
+    def search(self, query: str, k: int = DEFAULT_K, agent: str | None = None,
+               collection: str | list[str] | None = None, mode: str | None = None, path_prefix: str | None = None,
+               kind: str | list[str] | None = None, min_score: float | None = None,
+               since: str | None = None) -> list[Hit]:
         """The ``k`` best hits for ``query`` (see ``indexer.search`` for the hit keys); ``since`` keeps files
         modified since a duration (``7d``, ``12h``) or ISO date/date-time (``2026-11-01``)."""
         body = {"query": query, "k": k, "agent": agent, "collection": collection, "mode": mode,

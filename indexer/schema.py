@@ -1,10 +1,11 @@
 """The daemon's wire contract, shared by the HTTP API (``indexer.server``), the Python client (``indexer.client``)
 and the MCP tools (``indexer.mcp``). Imports only pydantic.
 
-- **Arguments** (``Query``, ``K``, ``Agent``, ``MemoryPath``, ``FromLine``...) are annotated types: each argument is described,
-  bounded and aliased once, and used both by the request bodies below and by the MCP tool signatures. The one
-  name of an argument is the first of its ``AliasChoices``; the others are accepted and never listed in a schema
-  (``q`` for ``query``; ``top_k`` and ``limit`` for ``k``; ``from_line`` for ``from``).
+- **Arguments** (``Query``, ``K``, ``Agent``, ``MemoryPath``, ``FromLine``...) are annotated types: each argument
+  is described, bounded and aliased once, and used both by the request bodies below and by the MCP tool
+  signatures. The one name of an argument is the first of its ``AliasChoices``; the others are accepted and never
+  listed in a schema (``q`` for ``query``; ``top_k`` and ``limit`` for ``k``; ``from_line`` for ``from``;
+  ``budget`` for ``budget_chars``).
 - **Requests** (``SearchRequest``, ``RecallRequest``, ``BootRequest``) are pydantic models: validated bodies.
 - **Responses** (``Hit``, ``SearchResponse``, ``Page``, ``BootContext``, ``Status``, ``Health``) are TypedDicts:
   the plain dicts the search and recall code build, typed for OpenAPI and MCP output schemas. ``Hit``,
@@ -35,8 +36,8 @@ PathPrefix = Annotated[str | None, Field(
     description="Only files at or under this workspace-relative path, e.g. memory/projects.")]
 Kinds = Annotated[list[str] | str | None, Field(
     description="Only these source kinds (one or a list): markdown, image, audio...")]
-MinScore = Annotated[float | None, Field(allow_inf_nan=False,
-                                         description="Drop hits scoring below this (fused score; cosine in dense mode).")]
+MinScore = Annotated[float | None, Field(
+    allow_inf_nan=False, description="Drop hits scoring below this (fused score; cosine in dense mode).")]
 Since = Annotated[str | None, Field(description="Only files modified since: a duration (7d, 12h, 30m, 2w) or an "
                                                 "ISO date/date-time (2026-11-01, 2026-11-01T09:30).")]
 MemoryPath = Annotated[str, Field(min_length=1, description="A memory file, workspace-relative (memory/2026-11-27.md, "

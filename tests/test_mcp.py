@@ -207,8 +207,8 @@ def test_stdio_server_answers_without_loading_the_model(daemon: Served, tmp_path
     import psutil
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json"}
-    params = StdioServerParameters(command=sys.executable, args=["-m", "indexer.cli", "mcp", "--port", str(daemon.port)],
-                                   env=env, cwd=str(ROOT))
+    params = StdioServerParameters(command=sys.executable, env=env, cwd=str(ROOT),
+                                   args=["-m", "indexer.cli", "mcp", "--port", str(daemon.port)])
     log = tmp_path / "mcp.log"
 
     async def main() -> list[str]:
