@@ -78,6 +78,14 @@ def test_daemon_serves_search_and_status_and_stops_cleanly(workspace: Path, tmp_
 
         bad = _cli("search", "x", "--agent", "nobody", "--port", str(daemon.port))
         assert bad.returncode == 2 and "unknown agent" in bad.stderr
+
+        # the MCP endpoint is served too (it needs the app's lifespan)
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "memory_search", "arguments": {"query": "ACME-4471", "k": 1}}}
+        answer = httpx.post(f"http://127.0.0.1:{daemon.port}/mcp", json=call, timeout=30, headers={
+            "accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-06-18"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["result"]["structuredContent"]["hits"][0]["path"] == "memory/incidents.md"
     finally:
         code = daemon.terminate()
     assert code == 0
