@@ -129,8 +129,8 @@ class LocalMemory:
 
 def create_app(indexer: Indexer) -> FastAPI:
     """The API app over an opened ``indexer``, with the MCP tools at ``/mcp``. ``/mcp`` is a route of this app,
-    so middleware added to the app wraps it too; it needs the app's lifespan to run (uvicorn ``lifespan="on"``,
-    or ``with TestClient(app)``)."""
+    so middleware added to the app wraps it too; it needs the app's lifespan to run, once (uvicorn
+    ``lifespan="on"``, or ``with TestClient(app)``); a request without it is a 500."""
     from indexer.mcp import build_server
 
     memory = LocalMemory(indexer)
