@@ -18,8 +18,12 @@ Measured, in order:
    to the first ``POST /search`` (keyword mode, polled every 20 ms) that returns that note. Includes the 1 s
    debounce.
 4. **Search latency through the API**: 100 distinct queries (the vault's headings), hybrid mode, k=6.
-5. **Peak RSS** of the daemon (``VmHWM`` from ``/proc/<pid>/status``; psutil's RSS sampled as a fallback).
-6. **Hybrid search at 100,000 chunks** through the API (see ``build_big``: real SciFact sentences for text and BM25,
+5. **MCP stdio start to first answer**: ``qmd-indexer mcp`` spawned by the MCP SDK's stdio client against the
+   daemon of step 3, timed from the spawn to the first answered ``memory_search`` (handshake included), 5 times;
+   baseline in the same run: ``qmd-indexer search QUERY --json`` from spawn to exit (the lightest client process).
+   Both run as ``python -m indexer.cli`` from this checkout.
+6. **Peak RSS** of the daemon (``VmHWM`` from ``/proc/<pid>/status``; psutil's RSS sampled as a fallback).
+7. **Hybrid search at 100,000 chunks** through the API (see ``build_big``: real SciFact sentences for text and BM25,
    dense vectors made from the real embeddings of step 1 with small perturbations), before and after
    ``EdgeShard.optimize()``, with the time ``optimize()`` takes (it holds the GIL) and the in-process split of a
    query's time between query embedding, the store and fusion.
@@ -181,7 +185,7 @@ def real_vectors(cache_path: Path) -> np.ndarray:
         db.close()
 
 
-# -- 3 + 4 + 5: the daemon as a subprocess -------------------------------------------------------------------------
+# -- 3 + 4 + 5 + 6: the daemon as a subprocess -------------------------------------------------------------------------
 class Daemon:
     """``qmd-indexer run`` in a subprocess on a free port; ``rss_peak()`` samples memory while it runs."""
 
@@ -257,6 +261,38 @@ def search_latency(client: Any, url: str, queries: Sequence[str], mode: str = "h
     return out
 
 
+def mcp_first_answer(port: int, queries: Sequence[str], repeats: int = 5) -> dict[str, Any]:
+    """Seconds from spawning ``qmd-indexer mcp`` (stdio, driven by the MCP SDK's client) to its first answered
+    ``memory_search``, against the CLI baseline (``qmd-indexer search --json``, spawn to exit); medians."""
+    import anyio
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    cli = [sys.executable, "-m", "indexer.cli"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json"}
+    params = StdioServerParameters(command=cli[0], args=[*cli[1:], "mcp", "--port", str(port)], env=env, cwd=str(REPO))
+
+    async def first_answer(query: str) -> float:
+        started = time.perf_counter()
+        with open(os.devnull, "w") as errlog:
+            async with Client(stdio_client(params, errlog=errlog)) as client:
+                result = await client.call_tool("memory_search", {"query": query, "k": 6})
+                if result.is_error or not result.structured_content["hits"]:
+                    raise RuntimeError(f"memory_search failed: {result.content}")
+                return time.perf_counter() - started
+
+    mcp_s, cli_s = [], []
+    for n in range(repeats):
+        mcp_s.append(anyio.run(first_answer, queries[n % len(queries)]))
+        started = time.perf_counter()
+        subprocess.run([*cli, "search", queries[n % len(queries)], "--json", "--port", str(port)], cwd=REPO, env=env,
+                       check=True, capture_output=True, timeout=120)
+        cli_s.append(time.perf_counter() - started)
+    mcp_med, cli_med = statistics.median(mcp_s), statistics.median(cli_s)
+    return {"mcp_first_answer_s": round(mcp_med, 2), "cli_search_s": round(cli_med, 2),
+            "ratio_to_cli": round(mcp_med / cli_med, 2), "n": repeats}
+
+
 def headings(workspace: Path, limit: int) -> list[str]:
     """Distinct markdown heading texts of the workspace's notes, in path order: realistic short queries."""
     seen: dict[str, None] = {}
@@ -301,6 +337,9 @@ def bench_daemon(workspace: Path, state_dir: Path, out: Path) -> dict[str, Any]:
         queries = headings(workspace, QUERIES)
         lat = search_latency(client, daemon.url, queries)
         log(f"   search p50 {1000 * pct(lat, 50):.1f} ms, p95 {1000 * pct(lat, 95):.1f} ms ({len(lat)} queries)")
+        mcp = mcp_first_answer(daemon.port, queries)
+        log(f"   MCP stdio start to first memory_search {mcp['mcp_first_answer_s']:.2f} s "
+            f"(CLI search {mcp['cli_search_s']:.2f} s, ratio {mcp['ratio_to_cli']:.2f})")
         rss = daemon.rss_peak()
         chunks = sum(c["chunks"] for c in client.get(f"{daemon.url}/status").json()["collections"].values())
     finally:
@@ -311,10 +350,11 @@ def bench_daemon(workspace: Path, state_dir: Path, out: Path) -> dict[str, Any]:
                                      "max": round(max(latencies), 3), "n": len(latencies)},
             "search_ms": {"p50": round(1000 * pct(lat, 50), 1), "p95": round(1000 * pct(lat, 95), 1), "n": len(lat),
                           "chunks": chunks},
+            "mcp": mcp,
             "peak_rss_mib": round(rss / 2**20, 1), "peak_rss_sampled_mib": round(daemon.sampled_peak / 2**20, 1)}
 
 
-# -- 6: 100,000 chunks ---------------------------------------------------------------------------------------------
+# -- 7: 100,000 chunks ---------------------------------------------------------------------------------------------
 def scifact_passages(scifact: Path, n: int) -> list[str]:
     """``n`` distinct real passages: windows of 2-6 consecutive sentences of SciFact abstracts (every start, every
     width), in corpus order."""
@@ -486,9 +526,9 @@ def bench_big(out: Path, vectors: np.ndarray, scifact: Path, registry: Any, quer
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m indexer.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--vault", type=Path, default=DEFAULT_VAULT, help="markdown vault to index [%(default)s]")
-    parser.add_argument("--scifact", type=Path, default=DEFAULT_SCIFACT, help="SciFact, for step 6 [%(default)s]")
+    parser.add_argument("--scifact", type=Path, default=DEFAULT_SCIFACT, help="SciFact, for step 7 [%(default)s]")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="work folder and results [%(default)s]")
-    parser.add_argument("--skip-big", action="store_true", help="skip step 6 (100,000 chunks)")
+    parser.add_argument("--skip-big", action="store_true", help="skip step 7 (100,000 chunks)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not args.vault.is_dir() or not any(args.vault.rglob("*.md")):
@@ -497,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     big = not args.skip_big
     if big and not args.scifact.is_dir():
-        print(f"bench: SciFact not found at {args.scifact}: step 6 (100,000 chunks) needs it; pass --scifact DIR "
+        print(f"bench: SciFact not found at {args.scifact}: step 7 (100,000 chunks) needs it; pass --scifact DIR "
               f"or --skip-big.", file=sys.stderr)
         return 2
     import structlog
@@ -540,6 +580,9 @@ def print_table(r: dict[str, Any]) -> None:
          f"p95 {d['save_to_searchable_s']['p95']:.2f} s", f"{d['save_to_searchable_s']['n']} edits; aim p95 < 2 s"),
         ("API search (hybrid, k=6)", f"p50 {d['search_ms']['p50']:.1f} ms", f"p95 {d['search_ms']['p95']:.1f} ms",
          f"{d['search_ms']['chunks']} chunks; aim p50 < 30 ms"),
+        ("MCP stdio start to 1st search", f"{d['mcp']['mcp_first_answer_s']:.2f} s",
+         f"CLI search {d['mcp']['cli_search_s']:.2f} s", f"ratio {d['mcp']['ratio_to_cli']:.2f} (median of "
+         f"{d['mcp']['n']})"),
         ("daemon peak RSS", f"{d['peak_rss_mib']:.0f} MiB", f"sampled {d['peak_rss_sampled_mib']:.0f} MiB",
          "VmHWM, incl. first index"),
     ]

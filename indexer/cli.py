@@ -56,7 +56,8 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("watchdog", "httpx", "httpcore", "sentence_transformers", "transformers", "uvicorn.access"):
+    for noisy in ("watchdog", "httpx", "httpcore", "sentence_transformers", "transformers", "uvicorn.access",
+                  "mcp.server.streamable_http", "mcp.server.streamable_http_manager", "mcp.server.lowlevel"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -188,7 +189,7 @@ def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -
     worker = threading.Thread(target=indexer.run, args=(stop,), name="indexer-worker", daemon=True)
     worker.start()
     server = uvicorn.Server(uvicorn.Config(create_app(indexer), host=settings.host, port=settings.port,
-                                           log_config=None, access_log=False, lifespan="off"))
+                                           log_config=None, access_log=False, lifespan="on"))
     structlog.get_logger("qmd_indexer.daemon").info("api_listening", url=f"http://{settings.host}:{settings.port}")
     # uvicorn handles SIGTERM/SIGINT while serving, then re-raises the signal to the handler that was installed
     # before it; with the default handler that would kill the process before the store is flushed.
@@ -415,13 +416,14 @@ def get(path, agent, from_line, lines, max_chars, as_json, config, port) -> None
 
 @main.command()
 @click.argument("query", required=False, default="*")
-@click.option("-k", "--top-k", "top_k", type=click.IntRange(1, 10_000), default=6, show_default=True,
+@click.option("-k", "k", type=click.IntRange(1, 10_000), default=6, show_default=True,
               help="How many memories (hits, or files when listing).")
+@click.option("--top-k", "top_k", type=click.IntRange(1, 10_000), hidden=True, help="Former name of -k.")
 @click.option("--agent", help="Only this agent's memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @_config_opt
 @_port_opt
-def recall(query, top_k, agent, as_json, config, port) -> None:
+def recall(query, k, top_k, agent, as_json, config, port) -> None:
     """The best memories for QUERY; `*`, `all` or no QUERY lists every memory file.
 
     \b
@@ -429,7 +431,7 @@ def recall(query, top_k, agent, as_json, config, port) -> None:
       qmd-indexer recall "coffee order"
       qmd-indexer recall --agent main -k 100      # list memory files
     """
-    hits = _ask(config, port, lambda client: client.recall(query, top_k, agent))
+    hits = _ask(config, port, lambda client: client.recall(query, top_k or k, agent))
     if as_json:
         click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
     else:
@@ -527,6 +529,31 @@ def status(as_json, config, port) -> None:
         click.echo(json.dumps(info, indent=2))
     else:
         _print_status(info)
+
+
+@main.command("mcp")
+@_config_opt
+@_port_opt
+def mcp_(config, port) -> None:
+    """Serve the memory tools to an MCP client (an AI agent) over stdio.
+
+    \b
+    Tools: memory_search, memory_get, memory_recall, memory_boot, memory_status.
+    They ask the running daemon (`qmd-indexer run`) on --port; this process never
+    opens the store or loads the model, so it starts in about a second. With no
+    daemon answering, each tool call returns an error saying how to start one.
+    Logs go to stderr; stdout carries the protocol. The daemon also serves the
+    same tools over streamable HTTP at http://127.0.0.1:PORT/mcp.
+
+    \b
+    Example MCP client config (stdio):
+      {"mcpServers": {"memory": {"command": "qmd-indexer", "args": ["mcp", "--port", "8743"]}}}
+    """
+    settings = _settings(config, None, None, None, port)
+    configure_logging(settings.log_format, settings.log_level)
+    from indexer.mcp import build_server
+
+    build_server(_client(config, settings.port)).run("stdio")
 
 
 @main.command()

@@ -1,10 +1,11 @@
-"""Python client of the daemon's HTTP API. Imports only httpx: no torch, no model, so a search from a script or
-the shell costs one HTTP round trip.
+"""Python client of the daemon's HTTP API. Imports httpx and the wire types (``indexer.schema``, pydantic): no
+torch, no model, so a search from a script or the shell costs one HTTP round trip.
 
     >>> from indexer.client import Client
     >>> hits = Client(port=8743).search("deploy windows", k=3)
     >>> hits[0]["path"], hits[0]["start_line"], hits[0]["score"]
 
+Answers are plain dicts typed by ``indexer.schema`` (``Hit``, ``Page``, ``BootContext``, ``Status``, ``Health``).
 Raises ``DaemonUnavailable`` when nothing answers on the port, ``ClientError`` for an error answer (its message
 is the daemon's ``detail``).
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+
+from indexer.schema import DEFAULT_BUDGET_CHARS, DEFAULT_K, BootContext, Health, Hit, Page, Status
 
 DEFAULT_PORT = 8743
 
@@ -34,6 +37,7 @@ class Client:
     """Talks to ``http://host:port``; ``timeout_s`` bounds each request (seconds)."""
 
     def __init__(self, port: int = DEFAULT_PORT, host: str = "127.0.0.1", timeout_s: float = 30.0) -> None:
+        self.port = port
         self.base_url = f"http://{host}:{port}"
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, trust_env=False)
 
@@ -42,8 +46,8 @@ class Client:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise DaemonUnavailable(
-                f"no qmd-indexer daemon answers at {self.base_url} ({exc.__class__.__name__}); "
-                f"start one with `qmd-indexer run`, or pass --port"
+                f"no qmd-indexer daemon answers at {self.base_url} (port {self.port}: {exc.__class__.__name__}); "
+                f"start one with `qmd-indexer run --workspace PATH --agent ID --port {self.port}`, or pass --port"
             ) from None
         if response.status_code >= 400:
             try:
@@ -55,37 +59,41 @@ class Client:
             raise ClientError(str(detail), response.status_code)
         return response.json()
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         """``{"status": "ok", "ready": bool}``."""
         return self._call("GET", "/health")
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         """The daemon's counters (see ``Indexer.status``)."""
         return self._call("GET", "/status")
 
-    def search(self, query: str, k: int = 6, agent: str | None = None, collection: str | list[str] | None = None,
-               mode: str | None = None, path_prefix: str | None = None, kind: str | list[str] | None = None,
-               min_score: float | None = None, since: str | None = None) -> list[dict[str, Any]]:
+    def search(self, query: str, k: int = DEFAULT_K, agent: str | None = None,
+               collection: str | list[str] | None = None, mode: str | None = None, path_prefix: str | None = None,
+               kind: str | list[str] | None = None, min_score: float | None = None,
+               since: str | None = None) -> list[Hit]:
         """The ``k`` best hits for ``query`` (see ``indexer.search`` for the hit keys); ``since`` keeps files
         modified since a duration (``7d``, ``12h``) or ISO date/date-time (``2026-11-01``)."""
         body = {"query": query, "k": k, "agent": agent, "collection": collection, "mode": mode,
                 "path_prefix": path_prefix, "kind": kind, "min_score": min_score, "since": since}
         return self._call("POST", "/search", json={key: v for key, v in body.items() if v is not None})["hits"]
 
-    def recall(self, query: str = "*", top_k: int = 6, agent: str | None = None) -> list[dict[str, Any]]:
-        """The ``top_k`` best memories for ``query``; ``*``, ``all`` or ``""`` lists every memory file."""
-        body = {"query": query, "top_k": top_k, "agent": agent}
+    def recall(self, query: str = "*", k: int = DEFAULT_K, agent: str | None = None, *,
+               top_k: int | None = None) -> list[Hit]:
+        """The ``k`` best memories for ``query``; ``*``, ``all`` or ``""`` lists every memory file (``top_k`` is
+        the former name of ``k``, still accepted)."""
+        body = {"query": query, "k": k if top_k is None else top_k, "agent": agent}
         return self._call("POST", "/recall", json={k: v for k, v in body.items() if v is not None})["hits"]
 
-    def boot_context(self, budget_chars: int = 4000, agent: str | None = None,
-                     query: str | None = None) -> dict[str, Any]:
+    def boot_context(self, budget_chars: int = DEFAULT_BUDGET_CHARS, agent: str | None = None,
+                     query: str | None = None) -> BootContext:
         """Memory packed into ``budget_chars`` characters: ``{"text", "used_chars", "included", "omitted"...}``."""
         body = {"budget_chars": budget_chars, "agent": agent, "query": query}
         return self._call("POST", "/boot", json={k: v for k, v in body.items() if v is not None})
 
     def get(self, path: str, from_line: int = 1, lines: int | None = None, max_chars: int | None = None,
-            agent: str | None = None) -> dict[str, Any]:
-        """A page of memory file ``path`` (see ``indexer.recall.read_memory``); ``next_from`` continues it."""
+            agent: str | None = None) -> Page:
+        """A page of memory file ``path`` from line ``from_line`` (the API's ``from``; see
+        ``indexer.recall.read_memory``); ``next_from`` continues it."""
         params = {"path": path, "from": from_line, "lines": lines, "max_chars": max_chars, "agent": agent}
         return self._call("GET", "/get", params={k: v for k, v in params.items() if v is not None})
 

@@ -78,6 +78,14 @@ def test_daemon_serves_search_and_status_and_stops_cleanly(workspace: Path, tmp_
 
         bad = _cli("search", "x", "--agent", "nobody", "--port", str(daemon.port))
         assert bad.returncode == 2 and "unknown agent" in bad.stderr
+
+        # the MCP endpoint is served too (it needs the app's lifespan)
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "memory_search", "arguments": {"query": "ACME-4471", "k": 1}}}
+        answer = httpx.post(f"http://127.0.0.1:{daemon.port}/mcp", json=call, timeout=30, headers={
+            "accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-06-18"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["result"]["structuredContent"]["hits"][0]["path"] == "memory/incidents.md"
     finally:
         code = daemon.terminate()
     assert code == 0
@@ -170,7 +178,8 @@ def test_index_needs_once_and_workspace(tmp_path: Path) -> None:
     assert result.returncode == 2 and "no workspace configured" in result.stderr
 
 
-@pytest.mark.parametrize("command", ["run", "index", "search", "status", "plugins", "get", "recall", "boot", "doctor"])
+@pytest.mark.parametrize("command", ["run", "index", "search", "status", "plugins", "get", "recall", "boot", "doctor",
+                                     "mcp"])
 def test_every_command_has_teaching_help(command: str) -> None:
     result = _cli(command, "--help")
     assert result.returncode == 0
@@ -180,7 +189,7 @@ def test_every_command_has_teaching_help(command: str) -> None:
 
 
 def test_the_client_side_never_imports_torch() -> None:
-    code = ("import sys, indexer.cli, indexer.client, indexer.config, indexer.plugins;"
+    code = ("import sys, indexer.cli, indexer.client, indexer.config, indexer.plugins, indexer.mcp;"
             "from click.testing import CliRunner; CliRunner().invoke(indexer.cli.main, ['plugins']);"
             "print(sorted(m for m in ('torch', 'sentence_transformers', 'qdrant_edge') if m in sys.modules))")
     started = time.monotonic()

@@ -184,11 +184,11 @@ def test_a_200_mb_file_is_read_without_loading_it(indexed, tmp_path: Path) -> No
 
 
 def test_recall_lists_everything_or_searches(api: TestClient) -> None:
-    listed = api.post("/recall", json={"query": "*", "top_k": 100}).json()["hits"]
+    listed = api.post("/recall", json={"query": "*", "k": 100}).json()["hits"]
     assert [h["path"] for h in listed] == sorted(h["path"] for h in listed)
     assert len(listed) == 9 and all(h["score"] is None for h in listed)
-    assert api.post("/recall", json={"query": "all", "top_k": 2}).json()["hits"] == listed[:2]
-    found = api.post("/recall", json={"query": "ACME-4471", "top_k": 1}).json()["hits"]
+    assert api.post("/recall", json={"query": "all", "k": 2}).json()["hits"] == listed[:2]
+    found = api.post("/recall", json={"query": "ACME-4471", "k": 1}).json()["hits"]
     assert found[0]["path"] == "memory/tickets.md"
 
 

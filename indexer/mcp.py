@@ -1,0 +1,176 @@
+"""Memory tools for AI agents over the Model Context Protocol (the official ``mcp`` SDK, 2.x ``MCPServer``).
+
+The same five tools are served two ways:
+
+- ``qmd-indexer mcp``: stdio, for an agent that starts its MCP servers itself. It talks to the running daemon
+  through ``indexer.client`` (the embedded store is single-process, so this process never opens it, and it
+  imports no torch); when no daemon answers, every tool call is a tool error naming the port and how to start one.
+- ``/mcp`` on the daemon's own port: streamable HTTP, answered in-process (``indexer.server.LocalMemory``) and
+  behind whatever middleware wraps the API.
+
+=================  =====================================================================  =====================
+tool               arguments                                                              returns
+=================  =====================================================================  =====================
+memory_search      query, k, mode, agent, collection, path_prefix, kind, since, min_score ``{"hits": [Hit]}``
+memory_get         path, from, lines, max_chars, agent                                    ``Page``
+memory_recall      query, k, agent                                                        ``{"hits": [Hit]}``
+memory_boot        budget_chars, agent, query                                             ``BootContext``
+memory_status      (none)                                                                 ``Status``
+=================  =====================================================================  =====================
+
+Argument and answer types are ``indexer.schema``'s, so the tools take the API's names and aliases (``q``;
+``top_k``/``limit``; ``from_line``; ``budget``) and publish the API's output schemas. Errors the model should read
+(unknown agent or collection, path refused, missing file, bad value, daemon or Qdrant unavailable) are raised as
+the SDK's ``ToolError``: the call returns ``is_error`` with the message as text. Arguments that do not fit the
+schema return the validation message the same way.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+
+from indexer import __version__
+from indexer.client import ClientError
+from indexer.schema import (
+    DEFAULT_BUDGET_CHARS,
+    DEFAULT_K,
+    DEFAULT_MAX_CHARS,
+    Agent,
+    BootContext,
+    BootQuery,
+    BudgetChars,
+    Collections,
+    FromLine,
+    Hit,
+    K,
+    Kinds,
+    Lines,
+    MaxChars,
+    MemoryPath,
+    MinScore,
+    Mode,
+    Page,
+    PathPrefix,
+    Query,
+    RecallK,
+    RecallQuery,
+    SearchResponse,
+    Since,
+    Status,
+    error_answer,
+)
+
+T = TypeVar("T")
+
+INSTRUCTIONS = """\
+Long-term memory of this agent: MEMORY.md and the notes under memory/, indexed for search by meaning and by exact
+words. Use memory_search before answering anything about earlier work, decisions, people, preferences or dates;
+cite hits by their `citation`. Use memory_get to read more around a hit (from = its start_line). At the start of
+a session, memory_boot gives a compact context; memory_status says whether the index is ready."""
+
+
+class Memory(Protocol):
+    """What the tools need: ``indexer.client.Client`` (the stdio server) or ``indexer.server.LocalMemory`` (the
+    daemon's ``/mcp``). Errors are ``ClientError`` or the daemon's own (see ``indexer.schema.error_answer``)."""
+
+    def search(self, query: str, k: int = ..., agent: str | None = ..., collection: str | list[str] | None = ...,
+               mode: str | None = ..., path_prefix: str | None = ..., kind: str | list[str] | None = ...,
+               min_score: float | None = ..., since: str | None = ...) -> list[Hit]: ...
+
+    def get(self, path: str, from_line: int = ..., lines: int | None = ..., max_chars: int | None = ...,
+            agent: str | None = ...) -> Page: ...
+
+    def recall(self, query: str = ..., k: int = ..., agent: str | None = ...) -> list[Hit]: ...
+
+    def boot_context(self, budget_chars: int = ..., agent: str | None = ...,
+                     query: str | None = ...) -> BootContext: ...
+
+    def status(self) -> Status: ...
+
+
+def _ask(call: Callable[[], T]) -> T:
+    """``call()``, with the errors meant for the caller raised as ``ToolError`` (their message reaches the model)."""
+    try:
+        return call()
+    except ClientError as exc:  # includes DaemonUnavailable
+        raise ToolError(str(exc)) from None
+    except Exception as exc:
+        known = error_answer(exc)
+        if known is None:
+            raise
+        raise ToolError(known[1]) from None
+
+
+def build_server(memory: Memory) -> MCPServer:
+    """An ``MCPServer`` named ``qmd-indexer`` with the five memory tools over ``memory``. Serve it with
+    ``.run("stdio")`` or mount ``.streamable_http_app()`` (see ``indexer.server.create_app``)."""
+    server = MCPServer("qmd-indexer", title="Agent memory (qmd-indexer)", instructions=INSTRUCTIONS,
+                       version=__version__)
+    read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+    def tool(fn: Callable[..., T]) -> Callable[..., T]:
+        server.add_tool(fn, description=inspect.cleandoc(fn.__doc__ or ""), annotations=read_only)
+        return fn
+
+    @tool
+    def memory_search(query: Query, k: K = DEFAULT_K, mode: Mode = None, agent: Agent = None,
+                      collection: Collections = None, path_prefix: PathPrefix = None, kind: Kinds = None,
+                      since: Since = None, min_score: MinScore = None) -> SearchResponse:
+        """Search the agent's long-term memory (MEMORY.md and notes under memory/) by meaning and exact words.
+
+        Use it before answering anything about earlier conversations, decisions, people, preferences, projects
+        or dates. Returns {"hits": [...]}, best first; each hit has path, start_line, end_line, score, a snippet
+        of at most 700 characters, and a citation (path#Lstart-Lend) to quote. Read more around a hit with
+        memory_get(path, from=start_line). Errors name an unknown agent or collection, or a bad `since`.
+        """
+        return {"hits": _ask(lambda: memory.search(query, k=k, agent=agent, collection=collection, mode=mode,
+                                                   path_prefix=path_prefix, kind=kind, min_score=min_score,
+                                                   since=since))}
+
+    @tool
+    def memory_get(path: MemoryPath, from_line: FromLine = 1, lines: Lines = None,
+                   max_chars: MaxChars = DEFAULT_MAX_CHARS, agent: Agent = None) -> Page:
+        """Read one memory file, or part of it, by line: the full text around a search hit, or a whole note.
+
+        Returns whole lines `from`..`to` as `text`; when `truncated` is true, call again with from=`next_from`
+        to continue. Only memory files of the workspace are readable: paths outside it, symlinks and non-memory
+        files are refused with an error saying so.
+        """
+        return _ask(lambda: memory.get(path, from_line, lines, max_chars, agent))
+
+    @tool
+    def memory_recall(query: RecallQuery = "*", k: RecallK = DEFAULT_K, agent: Agent = None) -> SearchResponse:
+        """Recall memories for a topic, or list every memory file with query "*".
+
+        Returns {"hits": [...]} like memory_search (hybrid search); with "*", "all" or "" each hit is one file
+        (its first lines as snippet, score null), sorted by path: use it to see what memory exists.
+        """
+        return {"hits": _ask(lambda: memory.recall(query, k, agent))}
+
+    @tool
+    def memory_boot(budget_chars: BudgetChars = DEFAULT_BUDGET_CHARS, agent: Agent = None,
+                    query: BootQuery = None) -> BootContext:
+        """Memory to load at the start of a session, packed into `budget_chars` characters.
+
+        Returns `text` (the root memory file first, then the most recently changed notes, or with `query` its
+        best hits; whole lines, each piece under a `## path#La-Lb` header), `included` citations, and `omitted`
+        pieces that did not fit (read them with memory_get when needed).
+        """
+        return _ask(lambda: memory.boot_context(budget_chars, agent, query))
+
+    @tool
+    def memory_status() -> Status:
+        """Whether memory search is ready, and what is indexed.
+
+        Returns `ready` (the first full index has finished), `queue_depth` (files waiting), `files_failed`, and
+        per collection its agent, files and chunks. Use it when a search returns nothing unexpectedly.
+        """
+        return _ask(memory.status)
+
+    return server

@@ -1,0 +1,208 @@
+"""The daemon's wire contract, shared by the HTTP API (``indexer.server``), the Python client (``indexer.client``)
+and the MCP tools (``indexer.mcp``). Imports only pydantic.
+
+- **Arguments** (``Query``, ``K``, ``Agent``, ``MemoryPath``, ``FromLine``...) are annotated types: each argument
+  is described, bounded and aliased once, and used both by the request bodies below and by the MCP tool
+  signatures. The one name of an argument is the first of its ``AliasChoices``; the others are accepted and never
+  listed in a schema (``q`` for ``query``; ``top_k`` and ``limit`` for ``k``; ``from_line`` for ``from``;
+  ``budget`` for ``budget_chars``).
+- **Requests** (``SearchRequest``, ``RecallRequest``, ``BootRequest``) are pydantic models: validated bodies.
+- **Responses** (``Hit``, ``SearchResponse``, ``Page``, ``BootContext``, ``Status``, ``Health``) are TypedDicts:
+  the plain dicts the search and recall code build, typed for OpenAPI and MCP output schemas. ``Hit``,
+  ``SearchResponse`` and ``Status`` allow extra keys (a plugin's media fields, newer score fields).
+- ``error_answer`` maps the errors the daemon raises on purpose to the HTTP status and message it answers with.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, with_config
+from typing_extensions import NotRequired, TypedDict
+
+# -- arguments ---------------------------------------------------------------------------------------------------
+Query = Annotated[str, Field(validation_alias=AliasChoices("query", "q"),
+                             description="What to look for, in natural language or exact words (names, ids).")]
+K = Annotated[int, Field(ge=1, le=1000, validation_alias=AliasChoices("k", "top_k", "limit"),
+                         description="How many hits to return, best first.")]
+RecallK = Annotated[int, Field(ge=1, le=10_000, validation_alias=AliasChoices("k", "top_k", "limit"),
+                               description="How many memories to return (hits, or files when listing).")]
+Agent = Annotated[str | None, Field(description="Only this agent's memory (default: every agent's).")]
+Collections = Annotated[list[str] | str | None, Field(
+    description="Only these collections (one name or a list), e.g. memory-dir-main.")]
+Mode = Annotated[Literal["hybrid", "dense", "keyword"] | None, Field(
+    description="hybrid (default: meaning + exact words), dense (meaning only) or keyword (BM25 words only).")]
+PathPrefix = Annotated[str | None, Field(
+    description="Only files at or under this workspace-relative path, e.g. memory/projects.")]
+Kinds = Annotated[list[str] | str | None, Field(
+    description="Only these source kinds (one or a list): markdown, image, audio...")]
+MinScore = Annotated[float | None, Field(
+    allow_inf_nan=False, description="Drop hits scoring below this (fused score; cosine in dense mode).")]
+Since = Annotated[str | None, Field(description="Only files modified since: a duration (7d, 12h, 30m, 2w) or an "
+                                                "ISO date/date-time (2026-11-01, 2026-11-01T09:30).")]
+MemoryPath = Annotated[str, Field(min_length=1, description="A memory file, workspace-relative (memory/2026-11-27.md, "
+                                                      "MEMORY.md), as a hit's `path` gives it.")]
+FromLine = Annotated[int, Field(ge=1, validation_alias=AliasChoices("from", "from_line"),
+                                description="First line to read, 1-based (a hit's start_line, or a page's next_from).")]
+Lines = Annotated[int | None, Field(ge=1, description="At most this many lines.")]
+MaxChars = Annotated[int, Field(ge=1, le=1_000_000, description="At most this many characters, in whole lines.")]
+BudgetChars = Annotated[int, Field(ge=1, le=1_000_000, validation_alias=AliasChoices("budget_chars", "budget"),
+                                   description="Size of the boot context, in characters.")]
+RecallQuery = Annotated[str, Field(validation_alias=AliasChoices("query", "q"),
+                                   description="What to recall; `*`, `all` or empty lists every memory file.")]
+BootQuery = Annotated[str | None, Field(description="Fill the budget with the best hits for this instead of the "
+                                                    "root memory file and the most recent notes.")]
+
+DEFAULT_K = 6
+DEFAULT_BUDGET_CHARS = 4000
+DEFAULT_MAX_CHARS = 12_000
+
+
+# -- requests ----------------------------------------------------------------------------------------------------
+class SearchRequest(BaseModel):
+    """``POST /search``."""
+
+    query: Query
+    k: K = DEFAULT_K
+    agent: Agent = None
+    collection: Collections = None
+    mode: Mode = None
+    path_prefix: PathPrefix = None
+    kind: Kinds = None
+    min_score: MinScore = None
+    since: Since = None
+
+
+class RecallRequest(BaseModel):
+    """``POST /recall``: ``*``, ``all`` or an empty query lists every memory file."""
+
+    query: RecallQuery = ""
+    k: RecallK = DEFAULT_K
+    agent: Agent = None
+
+
+class BootRequest(BaseModel):
+    """``POST /boot``."""
+
+    budget_chars: BudgetChars = DEFAULT_BUDGET_CHARS
+    agent: Agent = None
+    query: BootQuery = None
+
+
+# -- responses ---------------------------------------------------------------------------------------------------
+@with_config(ConfigDict(extra="allow"))
+class Hit(TypedDict):
+    """One search hit, or one file of a recall listing (``score`` is then null). Media hits add ``start_s``/
+    ``end_s`` (audio, seconds) or ``width``/``height`` (images, pixels); plugins may add more keys."""
+
+    collection: str
+    agent: str
+    path: Annotated[str, Field(description="Workspace-relative path of the memory file.")]
+    start_line: Annotated[int, Field(description="First line the snippet shows (1-based).")]
+    end_line: Annotated[int, Field(description="Last line the snippet shows (1-based, inclusive).")]
+    score: Annotated[float | None, Field(description="Higher is better; null in a recall listing.")]
+    snippet: Annotated[str, Field(description="At most 700 characters, whole lines around the best match.")]
+    kind: Annotated[str, Field(description="Source kind: markdown, image, audio...")]
+    citation: Annotated[str, Field(description="path#Lstart-Lend, to quote as the source.")]
+    start_s: NotRequired[float]
+    end_s: NotRequired[float]
+    width: NotRequired[int]
+    height: NotRequired[int]
+    format: NotRequired[str]
+
+
+@with_config(ConfigDict(extra="allow"))
+class SearchResponse(TypedDict):
+    """``POST /search`` and ``POST /recall``: hits, best first."""
+
+    hits: list[Hit]
+
+
+Page = TypedDict("Page", {
+    "path": Annotated[str, Field(description="Workspace-relative path of the file read.")],
+    "collection": str,
+    "from": Annotated[int, Field(description="First line of `text` (1-based).")],
+    "to": Annotated[int, Field(description="Last line of `text` (inclusive; below `from` when there were none).")],
+    "text": Annotated[str, Field(description="Whole lines from..to, joined with newlines.")],
+    "truncated": Annotated[bool, Field(description="True when `lines` or `max_chars` stopped the read early.")],
+    "next_from": Annotated[int | None, Field(description="The `from` that continues the read; null at the end.")],
+    "line_truncated": NotRequired[Annotated[bool, Field(description="The one line returned was cut at max_chars.")]],
+})
+Page.__doc__ = "``GET /get``: a page of one memory file."
+
+
+class Omitted(TypedDict):
+    """A piece of memory that did not fit the boot budget."""
+
+    citation: str
+    lines: int
+
+
+class BootContext(TypedDict):
+    """``POST /boot``: memory for the start of a session, within ``budget_chars`` characters."""
+
+    text: Annotated[str, Field(description="Pieces, each a `## path#La-Lb` header line then whole lines.")]
+    used_chars: int
+    budget_chars: int
+    included: Annotated[list[str], Field(description="Citations of the pieces in `text`, in order.")]
+    omitted: Annotated[list[Omitted], Field(description="What did not fit, to read with memory_get if needed.")]
+
+
+class CollectionStatus(TypedDict):
+    """One collection's counters."""
+
+    agent: str
+    role: str
+    root: str
+    files: int
+    chunks: int
+
+
+@with_config(ConfigDict(extra="allow"))
+class Status(TypedDict):
+    """``GET /status``: what the daemon holds and is doing."""
+
+    ready: Annotated[bool, Field(description="The first full index has finished.")]
+    store_connected: bool
+    backend: str | None
+    state_dir: str
+    uptime_s: float
+    queue_depth: Annotated[int, Field(description="Files waiting to be indexed or in hand.")]
+    chunks_embedded: Annotated[int, Field(description="Chunks embedded since start.")]
+    cache_hits: int
+    files_failed: Annotated[int, Field(description="Memory files failing to index now (each was logged).")]
+    last_scan_s: float | None
+    collections: dict[str, CollectionStatus]
+
+
+class Health(TypedDict):
+    """``GET /health``."""
+
+    status: Literal["ok"]
+    ready: Annotated[bool, Field(description="The first full index has finished.")]
+
+
+class ErrorDetail(TypedDict):
+    """Every error answer: 400 bad value, 403 not a memory file, 404 unknown agent/collection or missing file,
+    503 Qdrant unreachable."""
+
+    detail: str
+
+
+def error_answer(exc: BaseException) -> tuple[int, str] | None:
+    """``(HTTP status, message)`` for an error the daemon raises on purpose while answering, else ``None``:
+    ``ReadRefused`` 403; ``KeyError`` (unknown agent or collection) and ``FileNotFoundError`` 404; ``ValueError``
+    400; ``StoreUnavailable`` 503."""
+    from indexer.errors import ReadRefused, StoreUnavailable
+
+    if isinstance(exc, ReadRefused):
+        return 403, str(exc)
+    if isinstance(exc, KeyError):
+        return 404, str(exc.args[0] if exc.args else exc)
+    if isinstance(exc, FileNotFoundError):
+        return 404, f"no such file: {exc.filename or exc}"
+    if isinstance(exc, ValueError):
+        return 400, str(exc)
+    if isinstance(exc, StoreUnavailable):
+        return 503, str(exc)
+    return None
