@@ -23,11 +23,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from indexer.api import GROUPS
 from indexer.cache import EmbeddingCache
 from indexer.config import Settings
 from indexer.errors import EmbedError, ExtractError, FileSkipped, StoreUnavailable
@@ -55,8 +57,11 @@ class Indexed:
 
 
 def plugin_configs(settings: Settings) -> dict[str, dict[str, Any]]:
-    """Each plugin's config table; the text embedder gets ``model``/``device``/``batch_size`` from the top level."""
-    configs = {name: dict(table) for name, table in settings.plugin.items()}
+    """Each installed or configured plugin's config table, plus ``state_dir`` (str: a folder the plugin may keep its
+    own files in, such as the audio plugin's verdict cache) unless its table sets one; the text embedder also gets
+    ``model``/``device``/``batch_size`` from the top level."""
+    names = {ep.name for group in GROUPS for ep in entry_points(group=group)} | set(settings.plugin)
+    configs = {name: {"state_dir": str(settings.state_dir), **settings.plugin.get(name, {})} for name in names}
     base = {"model": settings.model, "device": settings.device, "batch_size": settings.batch_size}
     configs["sentence-transformers"] = {**base, **configs.get("sentence-transformers", {})}
     return configs

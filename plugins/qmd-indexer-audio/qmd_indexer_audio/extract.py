@@ -8,6 +8,11 @@ Config ``[plugin.audio]`` (read by the extractor; engine options in ``qmd_indexe
 - ``max_duration_s``: longer recordings are refused (default 3600 s). The byte-size cap is the workspace's
   ``multimodal.max_file_bytes``, applied by qmd-indexer before extraction.
 - ``silence_dbfs``: a recording whose peak stays below this level is refused as silent (default -60 dBFS).
+- ``vad`` (default ``true``), ``vad_threshold`` (0.5), ``no_speech_threshold`` (0.6), ``logprob_threshold`` (-1.0),
+  ``compression_ratio_threshold`` (2.4): what counts as speech, see ``qmd_indexer_audio.speech``.
+- ``cache``: the SQLite file remembering skip verdicts by content (``qmd_indexer_audio.verdicts``); default
+  ``<state_dir>/audio-verdicts.sqlite3`` with the ``state_dir`` qmd-indexer passes to every plugin, in memory
+  without one.
 - ``chunk_s``: consecutive segments are merged into one chunk while it spans at most this many seconds and fits the
   text embedder's token limit (default 30 s).
 """
@@ -28,9 +33,12 @@ from indexer.errors import ExtractError, FileSkipped
 from qmd_indexer_audio.decode import SAMPLE_RATE, AudioDecodeError, decode
 from qmd_indexer_audio.engines import Segment, make_engine
 from qmd_indexer_audio.sniff import audio_format
+from qmd_indexer_audio.speech import SpeechRules
+from qmd_indexer_audio.verdicts import VerdictCache, verdict_key
 
 SUFFIXES = frozenset({".mp3", ".wav", ".ogg", ".opus", ".m4a", ".aac", ".flac"})
 KIND = "audio"
+VERDICTS_VERSION = 1  # bump when the extractor's own decisions change, so remembered verdicts are made again
 
 
 class AudioClassifier:
@@ -78,7 +86,10 @@ class AudioExtractor:
     ``meta = {"duration_s", "language"}``).
 
     Raises ``ExtractError`` naming the reason: not audio (no known signature), undecodable (with each decoder's
-    answer and any missing tool), over ``max_duration_s``, silent, no speech recognised, or the engine failed.
+    answer and any missing tool), over ``max_duration_s``, or the engine failed; ``FileSkipped`` with ``silent``
+    or ``no_speech`` for a recording without speech (no voice found, or every segment dropped by
+    ``qmd_indexer_audio.speech``). Those two verdicts are remembered by content, so the same bytes are never
+    transcribed again.
     """
 
     kinds = frozenset({KIND})
@@ -91,6 +102,12 @@ class AudioExtractor:
         self.chunk_s = float(config.get("chunk_s", 30.0))
         if self.max_duration_s <= 0 or self.chunk_s <= 0:
             raise ValueError("max_duration_s and chunk_s must be positive")
+        self.rules = SpeechRules.from_config(config)
+        cache = config.get("cache") or (Path(config["state_dir"]) / "audio-verdicts.sqlite3"
+                                        if config.get("state_dir") else None)
+        self.verdicts = VerdictCache(Path(cache).expanduser() if cache else None)
+        self.verdict_rules = (f"qmd-indexer-audio verdicts v{VERDICTS_VERSION} {self.engine.model_id} "
+                              f"language={self.engine.language} silence={self.silence_dbfs} {self.rules.identity}")
 
     @property
     def model_id(self) -> str:
@@ -101,14 +118,26 @@ class AudioExtractor:
         try:
             with open(file.path, "rb") as handle:
                 head = handle.read(64)
+            container = audio_format(head)
+            if container is None:
+                raise ExtractError(f"not audio: the first bytes {head[:8]!r} match no WAV, FLAC, Ogg, MP3, AAC or "
+                                   f"MP4 signature")
+            key = verdict_key(self.verdict_rules, file.path)
         except OSError as exc:
             raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
-        container = audio_format(head)
-        if container is None:
-            raise ExtractError(f"not audio: the first bytes {head[:8]!r} match no WAV, FLAC, Ogg, MP3, AAC or MP4 "
-                               f"signature")
+        remembered = self.verdicts.get(key)
+        if remembered is not None:
+            reason, detail = remembered
+            raise FileSkipped(reason, f"{detail} (remembered for this content)")
         try:
-            samples = decode(file.path, self.max_duration_s)
+            yield from self._transcribe(file.path, container, context)
+        except FileSkipped as exc:
+            self.verdicts.put(key, exc.reason, exc.detail)
+            raise
+
+    def _transcribe(self, path: Path, container: str, context: ExtractContext) -> Iterator[Chunk]:
+        try:
+            samples = decode(path, self.max_duration_s)
         except AudioDecodeError as exc:
             raise ExtractError(f"cannot decode {container} audio: {exc}") from None
         duration_s = samples.size / SAMPLE_RATE
@@ -120,13 +149,24 @@ class AudioExtractor:
             # a deliberate skip, not a failure: the file is fine, it just holds no speech
             raise FileSkipped("silent", f"peak level {level:.0f} dBFS is below {self.silence_dbfs:.0f} dBFS over "
                                         f"{duration_s:.1f} s; nothing to transcribe")
+        clips = None
+        if self.rules.vad:
+            try:
+                clips = self.rules.speech_spans(samples)
+            except Exception as exc:  # onnxruntime missing or failing: report it for this file
+                raise ExtractError(f"voice-activity detection failed: {type(exc).__name__}: {exc}") from exc
+            if not clips:
+                raise FileSkipped("no_speech", f"voice-activity detection found no speech in {duration_s:.1f} s of "
+                                               f"audio")
         try:
-            transcript = self.engine.transcribe(samples)
+            transcript = self.engine.transcribe(samples, clips, self.rules.thresholds)
         except Exception as exc:  # a model that cannot load or run: report it for this file
             raise ExtractError(f"transcription with {self.engine.name} failed: {type(exc).__name__}: {exc}") from exc
-        segments = [s for s in transcript.segments if s.text.strip()]
+        segments = [s for s in transcript.segments if self.rules.keep(s)]
         if not segments:
-            raise FileSkipped("no_speech", f"no speech recognised in {duration_s:.1f} s of audio")
+            dropped = len(transcript.segments)
+            raise FileSkipped("no_speech", f"no speech recognised in {duration_s:.1f} s of audio" + (
+                f" ({dropped} segments dropped as punctuation-only or under Whisper's thresholds)" if dropped else ""))
         meta = {"duration_s": round(duration_s, 3), "language": transcript.language}
         for text, start_s, end_s in group_segments(segments, context, self.chunk_s):
             yield Chunk(text=text, kind=KIND, modality="text", start_s=round(max(0.0, start_s), 3),

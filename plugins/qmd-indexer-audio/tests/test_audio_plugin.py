@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 import soundfile
 
+from indexer.api import FileInfo
+from indexer.errors import FileSkipped
 from indexer.testing import check_classifier, check_extractor, check_extractor_rejects, whitespace_context
 from qmd_indexer_audio.decode import SAMPLE_RATE, decode
 from qmd_indexer_audio.engines import Segment, make_engine
 from qmd_indexer_audio.extract import AudioClassifier, AudioExtractor, group_segments
 from qmd_indexer_audio.sniff import audio_format
+from qmd_indexer_audio.speech import SpeechRules
 
 PHRASE = "the harbour lights were green"
 
@@ -192,3 +195,98 @@ def test_real_speech_with_faster_whisper(tmp_path: Path) -> None:
     text = " ".join(c.text for c in chunks).lower()
     assert "ask not what your country can do for you" in text.replace(",", "").replace(".", "")
     assert chunks[0].start_s == 0.0 and chunks[-1].end_s > 3.0
+
+
+# -- noise is not speech ---------------------------------------------------------------------------------------------
+
+NOISE_SEED = 7  # Whisper tiny.en (CTranslate2 int8) hears this noise as ". . . ." in some runs, not in others
+
+
+def pink_noise(path: Path, seconds: float = 30.0, peak_dbfs: float = -35.0, seed: int = NOISE_SEED) -> Path:
+    """Pink (1/f power) noise peaking at ``peak_dbfs``, written as a 16 kHz 16-bit WAV: a quiet room, a hum."""
+    n = int(seconds * SAMPLE_RATE)
+    spectrum = np.fft.rfft(np.random.default_rng(seed).standard_normal(n))
+    freqs = np.fft.rfftfreq(n, 1 / SAMPLE_RATE)
+    freqs[0] = freqs[1]
+    noise = np.fft.irfft(spectrum / np.sqrt(freqs), n)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    soundfile.write(str(path), (noise / np.abs(noise).max() * 10 ** (peak_dbfs / 20)).astype(np.float32), SAMPLE_RATE)
+    return path
+
+
+def no_speech(extractor: AudioExtractor, path: Path) -> str:
+    """``path`` is refused as ``no_speech``; returns the detail."""
+    exc = check_extractor_rejects(extractor, path, "audio")
+    assert isinstance(exc, FileSkipped) and exc.reason == "no_speech", exc
+    return exc.detail
+
+
+def test_speech_rules_drop_punctuation_and_whisper_threshold_failures() -> None:
+    rules = SpeechRules.from_config({"vad": False})
+    keep = lambda text, *scores: rules.keep(Segment(0.0, 1.0, text, *scores))  # noqa: E731
+    assert not keep(".") and not keep(" . . . ") and not keep("♪ ♪") and not keep("...!?") and not keep("")
+    assert keep("Hello.") and keep("会议在九点") and keep("42")
+    assert not keep("hmm", 0.9, -1.2, 1.1)  # likely silence and a failed decoding: Whisper's silence rule
+    assert keep("hmm", 0.9, -0.5, 1.1) and keep("hmm", 0.3, -1.2, 1.1)  # either alone is not enough
+    assert not keep("so so so so so so so so", 0.1, -0.2, 2.6)  # a repetition loop
+    strict = SpeechRules.from_config({"vad": False, "compression_ratio_threshold": 3.0, "no_speech_threshold": 0.5,
+                                      "logprob_threshold": -0.4})
+    assert strict.keep(Segment(0.0, 1.0, "so so so", 0.1, -0.2, 2.6))
+    assert not strict.keep(Segment(0.0, 1.0, "hmm", 0.6, -0.5, 1.1))
+    with pytest.raises(ValueError, match="vad_threshold"):
+        SpeechRules.from_config({"vad_threshold": 1.5})
+
+
+def real_extractor(tmp_path: Path, **config: object) -> AudioExtractor:
+    return AudioExtractor({"engine": "faster-whisper", "model": real_engine_model(), "state_dir": str(tmp_path),
+                           **config})
+
+
+def test_noise_is_no_speech_and_the_verdict_is_remembered_with_faster_whisper(tmp_path: Path) -> None:
+    noise = pink_noise(tmp_path / "memory" / "hum.wav")
+    real = real_extractor(tmp_path / "state")  # defaults: vad on; language unset, as a user would leave it
+    assert "voice-activity detection found no speech in 30.0 s" in no_speech(real, noise)
+    assert real.engine.calls == 0  # the model never ran
+
+
+def test_without_vad_whisper_thresholds_and_punctuation_still_refuse_noise_once(tmp_path: Path) -> None:
+    noise = pink_noise(tmp_path / "memory" / "hum.wav")
+    real = real_extractor(tmp_path / "state", vad=False)
+    no_speech(real, noise)  # whatever the model heard (often nothing, sometimes ". . .") was thrown away
+    assert real.engine.calls == 1
+    copy = tmp_path / "memory" / "hum-copy.wav"
+    copy.write_bytes(noise.read_bytes())
+    assert "remembered for this content" in no_speech(real, copy)  # a rescan, or the same bytes renamed
+    assert real.engine.calls == 1
+    restarted = real_extractor(tmp_path / "state", vad=False)  # a new process on the same state dir
+    assert "remembered" in no_speech(restarted, noise) and restarted.engine.calls == 0
+    assert (tmp_path / "state" / "audio-verdicts.sqlite3").is_file()
+    other_rules = real_extractor(tmp_path / "state", vad=False, no_speech_threshold=0.9)
+    assert "remembered" not in no_speech(other_rules, noise) and other_rules.engine.calls == 1
+
+
+def test_noise_is_no_speech_with_openai_whisper_and_remembered(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    """The tiny checkpoint says its phrase for any sound; VAD keeps noise from reaching it. With VAD off, a
+    compression-ratio threshold under the phrase's (about 1.0) drops its segment, and that verdict is remembered."""
+    noise = pink_noise(tmp_path / "memory" / "hum.wav")
+    config = {"engine": "whisper", "model": str(tiny_checkpoint), "state_dir": str(tmp_path / "state")}
+    default = AudioExtractor(config)
+    assert "voice-activity detection found no speech" in no_speech(default, noise) and default.engine.calls == 0
+    strict = AudioExtractor({**config, "vad": False, "compression_ratio_threshold": 0.5})
+    assert "1 segments dropped" in no_speech(strict, noise) and strict.engine.calls == 1
+    assert "remembered" in no_speech(strict, noise) and strict.engine.calls == 1
+
+
+def test_speech_between_noise_keeps_its_time_in_the_file(tmp_path: Path, extractor: AudioExtractor) -> None:
+    speech = speak("Ask not what your country can do for you.", tmp_path / "speech.wav")
+    hum = decode(pink_noise(tmp_path / "hum.wav", seconds=5.0))
+    padded = np.concatenate([hum, decode(speech), hum])  # 5 s of noise, the sentence, 5 s of noise
+    clip = tmp_path / "memory" / "memo.wav"
+    clip.parent.mkdir(parents=True)
+    soundfile.write(str(clip), padded, SAMPLE_RATE)
+    (chunk,) = check_extractor(extractor, clip, "audio")  # VAD hands the model only the speech, at its place
+    assert chunk.text == PHRASE and 4.0 < chunk.start_s < 5.0 and chunk.end_s == pytest.approx(chunk.start_s + 1.0)
+    real = real_extractor(tmp_path / "state", language="en")
+    chunks = list(real.extract(FileInfo(clip, "memory/memo.wav", "audio", clip.stat().st_size), whitespace_context()))
+    assert "ask not what your country can do for you" in "".join(c.text for c in chunks).lower().replace(",", "")
+    assert 4.0 < chunks[0].start_s < 5.5 and chunks[-1].end_s < 30.0
