@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 from indexer.daemon import Indexer
 from indexer.errors import ReadRefused, StoreUnavailable
 from indexer.recall import DEFAULT_MAX_CHARS, boot_context, read_memory, recall
-from indexer.search import SearchParams, Searcher
+from indexer.search import SearchParams
 
 
 class SearchBody(BaseModel):
@@ -81,19 +81,10 @@ def _as_tuple(value: list[str] | str | None) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
-def make_searcher(indexer: Indexer) -> Searcher:
-    """A ``Searcher`` over the indexer's collections, store and embedders, with the configured defaults."""
-    s = indexer.settings
-    assert indexer.pipeline is not None and indexer.store is not None and indexer.registry is not None
-    return Searcher(indexer.collections, indexer.store, indexer.registry.embedders, indexer.pipeline.bm25,
-                    mode=s.search_mode, fusion=s.fusion, rrf_k=s.rrf_k, prefetch_limit=s.prefetch_limit,
-                    min_scores={"image": s.image_min_score})
-
-
 def create_app(indexer: Indexer) -> FastAPI:
     """The API app over an opened ``indexer``."""
     app = FastAPI(title="qmd-indexer", version="0.1.0", summary="Semantic search over an agent's memory files")
-    searcher = make_searcher(indexer)
+    searcher = indexer.searcher()
 
     @app.get("/health")
     def health() -> dict[str, Any]:

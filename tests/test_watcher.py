@@ -138,9 +138,9 @@ def test_replaced_workspace_directory_is_watched_again(workspace: Path, make_ind
                                                         monkeypatch) -> None:
     import shutil
 
-    import indexer.daemon as daemon_module
+    import indexer.worker as worker_module
 
-    monkeypatch.setattr(daemon_module, "REFRESH_S", 0.2)
+    monkeypatch.setattr(worker_module, "REFRESH_S", 0.2)
     indexer = make_indexer([{"agent": "main", "path": workspace}])
     with Running(indexer):
         shutil.copytree(workspace, tmp_path / "restored")
