@@ -18,8 +18,16 @@ import structlog
 
 from indexer.config import Settings
 from indexer.daemon import Indexer
-from indexer.errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CollectionMismatch, ConfigError, PluginError,
-                            StoreLocked, StoreUnavailable)
+from indexer.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    CollectionMismatch,
+    ConfigError,
+    PluginError,
+    StoreLocked,
+    StoreUnavailable,
+)
 from indexer.worker import Progress, run
 
 log = structlog.get_logger("qmd_indexer.daemon")
