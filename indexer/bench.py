@@ -7,7 +7,7 @@ folder of a fresh workspace under ``.bench/``. A missing vault is reported on st
 
 Measured, in order:
 
-1. **First index** (in this process, ``Indexer.index_once`` on an empty state and an empty embedding cache):
+1. **First index** (in this process, ``worker.index_once`` on an empty state and an empty embedding cache):
    chunks/s, and its ratio to the raw baseline: ``SentenceTransformer.encode`` (the same model object, same
    precision, same batch size) on exactly the chunk texts the index holds, in one call, timed before and after the
    index (the mean of the two is the baseline).
@@ -98,6 +98,7 @@ def bench_index(workspace: Path, state_dir: Path) -> tuple[dict[str, Any], Any, 
     """Steps 1 and 2; returns (results, registry, the real chunk vectors of the index)."""
     from indexer.daemon import Indexer, plugin_configs
     from indexer.plugins import load_registry
+    from indexer.worker import index_once
 
     shutil.rmtree(state_dir, ignore_errors=True)
     settings = settings_for(workspace, state_dir)
@@ -116,8 +117,7 @@ def bench_index(workspace: Path, state_dir: Path) -> tuple[dict[str, Any], Any, 
     # the chunk texts the pipeline will embed, from its own extractor (not timed)
     from indexer.workspace import walk
 
-    indexer = Indexer(settings, registry=registry)
-    indexer.open()
+    indexer = Indexer.open(settings, registry=registry)
     found, _ = walk(indexer.collections)
     texts: list[str] = []
     for collection, path in found:
@@ -130,7 +130,7 @@ def bench_index(workspace: Path, state_dir: Path) -> tuple[dict[str, Any], Any, 
     log(f"1. first index: {len(found)} files, {len(texts)} chunks ({len(unique_texts)} distinct texts) ...")
     (raw_before, raw_cpu_before) = raw_encode(unique_texts)
     started, cpu = time.perf_counter(), time.process_time()
-    status = indexer.index_once()
+    status = index_once(indexer)
     index_s, index_cpu = time.perf_counter() - started, time.process_time() - cpu
     (raw_after, raw_cpu_after) = raw_encode(unique_texts)
     embedded = status["chunks_embedded"]
@@ -156,15 +156,14 @@ def bench_index(workspace: Path, state_dir: Path) -> tuple[dict[str, Any], Any, 
     log("2. no-op rescans ...")
     before = indexer.pipeline.stats.chunks_embedded
     started = time.perf_counter()
-    indexer.index_once()
+    index_once(indexer)
     same_s = time.perf_counter() - started
     same_embedded = indexer.pipeline.stats.chunks_embedded - before
     indexer.close()
     vectors = real_vectors(state_dir / "embeddings.sqlite3")
     started = time.perf_counter()
-    again = Indexer(settings, registry=registry)
-    again.open()
-    status = again.index_once()
+    again = Indexer.open(settings, registry=registry)
+    status = index_once(again)
     restart_s = time.perf_counter() - started
     again.close()
     noop = {"same_process_s": round(same_s, 3), "same_process_embedded": same_embedded,
@@ -382,8 +381,7 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
     ``vectors[i % len(vectors)]`` (this run's vault chunks) plus Gaussian noise (sigma 0.02 per dimension, so
     cosine to its source ~0.9), L2-normalised. Payloads are the product's (path, hashes, stat, chunk counts), so
     the daemon sees every file as indexed and embeds nothing at start."""
-    from indexer.cache import EmbeddingCache
-    from indexer.pipeline import Pipeline
+    from indexer.bm25 import Bm25Terms
     from indexer.store import Point, ancestor_dirs, open_store, point_id
 
     shutil.rmtree(workspace, ignore_errors=True)
@@ -398,7 +396,7 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
     collection = next(c for c in plan_collections(settings.workspace) if c.role == "dir")
     store = open_store(state_dir)
     store.ensure_collection(collection.name, {"text": vectors.shape[1]})
-    bm25 = Pipeline(registry, EmbeddingCache(None), settings.max_file_bytes)  # for its Bm25: the product's own
+    bm25 = Bm25Terms()  # the product's own
     rng = np.random.default_rng(0)
     started = time.perf_counter()
     batch: list[Point] = []
@@ -414,14 +412,14 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
             n = f * BIG_CHUNKS_PER_FILE + i
             vec = vectors[n % len(vectors)] + rng.normal(0, 0.02, vectors.shape[1]).astype(np.float32)
             vec /= np.linalg.norm(vec)
-            terms = bm25.bm25.embed_document(text)
+            terms = bm25.document(text) or ([], [])
             payload = {"agent": "big", "collection": collection.name, "path": rel, "abs_path": str(path),
                        "dirs": ancestor_dirs(rel), "file_hash": file_hash, "size_bytes": st.st_size,
                        "mtime_ns": st.st_mtime_ns, "chunk_index": i, "chunk_count": len(lines),
                        "start_line": i + 1, "end_line": i + 1, "text": text, "kind": "markdown",
                        "modality": "text", "model_id": registry.embedders["text"].model_id}
             batch.append(Point(point_id(collection.name, str(path), i), {"text": vec},
-                               {"bm25": (list(terms.indices), list(terms.values))}, payload))
+                               {"bm25": terms}, payload))
         if len(batch) >= 2000:
             store._upsert(collection.name, batch)
             batch = []
@@ -440,23 +438,21 @@ def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Se
     """Per query, ms spent embedding the query, in the store (both lists) and fusing (medians), in this process."""
     from indexer.daemon import Indexer
     from indexer.search import SearchParams, fuse
-    from indexer.server import make_searcher
     from indexer.store import Filter, Query
 
-    indexer = Indexer(settings_for(workspace, state_dir, agent="big"), registry=registry)
-    indexer.open()
-    searcher = make_searcher(indexer)
+    indexer = Indexer.open(settings_for(workspace, state_dir, agent="big"), registry=registry)
+    searcher = indexer.searcher()
     embed_ms, dense_ms, sparse_ms, fuse_ms, total_ms = [], [], [], [], []
     name = indexer.collections[1].name
     for q in queries:
         t0 = time.perf_counter()
         dense = dict(searcher._embed_query_uncached(q))
         t1 = time.perf_counter()
-        terms = indexer.pipeline.bm25.embed_query(q)
+        terms = indexer.terms.query(q)
         lists = indexer.store.search(name, Query(limit=searcher.prefetch_limit, dense=dense, filter=Filter()))
         t2 = time.perf_counter()
         lists.update(indexer.store.search(name, Query(limit=searcher.prefetch_limit,
-                                                      sparse=(list(terms.indices), list(terms.values)))))
+                                                      sparse=terms)))
         t3 = time.perf_counter()
         fuse(list(lists.values()), searcher.fusion, searcher.rrf_k, searcher.prefetch_limit)
         t4 = time.perf_counter()

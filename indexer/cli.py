@@ -8,57 +8,14 @@ Exit codes: 0 success; 1 runtime failure (daemon unreachable, Qdrant unreachable
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
-
-
-def configure_logging(fmt: str = "auto", level: str = "info") -> None:
-    """structlog for our events and the stdlib loggers of uvicorn and watchdog alike, to stderr: JSON lines when
-    stderr is not a TTY (journald, pipes) or ``fmt == "json"``, colourless key=value console lines otherwise."""
-    import structlog
-
-    json_lines = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    shared = [
-        structlog.contextvars.merge_contextvars,
-        structlog.stdlib.add_log_level,
-        structlog.stdlib.add_logger_name,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    renderer = structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=False)
-    structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=False,
-    )
-    from indexer.systemd import journal_priority, under_journald
-
-    class Formatter(structlog.stdlib.ProcessorFormatter):
-        """Under journald, each line starts with its syslog priority (``<3>`` error, ``<4>`` warning, ``<6>``
-        info), so ``journalctl -p warning`` filters it (sd-daemon(3))."""
-
-        def format(self, record: logging.LogRecord) -> str:
-            line = super().format(record)
-            return f"<{journal_priority(record.levelname)}>{line}" if journald else line
-
-    journald = under_journald()
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(Formatter(
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.processors.format_exc_info, renderer],
-        foreign_pre_chain=shared))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for noisy in ("watchdog", "httpx", "httpcore", "sentence_transformers", "transformers", "uvicorn.access",
-                  "mcp.server.streamable_http", "mcp.server.streamable_http_manager", "mcp.server.lowlevel"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+from indexer.errors import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
+from indexer.terminal import configure_logging, print_hits, print_status
 
 
 def _finite(value: float | None) -> float | None:
@@ -81,7 +38,7 @@ def _since(value: str | None) -> str | None:
     return value
 
 
-def _fail(message: str, code: int = EXIT_FAILURE) -> None:
+def _fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     click.echo(f"qmd-indexer: {message}", err=True)
     sys.exit(code)
 
@@ -159,72 +116,13 @@ def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -
       qmd-indexer run --workspace ~/agent --agent main
       qmd-indexer run --config /etc/qmd-indexer/config.toml
     """
+    from indexer.service import serve
+    from indexer.terminal import progress_bar
+
     settings = _settings(config, workspace, agent, state_dir, port, qdrant_url, extra)
     _need_workspaces(settings)
     configure_logging(settings.log_format, settings.log_level)
-    import socket
-    import threading
-
-    with socket.socket() as probe:
-        try:
-            probe.bind((settings.host, settings.port))
-        except OSError as exc:
-            _fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}; is a daemon already running? "
-                  f"(choose another with --port)")
-    indexer = _open_indexer(settings, reindex, connect=False)
-    from indexer.errors import CollectionMismatch, StoreLocked, StoreUnavailable
-
-    try:
-        indexer.connect()
-    except (CollectionMismatch, StoreLocked) as exc:  # not transient: a config mistake, so say it and stop
-        _fail(str(exc))
-    except StoreUnavailable:
-        pass  # the worker logs it once and keeps retrying; the API answers meanwhile
-    import uvicorn
-    import structlog
-
-    from indexer.server import create_app
-
-    stop = threading.Event()
-    worker = threading.Thread(target=indexer.run, args=(stop,), name="indexer-worker", daemon=True)
-    worker.start()
-    server = uvicorn.Server(uvicorn.Config(create_app(indexer), host=settings.host, port=settings.port,
-                                           log_config=None, access_log=False, lifespan="on"))
-    structlog.get_logger("qmd_indexer.daemon").info("api_listening", url=f"http://{settings.host}:{settings.port}")
-    # uvicorn handles SIGTERM/SIGINT while serving, then re-raises the signal to the handler that was installed
-    # before it; with the default handler that would kill the process before the store is flushed.
-    import signal
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    failed_to_serve = False
-    try:
-        server.run()
-    except SystemExit:  # uvicorn exits when it cannot bind (a port taken between our probe and its bind)
-        failed_to_serve = True
-    finally:
-        stop.set()
-        indexer.settler.wake()
-        worker.join()
-        indexer.close()
-        structlog.get_logger("qmd_indexer.daemon").info("daemon_stopped")
-    sys.exit(EXIT_OK if server.started and not failed_to_serve else EXIT_FAILURE)
-
-
-def _open_indexer(settings: Any, reindex: bool, connect: bool = True) -> Any:
-    from indexer.daemon import Indexer
-    from indexer.errors import CollectionMismatch, ConfigError, PluginError, StoreUnavailable
-
-    indexer = Indexer(settings)
-    try:
-        indexer.open(reindex=reindex, connect=connect)
-    except ConfigError as exc:
-        _fail(f"config error: {exc}", EXIT_USAGE)
-    except (CollectionMismatch, StoreUnavailable, PluginError) as exc:
-        _fail(str(exc))
-    except OSError as exc:
-        _fail(f"cannot open the store under {settings.state_dir}: {exc}")
-    return indexer
+    sys.exit(serve(settings, reindex=reindex, progress=progress_bar))
 
 
 @main.command()
@@ -249,15 +147,22 @@ def index(config, workspace, agent, state_dir, qdrant_url, extra, once, reindex,
     settings = _settings(config, workspace, agent, state_dir, None, qdrant_url, extra)
     _need_workspaces(settings)
     configure_logging(settings.log_format, settings.log_level)
-    indexer = _open_indexer(settings, reindex)
+    from indexer.service import Refused, open_indexer
+    from indexer.terminal import progress_bar
+    from indexer.worker import index_once
+
     try:
-        status = indexer.index_once()
+        indexer = open_indexer(settings, reindex)
+    except Refused as exc:
+        _fail(exc.message, exc.code)
+    try:
+        status = index_once(indexer, progress=progress_bar)
     finally:
         indexer.close()
     if as_json:
         click.echo(json.dumps(status, indent=2))
     else:
-        _print_status(status)
+        print_status(status)
     sys.exit(EXIT_PARTIAL if status["files_failed"] else EXIT_OK)
 
 
@@ -364,20 +269,7 @@ def search(query, k, agent, collections, mode, path_prefix, kinds, min_score, si
     if as_json:
         click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
         return
-    _print_hits(hits)
-
-
-def _print_hits(hits: list[dict[str, Any]]) -> None:
-    if not hits:
-        click.echo("no hits", err=True)
-    for rank, hit in enumerate(hits, 1):
-        where = f"{hit['path']}:{hit['start_line']}-{hit['end_line']}"
-        if "start_s" in hit:
-            where += f" [{hit['start_s']:.1f}s-{hit.get('end_s', hit['start_s']):.1f}s]"
-        score = "" if hit.get("score") is None else f"  score {hit['score']:.3f}"
-        click.echo(f"{rank}. {where}{score}  ({hit['collection']}, {hit['kind']})")
-        for line in hit["snippet"].splitlines()[:8]:
-            click.echo(f"     {line}")
+    print_hits(hits)
 
 
 @main.command()
@@ -435,7 +327,7 @@ def recall(query, k, top_k, agent, as_json, config, port) -> None:
     if as_json:
         click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
     else:
-        _print_hits(hits)
+        print_hits(hits)
 
 
 @main.command()
@@ -501,20 +393,12 @@ def doctor(config, workspace, agent, fix) -> None:
                        f"only MEMORY.md is indexed. Run with --fix to archive and merge it.")
         else:
             repair = fix_split(ws)
+            if repair is None:  # repaired by someone else since find_split
+                click.echo(f"{ws.agent}: ok ({ws.path})")
+                continue
             merged = "its text appended to MEMORY.md" if repair.merged else "same text as MEMORY.md"
             click.echo(f"{ws.agent}: repaired: {legacy.name} archived to {repair.archived_to} ({merged})")
     sys.exit(EXIT_FAILURE if problems else EXIT_OK)
-
-
-def _print_status(status: dict[str, Any]) -> None:
-    click.echo(f"ready: {status['ready']}  backend: {status['backend']}  queue: {status['queue_depth']}  "
-               f"embedded since start: {status['chunks_embedded']}  cache hits: {status['cache_hits']}  "
-               f"failed files: {status['files_failed']}")
-    if status.get("store_degraded"):
-        click.echo("store: degraded (writes to Qdrant are failing and being retried)")
-    click.echo(f"{'collection':<40} {'files':>7} {'chunks':>8}  root")
-    for name, c in status["collections"].items():
-        click.echo(f"{name:<40} {c['files']:>7} {c['chunks']:>8}  {c['root']}")
 
 
 @main.command()
@@ -528,7 +412,7 @@ def status(as_json, config, port) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
-        _print_status(info)
+        print_status(info)
 
 
 @main.command("mcp")

@@ -14,6 +14,10 @@
 
 from __future__ import annotations
 
+# exit statuses of the command line and of ``indexer.service.serve``: success; runtime failure (daemon or Qdrant
+# unreachable, collection mismatch); usage or configuration error; ``index --once`` finished but some files failed
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+
 
 class QmdError(Exception):
     """Base of every error raised on purpose by qmd-indexer."""

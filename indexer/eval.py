@@ -7,7 +7,7 @@ What it does, in one run:
    reported on stderr and the process exits with status 2.
 2. Writes the corpus as a workspace: ``<state>/workspace/memory/<doc id>.md`` holding ``# <title>``, a blank line and
    the abstract. Files whose content is unchanged are not rewritten, so their ``mtime`` (and the index) stay valid.
-3. Indexes it with the daemon's code (``Indexer.open`` + ``Indexer.index_once``) into Qdrant Edge under
+3. Indexes it with the daemon's code (``Indexer.open`` + ``worker.index_once``) into Qdrant Edge under
    ``<state>/state-<variant>/``. The embedding cache ``<state>/embeddings.sqlite3`` is shared by every variant and
    kept between runs, so only the first run embeds (minutes on 2 cores); later runs re-chunk and re-upsert only
    when the code that shapes points (chunking, markdown, pipeline) or the variant changed.
@@ -177,7 +177,7 @@ def code_fingerprint(extra: str = "") -> str:
 
 
 def bm25_variant(name: str) -> Any:
-    """A ``qdrant_edge.Bm25`` for a named tuning variant, or ``None`` for the product's own (``default``).
+    """A ``qdrant_edge.Bm25Config`` for a named tuning variant, or ``None`` for the product's own (``default``).
 
     ``word``: the Word tokenizer (Latin-script words only); ``nostem``: Multilingual without stemming;
     ``avglen<N>``: Multilingual with ``avg_len = N``."""
@@ -186,11 +186,11 @@ def bm25_variant(name: str) -> Any:
     import qdrant_edge as qe
 
     if name == "word":
-        return qe.Bm25(qe.Bm25Config(tokenizer=qe.TokenizerType.Word))
+        return qe.Bm25Config(tokenizer=qe.TokenizerType.Word)
     if name == "nostem":
-        return qe.Bm25(qe.Bm25Config(tokenizer=qe.TokenizerType.Multilingual, stemmer=qe.DisabledStemmer()))
+        return qe.Bm25Config(tokenizer=qe.TokenizerType.Multilingual, stemmer=qe.DisabledStemmer())
     if name.startswith("avglen"):
-        return qe.Bm25(qe.Bm25Config(tokenizer=qe.TokenizerType.Multilingual, avg_len=float(name[6:])))
+        return qe.Bm25Config(tokenizer=qe.TokenizerType.Multilingual, avg_len=float(name[6:]))
     raise ValueError(f"unknown BM25 variant {name!r}")
 
 
@@ -199,8 +199,10 @@ def open_indexed(state: Path, workspace: Path, variant: str, bm25: str, overlap:
     """An opened ``Indexer`` over ``workspace`` whose index is complete; returns it and index facts (seconds,
     chunks embedded, cache hits, chunk count)."""
     from indexer import chunking
+    from indexer.bm25 import Bm25Terms
     from indexer.config import Settings, Workspace
     from indexer.daemon import Indexer
+    from indexer.worker import index_once
 
     if overlap is not None:
         chunking.OVERLAP_RATIO = overlap
@@ -216,15 +218,11 @@ def open_indexed(state: Path, workspace: Path, variant: str, bm25: str, overlap:
     reindex = not stamp_path.exists() or stamp_path.read_text() != stamp
     settings = Settings(state_dir=state_dir, workspace=(Workspace(agent="scifact", path=workspace),),
                         log_level="warning")
-    indexer = Indexer(settings, registry=registry)
-    indexer.open(reindex=reindex)
-    custom = bm25_variant(bm25)
-    if custom is not None:
-        indexer.pipeline.bm25 = custom
+    indexer = Indexer.open(settings, registry=registry, reindex=reindex, terms=Bm25Terms(bm25_variant(bm25)))
     stamp_path.unlink(missing_ok=True)
     log(f"indexing variant {variant!r} ({'rebuild' if reindex else 'incremental'}) ...")
     started = time.monotonic()
-    status = indexer.index_once()
+    status = index_once(indexer)
     seconds = time.monotonic() - started
     stamp_path.write_text(stamp)
     chunks = sum(c["chunks"] for c in status["collections"].values())
@@ -238,12 +236,11 @@ def open_indexed(state: Path, workspace: Path, variant: str, bm25: str, overlap:
 def run_product(indexer: Any, data: SciFact, methods: Sequence[tuple[str, str, str]], prefetch: int, rrf_k: int,
                 log: Any) -> dict[str, Scores]:
     """``methods``: (label, mode, fusion). Every query through ``Searcher.retrieve``; returns label -> Scores."""
-    from indexer.search import Searcher, SearchParams
+    from indexer.search import SearchParams
 
     out: dict[str, Scores] = {}
     for label, mode, fusion in methods:
-        searcher = Searcher(indexer.collections, indexer.store, indexer.registry.embedders, indexer.pipeline.bm25,
-                            mode=mode, fusion=fusion, rrf_k=rrf_k, prefetch_limit=prefetch)
+        searcher = indexer.searcher(mode=mode, fusion=fusion, rrf_k=rrf_k, prefetch_limit=prefetch)
         scores = Scores()
         for qid, text in data.queries.items():
             searcher._embed_query(text)  # the query's embedding is not part of the ranking under test
@@ -263,19 +260,19 @@ def run_collapsed(indexer: Any, data: SciFact, fusion: str, prefetch: int, rrf_k
     """Experiment, not the product path: each vector's list collapsed to one hit per document (its best chunk),
     keyed by document, before fusion with the product's ``fuse``: a document whose best dense chunk and best BM25
     chunk differ gets credit from both lists."""
-    from indexer.search import Searcher, fuse
+    from indexer.search import fuse
     from indexer.store import Filter, Hit, Query
 
-    searcher = Searcher(indexer.collections, indexer.store, indexer.registry.embedders, indexer.pipeline.bm25)
+    searcher = indexer.searcher()
     scores = Scores()
     for qid, text in data.queries.items():
         dense = dict(searcher._embed_query(text))
-        terms = indexer.pipeline.bm25.embed_query(text)
+        terms = indexer.terms.query(text)
         results = []
         for depth in (prefetch, max(RECALL_CHUNKS, prefetch)):
             lists = []
             for collection in indexer.collections:
-                query = Query(limit=depth, dense=dense, sparse=(list(terms.indices), list(terms.values)),
+                query = Query(limit=depth, dense=dense, sparse=terms,
                               filter=Filter())
                 for hits in indexer.store.search(collection.name, query).values():
                     best: dict[str, Hit] = {}  # keyed by document, so fusion adds a document's lists up

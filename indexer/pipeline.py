@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo
+from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache, cache_key
 from indexer.errors import ExtractError, FileSkipped, PluginError
 from indexer.plugins import Registry
@@ -101,9 +102,10 @@ def read_fingerprint(path: Path, max_bytes: int) -> tuple[os.stat_result, bytes,
 
 class Pipeline:
     """Turns files into points with the loaded plugins. ``max_file_bytes`` caps text files; media use the
-    workspace's multimodal cap."""
+    workspace's multimodal cap. ``terms`` builds the BM25 vectors (``None``: the product's ``Bm25Terms()``)."""
 
-    def __init__(self, registry: Registry, cache: EmbeddingCache, max_file_bytes: int) -> None:
+    def __init__(self, registry: Registry, cache: EmbeddingCache, max_file_bytes: int,
+                 terms: Bm25Terms | None = None) -> None:
         self.registry = registry
         self.cache = cache
         self.max_file_bytes = max_file_bytes
@@ -112,14 +114,7 @@ class Pipeline:
         if text is None:
             raise PluginError("no embedder of modality 'text' is loaded; check `qmd-indexer plugins`")
         self.text_embedder = text
-        from qdrant_edge import Bm25, Bm25Config, TokenizerType
-
-        # Multilingual tokenizer: words for Latin scripts, dictionary segmentation for CJK (keyword search in
-        # Chinese/Japanese works); Qdrant's IDF modifier supplies the corpus statistics at query time. Measured: the
-        # Word tokenizer keeps "广州市房地产中介协会分析" as one term, so the query "房地产中介" shares no term with
-        # it (Multilingual: 3 of 3). The language default (English stopwords + Snowball stemmer) is kept: in the
-        # same `make eval` run, bm25s on SciFact test scores nDCG@10 0.662 without a Snowball stemmer, 0.686 with.
-        self.bm25 = Bm25(Bm25Config(tokenizer=TokenizerType.Multilingual))
+        self.terms = terms if terms is not None else Bm25Terms()
         self._context: ExtractContext | None = None
 
     @property
@@ -230,10 +225,9 @@ class Pipeline:
         abs_path = str(file.path)
         for index, (chunk, vector) in enumerate(zip(file.chunks, vectors)):
             sparse: dict[str, tuple[list[int], list[float]]] = {}
-            if chunk.text.strip():
-                terms = self.bm25.embed_document(chunk.text)
-                if terms.indices:
-                    sparse[SPARSE] = (list(terms.indices), list(terms.values))
+            terms = self.terms.document(chunk.text)
+            if terms is not None:
+                sparse[SPARSE] = terms
             payload = Payload(
                 agent=file.collection.agent, collection=file.collection.name, path=file.rel_path, abs_path=abs_path,
                 file_hash=file.file_hash, size_bytes=file.size_bytes, mtime_ns=file.mtime_ns, chunk_index=index,

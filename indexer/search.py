@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from indexer.bm25 import Bm25Terms
+from indexer.config import Settings
 from indexer.points import Filter, Hit, Query
 from indexer.store import Store
 from indexer.workspace import Collection
@@ -108,20 +110,32 @@ def to_hit(hit: Hit, query: str) -> dict[str, Any]:
 
 
 class Searcher:
-    """Answers ``SearchParams`` over ``collections`` in ``store`` with the loaded embedders."""
+    """Answers ``SearchParams`` over ``collections`` in ``store`` with the loaded embedders; ``terms`` must be the
+    ``Bm25Terms`` the points were indexed with. Build it with ``from_settings`` to get the configured defaults."""
 
-    def __init__(self, collections: Sequence[Collection], store: Store, embedders: dict[str, Any], bm25: Any,
+    def __init__(self, collections: Sequence[Collection], store: Store, embedders: dict[str, Any], terms: Bm25Terms,
                  mode: str = "hybrid", fusion: str = "dbsf", rrf_k: int = 60, prefetch_limit: int = 100,
                  min_scores: dict[str, float] | None = None) -> None:
         self.collections = list(collections)
         self.store = store
         self.embedders = embedders
-        self.bm25 = bm25
+        self.terms = terms
         self.mode, self.fusion, self.rrf_k, self.prefetch_limit = mode, fusion, rrf_k, prefetch_limit
         # per-vector floors applied before fusion: score-normalising fusion (DBSF) would otherwise lift the best
         # of an irrelevant list (e.g. images for a query no picture matches) to the top
         self.min_scores = dict(min_scores or {})
         self._embed_query = lru_cache(maxsize=256)(self._embed_query_uncached)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, collections: Sequence[Collection], store: Store,
+                      embedders: dict[str, Any], terms: Bm25Terms, **overrides: Any) -> Searcher:
+        """The one factory: a ``Searcher`` with the configured defaults (``search_mode``, ``fusion``, ``rrf_k``,
+        ``prefetch_limit``, ``image_min_score``); ``overrides`` replace any of ``__init__``'s keyword arguments
+        (benchmarks compare modes and fusions this way)."""
+        defaults: dict[str, Any] = {"mode": settings.search_mode, "fusion": settings.fusion, "rrf_k": settings.rrf_k,
+                                    "prefetch_limit": settings.prefetch_limit,
+                                    "min_scores": {"image": settings.image_min_score}}
+        return cls(collections, store, embedders, terms, **{**defaults, **overrides})
 
     def _embed_query_uncached(self, text: str) -> tuple[tuple[str, np.ndarray], ...]:
         return tuple((modality, e.embed_query(text)) for modality, e in sorted(self.embedders.items()))
@@ -152,8 +166,7 @@ class Searcher:
         dense = dict(self._embed_query(params.query)) if mode != "keyword" else {}
         sparse = None
         if mode != "dense":
-            terms = self.bm25.embed_query(params.query)
-            sparse = (list(terms.indices), list(terms.values))
+            sparse = self.terms.query(params.query)
         depth = max(self.prefetch_limit, params.k)
         query = Query(limit=depth, dense=dense, sparse=sparse, thresholds=self.min_scores,
                       filter=Filter(path_prefix=params.path_prefix, kinds=tuple(params.kinds), since_ns=params.since_ns))

@@ -46,7 +46,7 @@ from indexer.schema import (
     Status,
     error_answer,
 )
-from indexer.search import SearchParams, Searcher
+from indexer.search import SearchParams
 
 T = TypeVar("T")
 
@@ -80,15 +80,6 @@ def _as_tuple(value: list[str] | str | None) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
-def make_searcher(indexer: Indexer) -> Searcher:
-    """A ``Searcher`` over the indexer's collections, store and embedders, with the configured defaults."""
-    s = indexer.settings
-    assert indexer.pipeline is not None and indexer.store is not None and indexer.registry is not None
-    return Searcher(indexer.collections, indexer.store, indexer.registry.embedders, indexer.pipeline.bm25,
-                    mode=s.search_mode, fusion=s.fusion, rrf_k=s.rrf_k, prefetch_limit=s.prefetch_limit,
-                    min_scores={"image": s.image_min_score})
-
-
 class LocalMemory:
     """The daemon's answers in-process, with ``indexer.client.Client``'s methods and answer types (so the MCP tools
     run on either). Errors are the daemon's own: ``KeyError`` (unknown agent or collection), ``ReadRefused``,
@@ -96,7 +87,7 @@ class LocalMemory:
 
     def __init__(self, indexer: Indexer) -> None:
         self.indexer = indexer
-        self.searcher = make_searcher(indexer)
+        self.searcher = indexer.searcher()
 
     def health(self) -> Health:
         return {"status": "ok", "ready": self.indexer.ready.is_set()}

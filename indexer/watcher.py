@@ -49,13 +49,14 @@ class Settler:
         self._seq = 0
         self._cond = threading.Condition()
 
-    def add(self, path: Path, settle: bool = True) -> None:
-        """Queue ``path``; ``settle=False`` makes it ready at once (scans) unless an event already holds it."""
+    def add(self, path: Path, settle: bool = True, delay: float = 0.0) -> None:
+        """Queue ``path``; ``settle=False`` makes it ready after ``delay`` seconds (at once for scans; a retry
+        waits) unless an event already holds it."""
         with self._cond:
             current = self._deadlines.get(path)
             if not settle and current is not None:
                 return
-            deadline = self.clock() + (self.settle_s if settle else 0.0)
+            deadline = self.clock() + (self.settle_s if settle else delay)
             self._deadlines[path] = deadline
             self._seq += 1
             heapq.heappush(self._heap, (deadline, self._seq, path))

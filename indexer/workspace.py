@@ -16,6 +16,10 @@ Rules (following the reference agent's memory layout):
 - One file reached by two routes (an extra path overlapping ``memory/``) belongs to the first collection in the
   order root, dir, extras, and is indexed once; the walk also dedupes by (device, inode).
 
+Workspace identity: ``attest`` records which filesystem object (device, inode) each workspace path is, so a
+restored backup or a re-created directory under the same path is noticed (its files' stat shortcut is then
+distrusted).
+
 Collections are named ``memory-root-<agent>``, ``memory-dir-<agent>``, ``memory-extra-<name>-<agent>``, sanitised
 to ``[a-z0-9-]``, with ``-2``, ``-3``, ... appended on collision, unique across all workspaces of one daemon, and
 preceded by the ``collection_prefix`` setting (daemons on several machines sharing one Qdrant server).
@@ -23,6 +27,7 @@ preceded by the ``collection_prefix`` setting (daemons on several machines shari
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -31,7 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import structlog
+
 from indexer.config import Workspace
+
+log = structlog.get_logger("qmd_indexer.workspace")
 
 ROOT_NAMES = (("MEMORY.md", "memory.md"), ("DREAMS.md", "dreams.md"))
 MEMORY_DIR = "memory"
@@ -273,3 +282,34 @@ def stat_regular(path: Path) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise ValueError("not_regular_file")
     return st
+
+
+def attest(workspaces: Sequence[Workspace], record: Path) -> list[Workspace]:
+    """Record which filesystem object (device, inode) each workspace path is, in the JSON file ``record``
+    (``{agent: {"path", "dev", "ino"}}``, replaced atomically); return the workspaces whose path now names another
+    object than last time (a restored backup, a re-created directory), each logged as ``workspace_reattested``.
+    A missing workspace is logged as ``workspace_missing`` and left out of the record; an unreadable record counts
+    as empty. Raises ``OSError`` when the record cannot be written."""
+    try:
+        previous = json.loads(record.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    current: dict[str, dict[str, str | int]] = {}
+    changed: list[Workspace] = []
+    for ws in workspaces:
+        try:
+            st = os.stat(ws.path)
+        except OSError:
+            log.warning("workspace_missing", agent=ws.agent, path=str(ws.path))
+            continue
+        current[ws.agent] = {"path": str(ws.path), "dev": st.st_dev, "ino": st.st_ino}
+        old = previous.get(ws.agent)
+        if old and old["path"] == str(ws.path) and (old["dev"], old["ino"]) != (st.st_dev, st.st_ino):
+            changed.append(ws)
+            log.warning("workspace_reattested", agent=ws.agent, path=str(ws.path),
+                        old_inode=old["ino"], new_inode=st.st_ino)
+    if current != previous:
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(current, indent=1))
+        tmp.replace(record)
+    return changed

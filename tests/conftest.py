@@ -44,6 +44,7 @@ def backend_store(request: pytest.FixtureRequest, backend: str, **options: Any) 
         opts = ServerOptions(prefer_grpc=True, grpc_port=node.grpc_port, **{**CLUSTER_COLLECTIONS, **options})
     request.addfinalizer(lambda: drop_all_collections(url))  # the next test starts on an empty server
     return ServerStore(url, options=opts)
+from indexer.worker import run  # noqa: E402
 
 
 @pytest.fixture(scope="session", name="registry")
@@ -88,8 +89,7 @@ def make_indexer_fixture(tmp_path: Path, registry: Registry) -> Iterator[Callabl
     made: list[Indexer] = []
 
     def make(workspaces: list[dict[str, Any]], store: Any = None, **overrides: Any) -> Indexer:
-        indexer = Indexer(make_settings(tmp_path, workspaces, **overrides), registry=registry, store=store)
-        indexer.open()
+        indexer = Indexer.open(make_settings(tmp_path, workspaces, **overrides), registry=registry, store=store)
         made.append(indexer)
         return indexer
 
@@ -97,7 +97,7 @@ def make_indexer_fixture(tmp_path: Path, registry: Registry) -> Iterator[Callabl
     for indexer in made:
         if indexer.watcher:
             indexer.watcher.stop()
-        if indexer.store and indexer.store.kind == "edge":
+        if indexer.store.kind == "edge":
             try:
                 indexer.store.close()
             except Exception:
@@ -105,12 +105,12 @@ def make_indexer_fixture(tmp_path: Path, registry: Registry) -> Iterator[Callabl
 
 
 class Running:
-    """An ``Indexer.run`` loop on a thread, stopped on exit."""
+    """A ``worker.run`` loop on a thread, stopped on exit."""
 
     def __init__(self, indexer: Indexer) -> None:
         self.indexer = indexer
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=indexer.run, args=(self.stop,), daemon=True)
+        self.thread = threading.Thread(target=run, args=(indexer, self.stop), daemon=True)
 
     def __enter__(self) -> Indexer:
         self.thread.start()

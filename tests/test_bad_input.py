@@ -13,10 +13,12 @@ import pytest
 from conftest import write
 from structlog.testing import capture_logs
 
+from indexer.worker import index_once
+
 
 def _run(indexer):
     with capture_logs() as logs:
-        status = indexer.index_once()
+        status = index_once(indexer)
     return status, logs
 
 
@@ -78,7 +80,7 @@ def test_file_fixed_later_converges(bad_workspace: Path, make_indexer) -> None:
 
 def test_file_deleted_between_event_and_read(workspace: Path, make_indexer) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}])
-    indexer.index_once()
+    index_once(indexer)
     gone = workspace / "memory" / "travel.md"
     never = workspace / "memory" / "never-existed.md"
     indexer.on_path(gone)
@@ -137,13 +139,13 @@ def test_unreadable_file_is_reported_and_the_rest_indexed(tmp_path: Path) -> Non
 
 def test_files_failed_counts_files_failing_now(bad_workspace: Path, make_indexer) -> None:
     indexer = make_indexer([{"agent": "main", "path": bad_workspace}])
-    assert indexer.index_once()["files_failed"] == 1
+    assert index_once(indexer)["files_failed"] == 1
     nul = bad_workspace / "memory" / "nul.md"
     nul.write_bytes(b"\x00 broken again, differently")
-    assert indexer.index_once()["files_failed"] == 1  # the same file failing twice is one failing file
+    assert index_once(indexer)["files_failed"] == 1  # the same file failing twice is one failing file
     nul.write_text("# Fixed\n\ntext at last\n")
-    assert indexer.index_once()["files_failed"] == 0
+    assert index_once(indexer)["files_failed"] == 0
     nul.write_bytes(b"\x00")
-    assert indexer.index_once()["files_failed"] == 1
+    assert index_once(indexer)["files_failed"] == 1
     nul.unlink()
-    assert indexer.index_once()["files_failed"] == 0
+    assert index_once(indexer)["files_failed"] == 0

@@ -10,6 +10,7 @@ import pytest
 import structlog
 from conftest import write
 
+from indexer.worker import index_once
 from indexer.cache import EmbeddingCache, cache_key
 
 
@@ -60,6 +61,6 @@ def test_damage_while_running_never_raises_and_is_repaired_at_the_next_open(tmp_
 def test_a_daemon_starts_and_indexes_over_a_garbage_cache(tmp_path: Path, workspace: Path, make_indexer) -> None:
     write(tmp_path / "state" / "embeddings.sqlite3", b"\x00garbage" * 1000)
     indexer = make_indexer([{"agent": "main", "path": workspace}])
-    status = indexer.index_once()
+    status = index_once(indexer)
     assert sum(c["files"] for c in status["collections"].values()) == 4
     assert status["files_failed"] == 0

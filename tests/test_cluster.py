@@ -14,9 +14,9 @@ from conftest import assert_same_points, make_settings, wait_for, write
 from qdrant.fixtures import CLUSTER_COLLECTIONS, Cluster
 
 import indexer.daemon as daemon_module
+from indexer.worker import index_once, run
 from indexer.daemon import Indexer
 from indexer.search import SearchParams
-from indexer.server import make_searcher
 from indexer.store import ServerOptions, ServerStore
 
 TOPICS = ["deploys", "incidents", "travel", "coffee", "hiring", "budget"]
@@ -48,16 +48,15 @@ def clean_index(tmp_path: Path, workspace: Path, cache_from: Path, registry, age
     with sqlite3.connect(cache_from / "embeddings.sqlite3") as src, \
             sqlite3.connect(settings.state_dir / "embeddings.sqlite3") as dst:
         src.backup(dst)
-    reference = Indexer(settings, registry=registry)
-    reference.open()
-    status = reference.index_once()
+    reference = Indexer.open(settings, registry=registry)
+    status = index_once(reference)
     assert status["chunks_embedded"] == 0, "the clean index reuses the daemon's vectors"
     return reference
 
 
 def _run(indexer: Indexer) -> tuple[threading.Event, threading.Thread]:
     stop = threading.Event()
-    thread = threading.Thread(target=indexer.run, args=(stop,), daemon=True)
+    thread = threading.Thread(target=run, args=(indexer, stop), daemon=True)
     thread.start()
     return stop, thread
 
@@ -75,8 +74,7 @@ def test_node_killed_mid_first_index_then_restarted_leaves_the_index_equal_to_th
     workspace = generated_workspace(tmp_path / "ws", notes=100)
     files = 101
     store = _cluster_store(fault_cluster)
-    indexer = Indexer(make_settings(tmp_path, [{"agent": "main", "path": workspace}]), registry=registry, store=store)
-    indexer.open()
+    indexer = Indexer.open(make_settings(tmp_path, [{"agent": "main", "path": workspace}]), registry=registry, store=store)
     victim = fault_cluster.nodes[1]
     stop, thread = _run(indexer)
     try:
@@ -123,8 +121,7 @@ def test_two_daemons_on_one_cluster_keep_to_their_own_agents(tmp_path: Path, qdr
     daemons = []
     for agent, ws in (("alpha", alpha_ws), ("beta", beta_ws)):  # two machines: own state dirs, own clients
         settings = make_settings(tmp_path / agent, [{"agent": agent, "path": ws}])
-        daemons.append(Indexer(settings, registry=registry, store=_cluster_store(qdrant_cluster)))
-        daemons[-1].open()
+        daemons.append(Indexer.open(settings, registry=registry, store=_cluster_store(qdrant_cluster)))
     running = [(d, *_run(d)) for d in daemons]  # both index at once
     try:
         for d in daemons:
@@ -141,9 +138,9 @@ def test_two_daemons_on_one_cluster_keep_to_their_own_agents(tmp_path: Path, qdr
         assert not any(name.endswith("-beta" if d is alpha else "-alpha") for name in d.status()["collections"])
     assert len(alpha.indexed) == 13 and len(beta.indexed) == 2
     honey = SearchParams("who sells lavender honey?", k=5)
-    assert {h["agent"] for h in make_searcher(beta).search(honey)} == {"beta"}
-    assert {h["agent"] for h in make_searcher(alpha).search(honey)} == {"alpha"}  # never beta's notes
+    assert {h["agent"] for h in beta.searcher().search(honey)} == {"beta"}
+    assert {h["agent"] for h in alpha.searcher().search(honey)} == {"alpha"}  # never beta's notes
     with pytest.raises(KeyError, match="unknown agent"):  # another machine's agent is not searched from here
-        make_searcher(alpha).search(SearchParams("honey", k=5, agent="beta"))
+        alpha.searcher().search(SearchParams("honey", k=5, agent="beta"))
     for d in daemons:
         d.store.close()

@@ -12,7 +12,7 @@ from conftest import BACKENDS, backend_store, write
 from structlog.testing import capture_logs
 
 from indexer.search import SearchParams
-from indexer.server import make_searcher
+from indexer.worker import index_once, run
 
 
 def _paths(indexer) -> set[str]:
@@ -33,7 +33,7 @@ def backend_fixture(request: pytest.FixtureRequest):
 
 def test_index_once_then_search_then_restart_embeds_nothing(workspace: Path, make_indexer, backend) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}], store=backend)
-    status = indexer.index_once()
+    status = index_once(indexer)
     assert _paths(indexer) == {"MEMORY.md", "memory/incidents.md", "memory/food/coffee.md", "memory/travel.md"}
     assert status["collections"]["memory-root-main"]["files"] == 1
     assert status["collections"]["memory-dir-main"]["files"] == 3
@@ -41,7 +41,7 @@ def test_index_once_then_search_then_restart_embeds_nothing(workspace: Path, mak
     chunks = _count_points(indexer)
     assert chunks == sum(c["chunks"] for c in status["collections"].values())
 
-    hits = make_searcher(indexer).search(SearchParams("when can we deploy?", k=3))
+    hits = indexer.searcher().search(SearchParams("when can we deploy?", k=3))
     assert hits[0]["path"] == "MEMORY.md" and hits[0]["collection"] == "memory-root-main"
     assert set(hits[0]) >= {"collection", "path", "start_line", "end_line", "score", "snippet", "kind", "citation"}
     assert hits[0]["start_line"] == 1 and hits[0]["end_line"] == 4
@@ -52,7 +52,7 @@ def test_index_once_then_search_then_restart_embeds_nothing(workspace: Path, mak
         indexer.store.close()  # an embedded store is held by one process (one EdgeStore) at a time
     again = make_indexer([{"agent": "main", "path": workspace}], store=backend)
     with capture_logs() as logs:
-        status = again.index_once()
+        status = index_once(again)
     assert status["chunks_embedded"] == 0 and status["cache_hits"] == 0
     assert not [e for e in logs if e["event"] == "file_indexed"]
     assert _count_points(again) == chunks
@@ -60,7 +60,7 @@ def test_index_once_then_search_then_restart_embeds_nothing(workspace: Path, mak
 
 def test_renamed_file_is_not_embedded_again(workspace: Path, make_indexer) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}])
-    indexer.index_once()
+    index_once(indexer)
     embedded = indexer.pipeline.stats.chunks_embedded
     old = workspace / "memory" / "travel.md"
     new = workspace / "memory" / "trips" / "lisbon.md"
@@ -69,19 +69,19 @@ def test_renamed_file_is_not_embedded_again(workspace: Path, make_indexer) -> No
     indexer.process([old, new])
     assert indexer.pipeline.stats.chunks_embedded == embedded, "same text: served from the embedding cache"
     assert str(old) not in indexer.indexed and str(new) in indexer.indexed
-    hits = make_searcher(indexer).search(SearchParams("flights to Lisbon", k=1))
+    hits = indexer.searcher().search(SearchParams("flights to Lisbon", k=1))
     assert hits[0]["path"] == "memory/trips/lisbon.md"
 
 
 def test_edit_replaces_the_files_points(workspace: Path, make_indexer, backend) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}], store=backend)
-    indexer.index_once()
+    index_once(indexer)
     note = workspace / "memory" / "incidents.md"
     note.write_text("# Incidents\n\nNothing happened this week.\n" + "Quiet on-call shift, no pages.\n" * 300)
     indexer.process([note])
     state = indexer.indexed[str(note)].state
     assert state.points > 1 and state.complete
-    searcher = make_searcher(indexer)
+    searcher = indexer.searcher()
     assert all("ACME-4471" not in h["snippet"] for h in searcher.search(SearchParams("ACME-4471 export disk", k=10)))
     note.write_text("# Incidents\n\nShort again.\n")
     indexer.process([note])
@@ -90,7 +90,7 @@ def test_edit_replaces_the_files_points(workspace: Path, make_indexer, backend) 
 
 def test_deleted_files_and_directories_lose_their_points(workspace: Path, make_indexer, backend) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}], store=backend)
-    indexer.index_once()
+    index_once(indexer)
     shutil.rmtree(workspace / "memory" / "food")
     (workspace / "MEMORY.md").unlink()
     indexer.process([workspace / "memory" / "food", workspace / "MEMORY.md"])
@@ -100,12 +100,12 @@ def test_deleted_files_and_directories_lose_their_points(workspace: Path, make_i
 
 def test_reconciliation_catches_what_happened_while_down(workspace: Path, make_indexer) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}])
-    indexer.index_once()
+    index_once(indexer)
     indexer.store.close()
     (workspace / "memory" / "travel.md").unlink()
     write(workspace / "memory" / "new.md", "# New\n\nWritten while the daemon was down.\n")
     again = make_indexer([{"agent": "main", "path": workspace}])
-    again.index_once()
+    index_once(again)
     assert _paths(again) == {"MEMORY.md", "memory/incidents.md", "memory/food/coffee.md", "memory/new.md"}
     assert _count_points(again) == 4
 
@@ -114,7 +114,7 @@ def test_split_root_memory_is_reported_and_canonical_indexed(workspace: Path, ma
     write(workspace / "memory.md", "# Legacy\n\nAn older memory file.\n")
     indexer = make_indexer([{"agent": "main", "path": workspace}])
     with capture_logs() as logs:
-        indexer.index_once()
+        index_once(indexer)
     assert "memory.md" not in _paths(indexer) and "MEMORY.md" in _paths(indexer)
     [event] = [e for e in logs if e.get("reason") == "split_root_memory"]
     assert event["path"].endswith("/memory.md") and "doctor" in event["detail"]
@@ -124,8 +124,8 @@ def test_two_agents_in_one_daemon_get_their_own_collections(tmp_path: Path, work
     other = tmp_path / "other"
     write(other / "MEMORY.md", "# Other agent\n\nThe other agent likes green tea.\n")
     indexer = make_indexer([{"agent": "main", "path": workspace}, {"agent": "ops", "path": other}])
-    indexer.index_once()
-    searcher = make_searcher(indexer)
+    index_once(indexer)
+    searcher = indexer.searcher()
     [hit] = searcher.search(SearchParams("green tea", k=1, agent="ops"))
     assert hit["collection"] == "memory-root-ops" and hit["agent"] == "ops"
     assert all(h["agent"] == "main" for h in searcher.search(SearchParams("green tea", k=5, agent="main")))
@@ -141,7 +141,7 @@ def test_a_second_process_on_the_embedded_store_gets_a_clear_error(workspace: Pa
 
 def test_a_replaced_workspace_is_reattested_and_rehashed(workspace: Path, make_indexer, tmp_path: Path) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}])
-    indexer.index_once()
+    index_once(indexer)
     # restore the workspace from a "backup" in which one note differs but has the same size and mtime
     backup = tmp_path / "backup"
     shutil.copytree(workspace, backup)
@@ -152,10 +152,10 @@ def test_a_replaced_workspace_is_reattested_and_rehashed(workspace: Path, make_i
     shutil.rmtree(workspace)
     backup.rename(workspace)
     with capture_logs() as logs:
-        indexer.index_once()
+        index_once(indexer)
     assert [e["agent"] for e in logs if e["event"] == "workspace_reattested"] == ["main"]
     assert [e["path"] for e in logs if e["event"] == "file_indexed"] == [str(workspace / "memory" / "travel.md")]
-    hits = make_searcher(indexer).search(SearchParams("flights in April", k=1))
+    hits = indexer.searcher().search(SearchParams("flights in April", k=1))
     assert "April" in hits[0]["snippet"]
 
 
@@ -173,10 +173,9 @@ def test_daemon_waits_for_an_unavailable_store_and_converges(workspace: Path, tm
     settings = make_settings(tmp_path, [{"agent": "main", "path": workspace}])
     holder = EdgeStore(settings.state_dir / "qdrant")  # another process holds the embedded store
     holder.ensure_collection("memory-root-main", {"text": 384})
-    indexer = Indexer(settings, registry=registry)
-    indexer.open(connect=False)
+    indexer = Indexer.open(settings, registry=registry, connect=False)
     stop = threading.Event()
-    thread = threading.Thread(target=indexer.run, args=(stop,), daemon=True)
+    thread = threading.Thread(target=run, args=(indexer, stop), daemon=True)
     with capture_logs() as logs:
         thread.start()
         wait_for(lambda: any(e["event"] == "store_unavailable" for e in logs))
@@ -229,7 +228,7 @@ def test_stop_during_a_huge_file_is_prompt_and_resumes_from_the_cache(tmp_path: 
     write(ws / "memory" / "small.md", "# Small\n\nA short note that must not wait for the huge one.\n")
     indexer = make_indexer([{"agent": "main", "path": ws}])
     stop = threading.Event()
-    thread = threading.Thread(target=indexer.run, args=(stop,), daemon=True)
+    thread = threading.Thread(target=run, args=(indexer, stop), daemon=True)
     thread.start()
     wait_for(lambda: indexer.pipeline.stats.chunks_embedded >= 64, timeout_s=120)
     assert str(ws / "memory" / "small.md") in indexer.indexed, "the small file was written first"
@@ -240,6 +239,6 @@ def test_stop_during_a_huge_file_is_prompt_and_resumes_from_the_cache(tmp_path: 
     assert not thread.is_alive()
     assert str(ws / "memory" / "huge.md") not in indexer.indexed
     embedded_before = indexer.pipeline.stats.chunks_embedded
-    status = indexer.index_once()
+    status = index_once(indexer)
     assert str(ws / "memory" / "huge.md") in indexer.indexed
     assert status["cache_hits"] >= embedded_before - 1  # the finished slices came from the cache

@@ -21,6 +21,7 @@ from mcp import Client as McpClient
 from mcp import StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from indexer.worker import index_once
 from indexer.client import Client
 from indexer.mcp import build_server
 from indexer.server import create_app
@@ -63,7 +64,7 @@ def daemon_fixture(workspace: Path, make_indexer) -> Iterator[Served]:
     """The conftest workspace indexed, plus a 30-line log note, served on a free port."""
     write(workspace / "memory" / "log.md", "".join(f"line {i}\n" for i in range(1, 31)))
     indexer = make_indexer([{"agent": "main", "path": workspace}])
-    indexer.index_once()
+    index_once(indexer)
     indexer.ready.set()
     with Served(indexer) as served:
         yield served

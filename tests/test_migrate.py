@@ -14,10 +14,10 @@ from conftest import assert_same_points
 from qdrant.fixtures import Node, drop_all_collections
 from structlog.testing import capture_logs
 
+from indexer.worker import index_once
 from indexer.migrate import migrate
 from indexer.points import Payload, Point, point_id
 from indexer.search import SearchParams
-from indexer.server import make_searcher
 from indexer.store import EdgeStore, ServerStore
 
 
@@ -39,7 +39,7 @@ def _file(collection: str, path: str, n: int, file_hash: str) -> list[Point]:
 def test_indexed_workspace_moves_to_a_server_and_the_daemon_embeds_nothing(workspace: Path, make_indexer,
                                                                           server: Node) -> None:
     edge_indexer = make_indexer([{"agent": "main", "path": workspace}])
-    edge_indexer.index_once()
+    index_once(edge_indexer)
     names = [c.name for c in edge_indexer.collections]
     edge_indexer.store.close()  # the daemon stops
     source = EdgeStore(edge_indexer.settings.state_dir / "qdrant")
@@ -55,10 +55,10 @@ def test_indexed_workspace_moves_to_a_server_and_the_daemon_embeds_nothing(works
     # the daemon restarted on the server: same state dir (embedding cache), same workspace
     on_server = make_indexer([{"agent": "main", "path": workspace}], store=target)
     with capture_logs() as logs:
-        status = on_server.index_once()
+        status = index_once(on_server)
     assert status["chunks_embedded"] == 0 and status["cache_hits"] == 0
     assert not [e for e in logs if e["event"] == "file_indexed"], "every file was already there, unchanged"
-    [hit] = make_searcher(on_server).search(SearchParams("when can we deploy?", k=1))
+    [hit] = on_server.searcher().search(SearchParams("when can we deploy?", k=1))
     assert hit["path"] == "MEMORY.md"
     target.close()
 

@@ -8,7 +8,6 @@ asserted through fusion with BM25 over the caption, never through CLIP similarit
 from __future__ import annotations
 
 import importlib.util
-import logging
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import structlog.testing
 
 from indexer.api import GROUPS
 from indexer.plugins import Registry, load_registry
-from indexer.search import Searcher, SearchParams
+from indexer.search import SearchParams
 
 pytest.importorskip("qmd_indexer_image", reason="the image plugin is not installed (pip install -e plugins/qmd-indexer-image)")
 pytest.importorskip("qmd_indexer_audio", reason="the audio plugin is not installed (pip install -e plugins/qmd-indexer-audio)")
@@ -29,8 +28,9 @@ import soundfile  # noqa: E402
 
 from indexer.config import Settings  # noqa: E402
 from indexer.daemon import Indexer, plugin_configs  # noqa: E402
+from indexer.worker import index_once  # noqa: E402
 from qmd_indexer_audio.tiny_whisper import build_tiny_whisper  # noqa: E402
-from qmd_indexer_image.tiny_clip import TINY_DIM, build_tiny_clip  # noqa: E402
+from qmd_indexer_image.tiny_clip import build_tiny_clip  # noqa: E402
 
 PHRASE = "the harbour lights were green"
 MEDIA = {"image", "clip", "audio"}
@@ -110,15 +110,10 @@ def media_workspace(root: Path) -> Path:
 
 def open_indexer(tmp_path: Path, registry: Registry, multimodal: dict) -> Indexer:
     ws = media_workspace(tmp_path)
+    # image_min_score is a floor for real CLIP's cosine band; the tiny CLIP's vectors carry no meaning, so no floor
     settings = Settings(state_dir=tmp_path / "state", workspace=[{"agent": "main", "path": ws,
-                                                                  "multimodal": multimodal}])
-    indexer = Indexer(settings, registry=registry)
-    indexer.open()
-    return indexer
-
-
-def searcher(indexer: Indexer) -> Searcher:
-    return Searcher(indexer.collections, indexer.store, indexer.registry.embedders, indexer.pipeline.bm25)
+                                                                  "multimodal": multimodal}], image_min_score=-1.0)
+    return Indexer.open(settings, registry=registry)
 
 
 def test_images_and_audio_are_indexed_and_found_with_text(tmp_path: Path, media_registry: Registry) -> None:
@@ -126,7 +121,7 @@ def test_images_and_audio_are_indexed_and_found_with_text(tmp_path: Path, media_
                                                       "max_file_bytes": 100_000})
     try:
         with structlog.testing.capture_logs() as logs:
-            status = indexer.index_once()
+            status = index_once(indexer)
         names = {Path(p).name for p in indexer.indexed}
         assert {"boats.md", "lighthouse-at-dusk.jpg", "red-bicycle.png", "memo.wav"} <= names
         assert not {"broken.png", "silence.wav", "huge.png"} & names
@@ -138,7 +133,7 @@ def test_images_and_audio_are_indexed_and_found_with_text(tmp_path: Path, media_
         assert "corrupt or unreadable PNG image" in problems["broken.png"][1]
         assert problems["silence.wav"][0] == "silent" and "dBFS" in problems["silence.wav"][1]
         assert problems["huge.png"][0] == "too_large" and "multimodal limit 100000" in problems["huge.png"][1]
-        search = searcher(indexer)
+        search = indexer.searcher()
 
         hits = search.search(SearchParams("red bicycle", k=3))
         top = hits[0]
@@ -163,7 +158,7 @@ def test_images_and_audio_are_indexed_and_found_with_text(tmp_path: Path, media_
 def test_multimodal_off_indexes_only_notes(tmp_path: Path, media_registry: Registry) -> None:
     indexer = open_indexer(tmp_path, media_registry, {"enabled": False})
     try:
-        indexer.index_once()
+        index_once(indexer)
         assert {Path(p).suffix for p in indexer.indexed} == {".md"}
     finally:
         indexer.close()
@@ -172,7 +167,7 @@ def test_multimodal_off_indexes_only_notes(tmp_path: Path, media_registry: Regis
 def test_modalities_select_images_only(tmp_path: Path, media_registry: Registry) -> None:
     indexer = open_indexer(tmp_path, media_registry, {"enabled": True, "modalities": ["image"]})
     try:
-        indexer.index_once()
+        index_once(indexer)
         suffixes = {Path(p).suffix for p in indexer.indexed}
         assert suffixes == {".md", ".jpg", ".png"}
     finally:
@@ -186,7 +181,7 @@ def test_without_an_image_embedder_images_are_reported_not_fatal(tmp_path: Path,
                                                                                       "modalities": ["image"]})
     try:
         with structlog.testing.capture_logs() as logs:
-            indexer.index_once()
+            index_once(indexer)
         assert "no_embedder" in {e.get("reason") for e in logs if e["event"] == "file_skipped"}
         assert {Path(p).name for p in indexer.indexed} >= {"boats.md", "MEMORY.md"}
     finally:
@@ -224,15 +219,14 @@ def test_a_recording_without_speech_is_transcribed_once_across_rescans_and_resta
 
     def start() -> tuple[Indexer, object]:
         media = load_registry(config=plugin_configs(settings), eps=eps)
-        indexer = Indexer(settings, registry=Registry(text_records(registry) + media.records))
-        indexer.open()
+        indexer = Indexer.open(settings, registry=Registry(text_records(registry) + media.records))
         return indexer, media.extractors["audio"]
 
     indexer, audio = start()
     try:
         with structlog.testing.capture_logs() as logs:
-            indexer.index_once()
-            indexer.index_once()  # a rescan
+            index_once(indexer)
+            index_once(indexer)  # a rescan
         skips = [e for e in logs if e["event"] == "file_skipped" and e["path"].endswith("hum.wav")]
         assert [e["reason"] for e in skips] == ["no_speech"]  # logged once per file state
         assert audio.engine.calls == 1
@@ -242,7 +236,7 @@ def test_a_recording_without_speech_is_transcribed_once_across_rescans_and_resta
     indexer, audio = start()  # a restart
     try:
         with structlog.testing.capture_logs() as logs:
-            indexer.index_once()
+            index_once(indexer)
         (skip,) = [e for e in logs if e["event"] == "file_skipped" and e["path"].endswith("hum.wav")]
         assert skip["reason"] == "no_speech" and "remembered" in skip["detail"] and audio.engine.calls == 0
         assert {Path(p).name for p in indexer.indexed} == {"MEMORY.md"}

@@ -17,6 +17,7 @@ from qdrant_client.http.exceptions import UnexpectedResponse
 from structlog.testing import capture_logs
 
 import indexer.store.server as server_module
+from indexer.worker import index_once
 from indexer.errors import StoreUnavailable
 from indexer.points import Payload, Point, point_id
 from indexer.store import ServerOptions, ServerStore
@@ -166,7 +167,7 @@ def test_one_huge_note_is_indexed_under_a_1_mib_request_limit(tmp_path: Path, sm
     ws = tmp_path / "ws"
     note = write(ws / "memory" / "audit.md", f"# Audit\n\n{body}\n")
     indexer = make_indexer([{"agent": "main", "path": ws}], qdrant_url=small_server.url, qdrant_max_request_mb=1)
-    status = indexer.index_once()
+    status = index_once(indexer)
     state = indexer.indexed[str(note)].state
     assert state.complete and state.points > 100
     assert indexer.store.count("memory-dir-main") == state.points == status["collections"]["memory-dir-main"]["chunks"]

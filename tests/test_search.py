@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from indexer.recall import read_memory
 from indexer.search import SearchParams, fuse, snippet
-from indexer.server import create_app, make_searcher
+from indexer.server import create_app
+from indexer.worker import index_once
 
 PARAPHRASE_NOTES = {
     "deploys.md": "# Deploys\n\nWe agreed that releases go out on Tuesday and Thursday mornings, never on Fridays.\n",
@@ -33,7 +34,7 @@ def indexed_fixture(tmp_path: Path, make_indexer):
     write(ws / "memory" / "zh" / "会议.md", "# 会议记录\n\n我们决定把数据库迁移安排在下周二晚上，负责人是王伟。\n")
     write(ws / "memory" / "ja" / "メモ.md", "# メモ\n\n東京オフィスの引っ越しは三月に予定されています。\n")
     indexer = make_indexer([{"agent": "main", "path": ws}])
-    indexer.index_once()
+    index_once(indexer)
     return indexer, ws
 
 
@@ -44,13 +45,13 @@ def _paths(hits) -> list[str]:
 @pytest.mark.parametrize("mode", ["hybrid", "keyword"])
 def test_exact_token_is_found_first(indexed, mode: str) -> None:
     indexer, _ = indexed
-    hits = make_searcher(indexer).search(SearchParams("ACME-4471", k=3, mode=mode))
+    hits = indexer.searcher().search(SearchParams("ACME-4471", k=3, mode=mode))
     assert _paths(hits)[0] == "memory/tickets.md"
 
 
 def test_paraphrase_is_found_by_meaning(indexed) -> None:
     indexer, _ = indexed
-    searcher = make_searcher(indexer)
+    searcher = indexer.searcher()
     for mode in ("hybrid", "dense"):
         hits = searcher.search(SearchParams("when are we allowed to ship new versions?", k=2, mode=mode))
         assert _paths(hits)[0] == "memory/deploys.md"
@@ -59,14 +60,14 @@ def test_paraphrase_is_found_by_meaning(indexed) -> None:
 @pytest.mark.parametrize("mode", ["hybrid", "keyword"])
 def test_chinese_and_japanese_queries_find_their_notes(indexed, mode: str) -> None:
     indexer, _ = indexed
-    searcher = make_searcher(indexer)
+    searcher = indexer.searcher()
     assert _paths(searcher.search(SearchParams("数据库迁移", k=2, mode=mode)))[0] == "memory/zh/会议.md"
     assert _paths(searcher.search(SearchParams("東京オフィス", k=2, mode=mode)))[0] == "memory/ja/メモ.md"
 
 
 def test_filters_narrow_the_answer(indexed) -> None:
     indexer, _ = indexed
-    searcher = make_searcher(indexer)
+    searcher = indexer.searcher()
     assert set(_paths(searcher.search(SearchParams("meeting", k=10, path_prefix="memory/zh")))) == {"memory/zh/会议.md"}
     assert _paths(searcher.search(SearchParams("Dana", k=10, collections=("memory-root-main",)))) == ["MEMORY.md"]
     assert searcher.search(SearchParams("disk", k=10, kinds=("image",))) == []
@@ -78,7 +79,7 @@ def test_filters_narrow_the_answer(indexed) -> None:
 
 def test_hits_carry_the_contract(indexed) -> None:
     indexer, _ = indexed
-    [hit] = make_searcher(indexer).search(SearchParams("Dana", k=1))
+    [hit] = indexer.searcher().search(SearchParams("Dana", k=1))
     assert hit == {**hit, "collection": "memory-root-main", "agent": "main", "path": "MEMORY.md", "start_line": 1,
                    "end_line": 4, "kind": "markdown", "citation": "MEMORY.md#L1-L4"}
     assert isinstance(hit["score"], float) and hit["snippet"].startswith("# Memory")
@@ -98,21 +99,19 @@ def test_fusion_ranks_like_qdrants_own_fusion(indexed, method: str) -> None:
     import qdrant_edge as qe
 
     indexer, _ = indexed
-    searcher = make_searcher(indexer)
+    searcher = indexer.searcher()
     query = "who owns the storage problems?"
     dense = dict(searcher._embed_query(query))["text"]
-    terms = indexer.pipeline.bm25.embed_query(query)
+    terms = indexer.terms.query(query)
     from indexer.points import Query
 
-    lists = indexer.store.search("memory-dir-main", Query(limit=100, dense={"text": dense},
-                                                           sparse=(list(terms.indices), list(terms.values))))
+    lists = indexer.store.search("memory-dir-main", Query(limit=100, dense={"text": dense}, sparse=terms))
     ours = [h.payload.path for h in fuse(list(lists.values()), method, 60, 10)]
     shard = indexer.store._shard("memory-dir-main")
     native = shard.query(qe.QueryRequest(
         limit=10, with_payload=True, query=qe.Fusion.Rrf(k=60) if method == "rrf" else qe.Fusion.Dbsf(),
         prefetches=[qe.Prefetch(limit=100, query=qe.Query.Nearest(dense.tolist(), using="text")),
-                    qe.Prefetch(limit=100, query=qe.Query.Nearest(qe.SparseVector(indices=list(terms.indices),
-                                                                                  values=list(terms.values)),
+                    qe.Prefetch(limit=100, query=qe.Query.Nearest(qe.SparseVector(indices=terms[0], values=terms[1]),
                                                                   using="bm25"))]))
     assert ours[:3] == [p.payload["path"] for p in native][:3]
 
@@ -219,7 +218,7 @@ def test_since_filters_by_modification_time_through_the_api(tmp_path: Path, make
     month_ago = time.time() - 30 * 86_400
     os.utime(old, (month_ago, month_ago))
     indexer = make_indexer([{"agent": "main", "path": ws}])
-    indexer.index_once()
+    index_once(indexer)
     api = TestClient(create_app(indexer))
 
     def paths(since: str | None) -> list[str]:

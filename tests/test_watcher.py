@@ -37,6 +37,25 @@ def test_settler_releases_a_path_once_quiet() -> None:
     assert len(settler) == 0
 
 
+def test_a_retry_waits_its_delay_in_the_queue_unless_an_event_comes_first() -> None:
+    clock = FakeClock()
+    settler = Settler(1.0, clock)
+    a, b, c = Path("/w/a.md"), Path("/w/b.md"), Path("/w/c.md")
+    settler.add(a, settle=False, delay=5.0)  # a write the store refused: back in the queue, ready in 5 s
+    settler.add(b, settle=False, delay=5.0)
+    settler.add(c)
+    settler.add(c, settle=False, delay=5.0)  # an event already holds c: the retry does not postpone it
+    clock.now = 1.0
+    settler.add(b)  # b is saved meanwhile: its event settles first
+    assert settler.take_ready(10) == [c] and len(settler) == 2
+    clock.now = 2.0
+    assert settler.take_ready(10) == [b]
+    clock.now = 4.9
+    assert settler.take_ready(10) == []
+    clock.now = 5.0
+    assert settler.take_ready(10) == [a] and len(settler) == 0
+
+
 def _indexed_count(logs: list[dict], rel: str) -> int:
     return sum(1 for e in logs if e["event"] == "file_indexed" and e["path"].endswith("/" + rel))
 
@@ -119,9 +138,9 @@ def test_replaced_workspace_directory_is_watched_again(workspace: Path, make_ind
                                                         monkeypatch) -> None:
     import shutil
 
-    import indexer.daemon as daemon_module
+    import indexer.worker as worker_module
 
-    monkeypatch.setattr(daemon_module, "REFRESH_S", 0.2)
+    monkeypatch.setattr(worker_module, "REFRESH_S", 0.2)
     indexer = make_indexer([{"agent": "main", "path": workspace}])
     with Running(indexer):
         shutil.copytree(workspace, tmp_path / "restored")

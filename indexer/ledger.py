@@ -1,0 +1,82 @@
+"""Files skipped or failing, each logged once per file state, and the ``files_failed`` count ``status`` reports.
+
+A file is keyed by its absolute path and marked with its fingerprint (size, ``mtime_ns``, ``ctime_ns``), the reason
+and whether it is a failure, so a rescan of an unchanged bad file stays quiet, and a changed one is told again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("qmd_indexer.daemon")
+
+# reasons worth a warning (the user may want to act); the rest are routine and logged at info level
+LOUD = frozenset({"symlink", "too_large", "split_root_memory", "not_regular_file", "permission_denied",
+                  "unreadable", "no_extractor", "no_embedder", "silent", "no_speech"})
+DETAILS = {
+    "split_root_memory": "MEMORY.md and memory.md are distinct files; MEMORY.md is indexed. Run `qmd-indexer doctor`.",
+    "symlink": "symlinks are never followed",
+    "hidden": "hidden names are not memory",
+}
+# reasons that are failures (the file is memory but could not be indexed), counted in files_failed
+FAILURES = frozenset({"permission_denied", "unreadable"})
+
+Mark = tuple[int, int, int, str, bool]  # (size, mtime_ns, ctime_ns, reason, failed)
+
+
+def _fingerprint(path: Path) -> tuple[int, int, int]:
+    try:
+        st = os.lstat(path)
+        return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+    except OSError:
+        return -1, -1, -1
+
+
+class Ledger:
+    """The files skipped or failing in their current state (absolute path -> ``Mark``). Used by the worker thread
+    only; ``files_failed`` may be read from any thread."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, Mark] = {}
+
+    def skip(self, path: Path, reason: str, detail: str = "", failed: bool = False) -> bool:
+        """Record and log that ``path`` is skipped (or failed) for ``reason``; ``detail`` defaults to the reason's
+        stock explanation. Returns ``False``, logging nothing, when the file was already marked so in this state."""
+        key = str(path)
+        mark = (*_fingerprint(path), reason, failed)
+        if self.marks.get(key) == mark:
+            return False
+        self.marks[key] = mark
+        detail = detail or DETAILS.get(reason, "")
+        if failed:
+            log.error("file_failed", path=key, reason=reason, detail=detail)
+        elif reason in LOUD:
+            log.warning("file_skipped", path=key, reason=reason, detail=detail)
+        else:
+            log.info("file_skipped", path=key, reason=reason, detail=detail)
+        return True
+
+    def clear(self, abs_path: str) -> None:
+        """``abs_path`` is fine now (indexed, or about to be)."""
+        self.marks.pop(abs_path, None)
+
+    def keep_only(self, candidates: Iterable[str]) -> None:
+        """After a scan: drop the marks of files that are gone or no longer candidates."""
+        kept = set(candidates)
+        for abs_path in [p for p in self.marks if p not in kept]:
+            del self.marks[abs_path]
+
+    def forget_under(self, abs_path: str) -> None:
+        """``abs_path`` was deleted: drop its mark and, for a directory, the marks of everything below it."""
+        prefix = abs_path.rstrip("/") + "/"
+        for key in [p for p in self.marks if p == abs_path or p.startswith(prefix)]:
+            del self.marks[key]
+
+    @property
+    def files_failed(self) -> int:
+        """How many files fail in their current state (skips are not failures)."""
+        return sum(1 for mark in list(self.marks.values()) if mark[4])

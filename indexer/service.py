@@ -1,0 +1,101 @@
+"""``qmd-indexer run`` as one call: ``serve(settings)`` opens the indexer, runs the worker on a thread and the HTTP
+API (uvicorn) on this one, and on SIGTERM/SIGINT finishes the files in hand, flushes the store and returns.
+
+Exit statuses (``indexer.errors``): ``EXIT_OK`` after a clean stop; ``EXIT_FAILURE`` when the port is taken, the
+store cannot be opened (held by another process, built for another model, unreachable at open) or the API could
+not serve; ``EXIT_USAGE`` for a configuration error. Each refusal is one ``qmd-indexer: ...`` line on stderr. A
+store unreachable after opening is not fatal: the worker retries, the API answers ``ready: false`` meanwhile.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import threading
+
+import structlog
+
+from indexer.config import Settings
+from indexer.daemon import Indexer
+from indexer.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    CollectionMismatch,
+    ConfigError,
+    PluginError,
+    StoreLocked,
+    StoreUnavailable,
+)
+from indexer.worker import Progress, run
+
+log = structlog.get_logger("qmd_indexer.daemon")
+
+
+class Refused(Exception):
+    """The indexer cannot be opened: ``message`` says why in one line, ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+def open_indexer(settings: Settings, reindex: bool = False, connect: bool = True) -> Indexer:
+    """``Indexer.open`` with its errors turned into ``Refused`` (config errors exit 2, the rest 1)."""
+    try:
+        return Indexer.open(settings, reindex=reindex, connect=connect)
+    except ConfigError as exc:
+        raise Refused(f"config error: {exc}", EXIT_USAGE) from None
+    except (CollectionMismatch, StoreUnavailable, PluginError) as exc:
+        raise Refused(str(exc)) from None
+    except OSError as exc:
+        raise Refused(f"cannot open the store under {settings.state_dir}: {exc}") from None
+
+
+def serve(settings: Settings, reindex: bool = False, progress: Progress | None = None) -> int:
+    """Index, watch and serve ``settings`` until SIGTERM/SIGINT; returns the exit status. Installs signal handlers,
+    so call it from the main thread. ``progress`` draws the first pass (see ``indexer.worker``)."""
+    try:
+        with socket.socket() as probe:
+            try:
+                probe.bind((settings.host, settings.port))
+            except OSError as exc:
+                raise Refused(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}; is a daemon "
+                              f"already running? (choose another with --port)") from None
+        indexer = open_indexer(settings, reindex, connect=False)
+        try:
+            indexer.connect()
+        except (CollectionMismatch, StoreLocked) as exc:  # not transient: a config mistake, so say it and stop
+            raise Refused(str(exc)) from None
+        except StoreUnavailable:
+            pass  # the worker logs it once and keeps retrying; the API answers meanwhile
+    except Refused as exc:
+        print(f"qmd-indexer: {exc.message}", file=sys.stderr)
+        return exc.code
+    import uvicorn
+
+    from indexer.server import create_app
+
+    stop = threading.Event()
+    worker = threading.Thread(target=run, args=(indexer, stop, progress), name="indexer-worker", daemon=True)
+    worker.start()
+    server = uvicorn.Server(uvicorn.Config(create_app(indexer), host=settings.host, port=settings.port,
+                                           log_config=None, access_log=False, lifespan="on"))
+    log.info("api_listening", url=f"http://{settings.host}:{settings.port}")
+    # uvicorn handles SIGTERM/SIGINT while serving, then re-raises the signal to the handler that was installed
+    # before it; with the default handler that would kill the process before the store is flushed.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    failed_to_serve = False
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits when it cannot bind (a port taken between our probe and its bind)
+        failed_to_serve = True
+    finally:
+        stop.set()
+        indexer.settler.wake()
+        worker.join()
+        indexer.close()
+        log.info("daemon_stopped")
+    return EXIT_OK if server.started and not failed_to_serve else EXIT_FAILURE

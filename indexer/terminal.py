@@ -1,0 +1,99 @@
+"""What the command line shows on a terminal: logging setup, the first-index progress bar, hits and status.
+
+The daemon's modules only log events and report progress through callbacks; drawing is done here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+
+
+def configure_logging(fmt: str = "auto", level: str = "info") -> None:
+    """structlog for our events and the stdlib loggers of uvicorn and watchdog alike, to stderr: JSON lines when
+    stderr is not a TTY (journald, pipes) or ``fmt == "json"``, colourless key=value console lines otherwise."""
+    import structlog
+
+    json_lines = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer = structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    from indexer.systemd import journal_priority, under_journald
+
+    class Formatter(structlog.stdlib.ProcessorFormatter):
+        """Under journald, each line starts with its syslog priority (``<3>`` error, ``<4>`` warning, ``<6>``
+        info), so ``journalctl -p warning`` filters it (sd-daemon(3))."""
+
+        def format(self, record: logging.LogRecord) -> str:
+            line = super().format(record)
+            return f"<{journal_priority(record.levelname)}>{line}" if journald else line
+
+    journald = under_journald()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(Formatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, renderer],
+        foreign_pre_chain=shared))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("watchdog", "httpx", "httpcore", "sentence_transformers", "transformers", "uvicorn.access",
+                  "mcp.server.streamable_http", "mcp.server.streamable_http_manager", "mcp.server.lowlevel"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int) -> Iterator[Callable[[int], None]]:
+    """A ``worker.Progress``: on a terminal, a tqdm bar of ``total`` files that log lines print above; yields
+    ``advance(n_files)``. Elsewhere (a pipe, journald) or with nothing to do, draws nothing."""
+    if not total or not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    bar = tqdm(total=total, unit="file", desc="indexing", file=sys.stderr, leave=False)
+    try:
+        with logging_redirect_tqdm():
+            yield bar.update
+    finally:
+        bar.close()
+
+
+def print_hits(hits: list[dict[str, Any]]) -> None:
+    if not hits:
+        click.echo("no hits", err=True)
+    for rank, hit in enumerate(hits, 1):
+        where = f"{hit['path']}:{hit['start_line']}-{hit['end_line']}"
+        if "start_s" in hit:
+            where += f" [{hit['start_s']:.1f}s-{hit.get('end_s', hit['start_s']):.1f}s]"
+        score = "" if hit.get("score") is None else f"  score {hit['score']:.3f}"
+        click.echo(f"{rank}. {where}{score}  ({hit['collection']}, {hit['kind']})")
+        for line in hit["snippet"].splitlines()[:8]:
+            click.echo(f"     {line}")
+
+
+def print_status(status: dict[str, Any]) -> None:
+    click.echo(f"ready: {status['ready']}  backend: {status['backend']}  queue: {status['queue_depth']}  "
+               f"embedded since start: {status['chunks_embedded']}  cache hits: {status['cache_hits']}  "
+               f"failed files: {status['files_failed']}")
+    if status.get("store_degraded"):
+        click.echo("store: degraded (writes to Qdrant are failing and being retried)")
+    click.echo(f"{'collection':<40} {'files':>7} {'chunks':>8}  root")
+    for name, c in status["collections"].items():
+        click.echo(f"{name:<40} {c['files']:>7} {c['chunks']:>8}  {c['root']}")

@@ -1,0 +1,122 @@
+"""The worker: the one thread that writes. It takes settled paths from the debounce queue (``Settler``) and hands
+them to ``Indexer.process``; nothing else calls it while it runs.
+
+- ``index_once(indexer)``: scan, process everything queued, return ``status()`` (``qmd-indexer index --once``).
+- ``run(indexer, stop)``: wait for the store, start the watcher, warm the embedders, scan and drain (``ready`` is
+  set then), and keep processing settled paths until ``stop`` is set, rescanning every ``rescan_interval_s`` and
+  re-watching roots made again every ``REFRESH_S``.
+- Retries: a path whose write found the store unavailable, or a batch that raised, goes back into the same queue
+  with a delay of ``RETRY_AFTER_S`` seconds (an event for it meanwhile takes precedence). No timer threads.
+- Progress: ``drain`` reports to an optional ``progress(total)`` context manager that yields an ``advance(n)``
+  callable (the CLI draws a bar on a terminal); the worker itself never draws.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from indexer.daemon import RETRY_AFTER_S, Indexer
+from indexer.errors import StoreUnavailable
+from indexer.watcher import Watcher
+
+log = structlog.get_logger("qmd_indexer.daemon")
+
+BATCH_FILES = 32  # files prepared per worker step: fills the model's batches during a full index
+REFRESH_S = 5.0  # how often the roots are checked for a directory deleted and made again (its watch is dead)
+
+Progress = Callable[[int], AbstractContextManager[Callable[[int], None]]]
+
+
+@contextlib.contextmanager
+def _no_progress(total: int) -> Iterator[Callable[[int], None]]:
+    yield lambda n: None
+
+
+def retry_later(indexer: Indexer, paths: Iterable[Path]) -> None:
+    """Queue ``paths`` again, ready in ``RETRY_AFTER_S`` seconds."""
+    for path in paths:
+        indexer.settler.add(path, settle=False, delay=RETRY_AFTER_S)
+
+
+def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progress | None = None) -> None:
+    """Process everything ready in the queue now (until ``stop`` is set); logs ``index_pass_finished``."""
+    settler, stats = indexer.settler, indexer.pipeline.stats
+    started, chunks_before = time.monotonic(), stats.chunks_embedded
+    with (progress or _no_progress)(len(settler)) as advance:
+        while not (stop and stop.is_set()):
+            batch = settler.take_ready(BATCH_FILES)
+            if not batch:
+                break
+            retry_later(indexer, indexer.process(batch))
+            advance(len(batch))
+    log.info("index_pass_finished", files=len(indexer.indexed), seconds=round(time.monotonic() - started, 2),
+             chunks_embedded=stats.chunks_embedded - chunks_before)
+
+
+def index_once(indexer: Indexer, progress: Progress | None = None) -> dict[str, Any]:
+    """Scan and index everything now (no watcher); returns ``indexer.status()``. Raises ``StoreUnavailable``
+    when the store cannot be reached for a delete or a read."""
+    indexer.stopping = threading.Event()
+    indexer.settler.add_many(indexer.scan())
+    drain(indexer, progress=progress)
+    indexer.ready.set()
+    return indexer.status()
+
+
+def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = None) -> None:
+    """Watch and index until ``stop`` is set; finishes the batch in hand, then returns. An unavailable store at
+    start is waited for (the API meanwhile answers ``ready: false`` and searches 503). ``progress`` is shown for
+    the first pass only."""
+    indexer.stopping = stop
+    if not indexer.connected.is_set() and not indexer.connect_until(stop):
+        return
+    watcher = indexer.watcher = Watcher(indexer.collections, indexer.on_path, polling=indexer.polling)
+    watcher.start()
+    for embedder in indexer.registry.embedders.values():  # load models now, not on the first search
+        try:
+            embedder.embed_query("warm-up")
+        except Exception as exc:
+            log.error("embedder_failed", model_id=embedder.model_id, error=f"{type(exc).__name__}: {exc}")
+    settler = indexer.settler
+    settler.add_many(indexer.scan())
+    drain(indexer, stop, progress)
+    if stop.is_set():
+        return
+    indexer.ready.set()
+    log.info("daemon_ready", files=len(indexer.indexed), queue_depth=len(settler))
+    next_scan = time.monotonic() + indexer.settings.rescan_interval_s
+    next_refresh = time.monotonic() + REFRESH_S
+    while not stop.is_set():
+        if time.monotonic() >= next_refresh:
+            next_refresh = time.monotonic() + REFRESH_S
+            renewed = watcher.refresh()
+            if renewed:
+                log.info("watch_renewed", roots=[str(p) for p in renewed])
+                settler.add_many(indexer.scan())
+        batch = settler.take_ready(BATCH_FILES)
+        if batch:
+            try:
+                retry_later(indexer, indexer.process(batch))
+            except StoreUnavailable as exc:
+                log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
+                retry_later(indexer, batch)
+            except Exception:  # a bug must not kill the worker: log it, retry the batch later
+                log.exception("worker_error", paths=[str(p) for p in batch], retry_after_s=RETRY_AFTER_S)
+                retry_later(indexer, batch)
+            continue
+        if time.monotonic() >= next_scan:
+            try:
+                settler.add_many(indexer.scan())
+            except StoreUnavailable as exc:
+                log.error("store_unavailable", error=str(exc))
+            next_scan = time.monotonic() + indexer.settings.rescan_interval_s
+            continue
+        settler.wait(min(1.0, max(0.0, next_scan - time.monotonic()), max(0.0, next_refresh - time.monotonic())))
