@@ -102,10 +102,11 @@ class Indexer:
         s.state_dir.mkdir(parents=True, exist_ok=True)
         if self.registry is None:
             self.registry = load_registry(s.plugins, plugin_configs(s), s.prefer)
+        self.registry.check_multimodal({w.agent: w.multimodal.modalities for w in s.workspace if w.multimodal.enabled})
         if self.store is None:
             self.store = open_store(s.state_dir, s.qdrant_url, s.qdrant_api_key, s.qdrant_timeout_s)
         self._cache = EmbeddingCache(s.state_dir / "embeddings.sqlite3")
-        self.pipeline = Pipeline(self.registry, self._cache, s.max_file_bytes)
+        self.pipeline = Pipeline(self.registry, self._cache, s.max_file_bytes, bm25=s.bm25)
         self._reindex = reindex
         for collection in self.collections:
             if collection.role == "extra" and not os.path.lexists(collection.root):

@@ -24,13 +24,13 @@ import numpy as np
 
 from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo
 from indexer.cache import EmbeddingCache, cache_key
+from indexer.config import Bm25 as Bm25Settings
 from indexer.errors import ExtractError, FileSkipped, PluginError
 from indexer.plugins import Registry
 from indexer.store import SPARSE, FileState, Point, ancestor_dirs, point_id
 from indexer.workspace import Collection, rel_path
 
-MEDIA_KINDS = ("image", "audio")
-EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop  # kinds gated by a workspace's multimodal settings
+EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop
 _READ_BLOCK = 1 << 20
 
 
@@ -100,27 +100,37 @@ def read_fingerprint(path: Path, max_bytes: int) -> tuple[os.stat_result, bytes,
         return st, head, digest.hexdigest()
 
 
+def make_bm25(settings: Bm25Settings) -> Any:
+    """A ``qdrant_edge.Bm25`` term model for ``settings`` (``embed_document``/``embed_query`` give sparse terms)."""
+    from qdrant_edge import Bm25, Bm25Config, DisabledStemmer, TokenizerType
+
+    tokenizer = TokenizerType.Multilingual if settings.tokenizer == "multilingual" else TokenizerType.Word
+    config = Bm25Config(tokenizer=tokenizer, avg_len=settings.avg_len)
+    if not settings.stemmer:
+        config = Bm25Config(tokenizer=tokenizer, avg_len=settings.avg_len, stemmer=DisabledStemmer())
+    return Bm25(config)
+
+
 class Pipeline:
     """Turns files into points with the loaded plugins. ``max_file_bytes`` caps text files; media use the
     workspace's multimodal cap."""
 
-    def __init__(self, registry: Registry, cache: EmbeddingCache, max_file_bytes: int) -> None:
+    def __init__(self, registry: Registry, cache: EmbeddingCache, max_file_bytes: int,
+                 bm25: Bm25Settings | None = None) -> None:
         self.registry = registry
         self.cache = cache
         self.max_file_bytes = max_file_bytes
         self.stats = Stats()
-        text = registry.embedders.get("text")
+        text = registry.text_embedder
         if text is None:
             raise PluginError("no embedder of modality 'text' is loaded; check `qmd-indexer plugins`")
         self.text_embedder = text
-        from qdrant_edge import Bm25, Bm25Config, TokenizerType
-
         # Multilingual tokenizer: words for Latin scripts, dictionary segmentation for CJK (keyword search in
         # Chinese/Japanese works); Qdrant's IDF modifier supplies the corpus statistics at query time. Measured: the
         # Word tokenizer keeps "广州市房地产中介协会分析" as one term, so the query "房地产中介" shares no term with
         # it (Multilingual: 3 of 3). The language default (English stopwords + Snowball stemmer) is kept: in the
         # same `make eval` run, bm25s on SciFact test scores nDCG@10 0.662 without a Snowball stemmer, 0.686 with.
-        self.bm25 = Bm25(Bm25Config(tokenizer=TokenizerType.Multilingual))
+        self.bm25 = make_bm25(bm25 or Bm25Settings())
         self._context: ExtractContext | None = None
 
     @property
@@ -150,7 +160,7 @@ class Pipeline:
             raise FileSkipped("unsupported_type", "no classifier claims it")
         if collection.role == "root" and kind != "markdown":
             raise FileSkipped("unsupported_type", "the root memory file must be markdown")
-        if kind in MEDIA_KINDS:
+        if kind in self.registry.media_kinds:  # declared by the extractor plugins (``media = True``)
             if not multimodal.allows(kind):
                 raise FileSkipped("modality_disabled", f"{kind} indexing is off for this workspace")
             if st.st_size > multimodal.max_file_bytes:

@@ -21,7 +21,6 @@ from typing import Any
 
 from indexer.api import HEAD_BYTES
 from indexer.errors import ReadRefused
-from indexer.pipeline import MEDIA_KINDS
 from indexer.search import SNIPPET_CHARS, SearchParams, Searcher
 from indexer.store import Store
 from indexer.workspace import Collection, route
@@ -35,7 +34,7 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
     """The collection and absolute path of memory file ``path`` (workspace-relative or absolute).
 
     Raises ``ReadRefused`` when it is not a text memory file of the (agent's) workspace (``classify``, the plugin
-    registry's, must name a non-media kind: a ``.png`` or ``notes.txt`` without a plugin for it is not memory),
+    registry's ``classify_text``, must name a kind, ``None`` for media: a ``.png`` or ``notes.txt`` without a plugin for it is not memory),
     ``FileNotFoundError`` when it does not exist, ``KeyError`` for an unknown agent. The path is normalised
     lexically (no symlink resolution), then checked by the indexing rules.
     """
@@ -52,7 +51,7 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
             if classify is not None:
                 with open(os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as handle:
                     kind = classify(candidate, handle.read(HEAD_BYTES))
-                if kind is None or kind in MEDIA_KINDS or (collection.role == "root" and kind != "markdown"):
+                if kind is None or (collection.role == "root" and kind != "markdown"):
                     raise ReadRefused(f"{path}: not a text memory file (kind {kind or 'unknown'})")
             return collection, candidate
         if reason:

@@ -87,7 +87,7 @@ def make_searcher(indexer: Indexer) -> Searcher:
     assert indexer.pipeline is not None and indexer.store is not None and indexer.registry is not None
     return Searcher(indexer.collections, indexer.store, indexer.registry.embedders, indexer.pipeline.bm25,
                     mode=s.search_mode, fusion=s.fusion, rrf_k=s.rrf_k, prefetch_limit=s.prefetch_limit,
-                    min_scores={"image": s.image_min_score})
+                    min_scores={"image": s.image_min_score}, hit_fields=indexer.registry.hit_fields)
 
 
 def create_app(indexer: Indexer) -> FastAPI:
@@ -116,12 +116,12 @@ def create_app(indexer: Indexer) -> FastAPI:
     @app.post("/boot")
     def boot(body: BootBody) -> dict[str, Any]:
         return _answer(lambda: boot_context(searcher, body.budget_chars, body.agent, body.query,
-                                            indexer.registry.classify))
+                                            indexer.registry.classify_text))
 
     @app.get("/get")
     def get(path: str, agent: str | None = None, from_: int = Query(default=1, alias="from"),
             lines: int | None = None, max_chars: int = DEFAULT_MAX_CHARS) -> dict[str, Any]:
         return _answer(lambda: read_memory(indexer.collections, path, from_, lines, max_chars, agent,
-                                           indexer.registry.classify))
+                                           indexer.registry.classify_text))
 
     return app

@@ -107,7 +107,8 @@ def open_indexer(tmp_path: Path, registry: Registry, multimodal: dict) -> Indexe
 
 
 def searcher(indexer: Indexer) -> Searcher:
-    return Searcher(indexer.collections, indexer.store, indexer.registry.embedders, indexer.pipeline.bm25)
+    return Searcher(indexer.collections, indexer.store, indexer.registry.embedders, indexer.pipeline.bm25,
+                    hit_fields=indexer.registry.hit_fields)
 
 
 def test_images_and_audio_are_indexed_and_found_with_text(tmp_path: Path, media_registry: Registry) -> None:
