@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from indexer import __version__
+
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 
 
@@ -103,7 +105,7 @@ def _workspace_opts(fn):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-@click.version_option(package_name="qmd-indexer")
+@click.version_option(__version__, prog_name="qmd-indexer")
 def main() -> None:
     """Keep an AI agent's memory files indexed in Qdrant and search them by meaning.
 

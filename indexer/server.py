@@ -25,6 +25,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, HTTPException, Query
 from pydantic import BaseModel, Field
 
+from indexer import __version__
 from indexer.daemon import Indexer
 from indexer.errors import ReadRefused, StoreUnavailable
 from indexer.recall import DEFAULT_MAX_CHARS, boot_context, read_memory, recall
@@ -92,7 +93,7 @@ def make_searcher(indexer: Indexer) -> Searcher:
 
 def create_app(indexer: Indexer) -> FastAPI:
     """The API app over an opened ``indexer``."""
-    app = FastAPI(title="qmd-indexer", version="0.1.0", summary="Semantic search over an agent's memory files")
+    app = FastAPI(title="qmd-indexer", version=__version__, summary="Semantic search over an agent's memory files")
     searcher = make_searcher(indexer)
 
     @app.get("/health")

@@ -183,3 +183,14 @@ def test_the_client_side_never_imports_torch() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
     assert time.monotonic() - started < 30  # a sanity bound, not a benchmark
+
+
+def test_python_dash_m_indexer_reports_the_one_version() -> None:
+    from importlib.metadata import version
+
+    import indexer
+
+    done = subprocess.run([sys.executable, "-m", "indexer", "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"qmd-indexer, version {version('qmd-indexer')}" == \
+        f"qmd-indexer, version {indexer.__version__}"
