@@ -29,10 +29,10 @@ test: install ## run the test suite
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 bench: install ## benchmark indexing and search on ../shared/data/vault (needs that folder)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m indexer.bench
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench
 
 eval: install ## retrieval quality on BEIR SciFact from ../shared/data/scifact (nDCG@10, recall@100)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m indexer.eval
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.eval
 
 clean:
 	rm -rf .state .bench .eval .pytest_cache

@@ -99,7 +99,7 @@ def _sentences(text: str, begin: int, end: int) -> list[tuple[int, int]]:
     or ``?`` followed by whitespace, the whitespace belonging to neither side. A paragraph written as one long line
     thus becomes sentence pieces, so packing can fill a chunk and the overlap can carry whole sentences: with one
     piece per line, a 300-token paragraph under a title gave a title-only chunk and no overlap (measured on BEIR
-    SciFact: 71 % of documents; see ``python -m indexer.eval``)."""
+    SciFact: 71 % of documents; see ``python -m benchmarks.eval``)."""
     spans, start = [], begin
     for gap in _SENTENCE_GAP.finditer(text, begin, end):
         if gap.start() > start and gap.end() < end:

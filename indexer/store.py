@@ -152,6 +152,11 @@ class Store:
                 if vector not in existing:
                     self._add_vector(name, vector, size)
 
+    def upsert(self, name: str, points: Sequence[Point]) -> None:
+        """Write ``points`` into collection ``name`` as they are (bulk loading; files go through ``replace_file``)."""
+        with self._lock:
+            self._upsert(name, points)
+
     def replace_file(self, name: str, abs_path: str, file_hash: str, points: Sequence[Point]) -> None:
         """Make ``points`` the only points of ``abs_path`` in ``name``: upsert, then delete other hashes."""
         with self._lock:

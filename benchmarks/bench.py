@@ -342,8 +342,7 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
     ``vectors[i % len(vectors)]`` (this run's vault chunks) plus Gaussian noise (sigma 0.02 per dimension, so
     cosine to its source ~0.9), L2-normalised. Payloads are the product's (path, hashes, stat, chunk counts), so
     the daemon sees every file as indexed and embeds nothing at start."""
-    from indexer.cache import EmbeddingCache
-    from indexer.pipeline import Pipeline
+    from indexer.pipeline import make_bm25
     from indexer.store import Point, ancestor_dirs, open_store, point_id
 
     shutil.rmtree(workspace, ignore_errors=True)
@@ -358,7 +357,7 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
     collection = next(c for c in plan_collections(settings.workspace) if c.role == "dir")
     store = open_store(state_dir)
     store.ensure_collection(collection.name, {"text": vectors.shape[1]})
-    bm25 = Pipeline(registry, EmbeddingCache(None), settings.max_file_bytes)  # for its Bm25: the product's own
+    bm25 = make_bm25(settings.bm25)  # the product's own BM25 terms
     rng = np.random.default_rng(0)
     started = time.perf_counter()
     batch: list[Point] = []
@@ -374,7 +373,7 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
             n = f * BIG_CHUNKS_PER_FILE + i
             vec = vectors[n % len(vectors)] + rng.normal(0, 0.02, vectors.shape[1]).astype(np.float32)
             vec /= np.linalg.norm(vec)
-            terms = bm25.bm25.embed_document(text)
+            terms = bm25.embed_document(text)
             payload = {"agent": "big", "collection": collection.name, "path": rel, "abs_path": str(path),
                        "dirs": ancestor_dirs(rel), "file_hash": file_hash, "size_bytes": st.st_size,
                        "mtime_ns": st.st_mtime_ns, "chunk_index": i, "chunk_count": len(lines),
@@ -383,10 +382,10 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
             batch.append(Point(point_id(collection.name, str(path), i), {"text": vec},
                                {"bm25": (list(terms.indices), list(terms.values))}, payload))
         if len(batch) >= 2000:
-            store._upsert(collection.name, batch)
+            store.upsert(collection.name, batch)
             batch = []
     if batch:
-        store._upsert(collection.name, batch)
+        store.upsert(collection.name, batch)
     count = store.count(collection.name)
     store.close()
     return {"points": count, "build_s": round(time.perf_counter() - started, 1), "collection": collection.name,
@@ -410,7 +409,7 @@ def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Se
     name = indexer.collections[1].name
     for q in queries:
         t0 = time.perf_counter()
-        dense = dict(searcher._embed_query_uncached(q))
+        dense = dict(searcher.embed_query(q))
         t1 = time.perf_counter()
         terms = indexer.pipeline.bm25.embed_query(q)
         lists = indexer.store.search(name, Query(limit=searcher.prefetch_limit, dense=dense, filter=Filter()))
@@ -484,7 +483,7 @@ def bench_big(out: Path, vectors: np.ndarray, scifact: Path, registry: Any, quer
 
 # -- command line --------------------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m indexer.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--vault", type=Path, default=DEFAULT_VAULT, help="markdown vault to index [%(default)s]")
     parser.add_argument("--scifact", type=Path, default=DEFAULT_SCIFACT, help="SciFact, for step 6 [%(default)s]")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="work folder and results [%(default)s]")
