@@ -176,7 +176,8 @@ def real_vectors(cache_path: Path) -> np.ndarray:
 
     db = sqlite3.connect(f"file:{cache_path}?mode=ro", uri=True)
     try:
-        return np.stack([np.frombuffer(blob, dtype=np.float32) for (blob,) in db.execute("SELECT vector FROM embedding")])
+        rows = db.execute("SELECT vector FROM embedding")
+        return np.stack([np.frombuffer(blob, dtype=np.float32) for (blob,) in rows])
     finally:
         db.close()
 

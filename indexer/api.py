@@ -178,7 +178,7 @@ class TextEmbedder(Embedder, Protocol):
     Checked when the plugin loads: a text embedder without ``token_offsets`` fails there with a plugin error.
     """
 
-    max_tokens: int  # type: ignore[misc]  # narrows Embedder.max_tokens: a text embedder always has a limit
+    max_tokens: int  # narrows Embedder.max_tokens: a text embedder always has a limit
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]: ...
 
@@ -194,7 +194,8 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
     """Rows of ``vectors`` scaled to unit L2 norm, as float32; zero rows stay zero. Shape is kept."""
     vectors = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+    out: np.ndarray = np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+    return out
 
 
 _HELPERS = {

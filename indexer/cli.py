@@ -158,8 +158,8 @@ def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -
         _fail(str(exc))
     except StoreUnavailable:
         pass  # the worker logs it once and keeps retrying; the API answers meanwhile
-    import uvicorn
     import structlog
+    import uvicorn
 
     from indexer.server import create_app
 

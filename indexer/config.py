@@ -147,7 +147,10 @@ class Settings(BaseSettings):
         return Path(os.path.abspath(value.expanduser()))
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+    def settings_customise_sources(  # pydantic-settings' hook
+        cls, settings_cls: type[BaseSettings], init_settings: Any, env_settings: Any, dotenv_settings: Any,
+        file_secret_settings: Any,
+    ) -> tuple[Any, ...]:
         # environment beats the file (which arrives as init kwargs); flags are applied after, in load_settings
         return (env_settings, init_settings)
 
@@ -167,7 +170,8 @@ def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | N
 
     Raises ``ConfigError`` with one line such as ``config.toml: port: Input should be less than or equal to 65535``.
     """
-    explicit = config_path or (Path(os.environ[ENV_PREFIX + "CONFIG"]) if os.environ.get(ENV_PREFIX + "CONFIG") else None)
+    env_path = os.environ.get(ENV_PREFIX + "CONFIG")
+    explicit = config_path or (Path(env_path) if env_path else None)
     path = explicit or default_config_path()
     data: dict[str, Any] = {}
     if explicit is not None or path.exists():

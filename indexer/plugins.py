@@ -27,7 +27,14 @@ from typing import Any, Protocol, cast, get_type_hints
 import structlog
 
 from indexer.api import (
-    GROUPS, MODALITY_PATTERN, RESERVED_MODALITIES, TEXT, Classifier, Embedder, Extractor, TextEmbedder,
+    GROUPS,
+    MODALITY_PATTERN,
+    RESERVED_MODALITIES,
+    TEXT,
+    Classifier,
+    Embedder,
+    Extractor,
+    TextEmbedder,
 )
 from indexer.errors import ConfigError, PluginError
 

@@ -18,9 +18,8 @@ Errors are JSON ``{"detail": "..."}`` with 400 (bad parameters), 403 (not a memo
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 from collections.abc import Callable
+from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Query
 from pydantic import BaseModel, Field
@@ -29,7 +28,7 @@ from indexer import __version__
 from indexer.daemon import Indexer
 from indexer.errors import ReadRefused, StoreUnavailable
 from indexer.recall import DEFAULT_MAX_CHARS, boot_context, read_memory, recall
-from indexer.search import SearchParams, Searcher
+from indexer.search import Searcher, SearchParams
 
 
 class SearchBody(BaseModel):

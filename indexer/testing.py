@@ -151,7 +151,8 @@ def check_extractor(extractor: Any, file_path: str | Path, kind: str, context: E
     """Check a ``qmd_indexer.extractors`` object on one good sample file of ``kind``; returns its chunks.
 
     Checked: the contract (with the optional ``media``/``hit_fields`` declarations); ``kind`` is in ``kinds``;
-    when ``hit_fields`` are declared, each chunk carries at least one of them; ``extract`` yields at least one ``Chunk``; each chunk has
+    when ``hit_fields`` are declared, each chunk carries at least one of them; ``extract``
+    yields at least one ``Chunk``; each chunk has
     the file's kind, a known modality, a valid 1-based line range, non-empty text (text chunks) or data bytes
     (other modalities), ``start_s``/``end_s`` seconds set together with ``0 <= start_s <= end_s``, JSON-safe
     ``meta``, and (when ``token_limit``) at most ``context.max_tokens`` tokens per text chunk; a second extraction
@@ -204,7 +205,7 @@ def _check_vectors(name: str, what: str, vectors: Any, shape: tuple[int, ...]) -
     bad = np.flatnonzero(np.abs(norms - 1.0) > NORM_TOLERANCE)
     _require(bad.size == 0, f"{name}.{what}: rows must be L2-normalised; row {bad[:1].tolist()} has norm "
              f"{norms[bad[:1]].tolist()} (use indexer.api.l2_normalise)")
-    return vectors
+    return np.asarray(vectors)
 
 
 def check_embedder(embedder: Any, chunks: Sequence[Chunk], query: str = "what did we decide about the launch?",
@@ -214,7 +215,8 @@ def check_embedder(embedder: Any, chunks: Sequence[Chunk], query: str = "what di
 
     Checked: the contract (a ``"text"`` embedder: ``TextEmbedder``); ``model_id`` a non-empty str; ``modality``
     a lowercase name (equal to ``modality`` when given); ``dim`` a positive int; ``max_tokens`` a positive int for
-    text embedders (with a ``token_offsets`` giving in-range ``(start, end)`` pairs), ``None`` for others; ``embed`` returns
+    text embedders (with a ``token_offsets`` giving in-range ``(start, end)`` pairs), ``None`` for others; ``embed``
+    returns
     ``(n, dim)`` float32 finite L2-normalised rows, the same again on a second call, and row ``i`` equal to
     embedding chunk ``i`` alone; ``embed_query(query)`` returns ``(dim,)`` float32 L2-normalised, deterministic.
     """

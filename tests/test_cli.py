@@ -113,7 +113,8 @@ def test_second_daemon_on_a_held_store_exits_1(workspace: Path, tmp_path: Path) 
 def test_sigkill_during_first_index_converges_to_one_copy_of_each_chunk(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     for i in range(40):
-        body = "\n".join(f"Note {i} line {j}: details about service {i * 7 + j} and its on-call rota." for j in range(60))
+        body = "\n".join(f"Note {i} line {j}: details about service {i * 7 + j} and its on-call rota."
+                         for j in range(60))
         write(ws / "memory" / f"note-{i:02d}.md", f"# Note {i}\n\n{body}\n")
     state = tmp_path / "state"
     log = tmp_path / "index.log"

@@ -8,7 +8,6 @@ asserted through fusion with BM25 over the caption, never through CLIP similarit
 from __future__ import annotations
 
 import importlib.util
-import logging
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -20,17 +19,19 @@ from indexer.api import GROUPS
 from indexer.plugins import Registry, load_registry
 from indexer.search import Searcher, SearchParams
 
-pytest.importorskip("qmd_indexer_image", reason="the image plugin is not installed (pip install -e plugins/qmd-indexer-image)")
-pytest.importorskip("qmd_indexer_audio", reason="the audio plugin is not installed (pip install -e plugins/qmd-indexer-audio)")
+pytest.importorskip("qmd_indexer_image",
+                    reason="the image plugin is not installed (pip install -e plugins/qmd-indexer-image)")
+pytest.importorskip("qmd_indexer_audio",
+                    reason="the audio plugin is not installed (pip install -e plugins/qmd-indexer-audio)")
 pytest.importorskip("whisper", reason="openai-whisper is not installed")
 
-from PIL import Image  # noqa: E402
 import soundfile  # noqa: E402
+from PIL import Image  # noqa: E402
+from qmd_indexer_audio.tiny_whisper import build_tiny_whisper  # noqa: E402
+from qmd_indexer_image.tiny_clip import build_tiny_clip  # noqa: E402
 
 from indexer.config import Settings  # noqa: E402
 from indexer.daemon import Indexer  # noqa: E402
-from qmd_indexer_audio.tiny_whisper import build_tiny_whisper  # noqa: E402
-from qmd_indexer_image.tiny_clip import TINY_DIM, build_tiny_clip  # noqa: E402
 
 PHRASE = "the harbour lights were green"
 MEDIA = {"image", "clip", "audio"}

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from indexer.api import Chunk, ExtractContext, ExtractError, FileInfo, FileSkipped, chunk_text
-
 from qmd_indexer_audio.decode import SAMPLE_RATE, AudioDecodeError, decode
 from qmd_indexer_audio.engines import Segment, make_engine
 from qmd_indexer_audio.sniff import audio_format

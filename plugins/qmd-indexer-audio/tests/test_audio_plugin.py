@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-
-from indexer.testing import check_classifier, check_extractor, check_extractor_rejects, whitespace_context
 from qmd_indexer_audio.decode import SAMPLE_RATE, decode
 from qmd_indexer_audio.engines import Segment, make_engine
 from qmd_indexer_audio.extract import AudioClassifier, AudioExtractor, group_segments
 from qmd_indexer_audio.sniff import audio_format
+
+from indexer.testing import check_classifier, check_extractor, check_extractor_rejects, whitespace_context
 
 PHRASE = "the harbour lights were green"
 

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from indexer.api import Chunk, EmbedError, l2_normalise, load_sentence_transformer
-
 from qmd_indexer_image.decode import ImageDecodeError, to_rgb
 
 DEFAULT_MODEL = "clip-ViT-B-32"

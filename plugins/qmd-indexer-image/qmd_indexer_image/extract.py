@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from indexer.api import Chunk, ExtractContext, ExtractError, FileInfo
-
 from qmd_indexer_image.decode import DEFAULT_MAX_PIXELS, ImageDecodeError, heif_available, inspect_image
 from qmd_indexer_image.sniff import image_format
 
