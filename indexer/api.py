@@ -76,10 +76,12 @@ class Chunk:
       such as the file name.
     - ``start_line``/``end_line``: 1-based, inclusive line range in the source file (1, 1 for non-text media).
     - ``kind``: the source kind (``"markdown"``, ``"image"``, ``"audio"``, ...), stored in the payload.
-    - ``modality``: which embedder and named vector this chunk goes to (``"text"`` or ``"image"``).
+    - ``modality``: which embedder and named vector this chunk goes to (``"text"``, ``"image"``, or another
+      modality an embedder plugin declares).
     - ``data``: raw bytes for non-text modalities (the image file), else ``None``.
     - ``start_s``/``end_s``: time range in seconds for audio transcript segments, else ``None``.
-    - ``meta``: small JSON-serialisable extras copied into the payload (e.g. ``{"width": 640, "height": 427}``).
+    - ``meta``: small JSON-serialisable extras copied into the payload (e.g. ``{"width": 640, "height": 427}``);
+      those the extractor names in ``hit_fields`` are also copied into search hits.
     """
 
     text: str

@@ -33,6 +33,9 @@ def test_file_env_and_flags_in_order_of_precedence(tmp_path: Path, monkeypatch: 
     ('[[workspace]]\nagent = "a"\n', "workspace.0.path: Field required"),
     ("port = \n", "invalid TOML"),
     ('[[workspace]]\nagent = "a"\npath = "/x"\n[[workspace]]\nagent = "a"\npath = "/y"\n', "agent ids must be unique"),
+    ('[[workspace]]\nagent = "a"\npath = "/x"\nmultimodal = { modalities = ["Video!"] }\n',
+     "workspace.0.multimodal.modalities.0: String should match pattern"),
+    ('bm25 = { tokenizer = "whitespace" }\n', "bm25.tokenizer: Input should be 'multilingual' or 'word'"),
 ])
 def test_invalid_config_names_the_key(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "config.toml"
@@ -54,3 +57,16 @@ def test_cli_exits_2_with_one_line_on_bad_config(tmp_path: Path) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "port" in lines[0] and lines[0].startswith("qmd-indexer: config error")
+
+
+def test_bm25_settings_shape_the_keyword_terms(tmp_path: Path) -> None:
+    from indexer.config import Bm25
+    from indexer.pipeline import make_bm25
+
+    config = tmp_path / "config.toml"
+    config.write_text("bm25 = { stemmer = false }\n")
+    settings = load_settings(config)
+    assert settings.bm25 == Bm25(stemmer=False)
+    stemmed = make_bm25(Bm25()).embed_document("running runners run")
+    plain = make_bm25(settings.bm25).embed_document("running runners run")
+    assert len(set(stemmed.indices)) < len(set(plain.indices))  # the stemmer folds running/run together
