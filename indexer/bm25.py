@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from indexer.config import Bm25 as Bm25Settings
+
 if TYPE_CHECKING:
     from qdrant_edge import Bm25Config
 
 SparseVector = tuple[list[int], list[float]]  # (term ids, weights), the shape ``Query.sparse`` and points carry
 
 
-def default_config() -> Bm25Config:
-    """The product's ``qdrant_edge.Bm25Config``.
+def make_config(settings: Bm25Settings | None = None) -> Bm25Config:
+    """The ``qdrant_edge.Bm25Config`` for the ``bm25`` settings (``None``: the defaults, the product's own).
 
     Multilingual tokenizer: words for Latin scripts, dictionary segmentation for CJK (keyword search in
     Chinese/Japanese works); Qdrant's IDF modifier supplies the corpus statistics at query time. Measured: the
@@ -23,20 +25,23 @@ def default_config() -> Bm25Config:
     it (Multilingual: 3 of 3). The language default (English stopwords + Snowball stemmer) is kept: in the
     same `make eval` run, bm25s on SciFact test scores nDCG@10 0.662 without a Snowball stemmer, 0.686 with.
     """
-    from qdrant_edge import Bm25Config, TokenizerType
+    from qdrant_edge import Bm25Config, DisabledStemmer, TokenizerType
 
-    return Bm25Config(tokenizer=TokenizerType.Multilingual)
+    settings = settings or Bm25Settings()
+    tokenizer = TokenizerType.Multilingual if settings.tokenizer == "multilingual" else TokenizerType.Word
+    if not settings.stemmer:
+        return Bm25Config(tokenizer=tokenizer, avg_len=settings.avg_len, stemmer=DisabledStemmer())
+    return Bm25Config(tokenizer=tokenizer, avg_len=settings.avg_len)
 
 
 class Bm25Terms:
-    """Sparse BM25 term vectors of documents and queries. ``config`` is a ``qdrant_edge.Bm25Config``
-    (``None``: ``default_config()``)."""
+    """Sparse BM25 term vectors of documents and queries, made with the ``bm25`` settings (``None``: defaults)."""
 
-    def __init__(self, config: Bm25Config | None = None) -> None:
+    def __init__(self, settings: Bm25Settings | None = None) -> None:
         from qdrant_edge import Bm25
 
-        self.config = default_config() if config is None else config
-        self._bm25 = Bm25(self.config)
+        self.settings = settings or Bm25Settings()
+        self._bm25 = Bm25(make_config(self.settings))
 
     def document(self, text: str) -> SparseVector | None:
         """The term vector of a chunk's ``text``; ``None`` when it has no terms (blank, or only stopwords)."""

@@ -70,10 +70,10 @@ def _pieces(text: str, offsets: list[tuple[int, int]], max_tokens: int) -> list[
         if end > begin and text[end - 1] == "\r":
             end -= 1
         line_tokens = tokens_by_line[line]
-        for begin, end in _sentences(text, begin, end):
-            starts = line_tokens[bisect_left(line_tokens, begin) : bisect_left(line_tokens, end)]
+        for s_begin, s_end in _sentences(text, begin, end):
+            starts = line_tokens[bisect_left(line_tokens, s_begin) : bisect_left(line_tokens, s_end)]
             if len(starts) <= max_tokens:
-                pieces.append(_Piece(line, begin, end, len(starts)))
+                pieces.append(_Piece(line, s_begin, s_end, len(starts)))
                 continue
             k = 0
             while k < len(starts):
@@ -84,8 +84,8 @@ def _pieces(text: str, offsets: list[tuple[int, int]], max_tokens: int) -> list[
                         if text[starts[j] - 1].isspace():
                             cut = j
                             break
-                piece_start = begin if k == 0 else starts[k]
-                piece_end = starts[cut] if cut < len(starts) else end
+                piece_start = s_begin if k == 0 else starts[k]
+                piece_end = starts[cut] if cut < len(starts) else s_end
                 pieces.append(_Piece(line, piece_start, piece_end, min(cut, len(starts)) - k))
                 k = cut
     return pieces
@@ -99,7 +99,7 @@ def _sentences(text: str, begin: int, end: int) -> list[tuple[int, int]]:
     or ``?`` followed by whitespace, the whitespace belonging to neither side. A paragraph written as one long line
     thus becomes sentence pieces, so packing can fill a chunk and the overlap can carry whole sentences: with one
     piece per line, a 300-token paragraph under a title gave a title-only chunk and no overlap (measured on BEIR
-    SciFact: 71 % of documents; see ``python -m indexer.eval``)."""
+    SciFact: 71 % of documents; see ``python -m benchmarks.eval``)."""
     spans, start = [], begin
     for gap in _SENTENCE_GAP.finditer(text, begin, end):
         if gap.start() > start and gap.end() < end:

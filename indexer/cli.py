@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import click
 
+from indexer import __version__
 from indexer.errors import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
 from indexer.terminal import configure_logging, print_hits, print_status
 
@@ -84,7 +85,7 @@ def _workspace_opts(fn):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-@click.version_option(package_name="qmd-indexer")
+@click.version_option(__version__, prog_name="qmd-indexer")
 def main() -> None:
     """Keep an AI agent's memory files indexed in Qdrant and search them by meaning.
 

@@ -50,18 +50,37 @@ def default_config_path() -> Path:
     return Path(base) / "qmd-indexer" / "config.toml"
 
 
+#: a media kind as named in ``multimodal.modalities`` (declared by extractor plugins: ``media = True``)
+MediaKind = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$")]
+
+
 class Multimodal(BaseModel):
-    """Per-workspace media indexing: off by default; ``modalities`` is a subset of image/audio, or ``["all"]``."""
+    """Per-workspace media indexing: off by default; ``modalities`` names media kinds (``"image"``, ``"audio"``:
+    whatever the loaded extractor plugins declare as media), or ``["all"]``. Names are checked against the loaded
+    plugins when the daemon opens (``Registry.check_multimodal``), since plugins, not this file, define them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = False
-    modalities: tuple[Literal["image", "audio", "all"], ...] = ("all",)
+    modalities: tuple[MediaKind, ...] = ("all",)
     max_file_bytes: int = Field(default=10 * MIB, gt=0)
 
     def allows(self, modality: str) -> bool:
-        """Whether files of ``modality`` ("image" or "audio") are indexed in this workspace."""
+        """Whether files of media kind ``modality`` (e.g. "image", "audio") are indexed in this workspace."""
         return self.enabled and ("all" in self.modalities or modality in self.modalities)
+
+
+class Bm25(BaseModel):
+    """Keyword-search (BM25) term settings, Qdrant's ``Bm25Config``: ``tokenizer`` ``multilingual`` (words for
+    Latin scripts, dictionary segmentation for CJK) or ``word``; ``stemmer`` the language's Snowball stemmer (with
+    English stopwords) or none; ``avg_len`` the average document length in terms that BM25 normalises by.
+    Changing them needs a reindex (``--reindex``): stored points keep the terms they were written with."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tokenizer: Literal["multilingual", "word"] = "multilingual"
+    stemmer: bool = True
+    avg_len: float = Field(default=256.0, gt=0)
 
 
 class Workspace(BaseModel):
@@ -124,6 +143,7 @@ class Settings(BaseSettings):
     # ViT-B/32 sit in a narrow band (roughly 0.1-0.35) where unrelated pairs usually stay under 0.2; not measured
     # here (no real CLIP weights on this machine), so tune it for your model.
     image_min_score: float = 0.2
+    bm25: Bm25 = Bm25()
     plugins: Annotated[tuple[str, ...], NoDecode] = ()
     prefer: dict[str, str] = {}
     plugin: dict[str, dict[str, Any]] = {}
@@ -144,7 +164,10 @@ class Settings(BaseSettings):
         return Path(os.path.abspath(value.expanduser()))
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+    def settings_customise_sources(  # pydantic-settings' hook
+        cls, settings_cls: type[BaseSettings], init_settings: Any, env_settings: Any, dotenv_settings: Any,
+        file_secret_settings: Any,
+    ) -> tuple[Any, ...]:
         # environment beats the file (which arrives as init kwargs); flags are applied after, in load_settings
         return (env_settings, init_settings)
 
@@ -164,7 +187,8 @@ def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | N
 
     Raises ``ConfigError`` with one line such as ``config.toml: port: Input should be less than or equal to 65535``.
     """
-    explicit = config_path or (Path(os.environ[ENV_PREFIX + "CONFIG"]) if os.environ.get(ENV_PREFIX + "CONFIG") else None)
+    env_path = os.environ.get(ENV_PREFIX + "CONFIG")
+    explicit = config_path or (Path(env_path) if env_path else None)
     path = explicit or default_config_path()
     data: dict[str, Any] = {}
     if explicit is not None or path.exists():

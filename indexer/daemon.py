@@ -112,11 +112,13 @@ class Indexer:
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         if registry is None:
             registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer)
+        registry.check_multimodal({w.agent: w.multimodal.modalities for w in settings.workspace
+                                   if w.multimodal.enabled})
         if store is None:
             store = open_store(settings.state_dir, settings.qdrant_url, settings.qdrant_api_key,
                                ServerOptions.from_settings(settings))
         cache = EmbeddingCache(settings.state_dir / "embeddings.sqlite3")
-        indexer = cls(settings, registry, store, cache, terms if terms is not None else Bm25Terms(),
+        indexer = cls(settings, registry, store, cache, terms if terms is not None else Bm25Terms(settings.bm25),
                       polling=polling, reindex=reindex)
         for collection in indexer.collections:
             if collection.role == "extra" and not os.path.lexists(collection.root):
@@ -175,7 +177,7 @@ class Indexer:
     def searcher(self, **overrides: Any) -> Searcher:
         """A ``Searcher`` over these collections with the configured defaults (``Searcher.from_settings``)."""
         return Searcher.from_settings(self.settings, self.collections, self.store, self.registry.embedders,
-                                      self.terms, **overrides)
+                                      self.terms, **{"hit_fields": self.registry.hit_fields, **overrides})
 
     def _attest(self) -> bool:
         """``workspace.attest`` the workspaces; the files of one whose path now names another directory lose the

@@ -153,4 +153,5 @@ class SentenceTransformerEmbedder:
 
     def embed_query(self, text: str) -> np.ndarray:
         """``(dim,)`` float32, L2-normalised."""
-        return self.encode([text])[0]
+        vector: np.ndarray = self.encode([text])[0]
+        return vector

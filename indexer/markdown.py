@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 
 from indexer.api import Chunk, ExtractContext, FileInfo
-from indexer.chunking import chunk_text
+from indexer.chunking import OVERLAP_RATIO, chunk_text
 from indexer.errors import ExtractError
 
 log = structlog.get_logger("qmd_indexer.markdown")
@@ -43,12 +43,19 @@ def decode_text(data: bytes) -> tuple[str, int]:
 
 
 class MarkdownExtractor:
-    """A markdown file to text chunks sized to the embedder (see ``indexer.chunking``)."""
+    """A markdown file to text chunks sized to the embedder (see ``indexer.chunking``).
+
+    Config ``[plugin.markdown]``: ``overlap_ratio``, the share of ``max_tokens`` consecutive chunks may overlap by
+    (``0 <= overlap_ratio < 1``, default ``OVERLAP_RATIO`` = 0.2). Raises ``ValueError`` for another value.
+    """
 
     kinds = frozenset({"markdown"})
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = dict(config or {})
+        self.overlap_ratio = float(self.config.get("overlap_ratio", OVERLAP_RATIO))
+        if not 0 <= self.overlap_ratio < 1:
+            raise ValueError(f"overlap_ratio must be at least 0 and below 1, got {self.overlap_ratio}")
 
     def extract(self, file: FileInfo, context: ExtractContext) -> Iterator[Chunk]:
         try:
@@ -58,5 +65,6 @@ class MarkdownExtractor:
         text, replaced = decode_text(data)
         if replaced:
             log.warning("file_decoded_lossy", path=str(file.path), reason="invalid_utf8", replaced_sequences=replaced)
-        for chunk in chunk_text(text, context.token_offsets, context.max_tokens):
+        overlap = int(context.max_tokens * self.overlap_ratio)
+        for chunk in chunk_text(text, context.token_offsets, context.max_tokens, overlap_tokens=overlap):
             yield Chunk(text=chunk.text, start_line=chunk.start_line, end_line=chunk.end_line, kind="markdown")

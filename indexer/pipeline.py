@@ -29,8 +29,7 @@ from indexer.plugins import Registry
 from indexer.points import SPARSE, FileState, Payload, Point, point_id
 from indexer.workspace import Collection, rel_path
 
-MEDIA_KINDS = ("image", "audio")
-EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop  # kinds gated by a workspace's multimodal settings
+EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop
 _READ_BLOCK = 1 << 20
 
 
@@ -110,7 +109,7 @@ class Pipeline:
         self.cache = cache
         self.max_file_bytes = max_file_bytes
         self.stats = Stats()
-        text = registry.embedders.get("text")
+        text = registry.text_embedder
         if text is None:
             raise PluginError("no embedder of modality 'text' is loaded; check `qmd-indexer plugins`")
         self.text_embedder = text
@@ -144,7 +143,7 @@ class Pipeline:
             raise FileSkipped("unsupported_type", "no classifier claims it")
         if collection.role == "root" and kind != "markdown":
             raise FileSkipped("unsupported_type", "the root memory file must be markdown")
-        if kind in MEDIA_KINDS:
+        if kind in self.registry.media_kinds:  # declared by the extractor plugins (``media = True``)
             if not multimodal.allows(kind):
                 raise FileSkipped("modality_disabled", f"{kind} indexing is off for this workspace")
             if st.st_size > multimodal.max_file_bytes:
@@ -235,5 +234,6 @@ class Pipeline:
                 kind=chunk.kind, modality=chunk.modality, model_id=self.registry.embedders[chunk.modality].model_id,
                 start_s=None if chunk.start_s is None else float(chunk.start_s),
                 end_s=None if chunk.end_s is None else float(chunk.end_s), extra=dict(chunk.meta))
-            out.append(Point(point_id(file.collection.name, abs_path, index), {chunk.modality: vector}, sparse, payload))
+            point = point_id(file.collection.name, abs_path, index)
+            out.append(Point(point, {chunk.modality: vector}, sparse, payload))
         return out

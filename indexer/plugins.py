@@ -17,25 +17,62 @@ Nothing here imports torch: factories are cheap by contract, and members are che
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast, get_type_hints
 
 import structlog
 
+from indexer.api import (
+    GROUPS,
+    MODALITY_PATTERN,
+    RESERVED_MODALITIES,
+    TEXT,
+    Classifier,
+    Embedder,
+    Extractor,
+    TextEmbedder,
+)
 from indexer.errors import ConfigError, PluginError
 
 log = structlog.get_logger("qmd_indexer.plugins")
 
 OWN_DISTRIBUTION = "qmd-indexer"
 
-#: group -> members an object of that group must have (the Protocols of indexer.api)
-CONTRACT: dict[str, tuple[str, ...]] = {
-    "qmd_indexer.classifiers": ("priority", "classify"),
-    "qmd_indexer.extractors": ("kinds", "extract"),
-    "qmd_indexer.embedders": ("model_id", "modality", "dim", "max_tokens", "embed", "embed_query"),
+CLASSIFIERS, EXTRACTORS, EMBEDDERS = GROUPS
+#: group -> the Protocol of ``indexer.api`` its objects must satisfy (a ``"text"`` embedder: ``TextEmbedder``)
+PROTOCOLS: dict[str, type] = {CLASSIFIERS: Classifier, EXTRACTORS: Extractor, EMBEDDERS: Embedder}
+
+
+def _members(protocol: type) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(required, optional)`` members of ``protocol``, each name -> its annotation (``None`` for a method).
+
+    Required: methods and annotated attributes without a default; optional: annotated attributes with a default in
+    the Protocol body (the value a plugin that omits them gets)."""
+    hints = get_type_hints(protocol)
+    required: dict[str, Any] = {}
+    optional: dict[str, Any] = {}
+    for name, hint in hints.items():
+        (optional if hasattr(protocol, name) else required)[name] = hint
+    for klass in protocol.__mro__:
+        if klass is Protocol or klass is object or not getattr(klass, "_is_protocol", False):
+            continue
+        for name, value in vars(klass).items():
+            if not name.startswith("_") and callable(value) and name not in hints:
+                required.setdefault(name, None)
+    return required, optional
+
+
+#: group -> names an object of that group must have, derived from ``PROTOCOLS`` (a text embedder also needs
+#: ``TEXT_EMBEDDER``)
+CONTRACT: dict[str, tuple[str, ...]] = {group: tuple(_members(p)[0]) for group, p in PROTOCOLS.items()}
+TEXT_EMBEDDER: tuple[str, ...] = tuple(n for n in _members(TextEmbedder)[0] if n not in CONTRACT[EMBEDDERS])
+#: group -> optional declaration -> the default used when a plugin omits it
+DEFAULTS: dict[str, dict[str, Any]] = {
+    group: {name: getattr(p, name) for name in _members(p)[1]} for group, p in PROTOCOLS.items()
 }
 
 
@@ -60,49 +97,139 @@ class PluginRecord:
         }
 
 
+#: members that may be lazy properties loading a model: checked for presence at load, by value in indexer.testing
+LAZY = frozenset({"dim", "max_tokens", "model_id"})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_value(name: str, hint: Any, value: Any) -> None:
+    """Checks the attribute kinds the Protocols use: ``int``, ``bool``, ``str``, ``frozenset[str]``,
+    ``tuple[str, ...]`` (``int | None`` and other unions are checked by the group rules in ``check_contract``)."""
+    origin = getattr(hint, "__origin__", None)
+    if hint is int and not _is_int(value):
+        raise PluginError(f"{name} must be an int, got {value!r}")
+    if hint is bool and not isinstance(value, bool):
+        raise PluginError(f"{name} must be a bool, got {value!r}")
+    if hint is str and not isinstance(value, str):
+        raise PluginError(f"{name} must be a str, got {value!r}")
+    if origin in (frozenset, tuple) and not (
+        isinstance(value, origin) and all(isinstance(v, str) and v for v in value)
+    ):
+        raise PluginError(f"{name} must be a {origin.__name__} of str, got {value!r}")
+
+
+def declared(group: str, obj: Any, name: str) -> Any:
+    """The value of optional declaration ``name`` of a plugin: its own, else the Protocol's default."""
+    return getattr(obj, name, DEFAULTS[group][name])
+
+
 def check_contract(group: str, obj: Any) -> None:
-    """Raise ``PluginError`` naming the first member of ``CONTRACT[group]`` that ``obj`` lacks or has wrong."""
-    for member in CONTRACT[group]:
+    """Raise ``PluginError`` naming the first member of the group's Protocol (``PROTOCOLS``) that ``obj`` lacks or
+    has wrong: a missing member, a method that is not callable, an attribute of the wrong type; ``kinds`` must not
+    be empty; an embedder's ``modality`` must match ``MODALITY_PATTERN`` and not be reserved; a ``"text"`` embedder
+    must satisfy ``TextEmbedder`` (``token_offsets``, an int ``max_tokens``).
+
+    Attributes are read with ``inspect.getattr_static`` first, so a missing member is reported without evaluating
+    lazy properties; only the values checked by type are read (``dim`` of a lazy model is not)."""
+    protocols = [PROTOCOLS[group]]
+    if group == EMBEDDERS:
         try:
-            inspect.getattr_static(obj, member)
+            inspect.getattr_static(obj, "modality")
         except AttributeError:
-            raise PluginError(f"missing {member!r} required by {group}") from None
-    if group == "qmd_indexer.classifiers" and not isinstance(obj.priority, int):
-        raise PluginError("priority must be an int")
-    if group == "qmd_indexer.extractors" and (not isinstance(obj.kinds, frozenset) or not obj.kinds):
+            raise PluginError(f"missing 'modality' required by {group}") from None
+        modality = obj.modality
+        if not isinstance(modality, str) or not re.fullmatch(MODALITY_PATTERN, modality):
+            raise PluginError(f"modality must be a lowercase name matching {MODALITY_PATTERN}, got {modality!r}")
+        if modality in RESERVED_MODALITIES:
+            raise PluginError(f"modality {modality!r} is reserved (the keyword-search vector)")
+        if modality == TEXT:
+            protocols.append(TextEmbedder)
+    for protocol in protocols:
+        required, optional = _members(protocol)
+        what = f"a {TEXT!r} embedder ({protocol.__name__})" if protocol is TextEmbedder else group
+        for name, hint in required.items():
+            try:
+                inspect.getattr_static(obj, name)
+            except AttributeError:
+                raise PluginError(f"missing {name!r} required by {what}") from None
+            if hint is None:
+                if not callable(getattr(obj, name)):
+                    raise PluginError(f"{name!r} must be callable")
+            elif name not in LAZY:
+                _check_value(name, hint, getattr(obj, name))
+        for name, hint in optional.items():
+            if hasattr(obj, name):
+                _check_value(name, hint, getattr(obj, name))
+    if group == EXTRACTORS and not obj.kinds:
         raise PluginError("kinds must be a non-empty frozenset of str")
-    if group == "qmd_indexer.embedders" and obj.modality not in ("text", "image"):
-        raise PluginError(f"modality must be 'text' or 'image', got {obj.modality!r}")
-    for member in CONTRACT[group]:
-        if member in ("classify", "extract", "embed", "embed_query") and not callable(getattr(obj, member)):
-            raise PluginError(f"{member!r} must be callable")
 
 
 def _provides(group: str, obj: Any) -> tuple[str, ...]:
-    if group == "qmd_indexer.extractors":
+    if group == EXTRACTORS:
         return tuple(sorted(obj.kinds))
-    if group == "qmd_indexer.embedders":
+    if group == EMBEDDERS:
         return (obj.modality,)
     return (f"priority {obj.priority}",)
 
 
 class Registry:
-    """The loaded plugins: classifiers in priority order, one extractor per kind, one embedder per modality."""
+    """The loaded plugins: classifiers in priority order, one extractor per kind, one embedder per modality, and
+    what they declare: ``media_kinds`` (kinds gated by a workspace's ``multimodal`` settings), ``hit_fields``
+    (payload fields search hits carry) and ``modalities`` (the named dense vectors, one per embedder)."""
 
     def __init__(self, records: list[PluginRecord]) -> None:
         self.records = records
         loaded = [r for r in records if r.status == "loaded"]
-        self.classifiers = sorted(
-            (r.obj for r in loaded if r.group == "qmd_indexer.classifiers"), key=lambda c: c.priority
+        self.classifiers: list[Classifier] = sorted(
+            (r.obj for r in loaded if r.group == CLASSIFIERS), key=lambda c: c.priority
         )
-        self.extractors: dict[str, Any] = {}
-        self.embedders: dict[str, Any] = {}
+        self.extractors: dict[str, Extractor] = {}
+        self.embedders: dict[str, Embedder] = {}
+        media: set[str] = set()
+        fields: dict[str, None] = {}
         for r in loaded:
-            if r.group == "qmd_indexer.extractors":
+            if r.group == EXTRACTORS:
                 for kind in r.obj.kinds:
                     self.extractors[kind] = r.obj
-            elif r.group == "qmd_indexer.embedders":
+                if declared(EXTRACTORS, r.obj, "media"):
+                    media |= set(r.obj.kinds)
+                fields.update(dict.fromkeys(declared(EXTRACTORS, r.obj, "hit_fields")))
+            elif r.group == EMBEDDERS:
                 self.embedders[r.obj.modality] = r.obj
+        self.media_kinds: frozenset[str] = frozenset(media)
+        self.hit_fields: tuple[str, ...] = tuple(fields)
+        self.modalities: tuple[str, ...] = tuple(sorted(self.embedders))
+
+    @property
+    def text_embedder(self) -> TextEmbedder | None:
+        """The embedder of modality ``"text"`` (checked against ``TextEmbedder`` at load), or ``None``."""
+        embedder = self.embedders.get(TEXT)
+        return embedder if embedder is None else _as_text(embedder)
+
+    def check_multimodal(self, media_kinds: Mapping[str, Iterable[str]]) -> None:
+        """Raise ``ConfigError`` when a workspace's ``multimodal.modalities`` (``media_kinds``: agent -> names)
+        names a kind no loaded plugin declares as media. When an extractor plugin failed to load, the kind may be
+        its own: then one ``multimodal_kind_unknown`` warning is logged instead, and the daemon runs on."""
+        for agent, names in media_kinds.items():
+            unknown = sorted(set(names) - self.media_kinds - {"all"})
+            if not unknown:
+                continue
+            failed = sorted(r.name for r in self.records if r.group == EXTRACTORS and r.status == "failed")
+            known = ", ".join(sorted(self.media_kinds)) or "none"
+            if failed:
+                log.warning("multimodal_kind_unknown", agent=agent, kinds=unknown, known=sorted(self.media_kinds),
+                            failed_plugins=failed)
+                continue
+            raise ConfigError(f"workspace {agent!r}: multimodal.modalities: unknown media kind "
+                              f"{unknown[0]!r}; the loaded plugins provide: {known} (see `qmd-indexer plugins`)")
+
+    def classify_text(self, path: Path, head: bytes) -> str | None:
+        """``classify``, but ``None`` for a media kind: what ``read`` serves is text memory, never a media file."""
+        kind = self.classify(path, head)
+        return None if kind in self.media_kinds else kind
 
     def classify(self, path: Path, head: bytes) -> str | None:
         """The first non-``None`` answer of the classifiers in priority order; a classifier that raises defers."""
@@ -115,6 +242,11 @@ class Registry:
             if kind:
                 return kind
         return None
+
+
+def _as_text(embedder: Embedder) -> TextEmbedder:
+    # check_contract held it to TextEmbedder when it loaded (not isinstance: that would evaluate lazy properties)
+    return cast(TextEmbedder, embedder)
 
 
 def _distribution(ep: EntryPoint) -> tuple[str, str]:
@@ -162,7 +294,7 @@ def load_registry(
 
 
 def _resolve_conflicts(records: list[PluginRecord], prefer: dict[str, str]) -> None:
-    for group in ("qmd_indexer.extractors", "qmd_indexer.embedders"):
+    for group in (EXTRACTORS, EMBEDDERS):
         claims: dict[str, list[PluginRecord]] = {}
         for r in records:
             if r.group == group and r.status == "loaded":

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import stat
 from collections.abc import Callable, Sequence
@@ -21,8 +20,7 @@ from typing import Any
 
 from indexer.api import HEAD_BYTES
 from indexer.errors import ReadRefused
-from indexer.pipeline import MEDIA_KINDS
-from indexer.search import SNIPPET_CHARS, SearchParams, Searcher
+from indexer.search import SNIPPET_CHARS, Searcher, SearchParams
 from indexer.store import Store
 from indexer.workspace import Collection, route
 
@@ -35,7 +33,8 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
     """The collection and absolute path of memory file ``path`` (workspace-relative or absolute).
 
     Raises ``ReadRefused`` when it is not a text memory file of the (agent's) workspace (``classify``, the plugin
-    registry's, must name a non-media kind: a ``.png`` or ``notes.txt`` without a plugin for it is not memory),
+    registry's ``classify_text``, must name a kind, ``None`` for media: a ``.png`` or ``notes.txt`` without a plugin
+    for it is not memory),
     ``FileNotFoundError`` when it does not exist, ``KeyError`` for an unknown agent. The path is normalised
     lexically (no symlink resolution), then checked by the indexing rules.
     """
@@ -52,7 +51,7 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
             if classify is not None:
                 with open(os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as handle:
                     kind = classify(candidate, handle.read(HEAD_BYTES))
-                if kind is None or kind in MEDIA_KINDS or (collection.role == "root" and kind != "markdown"):
+                if kind is None or (collection.role == "root" and kind != "markdown"):
                     raise ReadRefused(f"{path}: not a text memory file (kind {kind or 'unknown'})")
             return collection, candidate
         if reason:
@@ -80,7 +79,7 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     used = 0
     line_no = 0
     truncated = line_cut = False
-    with io.open(fd, "r", encoding="utf-8", errors="replace", newline=None) as handle:
+    with open(fd, encoding="utf-8", errors="replace", newline=None) as handle:
         for line_no, raw in enumerate(handle, 1):
             if line_no < from_line:
                 continue
@@ -96,8 +95,8 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
             used += len(line) + (1 if out else 0)  # joined with "\n" between lines
             out.append(line)
     result: dict[str, Any] = {
-        "path": os.path.relpath(abs_path, collection.workspace.path) if abs_path.is_relative_to(collection.workspace.path)
-        else str(abs_path),
+        "path": os.path.relpath(abs_path, collection.workspace.path)
+        if abs_path.is_relative_to(collection.workspace.path) else str(abs_path),
         "collection": collection.name,
         "from": from_line,
         "to": from_line + len(out) - 1,
@@ -143,7 +142,8 @@ def recall(searcher: Searcher, query: str, top_k: int = 6, agent: str | None = N
 
 
 def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None = None,
-                 query: str | None = None, classify: Callable[[Path, bytes], str | None] | None = None) -> dict[str, Any]:
+                 query: str | None = None,
+                 classify: Callable[[Path, bytes], str | None] | None = None) -> dict[str, Any]:
     """Memory for the start of a session, packed into ``budget_chars`` characters.
 
     Order: with ``query``, its best hits; without, the root memory file, then notes by most recent change. Each

@@ -15,10 +15,10 @@ and the MCP tools (``indexer.mcp``). Imports only pydantic.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NotRequired
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, with_config
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 # -- arguments ---------------------------------------------------------------------------------------------------
 Query = Annotated[str, Field(validation_alias=AliasChoices("query", "q"),

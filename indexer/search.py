@@ -3,20 +3,21 @@
 A hit (``dict``, the JSON the API and ``search --json`` return) carries ``collection``, ``agent``, ``path``
 (workspace-relative), ``start_line``/``end_line`` (1-based, inclusive: the lines the snippet shows), ``score``,
 ``snippet`` (at most ``SNIPPET_CHARS`` characters, centred on the lines that best match the query), ``kind``,
-``citation`` (``path#Lstart-Lend``) and, where they apply, ``start_s``/``end_s`` (audio) or ``width``/``height``
-(images).
+``citation`` (``path#Lstart-Lend``) and, where they apply, the fields the extractor plugins declare in
+``hit_fields`` (``Registry.hit_fields``), e.g. ``start_s``/``end_s`` (audio) or ``width``/``height`` (images).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
+from indexer.api import Embedder
 from indexer.bm25 import Bm25Terms
 from indexer.config import Settings
 from indexer.points import Filter, Hit, Query
@@ -25,7 +26,6 @@ from indexer.workspace import Collection
 
 SNIPPET_CHARS = 700  # the reference agent's snippet cap
 _WORD = re.compile(r"\w+", re.UNICODE)
-_MEDIA_FIELDS = ("start_s", "end_s", "width", "height", "format")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +85,8 @@ def snippet(text: str, query: str, first_line: int, limit: int = SNIPPET_CHARS) 
     return body, first_line + lo, first_line + hi
 
 
-def to_hit(hit: Hit, query: str) -> dict[str, Any]:
-    """The API's hit dict for a scored point."""
+def to_hit(hit: Hit, query: str, hit_fields: Sequence[str] = ()) -> dict[str, Any]:
+    """The API's hit dict for a scored point; the payload fields named in ``hit_fields`` are copied when present."""
     p = hit.payload
     if p.modality == "text":
         body, start, end = snippet(p.text, query, p.start_line)
@@ -103,7 +103,7 @@ def to_hit(hit: Hit, query: str) -> dict[str, Any]:
         "kind": p.kind,
         "citation": f"{p.path}#L{start}-L{end}",
     }
-    for key in _MEDIA_FIELDS:
+    for key in hit_fields:
         if p.get(key) is not None:
             out[key] = p.get(key)
     return out
@@ -113,22 +113,24 @@ class Searcher:
     """Answers ``SearchParams`` over ``collections`` in ``store`` with the loaded embedders; ``terms`` must be the
     ``Bm25Terms`` the points were indexed with. Build it with ``from_settings`` to get the configured defaults."""
 
-    def __init__(self, collections: Sequence[Collection], store: Store, embedders: dict[str, Any], terms: Bm25Terms,
+    def __init__(self, collections: Sequence[Collection], store: Store, embedders: Mapping[str, Embedder],
+                 terms: Bm25Terms,
                  mode: str = "hybrid", fusion: str = "dbsf", rrf_k: int = 60, prefetch_limit: int = 100,
-                 min_scores: dict[str, float] | None = None) -> None:
+                 min_scores: dict[str, float] | None = None, hit_fields: Sequence[str] = ()) -> None:
         self.collections = list(collections)
         self.store = store
         self.embedders = embedders
         self.terms = terms
+        self.hit_fields = tuple(hit_fields)  # payload fields hits carry (``Registry.hit_fields``)
         self.mode, self.fusion, self.rrf_k, self.prefetch_limit = mode, fusion, rrf_k, prefetch_limit
         # per-vector floors applied before fusion: score-normalising fusion (DBSF) would otherwise lift the best
         # of an irrelevant list (e.g. images for a query no picture matches) to the top
         self.min_scores = dict(min_scores or {})
-        self._embed_query = lru_cache(maxsize=256)(self._embed_query_uncached)
+        self._embed_query = lru_cache(maxsize=256)(self.embed_query)
 
     @classmethod
     def from_settings(cls, settings: Settings, collections: Sequence[Collection], store: Store,
-                      embedders: dict[str, Any], terms: Bm25Terms, **overrides: Any) -> Searcher:
+                      embedders: Mapping[str, Embedder], terms: Bm25Terms, **overrides: Any) -> Searcher:
         """The one factory: a ``Searcher`` with the configured defaults (``search_mode``, ``fusion``, ``rrf_k``,
         ``prefetch_limit``, ``image_min_score``); ``overrides`` replace any of ``__init__``'s keyword arguments
         (benchmarks compare modes and fusions this way)."""
@@ -137,8 +139,14 @@ class Searcher:
                                     "min_scores": {"image": settings.image_min_score}}
         return cls(collections, store, embedders, terms, **{**defaults, **overrides})
 
-    def _embed_query_uncached(self, text: str) -> tuple[tuple[str, np.ndarray], ...]:
+    def embed_query(self, text: str) -> tuple[tuple[str, np.ndarray], ...]:
+        """``((modality, (dim,) float32 vector), ...)``: ``text`` embedded by every embedder, sorted by modality,
+        uncached (``retrieve`` caches the last 256 queries)."""
         return tuple((modality, e.embed_query(text)) for modality, e in sorted(self.embedders.items()))
+
+    def warm(self, text: str) -> None:
+        """Embed ``text`` into the query cache now, so a following ``retrieve`` of it times the search alone."""
+        self._embed_query(text)
 
     def targets(self, params: SearchParams) -> list[Collection]:
         """The collections ``params`` selects; raises ``KeyError`` naming an unknown agent or collection."""
@@ -169,7 +177,8 @@ class Searcher:
             sparse = self.terms.query(params.query)
         depth = max(self.prefetch_limit, params.k)
         query = Query(limit=depth, dense=dense, sparse=sparse, thresholds=self.min_scores,
-                      filter=Filter(path_prefix=params.path_prefix, kinds=tuple(params.kinds), since_ns=params.since_ns))
+                      filter=Filter(path_prefix=params.path_prefix, kinds=tuple(params.kinds),
+                                    since_ns=params.since_ns))
         pools: dict[str, list[Hit]] = {}
         for collection in targets:
             for using, hits in self.store.search(collection.name, query).items():
@@ -184,7 +193,7 @@ class Searcher:
 
     def search(self, params: SearchParams) -> list[dict[str, Any]]:
         """The ``params.k`` best hits across the selected collections, best first, as API dicts."""
-        return [to_hit(hit, params.query) for hit in self.retrieve(params)]
+        return [to_hit(hit, params.query, self.hit_fields) for hit in self.retrieve(params)]
 
 
 def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) -> list[Hit]:

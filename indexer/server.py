@@ -110,12 +110,13 @@ class LocalMemory:
     def boot_context(self, budget_chars: int = DEFAULT_BUDGET_CHARS, agent: str | None = None,
                      query: str | None = None) -> BootContext:
         return boot_context(self.searcher, budget_chars, agent, query,  # type: ignore[return-value]
-                            self.indexer.registry.classify)
+                            self.indexer.registry.classify_text)
 
     def get(self, path: str, from_line: int = 1, lines: int | None = None, max_chars: int | None = None,
             agent: str | None = None) -> Page:
         return read_memory(self.indexer.collections, path, from_line, lines,  # type: ignore[return-value]
-                           DEFAULT_MAX_CHARS if max_chars is None else max_chars, agent, self.indexer.registry.classify)
+                           DEFAULT_MAX_CHARS if max_chars is None else max_chars, agent,
+                           self.indexer.registry.classify_text)
 
 
 def create_app(indexer: Indexer) -> FastAPI:

@@ -13,7 +13,9 @@ them needs pytest (they do not rely on ``assert`` statements, so ``python -O`` c
         check_embedder(MyEmbedder({}), chunks)
 
 The checks use a whitespace tokenizer (``whitespace_context``) unless you pass the ``ExtractContext`` of a real text
-embedder. Nothing here imports torch.
+embedder. The contract checked is the one ``indexer.plugins`` enforces when it loads a plugin, derived from the
+Protocols of ``indexer.api`` (``check_contract``); the checks here add behaviour: determinism, shapes, norms, and
+the chunk rules. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo
+from indexer.api import HEAD_BYTES, MODALITY_PATTERN, TEXT, Chunk, ExtractContext, FileInfo
 from indexer.errors import ExtractError, FileSkipped, PluginError
-from indexer.plugins import check_contract
+from indexer.plugins import CLASSIFIERS, EMBEDDERS, EXTRACTORS, check_contract, declared
 
 __all__ = [
     "check_classifier", "check_embedder", "check_extractor", "check_extractor_rejects", "whitespace_context",
@@ -79,10 +81,8 @@ def check_classifier(classifier: Any, samples: Mapping[str | Path, str | None]) 
     members, ``priority`` is an ``int``, answers are ``str`` or ``None`` and repeat exactly, and junk heads (empty,
     NUL bytes, random bytes) never make ``classify`` raise.
     """
-    _contract("qmd_indexer.classifiers", classifier)
+    _contract(CLASSIFIERS, classifier)
     name = _name(classifier)
-    _require(isinstance(classifier.priority, int) and not isinstance(classifier.priority, bool),
-             f"{name}.priority must be an int, got {classifier.priority!r}")
     rng = np.random.default_rng(0)
     junk = [b"", b"\x00" * HEAD_BYTES, rng.integers(0, 256, HEAD_BYTES, dtype=np.uint8).tobytes()]
     for raw, expected in samples.items():
@@ -109,23 +109,25 @@ def _file_info(path: Path, kind: str) -> FileInfo:
     return FileInfo(path=path, rel_path=path.name, kind=kind, size_bytes=path.stat().st_size)
 
 
-def _check_chunk(name: str, index: int, chunk: Any, kind: str, context: ExtractContext, token_limit: bool) -> None:
+def _check_chunk(name: str, index: int, chunk: Any, kind: str, context: ExtractContext, token_limit: bool,
+                 hit_fields: Sequence[str]) -> None:
     where = f"{name} chunk {index}"
     _require(isinstance(chunk, Chunk), f"{where} is a {type(chunk).__name__}, expected indexer.api.Chunk")
     _require(isinstance(chunk.text, str), f"{where}: text must be str, got {type(chunk.text).__name__}")
     _require(chunk.kind == kind, f"{where}: kind is {chunk.kind!r}, expected the file's kind {kind!r}")
-    _require(chunk.modality in ("text", "image"), f"{where}: modality must be 'text' or 'image', got "
+    _require(isinstance(chunk.modality, str) and re.fullmatch(MODALITY_PATTERN, chunk.modality) is not None,
+             f"{where}: modality must be the name of an embedder's modality ({MODALITY_PATTERN}), got "
              f"{chunk.modality!r}")
     _require(isinstance(chunk.start_line, int) and isinstance(chunk.end_line, int)
              and 1 <= chunk.start_line <= chunk.end_line,
              f"{where}: lines must be 1-based with start <= end, got {chunk.start_line}-{chunk.end_line}")
-    if chunk.modality == "text":
+    if chunk.modality == TEXT:
         _require(bool(chunk.text.strip()), f"{where}: a text chunk must not be empty or whitespace")
         _require(chunk.data is None, f"{where}: a text chunk carries no data bytes")
         if token_limit:
             n = len(context.token_offsets(chunk.text))
             _require(n <= context.max_tokens, f"{where}: {n} tokens > max_tokens {context.max_tokens}; size "
-                     f"chunks with context.token_offsets (see indexer.chunking.chunk_text)")
+                     f"chunks with context.token_offsets (see indexer.api.chunk_text)")
     else:
         _require(isinstance(chunk.data, bytes) and len(chunk.data) > 0,
                  f"{where}: a {chunk.modality!r} chunk must carry its bytes in data")
@@ -139,19 +141,24 @@ def _check_chunk(name: str, index: int, chunk: Any, kind: str, context: ExtractC
         json.dumps(dict(chunk.meta))
     except (TypeError, ValueError) as exc:
         raise AssertionError(f"{where}: meta must be JSON-serialisable (it goes into the payload): {exc}") from None
+    carried = set(chunk.meta) | ({"start_s", "end_s"} if chunk.start_s is not None else set())
+    _require(not hit_fields or bool(carried & set(hit_fields)),
+             f"{where}: carries none of the declared hit_fields {list(hit_fields)}")
 
 
 def check_extractor(extractor: Any, file_path: str | Path, kind: str, context: ExtractContext | None = None,
                     *, token_limit: bool = True) -> list[Chunk]:
     """Check a ``qmd_indexer.extractors`` object on one good sample file of ``kind``; returns its chunks.
 
-    Checked: the contract; ``kind`` is in ``kinds``; ``extract`` yields at least one ``Chunk``; each chunk has
+    Checked: the contract (with the optional ``media``/``hit_fields`` declarations); ``kind`` is in ``kinds``;
+    when ``hit_fields`` are declared, each chunk carries at least one of them; ``extract``
+    yields at least one ``Chunk``; each chunk has
     the file's kind, a known modality, a valid 1-based line range, non-empty text (text chunks) or data bytes
     (other modalities), ``start_s``/``end_s`` seconds set together with ``0 <= start_s <= end_s``, JSON-safe
     ``meta``, and (when ``token_limit``) at most ``context.max_tokens`` tokens per text chunk; a second extraction
     gives equal chunks. ``context`` defaults to ``whitespace_context()``.
     """
-    _contract("qmd_indexer.extractors", extractor)
+    _contract(EXTRACTORS, extractor)
     name = _name(extractor)
     _require(kind in extractor.kinds, f"{name}.kinds is {sorted(extractor.kinds)}, which lacks {kind!r}")
     context = context or whitespace_context()
@@ -163,7 +170,7 @@ def check_extractor(extractor: Any, file_path: str | Path, kind: str, context: E
                              f"{type(exc).__name__}: {exc}") from None
     _require(len(chunks) > 0, f"{name}.extract yielded no chunks for {info.path.name!r}")
     for index, chunk in enumerate(chunks):
-        _check_chunk(name, index, chunk, kind, context, token_limit)
+        _check_chunk(name, index, chunk, kind, context, token_limit, declared(EXTRACTORS, extractor, "hit_fields"))
     again = list(extractor.extract(info, context))
     _require(again == chunks, f"{name}.extract is not deterministic: a second run over {info.path.name!r} gave "
              f"different chunks")
@@ -198,7 +205,7 @@ def _check_vectors(name: str, what: str, vectors: Any, shape: tuple[int, ...]) -
     bad = np.flatnonzero(np.abs(norms - 1.0) > NORM_TOLERANCE)
     _require(bad.size == 0, f"{name}.{what}: rows must be L2-normalised; row {bad[:1].tolist()} has norm "
              f"{norms[bad[:1]].tolist()} (use indexer.api.l2_normalise)")
-    return vectors
+    return np.asarray(vectors)
 
 
 def check_embedder(embedder: Any, chunks: Sequence[Chunk], query: str = "what did we decide about the launch?",
@@ -206,20 +213,19 @@ def check_embedder(embedder: Any, chunks: Sequence[Chunk], query: str = "what di
     """Check a ``qmd_indexer.embedders`` object on sample ``chunks`` (at least one) of its modality; returns the
     ``(len(chunks), dim)`` vectors.
 
-    Checked: the contract; ``model_id`` a non-empty str; ``modality`` is ``"text"`` or ``"image"`` (and equals
-    ``modality`` when given); ``dim`` a positive int; ``max_tokens`` a positive int for text embedders (with a
-    ``token_offsets`` giving in-range ``(start, end)`` pairs), ``None`` for others; ``embed`` returns
+    Checked: the contract (a ``"text"`` embedder: ``TextEmbedder``); ``model_id`` a non-empty str; ``modality``
+    a lowercase name (equal to ``modality`` when given); ``dim`` a positive int; ``max_tokens`` a positive int for
+    text embedders (with a ``token_offsets`` giving in-range ``(start, end)`` pairs), ``None`` for others; ``embed``
+    returns
     ``(n, dim)`` float32 finite L2-normalised rows, the same again on a second call, and row ``i`` equal to
     embedding chunk ``i`` alone; ``embed_query(query)`` returns ``(dim,)`` float32 L2-normalised, deterministic.
     """
-    _contract("qmd_indexer.embedders", embedder)
+    _contract(EMBEDDERS, embedder)
     name = _name(embedder)
     chunks = list(chunks)
     _require(len(chunks) > 0, "check_embedder needs at least one sample chunk")
     _require(isinstance(embedder.model_id, str) and bool(embedder.model_id),
              f"{name}.model_id must be a non-empty str, got {embedder.model_id!r}")
-    _require(embedder.modality in ("text", "image"), f"{name}.modality must be 'text' or 'image', got "
-             f"{embedder.modality!r}")
     if modality is not None:
         _require(embedder.modality == modality, f"{name}.modality is {embedder.modality!r}, expected {modality!r}")
     for i, chunk in enumerate(chunks):
@@ -228,12 +234,10 @@ def check_embedder(embedder: Any, chunks: Sequence[Chunk], query: str = "what di
     dim = embedder.dim
     _require(isinstance(dim, int) and not isinstance(dim, bool) and dim > 0,
              f"{name}.dim must be a positive int, got {dim!r}")
-    if embedder.modality == "text":
+    if embedder.modality == TEXT:
         max_tokens = embedder.max_tokens
         _require(isinstance(max_tokens, int) and max_tokens > 0,
                  f"{name}.max_tokens must be a positive int for a text embedder, got {max_tokens!r}")
-        _require(callable(getattr(embedder, "token_offsets", None)),
-                 f"{name} is a text embedder and needs token_offsets(text) -> [(start, end), ...]")
         text = chunks[0].text
         offsets = embedder.token_offsets(text)
         _require(all(0 <= s <= e <= len(text) for s, e in offsets),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from qdrant.fixtures import fault_cluster, qdrant_cluster, qdrant_server  # noqa: E402,F401  (real Qdrant servers, see there)
+
 from indexer.config import Settings  # noqa: E402
 from indexer.daemon import Indexer  # noqa: E402
 from indexer.plugins import Registry, load_registry  # noqa: E402
-from qdrant.fixtures import fault_cluster, qdrant_cluster, qdrant_server  # noqa: E402,F401  (real Qdrant servers, see there)
 
 BACKENDS = ["edge", "memory", "server", "cluster"]  # what a store-taking test runs against
 
@@ -45,6 +47,33 @@ def backend_store(request: pytest.FixtureRequest, backend: str, **options: Any) 
     request.addfinalizer(lambda: drop_all_collections(url))  # the next test starts on an empty server
     return ServerStore(url, options=opts)
 from indexer.worker import run  # noqa: E402
+
+#: seconds a test's leftover threads get to finish after it, before they count as leaked
+LEAK_GRACE_S = 2.0
+
+
+def _process_wide(thread: threading.Thread) -> bool:
+    """Threads that live for the whole process by design, started on first use by a library, never by a test:
+    tqdm's monitor (``tqdm._monitor.TMonitor``, one per process, started by the first progress bar). torch's and
+    tokenizers' pools are native threads, invisible to ``threading``; the session's model starts none."""
+    return type(thread).__name__ == "TMonitor" and type(thread).__module__ == "tqdm._monitor"
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves threads running: every thread started during it must be stopped (and joined) by
+    its teardown. Leftovers get ``LEAK_GRACE_S`` to finish, then the test errors naming each one."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    for thread in threading.enumerate():
+        if thread not in before and not _process_wide(thread):
+            thread.join(max(0.0, deadline - time.monotonic()))
+    leaked = [t for t in threading.enumerate() if t not in before and t.is_alive() and not _process_wide(t)]
+    if leaked:
+        names = ", ".join(f"{t.name} ({type(t).__module__}.{type(t).__qualname__}, daemon={t.daemon})"
+                          for t in leaked)
+        pytest.fail(f"{request.node.nodeid} leaked {len(leaked)} thread(s): {names}", pytrace=False)
 
 
 @pytest.fixture(scope="session", name="registry")

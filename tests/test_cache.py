@@ -10,8 +10,8 @@ import pytest
 import structlog
 from conftest import write
 
-from indexer.worker import index_once
 from indexer.cache import EmbeddingCache, cache_key
+from indexer.worker import index_once
 
 
 def _items(n: int, dim: int = 4) -> list[tuple[bytes, np.ndarray]]:

@@ -121,7 +121,8 @@ def test_second_daemon_on_a_held_store_exits_1(workspace: Path, tmp_path: Path) 
 def test_sigkill_during_first_index_converges_to_one_copy_of_each_chunk(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     for i in range(40):
-        body = "\n".join(f"Note {i} line {j}: details about service {i * 7 + j} and its on-call rota." for j in range(60))
+        body = "\n".join(f"Note {i} line {j}: details about service {i * 7 + j} and its on-call rota."
+                         for j in range(60))
         write(ws / "memory" / f"note-{i:02d}.md", f"# Note {i}\n\n{body}\n")
     state = tmp_path / "state"
     log = tmp_path / "index.log"
@@ -197,3 +198,14 @@ def test_the_client_side_never_imports_torch() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
     assert time.monotonic() - started < 30  # a sanity bound, not a benchmark
+
+
+def test_python_dash_m_indexer_reports_the_one_version() -> None:
+    from importlib.metadata import version
+
+    import indexer
+
+    done = subprocess.run([sys.executable, "-m", "indexer", "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"qmd-indexer, version {version('qmd-indexer')}" == \
+        f"qmd-indexer, version {indexer.__version__}"

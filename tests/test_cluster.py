@@ -14,10 +14,10 @@ from conftest import assert_same_points, make_settings, wait_for, write
 from qdrant.fixtures import CLUSTER_COLLECTIONS, Cluster
 
 import indexer.daemon as daemon_module
-from indexer.worker import index_once, run
 from indexer.daemon import Indexer
 from indexer.search import SearchParams
 from indexer.store import ServerOptions, ServerStore
+from indexer.worker import index_once, run
 
 TOPICS = ["deploys", "incidents", "travel", "coffee", "hiring", "budget"]
 
@@ -74,7 +74,8 @@ def test_node_killed_mid_first_index_then_restarted_leaves_the_index_equal_to_th
     workspace = generated_workspace(tmp_path / "ws", notes=100)
     files = 101
     store = _cluster_store(fault_cluster)
-    indexer = Indexer.open(make_settings(tmp_path, [{"agent": "main", "path": workspace}]), registry=registry, store=store)
+    settings = make_settings(tmp_path, [{"agent": "main", "path": workspace}])
+    indexer = Indexer.open(settings, registry=registry, store=store)
     victim = fault_cluster.nodes[1]
     stop, thread = _run(indexer)
     try:
@@ -130,7 +131,8 @@ def test_two_daemons_on_one_cluster_keep_to_their_own_agents(tmp_path: Path, qdr
         for d, stop, thread in running:
             _stop(d, stop, thread)
     alpha, beta = daemons
-    on_server = sorted(c["name"] for c in httpx.get(f"{qdrant_cluster.url}/collections").json()["result"]["collections"])
+    listed = httpx.get(f"{qdrant_cluster.url}/collections").json()["result"]["collections"]
+    on_server = sorted(c["name"] for c in listed)
     assert on_server == ["memory-dir-alpha", "memory-dir-beta", "memory-root-alpha", "memory-root-beta"]
     for d in daemons:  # nothing collided: each collection holds exactly what its daemon indexed
         for name, counts in d.status()["collections"].items():

@@ -36,6 +36,9 @@ def test_file_env_and_flags_in_order_of_precedence(tmp_path: Path, monkeypatch: 
     ("qdrant_replication_factor = 0\n", "qdrant_replication_factor: Input should be greater than or equal to 1"),
     ('collection_prefix = "My Host"\n', "collection_prefix: String should match pattern"),
     ('[[workspace]]\nagent = "a"\npath = "/x"\n[[workspace]]\nagent = "a"\npath = "/y"\n', "agent ids must be unique"),
+    ('[[workspace]]\nagent = "a"\npath = "/x"\nmultimodal = { modalities = ["Video!"] }\n',
+     "workspace.0.multimodal.modalities.0: String should match pattern"),
+    ('bm25 = { tokenizer = "whitespace" }\n', "bm25.tokenizer: Input should be 'multilingual' or 'word'"),
 ])
 def test_invalid_config_names_the_key(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "config.toml"
@@ -71,3 +74,17 @@ def test_server_settings_reach_the_store_options(tmp_path: Path, monkeypatch: py
     assert options == ServerOptions(prefer_grpc=True, max_request_bytes=int(1.5 * 1024 * 1024), shard_number=3,
                                     replication_factor=2, write_consistency_factor=2, on_disk_vectors=True,
                                     quantization="int8")
+
+
+def test_bm25_settings_shape_the_keyword_terms(tmp_path: Path) -> None:
+    from indexer.bm25 import Bm25Terms
+    from indexer.config import Bm25
+
+    config = tmp_path / "config.toml"
+    config.write_text("bm25 = { stemmer = false }\n")
+    settings = load_settings(config)
+    assert settings.bm25 == Bm25(stemmer=False)
+    stemmed = Bm25Terms(Bm25()).document("running runners run")
+    plain = Bm25Terms(settings.bm25).document("running runners run")
+    assert stemmed and plain
+    assert len(set(stemmed[0])) < len(set(plain[0]))  # the stemmer folds running/run together

@@ -214,9 +214,8 @@ def test_stop_during_a_huge_file_is_prompt_and_resumes_from_the_cache(tmp_path: 
 
     from conftest import wait_for
 
-    import indexer.pipeline as pipeline_module
-
     import indexer.daemon as daemon_module
+    import indexer.pipeline as pipeline_module
 
     monkeypatch.setattr(pipeline_module, "EMBED_SLICE", 32)  # slices and groups of 32 chunks keep the test short
     monkeypatch.setattr(daemon_module, "GROUP_CHUNKS", 32)

@@ -1,4 +1,4 @@
-"""The evaluation harness (indexer.eval): its metrics against hand-computed values, and one run on a tiny BEIR-format
+"""The evaluation harness (benchmarks.eval): its metrics against hand-computed values, and one run on a tiny BEIR-format
 corpus written into tmp_path (never ../shared)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from indexer import eval as ev
+from benchmarks import eval as ev
 from indexer.chunking import chunk_text
 
 
@@ -113,3 +113,33 @@ def test_the_harness_scores_every_method_through_the_product(tmp_path: Path, reg
     again = ev.evaluate(data, tmp_path / "eval", registry, prefetch=10)
     assert again["index"]["chunks_embedded"] == 0  # the index and the embedding cache are reused
     assert again["results"]["hybrid dbsf"]["ndcg@10"] == pytest.approx(results["hybrid dbsf"]["ndcg@10"])
+
+
+def test_overlap_is_a_markdown_extractor_setting(tmp_path: Path) -> None:
+    from indexer.markdown import MarkdownExtractor
+    from indexer.testing import check_extractor, whitespace_context
+
+    paragraph = " ".join(f"Sentence {i} has five words." for i in range(40))
+    note = tmp_path / "long.md"
+    note.write_text(f"# A title\n\n{paragraph}\n")
+    context = whitespace_context(60)
+    plain = check_extractor(MarkdownExtractor({"overlap_ratio": 0.0}), note, "markdown", context)
+    overlapping = check_extractor(MarkdownExtractor({"overlap_ratio": 0.2}), note, "markdown", context)
+    assert sum(len(c.text.split()) for c in plain) == len(note.read_text().split())  # no word repeated
+    assert sum(len(c.text.split()) for c in overlapping) > sum(len(c.text.split()) for c in plain)  # overlap
+    assert overlapping == check_extractor(MarkdownExtractor({}), note, "markdown", context)  # 0.2 is the default
+    with pytest.raises(ValueError, match="overlap_ratio"):
+        MarkdownExtractor({"overlap_ratio": 1.5})
+
+
+def test_a_sample_keeps_each_query_with_its_relevant_documents(tmp_path: Path) -> None:
+    data = ev.sample(ev.load_scifact(_beir(tmp_path / "scifact"), "test"), 2)
+    assert list(data.queries) == ["q1", "q2"] and set(data.qrels) == {"q1", "q2"}
+    assert {"d1", "d2"} <= set(data.corpus)
+
+
+def test_bm25_variants_are_product_settings() -> None:
+    assert ev.bm25_variant("default") == ev.bm25_variant("default").model_copy()
+    assert ev.bm25_variant("nostem").stemmer is False
+    assert ev.bm25_variant("word").tokenizer == "word"
+    assert ev.bm25_variant("avglen100").avg_len == 100.0

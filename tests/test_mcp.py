@@ -21,10 +21,10 @@ from mcp import Client as McpClient
 from mcp import StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from indexer.worker import index_once
 from indexer.client import Client
 from indexer.mcp import build_server
 from indexer.server import create_app
+from indexer.worker import index_once
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = {"memory_search", "memory_get", "memory_recall", "memory_boot", "memory_status"}

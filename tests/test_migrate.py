@@ -14,11 +14,11 @@ from conftest import assert_same_points
 from qdrant.fixtures import Node, drop_all_collections
 from structlog.testing import capture_logs
 
-from indexer.worker import index_once
 from indexer.migrate import migrate
 from indexer.points import Payload, Point, point_id
 from indexer.search import SearchParams
 from indexer.store import EdgeStore, ServerStore
+from indexer.worker import index_once
 
 
 @pytest.fixture(name="server")
@@ -82,13 +82,15 @@ def test_an_interrupted_migration_resumes_and_the_target_ends_equal(tmp_path: Pa
         migrate(source, target, page=10, progress=stop_after_two_pages)
     assert target.count("memory-dir-main") == 20  # two pages were written
     # meanwhile the source changed: a file was edited (fewer chunks), one deleted
-    source.replace_file("memory-dir-main", "/w/memory/n0.md", "h2", _file("memory-dir-main", "/w/memory/n0.md", 1, "h2"))
+    source.replace_file("memory-dir-main", "/w/memory/n0.md", "h2",
+                        _file("memory-dir-main", "/w/memory/n0.md", 1, "h2"))
     source.delete_file("memory-dir-main", "/w/memory/n1.md")
     [done] = migrate(source, target, page=10)
     assert done.points == 85 and done.skipped <= 20 and done.copied == done.points - done.skipped >= 65
     assert assert_same_points(target, source, ["memory-dir-main"]) == 85
     # changes after a complete run: the older version of n2 and the deleted n3 are removed from the target
-    source.replace_file("memory-dir-main", "/w/memory/n2.md", "h3", _file("memory-dir-main", "/w/memory/n2.md", 1, "h3"))
+    source.replace_file("memory-dir-main", "/w/memory/n2.md", "h3",
+                        _file("memory-dir-main", "/w/memory/n2.md", 1, "h3"))
     source.delete_file("memory-dir-main", "/w/memory/n3.md")
     [rerun] = migrate(source, target, page=10)
     assert (rerun.copied, rerun.files_removed) == (1, 2)

@@ -19,18 +19,20 @@ from indexer.api import GROUPS
 from indexer.plugins import Registry, load_registry
 from indexer.search import SearchParams
 
-pytest.importorskip("qmd_indexer_image", reason="the image plugin is not installed (pip install -e plugins/qmd-indexer-image)")
-pytest.importorskip("qmd_indexer_audio", reason="the audio plugin is not installed (pip install -e plugins/qmd-indexer-audio)")
+pytest.importorskip("qmd_indexer_image",
+                    reason="the image plugin is not installed (pip install -e plugins/qmd-indexer-image)")
+pytest.importorskip("qmd_indexer_audio",
+                    reason="the audio plugin is not installed (pip install -e plugins/qmd-indexer-audio)")
 pytest.importorskip("whisper", reason="openai-whisper is not installed")
 
-from PIL import Image  # noqa: E402
 import soundfile  # noqa: E402
+from PIL import Image  # noqa: E402
+from qmd_indexer_audio.tiny_whisper import build_tiny_whisper  # noqa: E402
+from qmd_indexer_image.tiny_clip import build_tiny_clip  # noqa: E402
 
 from indexer.config import Settings  # noqa: E402
 from indexer.daemon import Indexer, plugin_configs  # noqa: E402
 from indexer.worker import index_once  # noqa: E402
-from qmd_indexer_audio.tiny_whisper import build_tiny_whisper  # noqa: E402
-from qmd_indexer_image.tiny_clip import build_tiny_clip  # noqa: E402
 
 PHRASE = "the harbour lights were green"
 MEDIA = {"image", "clip", "audio"}

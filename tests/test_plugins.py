@@ -23,7 +23,7 @@ from indexer import api, testing
 from indexer.api import GROUPS
 from indexer.config import load_settings
 from indexer.errors import ConfigError
-from indexer.plugins import CONTRACT, load_registry
+from indexer.plugins import CONTRACT, DEFAULTS, PROTOCOLS, TEXT_EMBEDDER, load_registry
 
 try:
     import test_plugins_fakes as fakes
@@ -83,7 +83,9 @@ def test_broken_plugins_are_reported_by_name_and_skipped(tmp_path: Path, monkeyp
         ep("no-attr", "NoSuchClass", CLS),
         ep("factory", "failing_factory", EXT),
         ep("no-kinds", "NoKinds", EXT),
-        ep("audio-vec", "AudioModalityEmbedder", EMB),
+        ep("bm25-vec", "ReservedModalityEmbedder", EMB),
+        ep("no-offsets", "TextWithoutOffsets", EMB),
+        ep("bad-fields", "BadHitFields", EXT),
         ep("fake", "FakeExtractor", EXT),
     ])
     records = by_name(registry)
@@ -93,9 +95,35 @@ def test_broken_plugins_are_reported_by_name_and_skipped(tmp_path: Path, monkeyp
     assert reasons["no-attr"][0] == "failed" and "NoSuchClass" in reasons["no-attr"][1]
     assert reasons["factory"] == ("failed", "RuntimeError: licence key missing")
     assert reasons["no-kinds"] == ("failed", "PluginError: missing 'kinds' required by qmd_indexer.extractors")
-    assert reasons["audio-vec"] == ("failed", "PluginError: modality must be 'text' or 'image', got 'audio'")
+    assert reasons["bm25-vec"] == ("failed", "PluginError: modality 'bm25' is reserved (the keyword-search vector)")
+    # a text embedder without token_offsets fails when it loads, not at the first file
+    assert reasons["no-offsets"] == ("failed", "PluginError: missing 'token_offsets' required by a 'text' embedder "
+                                               "(TextEmbedder)")
+    assert reasons["bad-fields"] == ("failed", "PluginError: hit_fields must be a tuple of str, got 'start_s'")
     assert reasons["fake"] == ("loaded", "")
     assert list(registry.extractors) == ["fake"] and not registry.embedders
+
+
+def test_a_new_media_kind_is_declared_by_plugins_alone() -> None:
+    registry = load_registry(eps=[ep("video", "VideoExtractor", EXT), ep("fake", "FakeExtractor", EXT),
+                                  ep("audio-vec", "AudioModalityEmbedder", EMB), ep("lazy", "LazyImageEmbedder", EMB)])
+    assert registry.media_kinds == {"video"}
+    assert registry.hit_fields == ("start_s", "end_s", "fps")
+    assert registry.modalities == ("audio", "image")
+    registry.check_multimodal({"main": ("video", "all")})
+    with pytest.raises(ConfigError, match=r"workspace 'main': multimodal.modalities: unknown media kind 'vidoe'; "
+                                          r"the loaded plugins provide: video"):
+        registry.check_multimodal({"main": ("vidoe",)})
+
+
+def test_the_contract_is_derived_from_the_protocols() -> None:
+    assert CONTRACT == {
+        CLS: ("priority", "classify"),
+        EXT: ("kinds", "extract"),
+        EMB: ("model_id", "modality", "dim", "max_tokens", "embed", "embed_query"),
+    }
+    assert TEXT_EMBEDDER == ("token_offsets",)
+    assert DEFAULTS[EXT] == {"media": False, "hit_fields": ()}
 
 
 def test_allow_list_from_config_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -218,14 +246,14 @@ def test_example_plugin_installed_with_pip_is_listed_and_indexes_its_files(tmp_p
 # -- the guide cannot drift from the code -------------------------------------------------------------------------
 
 def contract_names() -> set[str]:
-    names = set(GROUPS) | {m for members in CONTRACT.values() for m in members}
-    for protocol in (api.Classifier, api.Extractor, api.Embedder):
+    names = set(GROUPS) | {m for members in CONTRACT.values() for m in members} | set(TEXT_EMBEDDER)
+    names |= {m for defaults in DEFAULTS.values() for m in defaults}
+    for protocol in (*PROTOCOLS.values(), api.TextEmbedder):
         names |= {n for n in vars(protocol) if not n.startswith("_")} | set(protocol.__annotations__)
     for value in (api.FileInfo, api.Chunk, api.ExtractContext):
         names |= {f.name for f in dataclasses.fields(value)}
-    names |= {"token_offsets", "HEAD_BYTES", "ExtractError", "FileSkipped", "EmbedError", "prefer", "plugins",
-              "QMD_INDEXER_PLUGINS"}
-    return names | set(testing.__all__)
+    names |= {"prefer", "plugins", "QMD_INDEXER_PLUGINS", "multimodal"}
+    return names | set(testing.__all__) | set(api.__all__)
 
 
 def test_guide_mentions_every_group_and_contract_member() -> None:

@@ -67,8 +67,29 @@ class NoKinds:
         return iter(())
 
 
+class VideoExtractor:
+    """A new media kind, declared by the plugin alone: ``media`` gates it, ``hit_fields`` reach search hits."""
+
+    kinds = frozenset({"video"})
+    media = True
+    hit_fields = ("start_s", "end_s", "fps")
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        pass
+
+    def extract(self, file: Any, context: Any) -> Any:
+        yield Chunk(text="a frame", kind="video", modality="video", data=b"frame", start_s=0.0, end_s=1.0,
+                    meta={"fps": 25})
+
+
+class BadHitFields(FakeExtractor):
+    """Breaks the extractor contract: ``hit_fields`` must be a tuple of str."""
+
+    hit_fields = "start_s"
+
+
 class AudioModalityEmbedder:
-    """Breaks the embedder contract: modality must be text or image."""
+    """An embedder of a modality the core never heard of: plugins declare modalities, so it loads."""
 
     model_id, modality, dim, max_tokens = "x", "audio", 4, None
 
@@ -80,6 +101,18 @@ class AudioModalityEmbedder:
 
     def embed_query(self, text: str) -> np.ndarray:
         return np.zeros(4, np.float32)
+
+
+class ReservedModalityEmbedder(AudioModalityEmbedder):
+    """Breaks the embedder contract: ``bm25`` names the keyword-search vector."""
+
+    modality = "bm25"
+
+
+class TextWithoutOffsets(AudioModalityEmbedder):
+    """Breaks the text embedder contract: no ``token_offsets``, so chunks could not be sized to the model."""
+
+    modality, max_tokens = "text", 8
 
 
 class LazyImageEmbedder:

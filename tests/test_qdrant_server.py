@@ -17,10 +17,10 @@ from qdrant_client.http.exceptions import UnexpectedResponse
 from structlog.testing import capture_logs
 
 import indexer.store.server as server_module
-from indexer.worker import index_once
 from indexer.errors import StoreUnavailable
 from indexer.points import Payload, Point, point_id
 from indexer.store import ServerOptions, ServerStore
+from indexer.worker import index_once
 
 MIB = 1024 * 1024
 
@@ -131,7 +131,8 @@ def test_a_write_during_a_node_outage_is_retried_until_the_node_is_back(fault_cl
     states = store.file_states("c")
     assert states["/w/huge.md"].file_hash == "h3" and states["/w/huge.md"].complete
     for node in fault_cluster.nodes:  # every node answers the same
-        assert httpx.post(f"{node.url}/collections/c/points/count", json={"exact": True}).json()["result"]["count"] == 40
+        counted = httpx.post(f"{node.url}/collections/c/points/count", json={"exact": True}).json()
+        assert counted["result"]["count"] == 40
     store.drop("c")
     store.close()
 

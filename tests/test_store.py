@@ -55,16 +55,18 @@ def test_interrupted_write_is_seen_as_incomplete(store) -> None:
 
 def test_search_returns_a_ranked_list_per_vector_with_filters(store) -> None:
     store.ensure_collection("c", {"text": 3})
-    store.replace_file("c", "/w/memory/x/a.md", "h", [_point("c", "/w/memory/x/a.md", 0, "h", [1, 0, 0], 1, ([7], [1.0]))])
-    store.replace_file("c", "/w/memory/b.md", "h", [_point("c", "/w/memory/b.md", 0, "h", [0.9, 0.1, 0], 1, ([8], [1.0]))])
-    query = Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)}, sparse=([7], [1.0]))
+    a, b = "/w/memory/x/a.md", "/w/memory/b.md"
+    store.replace_file("c", a, "h", [_point("c", a, 0, "h", [1, 0, 0], 1, ([7], [1.0]))])
+    store.replace_file("c", b, "h", [_point("c", b, 0, "h", [0.9, 0.1, 0], 1, ([8], [1.0]))])
+    x_axis = {"text": np.asarray([1, 0, 0], np.float32)}
+    query = Query(limit=5, dense=x_axis, sparse=([7], [1.0]))
     lists = store.search("c", query)
     assert [h.payload.path for h in lists["text"]] == ["w/memory/x/a.md", "w/memory/b.md"]
     assert lists["text"][0].score == pytest.approx(1.0, abs=1e-5)
     assert [h.payload.path for h in lists["bm25"]] == ["w/memory/x/a.md"]
-    only_b = Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)}, filter=Filter(path_prefix="w/memory/b.md"))
+    only_b = Query(limit=5, dense=x_axis, filter=Filter(path_prefix="w/memory/b.md"))
     assert [h.payload.path for h in store.search("c", only_b)["text"]] == ["w/memory/b.md"]
-    under_x = Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)}, filter=Filter(path_prefix="w/memory/x/"))
+    under_x = Query(limit=5, dense=x_axis, filter=Filter(path_prefix="w/memory/x/"))
     assert [h.payload.path for h in store.search("c", under_x)["text"]] == ["w/memory/x/a.md"]
     assert store.search("c", Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)},
                                    filter=Filter(kinds=("image",))))["text"] == []

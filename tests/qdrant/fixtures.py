@@ -108,8 +108,8 @@ class Node:
         self.proc = subprocess.Popen(args, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      # the death signal follows the forking *thread*: only the main one outlives it
-                                     preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread()
-                                     else None)
+                                     preexec_fn=_die_with_parent
+                                     if threading.current_thread() is threading.main_thread() else None)
         log.close()
         _LIVE[self.proc.pid] = self.proc
         self.wait_ready()

@@ -26,10 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from indexer.api import Chunk, ExtractContext, FileInfo
-from indexer.chunking import chunk_text
-from indexer.errors import ExtractError, FileSkipped
-
+from indexer.api import Chunk, ExtractContext, ExtractError, FileInfo, FileSkipped, chunk_text
 from qmd_indexer_audio.decode import SAMPLE_RATE, AudioDecodeError, decode
 from qmd_indexer_audio.engines import Segment, make_engine
 from qmd_indexer_audio.sniff import audio_format
@@ -93,6 +90,8 @@ class AudioExtractor:
     """
 
     kinds = frozenset({KIND})
+    media = True  # indexed only where a workspace's multimodal settings allow "audio"
+    hit_fields = ("start_s", "end_s")
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})

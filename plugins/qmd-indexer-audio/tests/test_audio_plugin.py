@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-
-from indexer.api import FileInfo
-from indexer.errors import FileSkipped
-from indexer.testing import check_classifier, check_extractor, check_extractor_rejects, whitespace_context
 from qmd_indexer_audio.decode import SAMPLE_RATE, decode
 from qmd_indexer_audio.engines import Segment, make_engine
 from qmd_indexer_audio.extract import AudioClassifier, AudioExtractor, group_segments
 from qmd_indexer_audio.sniff import audio_format
 from qmd_indexer_audio.speech import SpeechRules
+
+from indexer.api import FileInfo
+from indexer.errors import FileSkipped
+from indexer.testing import check_classifier, check_extractor, check_extractor_rejects, whitespace_context
 
 PHRASE = "the harbour lights were green"
 

@@ -23,10 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from indexer.api import Chunk, l2_normalise
-from indexer.embedding import load_sentence_transformer
-from indexer.errors import EmbedError
-
+from indexer.api import Chunk, EmbedError, l2_normalise, load_sentence_transformer
 from qmd_indexer_image.decode import ImageDecodeError, to_rgb
 
 DEFAULT_MODEL = "clip-ViT-B-32"

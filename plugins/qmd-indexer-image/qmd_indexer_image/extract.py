@@ -12,9 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from indexer.api import Chunk, ExtractContext, FileInfo
-from indexer.errors import ExtractError
-
+from indexer.api import Chunk, ExtractContext, ExtractError, FileInfo
 from qmd_indexer_image.decode import DEFAULT_MAX_PIXELS, ImageDecodeError, heif_available, inspect_image
 from qmd_indexer_image.sniff import image_format
 
@@ -58,6 +56,8 @@ class ImageExtractor:
     """
 
     kinds = frozenset({KIND})
+    media = True  # indexed only where a workspace's multimodal settings allow "image"
+    hit_fields = ("width", "height", "format")
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})

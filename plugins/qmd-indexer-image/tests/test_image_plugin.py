@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-
-from indexer.api import Chunk
-from indexer.errors import EmbedError
-from indexer.testing import check_classifier, check_embedder, check_extractor, check_extractor_rejects
 from qmd_indexer_image.clip import ClipEmbedder, resolve_model
 from qmd_indexer_image.extract import ImageClassifier, ImageExtractor
 from qmd_indexer_image.sniff import image_format
 from qmd_indexer_image.tiny_clip import TINY_DIM, build_tiny_clip
+
+from indexer.api import Chunk
+from indexer.errors import EmbedError
+from indexer.testing import check_classifier, check_embedder, check_extractor, check_extractor_rejects
 
 
 def picture(path: Path, fmt: str, size: tuple[int, int] = (64, 48), colour: tuple[int, int, int] = (200, 30, 30),

@@ -17,10 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from indexer.api import Chunk, ExtractContext, FileInfo
-from indexer.chunking import chunk_text
-from indexer.errors import ExtractError
-from indexer.markdown import decode_text
+from indexer.api import Chunk, ExtractContext, ExtractError, FileInfo, chunk_text, decode_text
 
 __version__ = "0.1.0"
 DEFAULT_SUFFIXES = (".txt", ".org")

@@ -48,7 +48,8 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "scifact"
 DEFAULT_STATE = REPO / ".eval"
 RECALL_CHUNKS = 300  # chunks asked for when measuring recall@100 (~2.3 chunks per SciFact document)
 # source files whose code decides what points the index holds; a change to any of them rebuilds the eval index
-_POINT_SHAPING = ("indexer/chunking.py", "indexer/markdown.py", "indexer/pipeline.py", "indexer/store.py")
+_POINT_SHAPING = ("indexer/chunking.py", "indexer/markdown.py", "indexer/pipeline.py", "indexer/points.py",
+                  "indexer/store.py", "indexer/store/*.py")
 
 
 # -- metrics ------------------------------------------------------------------------------------------------------
@@ -135,6 +136,15 @@ def load_scifact(data: Path, split: str = "test") -> SciFact:
     return SciFact(corpus, queries, {q: g for q, g in qrels.items() if q in queries})
 
 
+def sample(data: SciFact, queries: int) -> SciFact:
+    """A smoke-test subset: the first ``queries`` queries (in file order), their relevant documents and the first
+    ``10 * queries`` other documents. Its figures are not comparable with the full run's."""
+    chosen = dict(list(data.queries.items())[:queries])
+    relevant = {doc for qid in chosen for doc in data.qrels[qid]}
+    keep = relevant | set(list(data.corpus)[: 10 * queries])
+    return SciFact({d: v for d, v in data.corpus.items() if d in keep}, chosen, {q: data.qrels[q] for q in chosen})
+
+
 def note_text(title: str, text: str) -> str:
     """The markdown note a document becomes: its title as a heading, a blank line, the abstract."""
     return f"# {title.strip()}\n\n{text.strip()}\n" if title.strip() else f"{text.strip()}\n"
@@ -170,42 +180,53 @@ def doc_of(payload: Mapping[str, Any]) -> str:
 def code_fingerprint(extra: str = "") -> str:
     """12 hex digits over the point-shaping source files and ``extra`` (the variant)."""
     digest = hashlib.sha256(extra.encode())
-    for rel in _POINT_SHAPING:
-        path = REPO / rel
-        digest.update(path.read_bytes() if path.exists() else b"")
+    for pattern in _POINT_SHAPING:
+        for path in sorted(REPO.glob(pattern)):
+            digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
 
 def bm25_variant(name: str) -> Any:
-    """A ``qdrant_edge.Bm25Config`` for a named tuning variant, or ``None`` for the product's own (``default``).
+    """The product's ``bm25`` settings (``indexer.config.Bm25``) for a named tuning variant: ``default`` (the
+    product's own), ``word`` (the Word tokenizer: Latin-script words only), ``nostem`` (Multilingual without
+    stemming), ``avglen<N>`` (Multilingual with ``avg_len = N``)."""
+    from indexer.config import Bm25
 
-    ``word``: the Word tokenizer (Latin-script words only); ``nostem``: Multilingual without stemming;
-    ``avglen<N>``: Multilingual with ``avg_len = N``."""
     if name == "default":
-        return None
-    import qdrant_edge as qe
-
+        return Bm25()
     if name == "word":
-        return qe.Bm25Config(tokenizer=qe.TokenizerType.Word)
+        return Bm25(tokenizer="word")
     if name == "nostem":
-        return qe.Bm25Config(tokenizer=qe.TokenizerType.Multilingual, stemmer=qe.DisabledStemmer())
+        return Bm25(stemmer=False)
     if name.startswith("avglen"):
-        return qe.Bm25Config(tokenizer=qe.TokenizerType.Multilingual, avg_len=float(name[6:]))
+        return Bm25(avg_len=float(name[6:]))
     raise ValueError(f"unknown BM25 variant {name!r}")
+
+
+def with_overlap(registry: Any, overlap: float | None) -> Any:
+    """``registry`` with its markdown extractor configured with ``overlap_ratio = overlap`` (``None``: as is); the
+    other plugins (the loaded model) are shared."""
+    if overlap is None:
+        return registry
+    from dataclasses import replace
+
+    from indexer.markdown import MarkdownExtractor
+    from indexer.plugins import EXTRACTORS, Registry
+
+    extractor = MarkdownExtractor({"overlap_ratio": overlap})
+    return Registry([replace(r, obj=extractor) if (r.group, r.name, r.status) == (EXTRACTORS, "markdown", "loaded")
+                     else r for r in registry.records])
 
 
 def open_indexed(state: Path, workspace: Path, variant: str, bm25: str, overlap: float | None, registry: Any,
                  log: Any) -> tuple[Any, dict[str, Any]]:
     """An opened ``Indexer`` over ``workspace`` whose index is complete; returns it and index facts (seconds,
     chunks embedded, cache hits, chunk count)."""
-    from indexer import chunking
-    from indexer.bm25 import Bm25Terms
+    from indexer.chunking import OVERLAP_RATIO
     from indexer.config import Settings, Workspace
     from indexer.daemon import Indexer
     from indexer.worker import index_once
 
-    if overlap is not None:
-        chunking.OVERLAP_RATIO = overlap
     state_dir = state / f"state-{variant}"
     state_dir.mkdir(parents=True, exist_ok=True)
     shared_cache = (state / "embeddings.sqlite3").resolve()
@@ -214,11 +235,11 @@ def open_indexed(state: Path, workspace: Path, variant: str, bm25: str, overlap:
         link.unlink(missing_ok=True)
         link.symlink_to(shared_cache)
     stamp_path = state_dir / "code.stamp"
-    stamp = code_fingerprint(f"{bm25}|{chunking.OVERLAP_RATIO}")
+    stamp = code_fingerprint(f"{bm25}|{OVERLAP_RATIO if overlap is None else overlap}")
     reindex = not stamp_path.exists() or stamp_path.read_text() != stamp
     settings = Settings(state_dir=state_dir, workspace=(Workspace(agent="scifact", path=workspace),),
-                        log_level="warning")
-    indexer = Indexer.open(settings, registry=registry, reindex=reindex, terms=Bm25Terms(bm25_variant(bm25)))
+                        log_level="warning", bm25=bm25_variant(bm25))
+    indexer = Indexer.open(settings, registry=with_overlap(registry, overlap), reindex=reindex)
     stamp_path.unlink(missing_ok=True)
     log(f"indexing variant {variant!r} ({'rebuild' if reindex else 'incremental'}) ...")
     started = time.monotonic()
@@ -243,7 +264,7 @@ def run_product(indexer: Any, data: SciFact, methods: Sequence[tuple[str, str, s
         searcher = indexer.searcher(mode=mode, fusion=fusion, rrf_k=rrf_k, prefetch_limit=prefetch)
         scores = Scores()
         for qid, text in data.queries.items():
-            searcher._embed_query(text)  # the query's embedding is not part of the ranking under test
+            searcher.warm(text)  # the query's embedding is not part of the ranking under test
             started = time.perf_counter()
             top = dedupe(doc_of(h.payload) for h in searcher.retrieve(SearchParams(text, k=prefetch, mode=mode)))
             seconds = time.perf_counter() - started
@@ -266,7 +287,7 @@ def run_collapsed(indexer: Any, data: SciFact, fusion: str, prefetch: int, rrf_k
     searcher = indexer.searcher()
     scores = Scores()
     for qid, text in data.queries.items():
-        dense = dict(searcher._embed_query(text))
+        dense = dict(searcher.embed_query(text))
         terms = indexer.terms.query(text)
         results = []
         for depth in (prefetch, max(RECALL_CHUNKS, prefetch)):
@@ -353,7 +374,7 @@ def evaluate(data: SciFact, state: Path, registry: Any, prefetch: int = 100, rrf
 
 # -- command line -------------------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m indexer.eval", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="BEIR SciFact folder [%(default)s]")
     parser.add_argument("--state", type=Path, default=DEFAULT_STATE, help="workspace, index and cache [%(default)s]")
     parser.add_argument("--split", choices=("test", "train"), default="test",
@@ -364,6 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overlap", type=float, default=None, help="chunk overlap ratio (default: the product's)")
     parser.add_argument("--experiments", action="store_true", help="also doc-collapsed fusion (not the product path)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--sample", type=int, default=None, metavar="N",
+                        help="smoke test: only N queries and a matching slice of the corpus (figures not comparable)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -376,6 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"eval: {exc}\nThe evaluation needs BEIR SciFact (corpus.jsonl[.gz], queries.jsonl, qrels/) at "
               f"{DEFAULT_DATA} or --data DIR.", file=sys.stderr)
         return 2
+    if args.sample:
+        data = sample(data, args.sample)
+        log(f"SAMPLE RUN (--sample {args.sample}): {len(data.queries)} queries, {len(data.corpus)} documents; "
+            f"figures are not comparable with a full run")
 
     import structlog
 
@@ -399,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, m in table.items():
         mark = " <- default" if label == f"hybrid {defaults.fusion}" else ""
         print(f"{label:<30} {m['ndcg@10']:>8.4f} {m['recall@100']:>8.4f} {m['ms_per_query']:>9.1f}{mark}")
-    print("nDCG@10: trec_eval ndcg_cut (gain = qrels grade, log2 discount), implemented in indexer/eval.py; "
+    print("nDCG@10: trec_eval ndcg_cut (gain = qrels grade, log2 discount), implemented in benchmarks/eval.py; "
           "documents ranked by their best chunk. bm25s: whole documents, English stopwords.")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -179,7 +179,8 @@ def real_vectors(cache_path: Path) -> np.ndarray:
 
     db = sqlite3.connect(f"file:{cache_path}?mode=ro", uri=True)
     try:
-        return np.stack([np.frombuffer(blob, dtype=np.float32) for (blob,) in db.execute("SELECT vector FROM embedding")])
+        rows = db.execute("SELECT vector FROM embedding")
+        return np.stack([np.frombuffer(blob, dtype=np.float32) for (blob,) in rows])
     finally:
         db.close()
 
@@ -396,7 +397,7 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
     collection = next(c for c in plan_collections(settings.workspace) if c.role == "dir")
     store = open_store(state_dir)
     store.ensure_collection(collection.name, {"text": vectors.shape[1]})
-    bm25 = Bm25Terms()  # the product's own
+    bm25 = Bm25Terms(settings.bm25)  # the product's own BM25 terms
     rng = np.random.default_rng(0)
     started = time.perf_counter()
     batch: list[Point] = []
@@ -421,10 +422,10 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
             batch.append(Point(point_id(collection.name, str(path), i), {"text": vec},
                                {"bm25": terms}, payload))
         if len(batch) >= 2000:
-            store._upsert(collection.name, batch)
+            store.upsert(collection.name, batch)
             batch = []
     if batch:
-        store._upsert(collection.name, batch)
+        store.upsert(collection.name, batch)
     count = store.count(collection.name)
     store.close()
     return {"points": count, "build_s": round(time.perf_counter() - started, 1), "collection": collection.name,
@@ -446,7 +447,7 @@ def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Se
     name = indexer.collections[1].name
     for q in queries:
         t0 = time.perf_counter()
-        dense = dict(searcher._embed_query_uncached(q))
+        dense = dict(searcher.embed_query(q))
         t1 = time.perf_counter()
         terms = indexer.terms.query(q)
         lists = indexer.store.search(name, Query(limit=searcher.prefetch_limit, dense=dense, filter=Filter()))
@@ -520,7 +521,7 @@ def bench_big(out: Path, vectors: np.ndarray, scifact: Path, registry: Any, quer
 
 # -- command line --------------------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m indexer.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--vault", type=Path, default=DEFAULT_VAULT, help="markdown vault to index [%(default)s]")
     parser.add_argument("--scifact", type=Path, default=DEFAULT_SCIFACT, help="SciFact, for step 7 [%(default)s]")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="work folder and results [%(default)s]")
