@@ -41,8 +41,9 @@ _ENVELOPE_BYTES = 1024  # the upsert body's own JSON around the points (`{"point
 @dataclass(frozen=True, slots=True)
 class ServerOptions:
     """How to talk to a server and what to create: gRPC on ``grpc_port`` if ``prefer_grpc``; ``timeout_s`` per
-    request (seconds); ``max_request_bytes`` the server's request size limit (its ``max_request_size_mb``); ``batch_points`` the most points per upsert request;
-    the rest are collection creation settings (``None``: the server's default)."""
+    request (seconds); ``max_request_bytes`` the server's request size limit (its ``max_request_size_mb``);
+    ``batch_points`` the most points per upsert request; the rest are collection creation settings (``None``: the
+    server's default)."""
 
     prefer_grpc: bool = False
     grpc_port: int = 6334
