@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from indexer import __version__
 from indexer.errors import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
 from indexer.terminal import configure_logging, print_hits, print_status
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _finite(value: float | None) -> float | None:
@@ -71,7 +74,7 @@ _config_opt = click.option("--config", "config", type=click.Path(path_type=Path,
 _port_opt = click.option("--port", type=click.IntRange(1, 65535), help="HTTP API port on 127.0.0.1 [default 8743]")
 
 
-def _workspace_opts(fn):
+def _workspace_opts(fn: F) -> F:
     fn = click.option("--extra-path", "extra", multiple=True, type=click.Path(path_type=Path),
                       help="Extra memory file or directory (repeatable), absolute or workspace-relative.")(fn)
     fn = click.option("--qdrant-url", help="Qdrant server URL; empty = embedded Qdrant Edge under the state dir.")(fn)
@@ -104,7 +107,8 @@ def main() -> None:
 @_workspace_opts
 @_port_opt
 @click.option("--reindex", is_flag=True, help="Drop this daemon's collections and rebuild them (after a model change).")
-def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -> None:
+def run(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None, qdrant_url: str | None,
+        extra: tuple[Path, ...], port: int | None, reindex: bool) -> None:
     """Run the daemon: index the workspaces, keep watching them, serve searches.
 
     \b
@@ -131,7 +135,8 @@ def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -
 @click.option("--once", is_flag=True, help="Index everything now and exit (required; `run` keeps watching).")
 @click.option("--reindex", is_flag=True, help="Drop the collections first and rebuild them from scratch.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final status as JSON.")
-def index(config, workspace, agent, state_dir, qdrant_url, extra, once, reindex, as_json) -> None:
+def index(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
+          qdrant_url: str | None, extra: tuple[Path, ...], once: bool, reindex: bool, as_json: bool) -> None:
     """Index the workspaces without the daemon, then exit (for scripts and CI).
 
     \b
@@ -173,7 +178,7 @@ def index(config, workspace, agent, state_dir, qdrant_url, extra, once, reindex,
 @click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
               help="State dir whose embedded store is copied [default: the configured one].")
 @_config_opt
-def migrate(url, api_key, state_dir, config) -> None:
+def migrate(url: str, api_key: str | None, state_dir: Path | None, config: Path | None) -> None:
     """Copy the embedded store into a Qdrant server or cluster, without embedding anything again.
 
     \b
@@ -249,7 +254,9 @@ def _client(config: Path | None, port: int | None) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of hits.")
 @_config_opt
 @_port_opt
-def search(query, k, agent, collections, mode, path_prefix, kinds, min_score, since, as_json, config, port) -> None:
+def search(query: str, k: int, agent: str | None, collections: tuple[str, ...], mode: str | None,
+           path_prefix: str | None, kinds: tuple[str, ...], min_score: float | None, since: str | None, as_json: bool,
+           config: Path | None, port: int | None) -> None:
     """Ask the running daemon a question; print the best memory chunks.
 
     \b
@@ -284,7 +291,8 @@ def search(query, k, agent, collections, mode, path_prefix, kinds, min_score, si
 @click.option("--json", "as_json", is_flag=True, help="Print the page as JSON, with next_from.")
 @_config_opt
 @_port_opt
-def get(path, agent, from_line, lines, max_chars, as_json, config, port) -> None:
+def get(path: str, agent: str | None, from_line: int, lines: int | None, max_chars: int, as_json: bool,
+        config: Path | None, port: int | None) -> None:
     """Read part of one memory file through the daemon (streamed: huge files are fine).
 
     \b
@@ -316,7 +324,8 @@ def get(path, agent, from_line, lines, max_chars, as_json, config, port) -> None
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @_config_opt
 @_port_opt
-def recall(query, k, top_k, agent, as_json, config, port) -> None:
+def recall(query: str, k: int, top_k: int | None, agent: str | None, as_json: bool, config: Path | None,
+           port: int | None) -> None:
     """The best memories for QUERY; `*`, `all` or no QUERY lists every memory file.
 
     \b
@@ -339,7 +348,8 @@ def recall(query, k, top_k, agent, as_json, config, port) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print text, included and omitted as JSON.")
 @_config_opt
 @_port_opt
-def boot(budget_chars, agent, query, as_json, config, port) -> None:
+def boot(budget_chars: int, agent: str | None, query: str | None, as_json: bool, config: Path | None,
+         port: int | None) -> None:
     """Print a boot context: memory for the start of an agent session, within a budget.
 
     \b
@@ -365,7 +375,7 @@ def boot(budget_chars, agent, query, as_json, config, port) -> None:
               help="Workspace directory to check; replaces the config's list.")
 @click.option("--agent", help="Agent id of --workspace [default main].")
 @click.option("--fix", is_flag=True, help="Archive the legacy memory.md and merge its text into MEMORY.md.")
-def doctor(config, workspace, agent, fix) -> None:
+def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: bool) -> None:
     """Check each workspace for a split root memory (MEMORY.md and memory.md as two files).
 
     \b
@@ -406,7 +416,7 @@ def doctor(config, workspace, agent, fix) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon's status as JSON.")
 @_config_opt
 @_port_opt
-def status(as_json, config, port) -> None:
+def status(as_json: bool, config: Path | None, port: int | None) -> None:
     """Show what the running daemon holds: per-collection files and chunks, queue depth,
     chunks embedded and cache hits since start. Exit 1 if no daemon answers."""
     info = _ask(config, port, lambda client: client.status())
@@ -419,7 +429,7 @@ def status(as_json, config, port) -> None:
 @main.command("mcp")
 @_config_opt
 @_port_opt
-def mcp_(config, port) -> None:
+def mcp_(config: Path | None, port: int | None) -> None:
     """Serve the memory tools to an MCP client (an AI agent) over stdio.
 
     \b
@@ -444,7 +454,7 @@ def mcp_(config, port) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of plugin records.")
 @_config_opt
-def plugins(as_json, config) -> None:
+def plugins(as_json: bool, config: Path | None) -> None:
     """List every installed plugin: group, name, distribution and version, what it provides, status.
 
     \b

@@ -262,7 +262,8 @@ class ServerStore(Store):
 
     def _points_page(self, name: str, offset: Any, limit: int) -> tuple[list[Point], Any]:
         records, offset = self.client.scroll(name, limit=limit, offset=offset, with_payload=True, with_vectors=True)
-        return [point_from_record(record.id, record.vector, record.payload) for record in records], offset
+        return [point_from_record(record.id, record.vector if isinstance(record.vector, dict) else None, record.payload)
+                for record in records], offset
 
     def _query(self, name: str, searches: dict[str, Any], flt: Any,
                query: Query) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
