@@ -93,6 +93,12 @@ class SentenceTransformerEmbedder:
         self.model_id = base_id if precision == "fp32" else f"{base_id}@{precision}"
         self._model: Any = None
         self._lock = threading.Lock()
+        # One tokenizer and model serve the worker (chunk sizing, embedding) and the API (queries). A fast tokenizer
+        # is not thread-safe: each call resets its padding/truncation state (a concurrent token_offsets call turned
+        # a padded batch ragged: "expected sequence of length 16 at dim 1 (got 17)"), and the Rust side refuses
+        # concurrent use ("Already borrowed"). Calls take turns, one model batch at a time, so a query waits for at
+        # most one batch of ``batch_size`` chunks, not for a whole file.
+        self._use = threading.Lock()
         self._dim: int | None = _KNOWN_DIMS.get(base_id)
         self._max_tokens: int | None = 254 if base_id in _KNOWN_DIMS else None
 
@@ -132,20 +138,23 @@ class SentenceTransformerEmbedder:
     # -- contract -----------------------------------------------------------------------------------------------
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
         """``(start, end)`` character offsets of each model token of ``text``, special tokens excluded."""
-        encoded = self.model.tokenizer(
-            text, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False, truncation=False
-        )
+        tokenizer = self.model.tokenizer
+        with self._use:
+            encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
+                                return_attention_mask=False, truncation=False)
         return [tuple(pair) for pair in encoded["offset_mapping"]]
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """``(len(texts), dim)`` float32, L2-normalised."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = self.model.encode(
-            list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return l2_normalise(np.asarray(vectors, dtype=np.float32))
+        model, texts = self.model, list(texts)
+        parts = []
+        for start in range(0, len(texts), self.batch_size):
+            with self._use:
+                parts.append(model.encode(texts[start : start + self.batch_size], batch_size=self.batch_size,
+                                          normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False))
+        return l2_normalise(np.concatenate([np.asarray(p, dtype=np.float32) for p in parts]))
 
     def embed(self, chunks: Sequence[Chunk]) -> np.ndarray:
         """``(len(chunks), dim)`` float32, L2-normalised: the chunks' ``text``."""

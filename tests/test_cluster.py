@@ -66,6 +66,8 @@ def _stop(indexer: Indexer, stop: threading.Event, thread: threading.Thread) -> 
     indexer.settler.wake()
     thread.join(60)
     assert not thread.is_alive()
+    if indexer.watcher is not None:
+        indexer.watcher.stop()
 
 
 def test_node_killed_mid_first_index_then_restarted_leaves_the_index_equal_to_the_files(

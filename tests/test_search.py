@@ -245,3 +245,4 @@ def test_a_lone_surrogate_query_is_answered_not_a_500(api: TestClient, endpoint:
     assert "\\ud800" in body
     response = api.post(endpoint, content=body.encode(), headers={"content-type": "application/json"})
     assert response.status_code == 200, response.text
+
