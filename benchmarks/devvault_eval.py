@@ -275,6 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--state", type=Path, default=DEFAULT_STATE, help="workspace, index and cache [%(default)s]")
     parser.add_argument("--variant", default="product", help="index name under --state (reuse one per chunking)")
     parser.add_argument("--prefetch-limit", type=int, default=None, help="per-vector depth (default: the product's)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a constant of indexer.chunking for this run (e.g. MERGE_TOKENS=64); give the "
+                             "run its own --variant")
     parser.add_argument("--no-baselines", action="store_true", help="skip the bm25s and script baselines")
     parser.add_argument("--vault", type=Path, default=None,
                         help="also count the chunks the markdown extractor makes of the notes under this folder")
@@ -301,6 +304,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from indexer.eval import open_indexed
     from indexer.plugins import load_registry
 
+    from indexer import chunking
+
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not hasattr(chunking, name):
+            print(f"devvault_eval: --set: indexer.chunking has no {name!r}", file=sys.stderr)
+            return 2
+        current = getattr(chunking, name)
+        setattr(chunking, name, value.lower() in ("1", "true", "yes") if isinstance(current, bool)
+                else type(current)(value))
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     defaults = Settings(state_dir=args.state)
     prefetch = args.prefetch_limit or defaults.prefetch_limit
@@ -335,7 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\ndevvault: {len(dev.queries)} queries ({sum(1 for q in dev.queries if q['relevant'])} answerable), "
           f"{facts['files']} notes -> {facts['chunks']} chunks (index {facts['seconds']} s, "
           f"{facts['chunks_embedded']} embedded, {facts['cache_hits']} cached); model {embedder.model_id}; "
-          f"k {K}; prefetch_limit {prefetch}; product default fusion {defaults.fusion}")
+          f"k {K}; prefetch_limit {prefetch}; product default fusion {defaults.fusion}"
+          + (f"; chunking overrides {', '.join(args.set)}" if args.set else ""))
     print_table(results, types)
     print("nDCG@10: file level, deduplicated by path; hit@5: line overlap of the first 5 hits; both from the dev "
           "set's score.py over the answerable questions. neg top1: median top-1 score of the unanswerable questions.")

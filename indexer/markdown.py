@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 
 from indexer.api import Chunk, ExtractContext, FileInfo
-from indexer.chunking import chunk_text
+from indexer.chunking import chunk_markdown
 from indexer.errors import ExtractError
 
 log = structlog.get_logger("qmd_indexer.markdown")
@@ -43,7 +43,8 @@ def decode_text(data: bytes) -> tuple[str, int]:
 
 
 class MarkdownExtractor:
-    """A markdown file to text chunks sized to the embedder (see ``indexer.chunking``)."""
+    """A markdown file to heading-section chunks sized to the embedder, each carrying its document's title and
+    heading path as ``context`` (see ``indexer.chunking.chunk_markdown``)."""
 
     kinds = frozenset({"markdown"})
 
@@ -58,5 +59,6 @@ class MarkdownExtractor:
         text, replaced = decode_text(data)
         if replaced:
             log.warning("file_decoded_lossy", path=str(file.path), reason="invalid_utf8", replaced_sequences=replaced)
-        for chunk in chunk_text(text, context.token_offsets, context.max_tokens):
-            yield Chunk(text=chunk.text, start_line=chunk.start_line, end_line=chunk.end_line, kind="markdown")
+        for chunk in chunk_markdown(text, context.token_offsets, context.max_tokens, file.rel_path):
+            yield Chunk(text=chunk.text, start_line=chunk.start_line, end_line=chunk.end_line, kind="markdown",
+                        context=chunk.context)

@@ -176,7 +176,7 @@ class Pipeline:
 
     # -- step 6-7: embed (cached, batched across files) and build points ----------------------------------------
     def _content(self, chunk: Chunk) -> bytes:
-        return chunk.data if chunk.modality != "text" and chunk.data is not None else chunk.text.encode("utf-8")
+        return chunk.data if chunk.modality != "text" and chunk.data is not None else chunk.embed_text.encode("utf-8")
 
     def embed(self, prepared: Sequence[Prepared], should_stop: Callable[[], bool] | None = None) -> list[np.ndarray]:
         """Per prepared file, its ``(n_chunks, dim)`` float32 vectors; cached vectors are reused, misses embedded
@@ -232,7 +232,7 @@ class Pipeline:
         for index, (chunk, vector) in enumerate(zip(file.chunks, vectors)):
             sparse: dict[str, tuple[list[int], list[float]]] = {}
             if chunk.text.strip():
-                terms = self.bm25.embed_document(chunk.text)
+                terms = self.bm25.embed_document(chunk.embed_text)
                 if terms.indices:
                     sparse[SPARSE] = (list(terms.indices), list(terms.values))
             payload: dict[str, Any] = {
@@ -249,6 +249,7 @@ class Pipeline:
                 "start_line": chunk.start_line,
                 "end_line": chunk.end_line,
                 "text": chunk.text,
+                "context": chunk.context,
                 "kind": chunk.kind,
                 "modality": chunk.modality,
                 "model_id": self.registry.embedders[chunk.modality].model_id,
