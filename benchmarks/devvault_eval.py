@@ -51,6 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "devvault"
 DEFAULT_STATE = REPO / ".devvault"
 K = 20  # hits asked per query, for every method
+FLOOR_K = 6  # hits the relevance floor looks at: the product's default k
 
 
 class DataMissing(Exception):
@@ -253,6 +254,28 @@ def chunk_count(notes: Path, registry: Any) -> tuple[int, int]:
     return len(files), chunks
 
 
+def floor_report(dev: DevSet, runs: dict[str, dict[str, list[dict[str, Any]]]], floor: float) -> None:
+    """"Nothing relevant" on the dev set: the best raw dense score among the first ``FLOOR_K`` hits (what
+    ``indexer.search.relevant`` reads) of the unanswerable and the answerable questions, and how the configured
+    ``relevance_floor`` separates them."""
+    from indexer.search import relevant
+
+    print(f"\nnothing relevant: best dense cosine among the first {FLOOR_K} hits; relevance_floor {floor}")
+    for label, run in runs.items():
+        if not label.startswith("product") or label == "product keyword":
+            continue
+        best = {q["id"]: max([h["dense_score"] for h in run[q["id"]][:FLOOR_K] if h.get("dense_score") is not None],
+                             default=None) for q in dev.queries}
+        neg = sorted(best[q["id"]] for q in dev.queries if not q["relevant"] and best[q["id"]] is not None)
+        ans = sorted(best[q["id"]] for q in dev.queries if q["relevant"] and best[q["id"]] is not None)
+        said_none = {q["id"]: relevant(run[q["id"]][:FLOOR_K], floor) is False for q in dev.queries}
+        caught = sum(said_none[q["id"]] for q in dev.queries if not q["relevant"])
+        false = sum(said_none[q["id"]] for q in dev.queries if q["relevant"])
+        print(f"  {label:<22} unanswerable {' '.join(f'{x:.3f}' for x in neg)} | answerable min/p10/median "
+              f"{ans[0]:.3f}/{ans[len(ans) // 10]:.3f}/{statistics.median(ans):.3f} | nothing-relevant: "
+              f"{caught}/{len(neg)} unanswerable, {false}/{len(ans)} answerable (false)")
+
+
 # -- command line -------------------------------------------------------------------------------------------------
 def print_table(results: dict[str, dict[str, Any]], types: Sequence[str]) -> None:
     head = f"{'method':<26}{'nDCG@10':>8}{'hit@5':>7}{'R@10':>7}{'span@5':>7}"
@@ -353,6 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(results, types)
     print("nDCG@10: file level, deduplicated by path; hit@5: line overlap of the first 5 hits; both from the dev "
           "set's score.py over the answerable questions. neg top1: median top-1 score of the unanswerable questions.")
+    floor_report(dev, runs, defaults.relevance_floor)
     if args.per_query:
         labels = list(results)
         print("\nper query (nDCG@10 / hit@5):")

@@ -107,6 +107,9 @@ class Settings(BaseSettings):
     # ViT-B/32 sit in a narrow band (roughly 0.1-0.35) where unrelated pairs usually stay under 0.2; not measured
     # here (no real CLIP weights on this machine), so tune it for your model.
     image_min_score: float = 0.2
+    # "Nothing relevant": a search answers relevant=false when no hit's raw dense cosine reaches this floor
+    # (indexer.search.relevant). Measured on the devvault dev set (python -m benchmarks.devvault_eval): FLOOR_NOTE
+    relevance_floor: float = Field(default=0.5, ge=-1, le=1)
     plugins: Annotated[tuple[str, ...], NoDecode] = ()
     prefer: dict[str, str] = {}
     plugin: dict[str, dict[str, Any]] = {}

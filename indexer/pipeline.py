@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from indexer import chunking
 from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo
 from indexer.cache import EmbeddingCache, cache_key
 from indexer.errors import ExtractError, FileSkipped, PluginError
@@ -32,6 +33,19 @@ from indexer.workspace import Collection, rel_path
 MEDIA_KINDS = ("image", "audio")
 EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop  # kinds gated by a workspace's multimodal settings
 _READ_BLOCK = 1 << 20
+
+
+def index_hash(content_hash: str) -> str:
+    """The ``file_hash`` a file's points carry: its content's sha256 hex, ``+chunking``, and
+    ``indexer.chunking.CHUNKING_VERSION``. A store written by another chunking version thus holds other hashes: every
+    file is re-chunked once (the stat shortcut and the hash check both compare it) and ``replace_file`` deletes the
+    old version's points, so versions never mix in a collection."""
+    return f"{content_hash}+chunking{chunking.CHUNKING_VERSION}"
+
+
+def _current(known: FileState | None) -> bool:
+    """Whether ``known`` was indexed whole, by this chunking version."""
+    return bool(known and known.complete and known.file_hash.endswith(index_hash("")))
 
 
 class Interrupted(Exception):
@@ -140,11 +154,12 @@ class Pipeline:
             raise FileSkipped("symlink", "symlinks are never followed")
         if not stat.S_ISREG(st.st_mode):
             raise FileSkipped("not_regular_file", "a FIFO, socket or device")
-        if known and known.complete and known.size_bytes == st.st_size and known.mtime_ns == st.st_mtime_ns:
+        if _current(known) and known.size_bytes == st.st_size and known.mtime_ns == st.st_mtime_ns:
             return Unchanged(path)
         multimodal = collection.workspace.multimodal
         cap = max(self.max_file_bytes, multimodal.max_file_bytes if multimodal.enabled else 0)
-        st, head, file_hash = read_fingerprint(path, cap)
+        st, head, content_hash = read_fingerprint(path, cap)
+        file_hash = index_hash(content_hash)
         kind = self.registry.classify(path, head)
         if kind is None:
             raise FileSkipped("unsupported_type", "no classifier claims it")
@@ -157,7 +172,7 @@ class Pipeline:
                 raise FileSkipped("too_large", f"{st.st_size} bytes > multimodal limit {multimodal.max_file_bytes}")
         elif st.st_size > self.max_file_bytes:
             raise FileSkipped("too_large", f"{st.st_size} bytes > limit {self.max_file_bytes}")
-        if known and known.complete and known.file_hash == file_hash:
+        if _current(known) and known.file_hash == file_hash:
             return Unchanged(path)
         extractor = self.registry.extractors.get(kind)
         if extractor is None:
@@ -253,6 +268,7 @@ class Pipeline:
                 "kind": chunk.kind,
                 "modality": chunk.modality,
                 "model_id": self.registry.embedders[chunk.modality].model_id,
+                "chunking_version": chunking.CHUNKING_VERSION,
             }
             if chunk.start_s is not None:
                 payload["start_s"] = float(chunk.start_s)

@@ -3,8 +3,12 @@
 A hit (``dict``, the JSON the API and ``search --json`` return) carries ``collection``, ``agent``, ``path``
 (workspace-relative), ``start_line``/``end_line`` (1-based, inclusive: the lines the snippet shows), ``score``,
 ``snippet`` (at most ``SNIPPET_CHARS`` characters, centred on the lines that best match the query), ``kind``,
-``citation`` (``path#Lstart-Lend``) and, where they apply, ``start_s``/``end_s`` (audio) or ``width``/``height``
-(images).
+``citation`` (``path#Lstart-Lend``), ``dense_score`` (the raw cosine similarity of the query's text embedding, in
+[-1, 1]) and ``keyword_score`` (the raw BM25 score, >= 0), each ``None`` when the hit was not in that list, and,
+where they apply, ``start_s``/``end_s`` (audio) or ``width``/``height`` (images).
+
+``relevant(hits, floor)`` says whether the best dense score among the hits clears a relevance floor: the fused
+score cannot say it, since fusion normalises each query's lists (DBSF top-1 is about 2 for any query).
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from indexer.store import Filter, Hit, Query, Store
+from indexer.store import SPARSE, Filter, Hit, Query, Store
 from indexer.workspace import Collection
 
 SNIPPET_CHARS = 700  # the reference agent's snippet cap
+DENSE_SCORE, KEYWORD_SCORE = "_dense_score", "_keyword_score"  # raw list scores, set on fused hits' payload copies
 _WORD = re.compile(r"\w+", re.UNICODE)
 _MEDIA_FIELDS = ("start_s", "end_s", "width", "height", "format")
 
@@ -74,6 +79,19 @@ def snippet(text: str, query: str, first_line: int, limit: int = SNIPPET_CHARS) 
     return body, first_line + lo, first_line + hi
 
 
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 6)
+
+
+def relevant(hits: Sequence[dict[str, Any]], floor: float) -> bool | None:
+    """Whether the best raw dense score (cosine) among ``hits`` is at least ``floor``; ``None`` when no hit has a
+    dense score (a keyword-only search), ``False`` for no hits."""
+    if not hits:
+        return False
+    scores = [h["dense_score"] for h in hits if h.get("dense_score") is not None]
+    return max(scores) >= floor if scores else None
+
+
 def to_hit(hit: Hit, query: str) -> dict[str, Any]:
     """The API's hit dict for a scored point."""
     p = hit.payload
@@ -92,6 +110,8 @@ def to_hit(hit: Hit, query: str) -> dict[str, Any]:
         "snippet": body,
         "kind": p.get("kind", "markdown"),
         "citation": f"{p.get('path')}#L{start}-L{end}",
+        "dense_score": _round(p.get(DENSE_SCORE)),
+        "keyword_score": _round(p.get(KEYWORD_SCORE)),
     }
     for key in _MEDIA_FIELDS:
         if key in p:
@@ -159,7 +179,9 @@ class Searcher:
         fused = lists[0] if len(lists) == 1 else fuse(lists, self.fusion, self.rrf_k, depth)
         if params.min_score is not None:
             fused = [h for h in fused if h.score >= params.min_score]
-        return fused[: params.k]
+        raw = {using: {h.id: h.score for h in hits} for using, hits in pools.items()}
+        return [Hit(h.id, h.score, {**h.payload, DENSE_SCORE: raw.get("text", {}).get(h.id),
+                                    KEYWORD_SCORE: raw.get(SPARSE, {}).get(h.id)}) for h in fused[: params.k]]
 
     def search(self, params: SearchParams) -> list[dict[str, Any]]:
         """The ``params.k`` best hits across the selected collections, best first, as API dicts."""

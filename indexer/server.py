@@ -6,7 +6,8 @@ method     path         answer
 =========  ===========  ==========================================================================================
 GET        /health      ``{"status": "ok", "ready": bool}``; ``ready`` once the first full index has finished
 GET        /status      ``Indexer.status()``: per-collection files and chunks, ``queue_depth``, embeddings since start
-POST       /search      body ``SearchBody``; ``{"hits": [hit, ...]}`` (see ``indexer.search``)
+POST       /search      body ``SearchBody``; ``{"hits": [hit, ...], "relevant": bool | null}`` (see ``indexer.search``;
+                        ``relevant`` is false when no hit clears the ``relevance_floor``: "nothing relevant")
 POST       /recall      body ``RecallBody``; ``{"hits": [...]}``; query ``*``/``all``/empty lists every memory file
 POST       /boot        body ``BootBody``; the boot context (see ``indexer.recall.boot_context``)
 GET        /get         ``?path=&agent=&from=1&lines=&max_chars=``: a page of one memory file (``read_memory``)
@@ -28,7 +29,7 @@ from pydantic import BaseModel, Field
 from indexer.daemon import Indexer
 from indexer.errors import ReadRefused, StoreUnavailable
 from indexer.recall import DEFAULT_MAX_CHARS, boot_context, read_memory, recall
-from indexer.search import SearchParams, Searcher
+from indexer.search import SearchParams, Searcher, relevant
 
 
 class SearchBody(BaseModel):
@@ -107,7 +108,8 @@ def create_app(indexer: Indexer) -> FastAPI:
     def search(body: SearchBody) -> dict[str, Any]:
         params = SearchParams(body.query, body.k, body.agent, _as_tuple(body.collection), body.mode,
                               body.path_prefix, _as_tuple(body.kind), body.min_score)
-        return {"hits": _answer(lambda: searcher.search(params))}
+        hits = _answer(lambda: searcher.search(params))
+        return {"hits": hits, "relevant": relevant(hits, indexer.settings.relevance_floor)}
 
     @app.post("/recall")
     def recall_(body: RecallBody) -> dict[str, Any]:
