@@ -107,8 +107,16 @@ def dev_path(rel: str) -> str:
 
 # -- scoring ------------------------------------------------------------------------------------------------------
 def score_run(dev: DevSet, run: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The dev set's metrics of ``run`` (query id -> results with path/start_line/end_line/score)."""
-    ranked = {qid: dev.score.ranked_results(results) for qid, results in run.items()}
+    """The dev set's metrics of ``run`` (query id -> results in rank order, with path/start_line/end_line/score).
+    score.py ranks by score; a re-ranking stage (MMR) keeps the fused scores, so each score is first lowered to the
+    running minimum (ties keep their order), which leaves the rank order and the top-1 score as the product gave."""
+    ranked = {}
+    for qid, results in run.items():
+        floor, monotone = float("inf"), []
+        for r in results:
+            floor = min(floor, r["score"])
+            monotone.append(dict(r, score=floor))
+        ranked[qid] = dev.score.ranked_results(monotone)
     rows, by_type, overall = dev.score.evaluate(dev.queries, ranked)
     negatives = [r["top1"] for r in rows if r["type"] == "negative" and r["top1"] is not None]
     return {"overall": overall, "by_type": by_type, "rows": rows,
@@ -222,14 +230,14 @@ def run_script(dev: DevSet, sections: Sequence[Section], state: Path, embedder: 
 
 # -- the product --------------------------------------------------------------------------------------------------
 def run_product(dev: DevSet, indexer: Any, methods: Sequence[tuple[str, str, str]], prefetch: int,
-                ) -> dict[str, dict[str, list[dict[str, Any]]]]:
+                mmr_lambda: float | None = None) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """``methods``: (label, mode, fusion). Every question through ``Searcher.search``; label -> run."""
     from indexer.search import Searcher, SearchParams
 
     runs = {}
     for label, mode, fusion in methods:
         searcher = Searcher(indexer.collections, indexer.store, indexer.registry.embedders, indexer.pipeline.bm25,
-                            mode=mode, fusion=fusion, prefetch_limit=prefetch)
+                            mode=mode, fusion=fusion, prefetch_limit=prefetch, mmr_lambda=mmr_lambda)
         run = {}
         for q in dev.queries:
             hits = searcher.search(SearchParams(q["query"], k=K, mode=mode))
@@ -301,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override a constant of indexer.chunking for this run (e.g. MERGE_TOKENS=64); give the "
                              "run its own --variant")
+    parser.add_argument("--mmr", type=float, action="append", default=[], metavar="LAMBDA",
+                        help="also hybrid dbsf with MMR at this lambda (repeatable)")
     parser.add_argument("--no-baselines", action="store_true", help="skip the bm25s and script baselines")
     parser.add_argument("--vault", type=Path, default=None,
                         help="also count the chunks the markdown extractor makes of the notes under this folder")
@@ -354,6 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         methods = [("product dense", "dense", defaults.fusion), ("product keyword", "keyword", defaults.fusion),
                    ("product hybrid dbsf", "hybrid", "dbsf"), ("product hybrid rrf", "hybrid", "rrf")]
         runs.update(run_product(dev, indexer, methods, prefetch))
+        for lam in args.mmr:
+            runs.update(run_product(dev, indexer, [(f"product hybrid dbsf mmr{lam:g}", "hybrid", "dbsf")], prefetch,
+                                    mmr_lambda=lam))
         log(f"product searches: {time.monotonic() - started:.1f} s")
         if not args.no_baselines:
             sections = heading_sections(notes)

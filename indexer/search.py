@@ -13,8 +13,10 @@ score cannot say it, since fusion normalises each query's lists (DBSF top-1 is a
 
 from __future__ import annotations
 
+import datetime
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -124,7 +126,8 @@ class Searcher:
 
     def __init__(self, collections: Sequence[Collection], store: Store, embedders: dict[str, Any], bm25: Any,
                  mode: str = "hybrid", fusion: str = "dbsf", rrf_k: int = 60, prefetch_limit: int = 100,
-                 min_scores: dict[str, float] | None = None) -> None:
+                 min_scores: dict[str, float] | None = None, mmr_lambda: float | None = None,
+                 half_life_days: float | None = None, now: Callable[[], float] = time.time) -> None:
         self.collections = list(collections)
         self.store = store
         self.embedders = embedders
@@ -133,6 +136,8 @@ class Searcher:
         # per-vector floors applied before fusion: score-normalising fusion (DBSF) would otherwise lift the best
         # of an irrelevant list (e.g. images for a query no picture matches) to the top
         self.min_scores = dict(min_scores or {})
+        # optional re-ranking of the fused list, both off by default (see ``decay`` and ``mmr``)
+        self.mmr_lambda, self.half_life_days, self.now = mmr_lambda, half_life_days, now
         self._embed_query = lru_cache(maxsize=256)(self._embed_query_uncached)
 
     def _embed_query_uncached(self, text: str) -> tuple[tuple[str, np.ndarray], ...]:
@@ -177,8 +182,12 @@ class Searcher:
         if not lists:
             return []
         fused = lists[0] if len(lists) == 1 else fuse(lists, self.fusion, self.rrf_k, depth)
+        if self.half_life_days:
+            fused = decay(fused, self.half_life_days, self.now())
         if params.min_score is not None:
             fused = [h for h in fused if h.score >= params.min_score]
+        if self.mmr_lambda is not None:
+            fused = mmr(fused, self.mmr_lambda, params.k)
         raw = {using: {h.id: h.score for h in hits} for using, hits in pools.items()}
         return [Hit(h.id, h.score, {**h.payload, DENSE_SCORE: raw.get("text", {}).get(h.id),
                                     KEYWORD_SCORE: raw.get(SPARSE, {}).get(h.id)}) for h in fused[: params.k]]
@@ -186,6 +195,51 @@ class Searcher:
     def search(self, params: SearchParams) -> list[dict[str, Any]]:
         """The ``params.k`` best hits across the selected collections, best first, as API dicts."""
         return [to_hit(hit, params.query) for hit in self.retrieve(params)]
+
+
+_DAILY = re.compile(r"(?:^|/)memory/(?:.*/)?(\d{4})-(\d{2})-(\d{2})\.md$")
+
+
+def decay(hits: Sequence[Hit], half_life_days: float, now_s: float) -> list[Hit]:
+    """Temporal decay as the reference agent does it: the score of a dated daily note (``memory/YYYY-MM-DD.md``) is
+    multiplied by ``0.5 ** (age_days / half_life_days)`` (age from the file-name date to ``now_s``, Unix seconds;
+    never negative); every other file is evergreen and kept as is. Returns the hits re-sorted by score."""
+    out = []
+    for h in hits:
+        match = _DAILY.search(str(h.payload.get("path", "")))
+        if match:
+            try:
+                day = datetime.date(*map(int, match.groups()))
+            except ValueError:
+                out.append(h)
+                continue
+            midnight = datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.timezone.utc).timestamp()
+            age_days = max(0.0, (now_s - midnight) / 86400)
+            h = Hit(h.id, h.score * 0.5 ** (age_days / half_life_days), h.payload)
+        out.append(h)
+    return sorted(out, key=lambda h: -h.score)
+
+
+def mmr(hits: Sequence[Hit], lam: float, k: int) -> list[Hit]:
+    """Maximal marginal relevance (Carbonell & Goldstein 1998) over a ranked list: repeatedly take the hit that
+    maximises ``lam * relevance - (1 - lam) * max similarity to the hits taken``, with relevance the score scaled
+    to [0, 1] by the list's min and max and similarity the Jaccard overlap of the hits' word sets (as the reference
+    agent does). ``lam = 1`` keeps the order. Returns the first ``k`` picks, then the rest in their order."""
+    if len(hits) < 2 or lam >= 1:
+        return list(hits)
+    top, bottom = hits[0].score, min(h.score for h in hits)
+    span = (top - bottom) or 1.0
+    words = [_terms(str(h.payload.get("text", ""))) for h in hits]
+    left = list(range(len(hits)))
+    picked: list[int] = []
+    while left and len(picked) < k:
+        def gain(i: int) -> float:
+            similar = max((len(words[i] & words[j]) / (len(words[i] | words[j]) or 1) for j in picked), default=0.0)
+            return lam * (hits[i].score - bottom) / span - (1 - lam) * similar
+        best = max(left, key=gain)
+        picked.append(best)
+        left.remove(best)
+    return [hits[i] for i in picked] + [hits[i] for i in left]
 
 
 def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) -> list[Hit]:

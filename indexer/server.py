@@ -88,7 +88,8 @@ def make_searcher(indexer: Indexer) -> Searcher:
     assert indexer.pipeline is not None and indexer.store is not None and indexer.registry is not None
     return Searcher(indexer.collections, indexer.store, indexer.registry.embedders, indexer.pipeline.bm25,
                     mode=s.search_mode, fusion=s.fusion, rrf_k=s.rrf_k, prefetch_limit=s.prefetch_limit,
-                    min_scores={"image": s.image_min_score})
+                    min_scores={"image": s.image_min_score}, mmr_lambda=s.mmr_lambda,
+                    half_life_days=s.temporal_half_life_days)
 
 
 def create_app(indexer: Indexer) -> FastAPI:
