@@ -10,8 +10,8 @@ What it does, in one run:
    the process exits with status 2.
 2. Copies the notes into a workspace, ``<state>/workspace/memory/<note path>`` (unchanged files are not rewritten,
    so their ``mtime`` and the index stay valid), and indexes it with the daemon's code (``Indexer.open`` +
-   ``Indexer.index_once``, via ``indexer.eval.open_indexed``) into Qdrant Edge under ``<state>/state-<variant>/``.
-   The embedding cache ``<state>/embeddings.sqlite3`` is shared and kept between runs: a re-run whose chunk texts
+   ``Indexer.index_once``, via the SciFact evaluation's ``open_indexed``) into Qdrant Edge under
+   ``<state>/state-<variant>/``. The embedding cache ``<state>/embeddings.sqlite3`` is shared and kept between runs: a re-run whose chunk texts
    are unchanged embeds nothing.
 3. Runs every question through ``Searcher.search`` (what ``POST /search`` answers, line ranges of the hits'
    snippets included) with ``k = --k`` hits, in modes ``dense``, ``keyword`` and ``hybrid`` (fusions ``dbsf`` and
@@ -334,10 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from indexer.config import Settings
     from indexer.daemon import plugin_configs
-    from indexer.eval import open_indexed
-    from indexer.plugins import load_registry
-
+    try:  # the SciFact evaluation's indexing helper, wherever this tree keeps it
+        from benchmarks.eval import open_indexed
+    except ImportError:
+        from indexer.eval import open_indexed
     from indexer import chunking
+    from indexer.plugins import load_registry
 
     for item in args.set:
         name, _, value = item.partition("=")
@@ -398,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cells = []
             for label in labels:
                 row = results[label]["rows"][i]
-                cells.append(f"{'-':>16}" if row["ndcg@10"] is None else f"{row['ndcg@10']:>10.2f} / {row['hit@5']:.0f}")
+                cells.append(f"{'-':>16}" if row["ndcg@10"] is None
+                             else f"{row['ndcg@10']:>10.2f} / {row['hit@5']:.0f}")
             print(f"{q['id']:<5}{q['type']:<9}" + "".join(cells))
     if args.vault is not None:
         if not args.vault.is_dir():
@@ -410,8 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.runs.mkdir(parents=True, exist_ok=True)
         for label, run in runs.items():
             with open(args.runs / (label.replace(" ", "_") + ".jsonl"), "w", encoding="utf-8") as handle:
-                for qid, results_ in run.items():
-                    handle.write(json.dumps({"id": qid, "results": results_}) + "\n")
+                handle.writelines(json.dumps({"id": qid, "results": results_}) + "\n" for qid, results_ in run.items())
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"index": facts, "prefetch_limit": prefetch, "k": K, "results": {

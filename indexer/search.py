@@ -213,7 +213,7 @@ def decay(hits: Sequence[Hit], half_life_days: float, now_s: float) -> list[Hit]
             except ValueError:
                 out.append(h)
                 continue
-            midnight = datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.timezone.utc).timestamp()
+            midnight = datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.UTC).timestamp()
             age_days = max(0.0, (now_s - midnight) / 86400)
             h = Hit(h.id, h.score * 0.5 ** (age_days / half_life_days), h.payload)
         out.append(h)
@@ -247,7 +247,10 @@ def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) ->
     RRF (score of a point = sum over lists of ``1 / (rank + k - 1)``, rank 1-based; Cormack et al. 2009 with
     Qdrant's offset) or DBSF (each list's scores normalised by mean +/- 3 standard deviations, then summed)."""
     from qdrant_client.http import models
-    from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
+    from qdrant_client.hybrid.fusion import (
+        distribution_based_score_fusion,
+        reciprocal_rank_fusion,
+    )
 
     by_id: dict[str, Hit] = {}
     responses = []

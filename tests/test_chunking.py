@@ -4,7 +4,6 @@ heading sections that carry their document's context; a chunking change re-index
 from __future__ import annotations
 
 import pytest
-
 from conftest import write
 
 from indexer import chunking

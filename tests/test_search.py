@@ -4,7 +4,7 @@ reads (paged get, recall, boot context) over the HTTP API."""
 from __future__ import annotations
 
 import tracemalloc
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from indexer.recall import read_memory
 from indexer.search import SearchParams, decay, fuse, mmr, relevant, snippet
-from indexer.store import Hit
 from indexer.server import create_app, make_searcher
+from indexer.store import Hit
 
 PARAPHRASE_NOTES = {
     "deploys.md": "# Deploys\n\nWe agreed that releases go out on Tuesday and Thursday mornings, never on Fridays.\n",
@@ -217,7 +217,7 @@ def _hit(id_: str, score: float, path: str, text: str = "") -> Hit:
 
 
 def test_temporal_decay_halves_a_daily_note_per_half_life_and_spares_evergreen_files() -> None:
-    now = datetime(2026, 3, 31, tzinfo=timezone.utc).timestamp()
+    now = datetime(2026, 3, 31, tzinfo=UTC).timestamp()
     hits = [_hit("old", 1.0, "memory/2026-03-01.md"), _hit("new", 0.8, "memory/log/2026-03-31.md"),
             _hit("root", 0.9, "MEMORY.md"), _hit("topic", 0.7, "memory/projects/deploy.md")]
     out = {h.id: h.score for h in decay(hits, half_life_days=30, now_s=now)}
