@@ -247,10 +247,7 @@ def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) ->
     RRF (score of a point = sum over lists of ``1 / (rank + k - 1)``, rank 1-based; Cormack et al. 2009 with
     Qdrant's offset) or DBSF (each list's scores normalised by mean +/- 3 standard deviations, then summed)."""
     from qdrant_client.http import models
-    from qdrant_client.hybrid.fusion import (
-        distribution_based_score_fusion,
-        reciprocal_rank_fusion,
-    )
+    from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
 
     by_id: dict[str, Hit] = {}
     responses = []
