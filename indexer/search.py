@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from indexer.rerank import Reranker, RerankStats, rerank
 from indexer.store import SPARSE, Filter, Hit, Query, Store
 from indexer.workspace import Collection
 
@@ -127,7 +128,8 @@ class Searcher:
     def __init__(self, collections: Sequence[Collection], store: Store, embedders: dict[str, Any], bm25: Any,
                  mode: str = "hybrid", fusion: str = "dbsf", rrf_k: int = 60, prefetch_limit: int = 100,
                  min_scores: dict[str, float] | None = None, mmr_lambda: float | None = None,
-                 half_life_days: float | None = None, now: Callable[[], float] = time.time) -> None:
+                 half_life_days: float | None = None, now: Callable[[], float] = time.time,
+                 reranker: Reranker | None = None, rerank_top_n: int = 20, rerank_budget_s: float = 2.0) -> None:
         self.collections = list(collections)
         self.store = store
         self.embedders = embedders
@@ -138,6 +140,8 @@ class Searcher:
         self.min_scores = dict(min_scores or {})
         # optional re-ranking of the fused list, both off by default (see ``decay`` and ``mmr``)
         self.mmr_lambda, self.half_life_days, self.now = mmr_lambda, half_life_days, now
+        self.reranker, self.rerank_top_n, self.rerank_budget_s = reranker, rerank_top_n, rerank_budget_s
+        self.rerank_stats = RerankStats()
         self._embed_query = lru_cache(maxsize=256)(self._embed_query_uncached)
 
     def _embed_query_uncached(self, text: str) -> tuple[tuple[str, np.ndarray], ...]:
@@ -186,6 +190,9 @@ class Searcher:
             fused = decay(fused, self.half_life_days, self.now())
         if params.min_score is not None:
             fused = [h for h in fused if h.score >= params.min_score]
+        if self.reranker is not None:
+            fused = rerank(fused, params.query, self.reranker, self.rerank_top_n, self.rerank_budget_s,
+                           self.rerank_stats)
         if self.mmr_lambda is not None:
             fused = mmr(fused, self.mmr_lambda, params.k)
         raw = {using: {h.id: h.score for h in hits} for using, hits in pools.items()}
