@@ -72,8 +72,8 @@ class FileInfo:
 class Chunk:
     """One unit that becomes one Qdrant point.
 
-    - ``text``: what is embedded (``modality == "text"``) and shown as the snippet; for an image, a short caption
-      such as the file name.
+    - ``text``: what is shown as the snippet and, after ``context``, embedded (``modality == "text"``); for an
+      image, a short caption such as the file name.
     - ``start_line``/``end_line``: 1-based, inclusive line range in the source file (1, 1 for non-text media).
     - ``kind``: the source kind (``"markdown"``, ``"image"``, ``"audio"``, ...), stored in the payload.
     - ``modality``: which embedder and named vector this chunk goes to (``"text"``, ``"image"``, or another
@@ -82,6 +82,9 @@ class Chunk:
     - ``start_s``/``end_s``: time range in seconds for audio transcript segments, else ``None``.
     - ``meta``: small JSON-serialisable extras copied into the payload (e.g. ``{"width": 640, "height": 427}``);
       those the extractor names in ``hit_fields`` are also copied into search hits.
+    - ``context``: text chunks only: the document context (e.g. ``"Deploy runbook > Rollback"``, see
+      ``indexer.chunking.chunk_markdown``) that is embedded and keyword-indexed with ``text`` but not shown;
+      ``embed_text`` joins the two.
     """
 
     text: str
@@ -93,6 +96,12 @@ class Chunk:
     start_s: float | None = None
     end_s: float | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+    context: str = ""
+
+    @property
+    def embed_text(self) -> str:
+        """What a text embedder and BM25 see: ``context``, a newline and ``text`` (``text`` alone without one)."""
+        return f"{self.context}\n{self.text}" if self.context else self.text
 
 
 @dataclass(frozen=True, slots=True)

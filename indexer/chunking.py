@@ -19,22 +19,31 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 
 from markdown_it import MarkdownIt
 
 OVERLAP_RATIO = 0.2  # reference: 80 of 400 tokens
+MAX_CONTEXT_RATIO = 0.25  # share of the window a chunk's document context may take
+MERGE_TOKENS = 128  # adjacent small sections merge while together (with context) under this many tokens
+#: version of what the built-in markdown chunking makes of a note (line ranges and context text); stored with every
+#: point so that a store built by another version is re-indexed once (see ``indexer.pipeline``)
+CHUNKING_VERSION = 2
+CONTEXT_PATH = False  # whether the context also names the note's workspace-relative path
 
 
 @dataclass(frozen=True, slots=True)
 class TextChunk:
-    """A chunk of a text: ``text`` is ``source[start_char:end_char]``; lines are 1-based, inclusive."""
+    """A chunk of a text: ``text`` is ``source[start_char:end_char]``; lines are 1-based, inclusive. ``context`` is
+    the document context embedded and keyword-indexed with it (``chunk_markdown``; empty for ``chunk_text``), and
+    ``n_tokens`` counts the text's tokens plus the context's."""
 
     text: str
     start_line: int
     end_line: int
     n_tokens: int
+    context: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +126,8 @@ def chunk_text(
 ) -> list[TextChunk]:
     """Chunks of ``text``, each at most ``max_tokens`` model tokens, consecutive chunks overlapping by up to
     ``overlap_tokens`` (default ``OVERLAP_RATIO * max_tokens``). Whitespace-only chunks are dropped; an empty text
-    gives ``[]``. ``token_offsets`` is the embedder's tokenizer (see ``ExtractContext``)."""
+    gives ``[]``. ``token_offsets`` is the embedder's tokenizer (see ``ExtractContext``). Plain windows with no
+    document context; markdown notes go through ``chunk_markdown``."""
     if max_tokens < 1:
         raise ValueError("max_tokens must be at least 1")
     if not text.strip():
@@ -125,7 +135,16 @@ def chunk_text(
     overlap = int(max_tokens * OVERLAP_RATIO) if overlap_tokens is None else overlap_tokens
     pieces = _pieces(text, token_offsets(text), max_tokens)
     headings = heading_lines(text)
-    chunks: list[TextChunk] = []
+    return [TextChunk(text[pieces[lo].start : pieces[hi].end], pieces[lo].line + 1, pieces[hi].line + 1, total)
+            for lo, hi, total in _pack(text, pieces, max_tokens, overlap, headings)]
+
+
+def _pack(text: str, pieces: Sequence[_Piece], max_tokens: int, overlap: int,
+          headings: Set[int] = frozenset()) -> list[tuple[int, int, int]]:
+    """Greedy windows over ``pieces``: ``(first, last, n_tokens)`` piece indexes (inclusive) of each window, blank
+    pieces at its edges dropped, whitespace-only windows skipped. A window ends early before a heading line of
+    ``headings`` once half full; the next starts with the trailing pieces that fit in ``overlap``."""
+    windows: list[tuple[int, int, int]] = []
     first = 0
     while first < len(pieces):
         total, last = 0, first
@@ -143,9 +162,8 @@ def chunk_text(
             lo += 1  # blank lines at either edge add no meaning and would widen the cited range
         while hi > lo and not text[pieces[hi].start : pieces[hi].end].strip():
             hi -= 1
-        body = text[pieces[lo].start : pieces[hi].end]
-        if body.strip():
-            chunks.append(TextChunk(body, pieces[lo].line + 1, pieces[hi].line + 1, total))
+        if text[pieces[lo].start : pieces[hi].end].strip():
+            windows.append((lo, hi, total))
         if last >= len(pieces):
             break
         # step back over trailing pieces that fit in the overlap, but always move forward
@@ -154,11 +172,166 @@ def chunk_text(
             back -= 1
             kept += pieces[back].n_tokens
         first = back
-    return chunks
+    return windows
 
 
-def _line_start(pieces: list[_Piece], index: int) -> int:
+def _line_start(pieces: Sequence[_Piece], index: int) -> int:
     """Start offset of the first piece on the same line as ``pieces[index]``."""
     while index > 0 and pieces[index - 1].line == pieces[index].line:
         index -= 1
     return pieces[index].start
+
+
+# -- markdown notes: heading sections with their document's context ------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Section:
+    start: int  # 0-based first line
+    end: int  # 0-based line after the last
+    crumbs: tuple[str, ...]  # heading path below the title
+    heading: bool = True  # whether line ``start`` is the heading named by the last crumb (the title when none)
+
+
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(?:.*?\r?\n)?(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
+_DATE_NAME = re.compile(r"(\d{4}-\d{2}-\d{2})")
+_INLINE_MARKUP = re.compile(r"[`*_]+|\[([^\]]*)\]\([^)]*\)")
+
+
+def front_matter_lines(text: str) -> int:
+    """How many lines a YAML front matter block (``---`` ... ``---`` or ``...`` on the first line) spans; 0 when
+    the text has none. Its lines are never read as headings (``key: value`` over ``---`` would be a setext one)."""
+    match = _FRONT_MATTER.match(text)
+    return text.count("\n", 0, match.end()) + (0 if match.group(0).endswith("\n") else 1) if match else 0
+
+
+def _clean_heading(inline: str) -> str:
+    return " ".join(_INLINE_MARKUP.sub(lambda m: m.group(1) or "", inline).split())
+
+
+def outline(text: str) -> tuple[str | None, list[_Section]]:
+    """``(first H1's text or None, sections)``: the text cut before each top-level heading (not one inside a
+    blockquote, list or HTML comment; front matter skipped). A section's ``crumbs`` are the headings above and
+    including its own, the title H1 left out; the lines before the first heading form a section with no crumbs."""
+    skip = front_matter_lines(text)
+    parsed = ("\n" * skip + text.split("\n", skip)[-1]) if skip else text
+    tokens = MarkdownIt("commonmark").parse(parsed)
+    heads: list[tuple[int, int, str]] = []  # (line, level, text)
+    for i, token in enumerate(tokens):
+        if token.type == "heading_open" and token.map and token.level == 0:
+            heads.append((token.map[0], int(token.tag[1]), _clean_heading(tokens[i + 1].content)))
+    title = next((name for _, level, name in heads if level == 1 and name), None)
+    n_lines = text.count("\n") + (0 if text.endswith("\n") else 1)
+    sections: list[_Section] = []
+    if not heads or heads[0][0] > 0:
+        sections.append(_Section(0, heads[0][0] if heads else n_lines, (), heading=False))
+    stack: list[tuple[int, str]] = []
+    title_seen = False
+    for n, (line, level, name) in enumerate(heads):
+        end = heads[n + 1][0] if n + 1 < len(heads) else n_lines
+        if level == 1 and name == title and not title_seen:
+            title_seen = True
+            stack = []
+            sections.append(_Section(line, end, ()))
+            continue
+        while stack and stack[-1][0] >= level:
+            stack.pop()
+        stack.append((level, name))
+        sections.append(_Section(line, end, tuple(crumb for _, crumb in stack)))
+    return title, sections
+
+
+def document_title(first_h1: str | None, rel_path: str) -> str:
+    """A note's title: its first H1, else its file name without the extension, ``-``/``_`` read as spaces."""
+    if first_h1:
+        return first_h1
+    stem = rel_path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    return " ".join(stem.replace("-", " ").replace("_", " ").split()) or stem
+
+
+def document_context(title: str | None, crumbs: Sequence[str], rel_path: str) -> str:
+    """The context line of a chunk: ``Title > Section > Subsection``; a daily note (file named ``YYYY-MM-DD``)
+    whose title lacks its date gets it prefixed. ``title=None``: the chunk shows its title line itself, so only
+    a date (or nothing) stands for it."""
+    date = _DATE_NAME.search(rel_path.rsplit("/", 1)[-1])
+    shown = title or ""
+    date_text = date.group(1) if date and date.group(1) not in shown and date.group(1).replace("-", " ") not in shown \
+        else ""
+    head = " ".join(part for part in (date_text, title or "") if part)
+    line = " > ".join([part for part in (head, *crumbs) if part])
+    return f"{rel_path}\n{line}" if CONTEXT_PATH else line
+
+
+def _common(a: Sequence[str], b: Sequence[str]) -> tuple[str, ...]:
+    out = []
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        out.append(x)
+    return tuple(out)
+
+
+def chunk_markdown(
+    text: str,
+    token_offsets: Callable[[str], list[tuple[int, int]]],
+    max_tokens: int,
+    rel_path: str,
+    overlap_tokens: int | None = None,
+) -> list[TextChunk]:
+    """Chunks of a markdown note, each knowing its document: ``context`` is ``document_context`` (title and
+    heading path), and ``context + "\\n" + text`` is at most ``max_tokens`` model tokens.
+
+    A heading section (``outline``) that fits the window with its context is one chunk; adjacent sections merge
+    while the merged chunk is under ``MERGE_TOKENS`` and fits (their context is the heading path they share); a
+    longer section is cut into overlapping windows (as ``chunk_text``) that each carry the section's context. The
+    context takes at most ``MAX_CONTEXT_RATIO`` of the window (cut at a token boundary beyond that). ``text`` of
+    every chunk is the file's own lines ``start_line..end_line``."""
+    if max_tokens < 1:
+        raise ValueError("max_tokens must be at least 1")
+    if not text.strip():
+        return []
+    first_h1, sections = outline(text)
+    title = document_title(first_h1, rel_path)
+    cap = max(1, int(max_tokens * MAX_CONTEXT_RATIO))
+    pieces = _pieces(text, token_offsets(text), max_tokens - cap)
+    by_line: dict[int, list[int]] = {}
+    for index, piece in enumerate(pieces):
+        by_line.setdefault(piece.line, []).append(index)
+
+    def context_of(crumbs: Sequence[str], shows_heading: bool = False) -> tuple[str, int]:
+        # a chunk that starts with its own heading line does not repeat that heading in its context
+        if shows_heading:
+            context = document_context(title, crumbs[:-1], rel_path) if crumbs else \
+                document_context(None, (), rel_path)
+        else:
+            context = document_context(title, crumbs, rel_path)
+        if not context:
+            return "", 0
+        offsets = token_offsets(context + "\n")
+        if len(offsets) > cap:
+            context, offsets = context[: offsets[cap - 1][1]], offsets[:cap]
+        return context, len(offsets)
+
+    # (first piece, last piece + 1, crumbs, n_tokens, heading line or -1) per non-blank section; a group of merged
+    # sections keeps the heading line of its first section only while that heading names the group's crumbs
+    groups: list[tuple[int, int, tuple[str, ...], int, int]] = []
+    for section in sections:
+        idx = [i for line in range(section.start, section.end) for i in by_line.get(line, ())]
+        if not idx or not text[pieces[idx[0]].start : pieces[idx[-1]].end].strip():
+            continue
+        n = sum(pieces[i].n_tokens for i in idx)
+        if groups:
+            lo, _, crumbs, total, heading = groups[-1]
+            shared = _common(crumbs, section.crumbs)
+            if total + n + context_of(shared)[1] <= min(MERGE_TOKENS, max_tokens):
+                groups[-1] = (lo, idx[-1] + 1, shared, total + n, heading if shared == crumbs else -1)
+                continue
+        groups.append((idx[0], idx[-1] + 1, section.crumbs, n, section.start if section.heading else -1))
+    chunks: list[TextChunk] = []
+    for lo, hi, crumbs, _, heading in groups:
+        budget = max_tokens - context_of(crumbs)[1]
+        overlap = int(budget * OVERLAP_RATIO) if overlap_tokens is None else overlap_tokens
+        part = pieces[lo:hi]
+        for a, b, total in _pack(text, part, budget, overlap):
+            context, n_context = context_of(crumbs, shows_heading=part[a].line == heading)
+            chunks.append(TextChunk(text[part[a].start : part[b].end], part[a].line + 1, part[b].line + 1,
+                                    total + n_context, context))
+    return chunks

@@ -144,6 +144,20 @@ class Settings(BaseSettings):
     # here (no real CLIP weights on this machine), so tune it for your model.
     image_min_score: float = 0.2
     bm25: Bm25 = Bm25()
+    # "Nothing relevant": a search answers relevant=false when no hit's raw dense cosine reaches this floor
+    # (indexer.search.relevant). Measured on the devvault dev set (python -m benchmarks.devvault_eval), best cosine
+    # among the first 6 hits of hybrid dbsf: 0.42 says "nothing relevant" for 2 of the 8 unanswerable questions and
+    # wrongly for 2 of the 52 answerable ones (0.45: 2 and 5; 0.50: 3 and 9). Cosine separates them poorly
+    # (unanswerable 0.38-0.61, answerable median 0.61), so the floor is set for few false alarms, not to catch every
+    # unanswerable question.
+    relevance_floor: float = Field(default=0.42, ge=-1, le=1)
+    # Optional re-ranking of the fused hits, off by default (indexer.search.mmr / decay). MMR lambda 0.7 (the
+    # reference agent's) measured on the devvault dev set (python -m benchmarks.devvault_eval --mmr 0.7): hybrid
+    # dbsf nDCG@10 / hit@5 0.883 / 0.904 without, 0.880 / 0.885 at 0.7, 0.876 / 0.885 at 0.5, so it is off.
+    # Temporal decay of daily notes (memory/YYYY-MM-DD.md) by a half-life in days: the dev set has no dated notes,
+    # so it is unmeasured and off.
+    mmr_lambda: float | None = Field(default=None, ge=0, le=1)
+    temporal_half_life_days: float | None = Field(default=None, gt=0)
     plugins: Annotated[tuple[str, ...], NoDecode] = ()
     prefer: dict[str, str] = {}
     plugin: dict[str, dict[str, Any]] = {}

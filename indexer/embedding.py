@@ -157,8 +157,8 @@ class SentenceTransformerEmbedder:
         return l2_normalise(np.concatenate([np.asarray(p, dtype=np.float32) for p in parts]))
 
     def embed(self, chunks: Sequence[Chunk]) -> np.ndarray:
-        """``(len(chunks), dim)`` float32, L2-normalised: the chunks' ``text``."""
-        return self.encode([chunk.text for chunk in chunks])
+        """``(len(chunks), dim)`` float32, L2-normalised: the chunks' ``embed_text`` (context and text)."""
+        return self.encode([chunk.embed_text for chunk in chunks])
 
     def embed_query(self, text: str) -> np.ndarray:
         """``(dim,)`` float32, L2-normalised."""

@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 
 from indexer.api import Chunk, ExtractContext, FileInfo
-from indexer.chunking import OVERLAP_RATIO, chunk_text
+from indexer.chunking import OVERLAP_RATIO, chunk_markdown
 from indexer.errors import ExtractError
 
 log = structlog.get_logger("qmd_indexer.markdown")
@@ -43,10 +43,12 @@ def decode_text(data: bytes) -> tuple[str, int]:
 
 
 class MarkdownExtractor:
-    """A markdown file to text chunks sized to the embedder (see ``indexer.chunking``).
+    """A markdown file to heading-section chunks sized to the embedder, each carrying its document's title and
+    heading path as ``context`` (see ``indexer.chunking.chunk_markdown``).
 
-    Config ``[plugin.markdown]``: ``overlap_ratio``, the share of ``max_tokens`` consecutive chunks may overlap by
-    (``0 <= overlap_ratio < 1``, default ``OVERLAP_RATIO`` = 0.2). Raises ``ValueError`` for another value.
+    Config ``[plugin.markdown]``: ``overlap_ratio``, the share of ``max_tokens`` consecutive windows of a long
+    section may overlap by (``0 <= overlap_ratio < 1``, default ``OVERLAP_RATIO`` = 0.2). Raises ``ValueError`` for
+    another value.
     """
 
     kinds = frozenset({"markdown"})
@@ -66,5 +68,7 @@ class MarkdownExtractor:
         if replaced:
             log.warning("file_decoded_lossy", path=str(file.path), reason="invalid_utf8", replaced_sequences=replaced)
         overlap = int(context.max_tokens * self.overlap_ratio)
-        for chunk in chunk_text(text, context.token_offsets, context.max_tokens, overlap_tokens=overlap):
-            yield Chunk(text=chunk.text, start_line=chunk.start_line, end_line=chunk.end_line, kind="markdown")
+        for chunk in chunk_markdown(text, context.token_offsets, context.max_tokens, file.rel_path,
+                                    overlap_tokens=overlap):
+            yield Chunk(text=chunk.text, start_line=chunk.start_line, end_line=chunk.end_line, kind="markdown",
+                        context=chunk.context)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from indexer import chunking
 from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache, cache_key
@@ -31,6 +32,19 @@ from indexer.workspace import Collection, rel_path
 
 EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop
 _READ_BLOCK = 1 << 20
+
+
+def index_hash(content_hash: str) -> str:
+    """The ``file_hash`` a file's points carry: its content's sha256 hex, ``+chunking``, and
+    ``indexer.chunking.CHUNKING_VERSION``. A store written by another chunking version thus holds other hashes: every
+    file is re-chunked once (the stat shortcut and the hash check both compare it) and ``replace_file`` deletes the
+    old version's points, so versions never mix in a collection."""
+    return f"{content_hash}+chunking{chunking.CHUNKING_VERSION}"
+
+
+def _current(known: FileState | None) -> bool:
+    """Whether ``known`` was indexed whole, by this chunking version."""
+    return bool(known and known.complete and known.file_hash.endswith(index_hash("")))
 
 
 class Interrupted(Exception):
@@ -133,11 +147,12 @@ class Pipeline:
             raise FileSkipped("symlink", "symlinks are never followed")
         if not stat.S_ISREG(st.st_mode):
             raise FileSkipped("not_regular_file", "a FIFO, socket or device")
-        if known and known.complete and known.size_bytes == st.st_size and known.mtime_ns == st.st_mtime_ns:
+        if known is not None and _current(known) and (known.size_bytes, known.mtime_ns) == (st.st_size, st.st_mtime_ns):
             return Unchanged(path)
         multimodal = collection.workspace.multimodal
         cap = max(self.max_file_bytes, multimodal.max_file_bytes if multimodal.enabled else 0)
-        st, head, file_hash = read_fingerprint(path, cap)
+        st, head, content_hash = read_fingerprint(path, cap)
+        file_hash = index_hash(content_hash)
         kind = self.registry.classify(path, head)
         if kind is None:
             raise FileSkipped("unsupported_type", "no classifier claims it")
@@ -150,7 +165,7 @@ class Pipeline:
                 raise FileSkipped("too_large", f"{st.st_size} bytes > multimodal limit {multimodal.max_file_bytes}")
         elif st.st_size > self.max_file_bytes:
             raise FileSkipped("too_large", f"{st.st_size} bytes > limit {self.max_file_bytes}")
-        if known and known.complete and known.file_hash == file_hash:
+        if known is not None and _current(known) and known.file_hash == file_hash:
             return Unchanged(path)
         extractor = self.registry.extractors.get(kind)
         if extractor is None:
@@ -169,7 +184,7 @@ class Pipeline:
 
     # -- step 6-7: embed (cached, batched across files) and build points ----------------------------------------
     def _content(self, chunk: Chunk) -> bytes:
-        return chunk.data if chunk.modality != "text" and chunk.data is not None else chunk.text.encode("utf-8")
+        return chunk.data if chunk.modality != "text" and chunk.data is not None else chunk.embed_text.encode("utf-8")
 
     def embed(self, prepared: Sequence[Prepared], should_stop: Callable[[], bool] | None = None) -> list[np.ndarray]:
         """Per prepared file, its ``(n_chunks, dim)`` float32 vectors; cached vectors are reused, misses embedded
@@ -224,14 +239,15 @@ class Pipeline:
         abs_path = str(file.path)
         for index, (chunk, vector) in enumerate(zip(file.chunks, vectors)):
             sparse: dict[str, tuple[list[int], list[float]]] = {}
-            terms = self.terms.document(chunk.text)
+            terms = self.terms.document(chunk.embed_text)
             if terms is not None:
                 sparse[SPARSE] = terms
             payload = Payload(
                 agent=file.collection.agent, collection=file.collection.name, path=file.rel_path, abs_path=abs_path,
                 file_hash=file.file_hash, size_bytes=file.size_bytes, mtime_ns=file.mtime_ns, chunk_index=index,
                 chunk_count=len(file.chunks), start_line=chunk.start_line, end_line=chunk.end_line, text=chunk.text,
-                kind=chunk.kind, modality=chunk.modality, model_id=self.registry.embedders[chunk.modality].model_id,
+                context=chunk.context, kind=chunk.kind, modality=chunk.modality,
+                model_id=self.registry.embedders[chunk.modality].model_id, chunking_version=chunking.CHUNKING_VERSION,
                 start_s=None if chunk.start_s is None else float(chunk.start_s),
                 end_s=None if chunk.end_s is None else float(chunk.end_s), extra=dict(chunk.meta))
             point = point_id(file.collection.name, abs_path, index)

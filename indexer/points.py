@@ -45,8 +45,11 @@ class Payload:
     ``path`` is workspace-relative with ``/`` separators, ``abs_path`` absolute; ``file_hash`` is the sha256 hex of
     the whole file and ``chunk_count`` its number of points (together they tell a complete write from an
     interrupted one); ``size_bytes``/``mtime_ns`` are the file's ``stat`` when indexed; ``start_line``/``end_line``
-    are 1-based and inclusive; ``start_s``/``end_s`` are seconds (audio); ``extra`` holds a plugin's own fields
-    (``Chunk.meta``, e.g. image ``width``/``height``), stored at the top level of the payload.
+    are 1-based and inclusive; ``text`` is the chunk's own lines (what a hit shows) and ``context`` the document
+    context embedded and keyword-indexed with it (title > headings); ``chunking_version`` is
+    ``indexer.chunking.CHUNKING_VERSION`` when it was chunked; ``start_s``/``end_s`` are seconds (audio);
+    ``extra`` holds a plugin's own fields (``Chunk.meta``, e.g. image ``width``/``height``), stored at the top level
+    of the payload.
     """
 
     agent: str = ""
@@ -61,9 +64,11 @@ class Payload:
     start_line: int = 1
     end_line: int = 1
     text: str = ""
+    context: str = ""
     kind: str = "markdown"
     modality: str = "text"
     model_id: str = ""
+    chunking_version: int = 0
     start_s: float | None = None
     end_s: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -96,7 +101,7 @@ class Payload:
 
 
 _FIELDS = tuple(f.name for f in fields(Payload) if f.name != "extra")
-_INTS = ("size_bytes", "mtime_ns", "chunk_index", "chunk_count", "start_line", "end_line")
+_INTS = ("size_bytes", "mtime_ns", "chunk_index", "chunk_count", "start_line", "end_line", "chunking_version")
 _OWN = frozenset(_FIELDS) | {"dirs"}
 
 
@@ -182,8 +187,11 @@ class Query:
 
 @dataclass(frozen=True, slots=True)
 class Hit:
-    """A scored point: ``score`` is the cosine similarity (dense), BM25 score (keyword) or fused score."""
+    """A scored point: ``score`` is the cosine similarity (dense), BM25 score (keyword) or fused score; after fusion,
+    ``dense_score``/``keyword_score`` are the point's raw scores in the text and BM25 lists (``None``: not in it)."""
 
     id: str
     score: float
     payload: Payload
+    dense_score: float | None = None
+    keyword_score: float | None = None

@@ -104,6 +104,10 @@ class Hit(TypedDict):
     snippet: Annotated[str, Field(description="At most 700 characters, whole lines around the best match.")]
     kind: Annotated[str, Field(description="Source kind: markdown, image, audio...")]
     citation: Annotated[str, Field(description="path#Lstart-Lend, to quote as the source.")]
+    dense_score: NotRequired[Annotated[float | None, Field(
+        description="Raw cosine similarity of the query's text embedding, in [-1, 1]; null if not in that list.")]]
+    keyword_score: NotRequired[Annotated[float | None, Field(
+        description="Raw BM25 score (>= 0); null if not in that list.")]]
     start_s: NotRequired[float]
     end_s: NotRequired[float]
     width: NotRequired[int]
@@ -113,9 +117,12 @@ class Hit(TypedDict):
 
 @with_config(ConfigDict(extra="allow"))
 class SearchResponse(TypedDict):
-    """``POST /search`` and ``POST /recall``: hits, best first."""
+    """``POST /search`` and ``POST /recall``: hits, best first; a search also says whether anything is relevant."""
 
     hits: list[Hit]
+    relevant: NotRequired[Annotated[bool | None, Field(
+        description="False when no hit's dense score reaches the relevance floor: nothing relevant was found; null "
+                    "for a keyword-only search.")]]
 
 
 Page = TypedDict("Page", {

@@ -3,15 +3,22 @@
 A hit (``dict``, the JSON the API and ``search --json`` return) carries ``collection``, ``agent``, ``path``
 (workspace-relative), ``start_line``/``end_line`` (1-based, inclusive: the lines the snippet shows), ``score``,
 ``snippet`` (at most ``SNIPPET_CHARS`` characters, centred on the lines that best match the query), ``kind``,
-``citation`` (``path#Lstart-Lend``) and, where they apply, the fields the extractor plugins declare in
-``hit_fields`` (``Registry.hit_fields``), e.g. ``start_s``/``end_s`` (audio) or ``width``/``height`` (images).
+``citation`` (``path#Lstart-Lend``), ``dense_score`` (the raw cosine similarity of the query's text embedding, in
+[-1, 1]) and ``keyword_score`` (the raw BM25 score, >= 0), each ``None`` when the hit was not in that list, and,
+where they apply, the fields the extractor plugins declare in ``hit_fields`` (``Registry.hit_fields``), e.g.
+``start_s``/``end_s`` (audio) or ``width``/``height`` (images).
+
+``relevant(hits, floor)`` says whether the best dense score among the hits clears a relevance floor: the fused
+score cannot say it, since fusion normalises each query's lists (DBSF top-1 is about 2 for any query).
 """
 
 from __future__ import annotations
 
+import datetime
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -20,7 +27,8 @@ import numpy as np
 from indexer.api import Embedder
 from indexer.bm25 import Bm25Terms
 from indexer.config import Settings
-from indexer.points import Filter, Hit, Query
+from indexer.points import SPARSE, Filter, Hit, Query
+from indexer.rerank import Reranker, RerankStats, rerank
 from indexer.store import Store
 from indexer.workspace import Collection
 
@@ -85,6 +93,19 @@ def snippet(text: str, query: str, first_line: int, limit: int = SNIPPET_CHARS) 
     return body, first_line + lo, first_line + hi
 
 
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 6)
+
+
+def relevant(hits: Sequence[dict[str, Any]], floor: float) -> bool | None:
+    """Whether the best raw dense score (cosine) among ``hits`` is at least ``floor``; ``None`` when no hit has a
+    dense score (a keyword-only search), ``False`` for no hits."""
+    if not hits:
+        return False
+    scores = [h["dense_score"] for h in hits if h.get("dense_score") is not None]
+    return max(scores) >= floor if scores else None
+
+
 def to_hit(hit: Hit, query: str, hit_fields: Sequence[str] = ()) -> dict[str, Any]:
     """The API's hit dict for a scored point; the payload fields named in ``hit_fields`` are copied when present."""
     p = hit.payload
@@ -102,6 +123,8 @@ def to_hit(hit: Hit, query: str, hit_fields: Sequence[str] = ()) -> dict[str, An
         "snippet": body,
         "kind": p.kind,
         "citation": f"{p.path}#L{start}-L{end}",
+        "dense_score": _round(hit.dense_score),
+        "keyword_score": _round(hit.keyword_score),
     }
     for key in hit_fields:
         if p.get(key) is not None:
@@ -116,7 +139,10 @@ class Searcher:
     def __init__(self, collections: Sequence[Collection], store: Store, embedders: Mapping[str, Embedder],
                  terms: Bm25Terms,
                  mode: str = "hybrid", fusion: str = "dbsf", rrf_k: int = 60, prefetch_limit: int = 100,
-                 min_scores: dict[str, float] | None = None, hit_fields: Sequence[str] = ()) -> None:
+                 min_scores: dict[str, float] | None = None, hit_fields: Sequence[str] = (),
+                 mmr_lambda: float | None = None, half_life_days: float | None = None,
+                 now: Callable[[], float] = time.time, reranker: Reranker | None = None, rerank_top_n: int = 20,
+                 rerank_budget_s: float = 2.0) -> None:
         self.collections = list(collections)
         self.store = store
         self.embedders = embedders
@@ -126,6 +152,10 @@ class Searcher:
         # per-vector floors applied before fusion: score-normalising fusion (DBSF) would otherwise lift the best
         # of an irrelevant list (e.g. images for a query no picture matches) to the top
         self.min_scores = dict(min_scores or {})
+        # optional re-ranking of the fused list, off by default (see ``decay``, ``mmr``, ``indexer.rerank``)
+        self.mmr_lambda, self.half_life_days, self.now = mmr_lambda, half_life_days, now
+        self.reranker, self.rerank_top_n, self.rerank_budget_s = reranker, rerank_top_n, rerank_budget_s
+        self.rerank_stats = RerankStats()
         self._embed_query = lru_cache(maxsize=256)(self.embed_query)
 
     @classmethod
@@ -136,7 +166,9 @@ class Searcher:
         (benchmarks compare modes and fusions this way)."""
         defaults: dict[str, Any] = {"mode": settings.search_mode, "fusion": settings.fusion, "rrf_k": settings.rrf_k,
                                     "prefetch_limit": settings.prefetch_limit,
-                                    "min_scores": {"image": settings.image_min_score}}
+                                    "min_scores": {"image": settings.image_min_score},
+                                    "mmr_lambda": settings.mmr_lambda,
+                                    "half_life_days": settings.temporal_half_life_days}
         return cls(collections, store, embedders, terms, **{**defaults, **overrides})
 
     def embed_query(self, text: str) -> tuple[tuple[str, np.ndarray], ...]:
@@ -187,13 +219,67 @@ class Searcher:
         if not lists:
             return []
         fused = lists[0] if len(lists) == 1 else fuse(lists, self.fusion, self.rrf_k, depth)
+        if self.half_life_days:
+            fused = decay(fused, self.half_life_days, self.now())
         if params.min_score is not None:
             fused = [h for h in fused if h.score >= params.min_score]
-        return fused[: params.k]
+        if self.reranker is not None:
+            fused = rerank(fused, params.query, self.reranker, self.rerank_top_n, self.rerank_budget_s,
+                           self.rerank_stats)
+        if self.mmr_lambda is not None:
+            fused = mmr(fused, self.mmr_lambda, params.k)
+        raw = {using: {h.id: h.score for h in hits} for using, hits in pools.items()}
+        return [replace(h, dense_score=raw.get("text", {}).get(h.id), keyword_score=raw.get(SPARSE, {}).get(h.id))
+                for h in fused[: params.k]]
 
     def search(self, params: SearchParams) -> list[dict[str, Any]]:
         """The ``params.k`` best hits across the selected collections, best first, as API dicts."""
         return [to_hit(hit, params.query, self.hit_fields) for hit in self.retrieve(params)]
+
+
+_DAILY = re.compile(r"(?:^|/)memory/(?:.*/)?(\d{4})-(\d{2})-(\d{2})\.md$")
+
+
+def decay(hits: Sequence[Hit], half_life_days: float, now_s: float) -> list[Hit]:
+    """Temporal decay as the reference agent does it: the score of a dated daily note (``memory/YYYY-MM-DD.md``) is
+    multiplied by ``0.5 ** (age_days / half_life_days)`` (age from the file-name date to ``now_s``, Unix seconds;
+    never negative); every other file is evergreen and kept as is. Returns the hits re-sorted by score."""
+    out = []
+    for h in hits:
+        match = _DAILY.search(str(h.payload.get("path", "")))
+        if match:
+            try:
+                day = datetime.date(*map(int, match.groups()))
+            except ValueError:
+                out.append(h)
+                continue
+            midnight = datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.UTC).timestamp()
+            age_days = max(0.0, (now_s - midnight) / 86400)
+            h = Hit(h.id, h.score * 0.5 ** (age_days / half_life_days), h.payload)
+        out.append(h)
+    return sorted(out, key=lambda h: -h.score)
+
+
+def mmr(hits: Sequence[Hit], lam: float, k: int) -> list[Hit]:
+    """Maximal marginal relevance (Carbonell & Goldstein 1998) over a ranked list: repeatedly take the hit that
+    maximises ``lam * relevance - (1 - lam) * max similarity to the hits taken``, with relevance the score scaled
+    to [0, 1] by the list's min and max and similarity the Jaccard overlap of the hits' word sets (as the reference
+    agent does). ``lam = 1`` keeps the order. Returns the first ``k`` picks, then the rest in their order."""
+    if len(hits) < 2 or lam >= 1:
+        return list(hits)
+    top, bottom = hits[0].score, min(h.score for h in hits)
+    span = (top - bottom) or 1.0
+    words = [_terms(str(h.payload.get("text", ""))) for h in hits]
+    left = list(range(len(hits)))
+    picked: list[int] = []
+    while left and len(picked) < k:
+        def gain(i: int) -> float:
+            similar = max((len(words[i] & words[j]) / (len(words[i] | words[j]) or 1) for j in picked), default=0.0)
+            return lam * (hits[i].score - bottom) / span - (1 - lam) * similar
+        best = max(left, key=gain)
+        picked.append(best)
+        left.remove(best)
+    return [hits[i] for i in picked] + [hits[i] for i in left]
 
 
 def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) -> list[Hit]:

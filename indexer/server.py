@@ -7,7 +7,8 @@ method     path         answer
 =========  ===========  ==========================================================================================
 GET        /health      ``Health``: ``{"status": "ok", "ready": bool}``; ready once the first full index has finished
 GET        /status      ``Status``: per-collection files and chunks, ``queue_depth``, embeddings since start
-POST       /search      body ``SearchRequest``; ``SearchResponse`` ``{"hits": [Hit, ...]}`` (see ``indexer.search``)
+POST       /search      body ``SearchRequest``; ``SearchResponse`` ``{"hits": [Hit, ...], "relevant": bool | null}``
+                        (see ``indexer.search``; ``relevant`` is false when no hit clears ``relevance_floor``)
 POST       /recall      body ``RecallRequest``; ``SearchResponse``; query ``*``/``all``/empty lists every memory file
 POST       /boot        body ``BootRequest``; ``BootContext`` (see ``indexer.recall.boot_context``)
 GET        /get         ``?path=&agent=&from=1&lines=&max_chars=``: ``Page``, a page of one memory file
@@ -46,7 +47,7 @@ from indexer.schema import (
     Status,
     error_answer,
 )
-from indexer.search import SearchParams
+from indexer.search import SearchParams, relevant
 
 T = TypeVar("T")
 
@@ -144,7 +145,8 @@ def create_app(indexer: Indexer) -> FastAPI:
 
     @app.post("/search", responses=_errors(400, 404, 503))
     def search(body: SearchRequest) -> SearchResponse:
-        return {"hits": _answer(lambda: memory.search(**body.model_dump()))}
+        hits = _answer(lambda: memory.search(**body.model_dump()))
+        return {"hits": hits, "relevant": relevant(hits, indexer.settings.relevance_floor)}  # type: ignore[arg-type]
 
     @app.post("/recall", responses=_errors(404, 503))
     def recall_(body: RecallRequest) -> SearchResponse:

@@ -1,10 +1,15 @@
-"""Markdown chunking: sized by the model's own tokenizer, 1-based line ranges, overlap, long lines, CJK, emoji."""
+"""Markdown chunking: sized by the model's own tokenizer, 1-based line ranges, overlap, long lines, CJK, emoji;
+heading sections that carry their document's context; a chunking change re-indexes a store once."""
 
 from __future__ import annotations
 
 import pytest
+from conftest import write
 
-from indexer.chunking import chunk_text, heading_lines
+from indexer import chunking
+from indexer.chunking import chunk_markdown, chunk_text, heading_lines
+from indexer.search import SearchParams
+from indexer.server import make_searcher
 
 
 @pytest.fixture(name="embedder")
@@ -71,3 +76,117 @@ def test_sections_start_new_chunks_once_half_full(embedder) -> None:
     chunks = chunk_text(text, embedder.token_offsets, embedder.max_tokens, overlap_tokens=0)
     assert [c.text.splitlines()[0] for c in chunks] == ["# One", "# Two"]
     assert heading_lines(text) == {0, 2}
+
+
+# -- chunk_markdown: heading sections with their document's context ---------------------------------------------
+SENTENCE = "Sentence about the billing service and its deploy rules. "  # 11 tokens
+
+
+def _fits(embedder, chunk) -> bool:
+    embedded = f"{chunk.context}\n{chunk.text}" if chunk.context else chunk.text
+    return len(embedder.token_offsets(embedded)) == chunk.n_tokens <= embedder.max_tokens
+
+
+def _lines(text: str, chunk) -> str:
+    return "\n".join(text.split("\n")[chunk.start_line - 1 : chunk.end_line])
+
+
+def test_a_section_that_fits_is_one_chunk_and_knows_its_document(embedder, monkeypatch) -> None:
+    monkeypatch.setattr(chunking, "MERGE_TOKENS", 0)
+    text = (f"# Deploy runbook\n\nHow we ship.\n\n## Rollback\n\n{SENTENCE * 5}\n\n### Database\n\n{SENTENCE * 3}\n"
+            f"\n## Canary\n\n{SENTENCE * 4}\n")
+    chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/ops/deploy.md")
+    assert [(c.start_line, c.end_line, c.context) for c in chunks] == [
+        (1, 3, ""),  # the title shows in the chunk itself
+        (5, 7, "Deploy runbook"),  # "## Rollback" is its first line, so the context stops at its parent
+        (9, 11, "Deploy runbook > Rollback"),
+        (13, 15, "Deploy runbook"),
+    ]
+    for chunk in chunks:
+        assert chunk.text == _lines(text, chunk) and _fits(embedder, chunk)
+
+
+def test_a_long_section_is_split_into_overlapping_windows_that_each_carry_the_breadcrumb(embedder) -> None:
+    body = "\n".join(f"{SENTENCE}Item {i}." for i in range(60))
+    text = f"# Billing\n\n## Deploys\n\n### Rules\n{body}\n\n## Other\n\nshort\n"
+    chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/billing.md")
+    rules = [c for c in chunks if 5 <= c.start_line <= 65]
+    assert len(rules) >= 3
+    assert rules[0].context == "Billing > Deploys"  # starts with its own "### Rules" line
+    assert all(c.context == "Billing > Deploys > Rules" for c in rules[1:])
+    for before, after in zip(rules, rules[1:]):
+        assert after.start_line <= before.end_line, "windows of one section overlap"
+    assert rules[-1].end_line == 65 and chunks[-1].context == "Billing"
+    for chunk in chunks:  # a window may start or end between two sentences of a line
+        assert chunk.text in _lines(text, chunk) and _fits(embedder, chunk)
+
+
+def test_the_title_falls_back_to_the_file_name_and_a_daily_note_keeps_its_date(embedder) -> None:
+    [chunk] = chunk_markdown("Some text.\n", embedder.token_offsets, embedder.max_tokens, "memory/deploy-run_book.md")
+    assert chunk.context == "deploy run book"
+    text = "# Standup\n\nWe moved the release.\n\n## Actions\n\nDana files the ticket.\n"
+    chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/2026-03-02.md")
+    assert {c.context for c in chunks} == {"2026-03-02"}  # title line and "## Actions" merged: both shown
+
+
+def test_front_matter_comments_and_quotes_do_not_make_sections(embedder, monkeypatch) -> None:
+    monkeypatch.setattr(chunking, "MERGE_TOKENS", 0)
+    text = ("---\npublish: true\n---\n\n# Guide\n\nIntro.\n\n<!--\n# not a heading\n-->\n\n"
+            "> [!Note]\n> ### quoted\n> text\n\n## Real\n\nBody.\n")
+    chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/guide.md")
+    assert [(c.start_line, c.end_line, c.context) for c in chunks] == [
+        (1, 3, "Guide"), (5, 15, ""), (17, 19, "Guide")]
+
+
+def test_tiny_sections_merge_under_their_parent(embedder) -> None:
+    text = "# Notes\n\n## Tools\n\n### Editor\n\nVim.\n\n### Shell\n\nZsh.\n"
+    chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/notes.md")
+    assert [(c.start_line, c.end_line, c.context) for c in chunks] == [(1, 11, "")]
+    assert chunking.MERGE_TOKENS > chunks[0].n_tokens
+
+
+def test_a_long_heading_path_takes_at_most_its_share_of_the_window(embedder) -> None:
+    heading = " ".join(f"word{i}" for i in range(200))
+    text = f"# {heading}\n\n## Part\n\n{SENTENCE * 30}\n"
+    chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/long.md")
+    cap = int(embedder.max_tokens * chunking.MAX_CONTEXT_RATIO)
+    assert all(len(embedder.token_offsets(c.context + "\n")) <= cap for c in chunks)
+    assert all(_fits(embedder, c) for c in chunks)
+
+
+def test_the_embedded_and_keyword_text_carry_the_context(make_indexer, tmp_path) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "memory" / "deploy-runbook.md",
+          f"# Deploy runbook\n\n{SENTENCE * 20}\n\n## Rollback\n\nRevert the tag and redeploy the previous build.\n")
+    write(ws / "memory" / "other.md", "# Other\n\nRevert the tag and redeploy the previous build.\n")
+    indexer = make_indexer([{"agent": "main", "path": ws}])
+    indexer.index_once()
+    hits = make_searcher(indexer).search(SearchParams("runbook revert", k=3, mode="keyword"))
+    # "runbook" is only in the title; the rollback section's chunk is found through its context
+    assert (hits[0]["path"], hits[0]["start_line"]) == ("memory/deploy-runbook.md", 5)
+    assert hits[0]["snippet"].startswith("## Rollback")  # the snippet is the file's own lines
+
+
+def test_a_new_chunking_version_reindexes_an_existing_store_once(make_indexer, tmp_path, monkeypatch) -> None:
+    ws = tmp_path / "ws"
+    for i in range(3):
+        write(ws / "memory" / f"n{i}.md", f"# Note {i}\n\n{SENTENCE * (5 + 30 * i)}\n")
+
+    def payloads(indexer):
+        return list(indexer.store.scroll("memory-dir-main", ["chunking_version", "file_hash"]))
+
+    first = make_indexer([{"agent": "main", "path": ws}])
+    first.index_once()
+    before = payloads(first)
+    first.store.close()
+    monkeypatch.setattr(chunking, "CHUNKING_VERSION", chunking.CHUNKING_VERSION + 1)
+    second = make_indexer([{"agent": "main", "path": ws}])
+    status = second.index_once()
+    after = payloads(second)
+    assert status["cache_hits"] == len(before) and status["chunks_embedded"] == 0  # re-chunked; vectors cached
+    assert len(after) == len(before), "the old version's points are gone"
+    assert {p["chunking_version"] for p in after} == {chunking.CHUNKING_VERSION}
+    second.store.close()
+    third = make_indexer([{"agent": "main", "path": ws}])
+    status = third.index_once()
+    assert status["cache_hits"] == 0 and status["chunks_embedded"] == 0, "indexed once, then unchanged"

@@ -185,7 +185,7 @@ def test_daemon_waits_for_an_unavailable_store_and_converges(workspace: Path, tm
     stop.set()
     indexer.settler.wake()
     thread.join(30)
-    indexer.store.close()
+    indexer.close()
     assert [e["event"] for e in logs].count("store_unavailable") == 1  # one line per outage, not per retry
     assert "store_reconnected" in [e["event"] for e in logs]
     assert len(indexer.indexed) == 4

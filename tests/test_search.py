@@ -4,14 +4,16 @@ reads (paged get, recall, boot context) over the HTTP API."""
 from __future__ import annotations
 
 import tracemalloc
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from conftest import write
 from fastapi.testclient import TestClient
 
+from indexer.points import Hit, Payload
 from indexer.recall import read_memory
-from indexer.search import SearchParams, fuse, snippet
+from indexer.search import SearchParams, decay, fuse, mmr, relevant, snippet
 from indexer.server import create_app
 from indexer.worker import index_once
 
@@ -246,3 +248,37 @@ def test_a_lone_surrogate_query_is_answered_not_a_500(api: TestClient, endpoint:
     response = api.post(endpoint, content=body.encode(), headers={"content-type": "application/json"})
     assert response.status_code == 200, response.text
 
+# -- optional re-ranking: temporal decay, MMR, and "nothing relevant" --------------------------------------------
+def _hit(id_: str, score: float, path: str, text: str = "") -> Hit:
+    return Hit(id_, score, Payload(path=path, text=text))
+
+
+def test_temporal_decay_halves_a_daily_note_per_half_life_and_spares_evergreen_files() -> None:
+    now = datetime(2026, 3, 31, tzinfo=UTC).timestamp()
+    hits = [_hit("old", 1.0, "memory/2026-03-01.md"), _hit("new", 0.8, "memory/log/2026-03-31.md"),
+            _hit("root", 0.9, "MEMORY.md"), _hit("topic", 0.7, "memory/projects/deploy.md")]
+    out = {h.id: h.score for h in decay(hits, half_life_days=30, now_s=now)}
+    assert out == {"old": 0.5, "new": 0.8, "root": 0.9, "topic": 0.7}
+    assert [h.id for h in decay(hits, 30, now)] == ["root", "new", "topic", "old"]
+
+
+def test_mmr_pushes_a_near_duplicate_below_a_different_hit() -> None:
+    hits = [_hit("a", 3.0, "a.md", "deploy on tuesday mornings only"),
+            _hit("a2", 2.9, "b.md", "deploy on tuesday mornings only please"),
+            _hit("c", 2.6, "c.md", "the on-call rota lives in the wiki"),
+            _hit("d", 1.0, "d.md", "lunch orders close at noon")]
+    assert [h.id for h in mmr(hits, 0.7, 4)] == ["a", "c", "a2", "d"]
+    assert [h.id for h in mmr(hits, 1.0, 4)] == ["a", "a2", "c", "d"]
+
+
+def test_hits_carry_raw_scores_and_say_when_nothing_is_relevant(indexed) -> None:
+    indexer, _ = indexed
+    searcher = indexer.searcher()
+    [hit] = searcher.search(SearchParams("ACME-4471", k=1, mode="hybrid"))
+    assert -1 <= hit["dense_score"] <= 1 and hit["keyword_score"] > 0
+    [dense] = searcher.search(SearchParams("ACME-4471", k=1, mode="dense"))
+    assert dense["keyword_score"] is None and dense["dense_score"] == pytest.approx(dense["score"], abs=1e-5)
+    assert relevant([hit], floor=-1.0) is True and relevant([hit], floor=1.01) is False
+    assert relevant([], floor=0.0) is False
+    [keyword] = searcher.search(SearchParams("ACME-4471", k=1, mode="keyword"))
+    assert relevant([keyword], floor=0.0) is None  # no dense score to judge by
