@@ -182,8 +182,9 @@ def run_script(dev: DevSet, sections: Sequence[Section], state: Path, embedder: 
     import numpy as np
 
     from indexer.cache import cache_key
+    from indexer.points import SPARSE, Filter, Payload, Point, Query, point_id
     from indexer.search import fuse
-    from indexer.store import SPARSE, EdgeStore, Filter, Point, Query, point_id
+    from indexer.store import EdgeStore
 
     texts = [f"{s.path}\n{s.text}" for s in sections]
     keys = [cache_key(embedder.model_id, t.encode("utf-8")) for t in texts]
@@ -201,18 +202,17 @@ def run_script(dev: DevSet, sections: Sequence[Section], state: Path, embedder: 
     store.ensure_collection(name, {"text": int(embedder.dim)})
     points = []
     for i, (s, text) in enumerate(zip(sections, texts)):
-        terms = bm25.embed_document(text)
-        sparse = {SPARSE: (list(terms.indices), list(terms.values))} if terms.indices else {}
+        terms = bm25.document(text)
+        sparse = {SPARSE: terms} if terms else {}
         points.append(Point(point_id(name, s.path, s.start_line), {"text": np.asarray(cached[keys[i]])}, sparse,
-                            {"path": s.path, "abs_path": s.path, "start_line": s.start_line, "end_line": s.end_line}))
+                            Payload(path=s.path, abs_path=s.path, start_line=s.start_line, end_line=s.end_line)))
     for start in range(0, len(points), 512):
         store.replace_file(name, "-", "-", points[start : start + 512])
     labels = {"script dense": "dense", "script BM25": "keyword", "script dbsf": "dbsf", "script rrf": "rrf"}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {label: {} for label in labels}
     for q in dev.queries:
-        terms = bm25.embed_query(q["query"])
-        query = Query(limit=prefetch, dense={"text": embedder.embed_query(q["query"])},
-                      sparse=(list(terms.indices), list(terms.values)), filter=Filter())
+        query = Query(limit=prefetch, dense={"text": embedder.embed_query(q["query"])}, sparse=bm25.query(q["query"]),
+                      filter=Filter())
         lists = store.search(name, query)
         dense, sparse = lists.get("text", []), lists.get(SPARSE, [])
         for label, how in labels.items():
@@ -222,8 +222,8 @@ def run_script(dev: DevSet, sections: Sequence[Section], state: Path, embedder: 
                 hits = sparse
             else:
                 hits = fuse([h for h in (dense, sparse) if h], how, 60, prefetch)
-            runs[label][q["id"]] = [{"path": h.payload["path"], "start_line": h.payload["start_line"],
-                                     "end_line": h.payload["end_line"], "score": h.score} for h in hits[:K]]
+            runs[label][q["id"]] = [{"path": h.payload.path, "start_line": h.payload.start_line,
+                                     "end_line": h.payload.end_line, "score": h.score} for h in hits[:K]]
     store.close()
     return runs
 
@@ -232,12 +232,11 @@ def run_script(dev: DevSet, sections: Sequence[Section], state: Path, embedder: 
 def run_product(dev: DevSet, indexer: Any, methods: Sequence[tuple[str, str, str]], prefetch: int,
                 mmr_lambda: float | None = None) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """``methods``: (label, mode, fusion). Every question through ``Searcher.search``; label -> run."""
-    from indexer.search import Searcher, SearchParams
+    from indexer.search import SearchParams
 
     runs = {}
     for label, mode, fusion in methods:
-        searcher = Searcher(indexer.collections, indexer.store, indexer.registry.embedders, indexer.pipeline.bm25,
-                            mode=mode, fusion=fusion, prefetch_limit=prefetch, mmr_lambda=mmr_lambda)
+        searcher = indexer.searcher(mode=mode, fusion=fusion, prefetch_limit=prefetch, mmr_lambda=mmr_lambda)
         run = {}
         for q in dev.queries:
             hits = searcher.search(SearchParams(q["query"], k=K, mode=mode))
@@ -376,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bm25s_run = run_bm25s(dev, sections)
             if bm25s_run is not None:
                 runs["bm25s sections"] = bm25s_run
-            runs.update(run_script(dev, sections, state, embedder, indexer.pipeline.bm25, indexer._cache, prefetch,
+            runs.update(run_script(dev, sections, state, embedder, indexer.terms, indexer._cache, prefetch,
                                    log))
     finally:
         indexer.close()

@@ -171,7 +171,7 @@ def write_workspace(corpus: Mapping[str, tuple[str, str]], workspace: Path) -> i
     return written
 
 
-def doc_of(payload: Mapping[str, Any]) -> str:
+def doc_of(payload: Any) -> str:
     """The SciFact doc id of a hit: its file name without ``.md``."""
     return Path(str(payload.get("path", ""))).stem
 

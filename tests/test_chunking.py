@@ -9,7 +9,7 @@ from conftest import write
 from indexer import chunking
 from indexer.chunking import chunk_markdown, chunk_text, heading_lines
 from indexer.search import SearchParams
-from indexer.server import make_searcher
+from indexer.worker import index_once
 
 
 @pytest.fixture(name="embedder")
@@ -160,8 +160,8 @@ def test_the_embedded_and_keyword_text_carry_the_context(make_indexer, tmp_path)
           f"# Deploy runbook\n\n{SENTENCE * 20}\n\n## Rollback\n\nRevert the tag and redeploy the previous build.\n")
     write(ws / "memory" / "other.md", "# Other\n\nRevert the tag and redeploy the previous build.\n")
     indexer = make_indexer([{"agent": "main", "path": ws}])
-    indexer.index_once()
-    hits = make_searcher(indexer).search(SearchParams("runbook revert", k=3, mode="keyword"))
+    index_once(indexer)
+    hits = indexer.searcher().search(SearchParams("runbook revert", k=3, mode="keyword"))
     # "runbook" is only in the title; the rollback section's chunk is found through its context
     assert (hits[0]["path"], hits[0]["start_line"]) == ("memory/deploy-runbook.md", 5)
     assert hits[0]["snippet"].startswith("## Rollback")  # the snippet is the file's own lines
@@ -176,17 +176,17 @@ def test_a_new_chunking_version_reindexes_an_existing_store_once(make_indexer, t
         return list(indexer.store.scroll("memory-dir-main", ["chunking_version", "file_hash"]))
 
     first = make_indexer([{"agent": "main", "path": ws}])
-    first.index_once()
+    index_once(first)
     before = payloads(first)
     first.store.close()
     monkeypatch.setattr(chunking, "CHUNKING_VERSION", chunking.CHUNKING_VERSION + 1)
     second = make_indexer([{"agent": "main", "path": ws}])
-    status = second.index_once()
+    status = index_once(second)
     after = payloads(second)
     assert status["cache_hits"] == len(before) and status["chunks_embedded"] == 0  # re-chunked; vectors cached
     assert len(after) == len(before), "the old version's points are gone"
     assert {p["chunking_version"] for p in after} == {chunking.CHUNKING_VERSION}
     second.store.close()
     third = make_indexer([{"agent": "main", "path": ws}])
-    status = third.index_once()
+    status = index_once(third)
     assert status["cache_hits"] == 0 and status["chunks_embedded"] == 0, "indexed once, then unchanged"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from conftest import write
 
+from indexer.points import Hit, Payload
 from indexer.rerank import CrossEncoderReranker, RerankStats, rerank
 from indexer.search import SearchParams
-from indexer.server import make_searcher
-from indexer.store import Hit
+from indexer.worker import index_once
 
 TEXTS = ["deploys go out on Tuesday mornings", "the disk filled up with logs", "Marco owns the storage fix",
          "lunch is at noon", "rotate logs daily"]
@@ -35,7 +35,7 @@ def tiny_cross_encoder_fixture(tmp_path_factory) -> Path:
 
 
 def _hits() -> list[Hit]:
-    return [Hit(f"id{i}", 10.0 - i, {"text": text, "path": f"memory/{i}.md"}) for i, text in enumerate(TEXTS)]
+    return [Hit(f"id{i}", 10.0 - i, Payload(text=text, path=f"memory/{i}.md")) for i, text in enumerate(TEXTS)]
 
 
 def test_cross_encoder_reorders_the_first_hits_by_its_scores(tiny_cross_encoder: Path) -> None:
@@ -67,8 +67,8 @@ def test_search_with_a_reranker_returns_its_order(tiny_cross_encoder: Path, tmp_
     for i, text in enumerate(TEXTS):
         write(ws / "memory" / f"n{i}.md", f"# Note {i}\n\n{text}\n")
     indexer = make_indexer([{"agent": "main", "path": ws}])
-    indexer.index_once()
-    searcher = make_searcher(indexer)
+    index_once(indexer)
+    searcher = indexer.searcher()
     searcher.reranker = CrossEncoderReranker({"model": str(tiny_cross_encoder)})
     hits = searcher.search(SearchParams("logs and disks", k=5, mode="hybrid"))
     assert len(hits) == 5 and searcher.rerank_stats.reranked == 1
