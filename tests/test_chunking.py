@@ -185,7 +185,7 @@ def test_a_new_chunking_version_reindexes_an_existing_store_once(make_indexer, t
     after = payloads(second)
     assert status["cache_hits"] == len(before) and status["chunks_embedded"] == 0  # re-chunked; vectors cached
     assert len(after) == len(before), "the old version's points are gone"
-    assert {p["chunking_version"] for p in after} == {chunking.CHUNKING_VERSION}
+    assert {p.chunking_version for p in after} == {chunking.CHUNKING_VERSION}
     second.store.close()
     third = make_indexer([{"agent": "main", "path": ws}])
     status = index_once(third)
