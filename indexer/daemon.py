@@ -55,9 +55,11 @@ class Indexed:
 
 
 def plugin_configs(settings: Settings) -> dict[str, dict[str, Any]]:
-    """Each plugin's config table; the text embedder gets ``model``/``device``/``batch_size`` from the top level."""
+    """Each plugin's config table; the text embedder gets ``model``/``device``/``batch_size``/``precision`` from the
+    top level and keeps exported models under ``<state_dir>/models``."""
     configs = {name: dict(table) for name, table in settings.plugin.items()}
-    base = {"model": settings.model, "device": settings.device, "batch_size": settings.batch_size}
+    base = {"model": settings.model, "device": settings.device, "batch_size": settings.batch_size,
+            "precision": settings.precision, "cache_dir": str(settings.state_dir / "models")}
     configs["sentence-transformers"] = {**base, **configs.get("sentence-transformers", {})}
     return configs
 
@@ -463,6 +465,7 @@ class Indexer:
                 per[entry.collection]["files"] += 1
                 per[entry.collection]["chunks"] += entry.state.points
         stats = self.pipeline.stats if self.pipeline else None
+        text = self.registry.embedders.get("text") if self.registry else None
         return {
             "ready": self.ready.is_set(),
             "store_connected": self.connected.is_set(),
@@ -474,6 +477,8 @@ class Indexer:
             "cache_hits": stats.cache_hits if stats else 0,
             "files_failed": sum(1 for mark in list(self.bad.values()) if mark[4]),
             "last_scan_s": self.last_scan_s,
+            # the precision the text embedder runs at (``precision = "auto"`` resolves per CPU), and its model_id
+            "embedding": {"model_id": text.model_id, "precision": getattr(text, "precision", None)} if text else None,
             "collections": per,
         }
 
