@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=256, help="abstracts per rate round [%(default)s]")
     parser.add_argument("--rounds", type=int, default=3, help="rate rounds per precision [%(default)s]")
     parser.add_argument("--batch-size", type=int, default=32, help="chunks per forward pass [%(default)s]")
+    parser.add_argument("--docs", type=int, default=None,
+                        help="smoke run: only the first N abstracts (nDCG@10 then not SciFact's) [all]")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -117,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SciFact data missing: {exc}. Put BEIR SciFact (corpus.jsonl.gz, queries.jsonl, qrels/test.tsv) "
               f"there or pass --data.", file=sys.stderr)
         return 2
+    if args.docs:
+        doc_ids, doc_texts = doc_ids[: args.docs], doc_texts[: args.docs]
 
     import torch
 
