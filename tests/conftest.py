@@ -77,9 +77,11 @@ def no_leaked_threads(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", name="registry")
-def registry_fixture() -> Registry:
-    """The installed plugins with the real default model (all-MiniLM-L6-v2 from its wheel), loaded once."""
-    registry = load_registry(config={"sentence-transformers": {"model": "all-MiniLM-L6-v2"}})
+def registry_fixture(tmp_path_factory: pytest.TempPathFactory) -> Registry:
+    """The installed plugins with the real default model (all-MiniLM-L6-v2 from its wheel), loaded once at the
+    precision ``auto`` picks for this CPU (an int8 export goes to a temporary folder)."""
+    models = tmp_path_factory.mktemp("models")
+    registry = load_registry(config={"sentence-transformers": {"model": "all-MiniLM-L6-v2", "cache_dir": str(models)}})
     registry.embedders["text"].embed_query("warm-up")
     return registry
 

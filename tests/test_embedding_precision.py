@@ -1,0 +1,125 @@
+"""Text-embedding precision: the ``auto`` chooser per CPU flags, the int8 (ONNX Runtime) path against fp32, its
+cached export, and the fallback to fp32 when the export fails. Real model, real ONNX export, files in tmp_path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from structlog.testing import capture_logs
+
+from indexer.config import Settings, load_settings
+from indexer.embedding import (
+    PRECISIONS,
+    SentenceTransformerEmbedder,
+    choose_precision,
+    cpu_flags,
+    int8_available,
+)
+from indexer.errors import ConfigError
+
+SENTENCES = [
+    "Deploy windows are Tuesday and Thursday mornings; no deploys on Fridays.",
+    "The export job ran out of disk on batch-02 during the nightly run.",
+    "The user drinks a flat white without sugar.",
+    "Vitamin D supplementation did not reduce fractures in older adults.",
+]
+AVX2_ONLY = {"fpu", "sse4_2", "avx", "avx2", "fma"}
+AVX512_NO_BF16 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "int8_ok", "expected"),
+    [
+        (AVX512_NO_BF16 | {"avx512_bf16"}, True, "bf16"),  # e.g. AMD Zen 4, Intel Cooper Lake
+        (AVX2_ONLY | {"amx_bf16", "amx_tile"}, False, "bf16"),  # e.g. Intel Sapphire Rapids
+        (AVX512_NO_BF16, True, "int8"),  # e.g. Intel Ice Lake server
+        (AVX2_ONLY, True, "int8"),  # e.g. AMD Zen 2/3
+        (AVX2_ONLY, False, "fp32"),  # ONNX Runtime not installed
+        (set(), False, "fp32"),  # flags unreadable
+    ],
+)
+def test_auto_picks_by_cpu_flags(flags: set[str], int8_ok: bool, expected: str) -> None:
+    assert choose_precision("auto", "cpu", flags, int8_ok) == expected
+
+
+def test_explicit_precision_and_other_devices() -> None:
+    for precision in ("fp32", "bf16", "int8"):
+        assert choose_precision(precision, "cpu", AVX2_ONLY, True) == precision
+    assert choose_precision("auto", "cuda", AVX512_NO_BF16 | {"avx512_bf16"}, True) == "fp32"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        choose_precision("fp16", "cpu", AVX2_ONLY, True)
+
+
+def test_cpu_flags_read_from_this_machine() -> None:
+    flags = cpu_flags()
+    if Path("/proc/cpuinfo").exists():
+        assert "fpu" in flags  # every x86 and most Linux CPU flag lines carry it
+    assert SentenceTransformerEmbedder({"precision": "auto"}).precision == choose_precision(
+        "auto", "cpu", flags, int8_available())
+
+
+def test_precision_setting_validated(tmp_path: Path) -> None:
+    assert Settings().precision == "auto"
+    assert Settings(precision="int8").precision == "int8"
+    config = tmp_path / "config.toml"
+    config.write_text('precision = "fp16"\n')
+    with pytest.raises(ConfigError, match="precision"):
+        load_settings(config)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not int8_available(), reason="onnxruntime/onnx (the int8 extra) not installed")
+def test_int8_close_to_fp32_and_export_reused(tmp_path: Path) -> None:
+    cache = tmp_path / "models"
+    fp32 = SentenceTransformerEmbedder({"precision": "fp32"})
+    with capture_logs() as first_logs:
+        int8 = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
+        vectors = int8.embed_query(SENTENCES[0]), int8.encode(SENTENCES)
+    assert int8.precision == "int8"
+    assert [e["event"] for e in first_logs] == ["int8_exported"]
+    query, batch = vectors
+    assert batch.shape == (len(SENTENCES), 384) and batch.dtype == np.float32
+    assert query.shape == (384,) and query.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
+    cosines = np.sum(batch * fp32.encode(SENTENCES), axis=1)
+    assert cosines.min() > 0.98, cosines
+    # activation scales are set per batch, so a text embedded alone and in a batch differ a little
+    assert float(query @ batch[0]) > 0.99
+
+    ids = {fp32.model_id, int8.model_id, SentenceTransformerEmbedder({"precision": "bf16"}).model_id}
+    assert len(ids) == 3  # int8 vectors never share an embedding-cache key with fp32 or bf16 ones
+
+    (export,) = cache.iterdir()  # one finished export, no temporary folder left behind
+    assert sorted(p.name for p in export.iterdir()) == ["model.onnx", "quality.json"]
+    before = (export / "model.onnx").stat()
+    with capture_logs() as second_logs:
+        again = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
+        np.testing.assert_allclose(again.encode(SENTENCES), batch, atol=1e-6)
+    assert second_logs == []  # loaded from the cache: no second export
+    assert again.model_id == int8.model_id
+    assert [p.name for p in cache.iterdir()] == [export.name]
+    assert (export / "model.onnx").stat().st_mtime_ns == before.st_mtime_ns
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not int8_available(), reason="onnxruntime/onnx (the int8 extra) not installed")
+def test_failed_export_falls_back_to_fp32(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the model cache should be\n")
+    with capture_logs() as logs:
+        embedder = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(blocker / "models")})
+        vectors = embedder.encode(SENTENCES)
+    assert embedder.precision == "fp32"
+    assert embedder.model_id == SentenceTransformerEmbedder({"precision": "fp32"}).model_id
+    assert vectors.shape == (len(SENTENCES), 384)
+    assert [(e["event"], e["log_level"], e["fallback"]) for e in logs] == [("int8_unavailable", "warning", "fp32")]
+
+
+def test_status_says_which_precision(make_indexer, workspace: Path) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    embedding = indexer.status()["embedding"]
+    text = indexer.registry.embedders["text"]
+    assert embedding == {"model_id": text.model_id, "precision": text.precision}
+    assert embedding["precision"] in PRECISIONS and embedding["precision"] != "auto"
