@@ -27,11 +27,13 @@ from indexer.cache import EmbeddingCache, cache_key
 from indexer.errors import ExtractError, FileSkipped, PluginError
 from indexer.plugins import Registry
 from indexer.store import SPARSE, FileState, Point, ancestor_dirs, point_id
-from indexer.workspace import Collection, rel_path
+from indexer.safeio import UnsafePath, open_beneath
+from indexer.workspace import Collection, anchor, rel_path
 
 MEDIA_KINDS = ("image", "audio")
 EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop  # kinds gated by a workspace's multimodal settings
 _READ_BLOCK = 1 << 20
+_SKIP_DETAILS = {"symlink": "symlinks are never followed", "not_regular_file": "a FIFO, socket or device"}
 
 
 class Interrupted(Exception):
@@ -69,14 +71,24 @@ class Stats:
     cache_hits: int = 0
 
 
-def read_fingerprint(path: Path, max_bytes: int) -> tuple[os.stat_result, bytes, str]:
-    """``(stat, first HEAD_BYTES bytes, sha256 hex)`` of regular file ``path``, streamed in 1 MiB blocks.
+def read_fingerprint(path: Path, max_bytes: int, collection: Collection | None = None
+                     ) -> tuple[os.stat_result, bytes, str]:
+    """``(stat, first HEAD_BYTES bytes, sha256 hex)`` of regular file ``path``, streamed in 1 MiB blocks. Given
+    its ``collection``, the file is opened beneath the collection's root with no symlink followed at any component
+    (``indexer.safeio.open_beneath``), so a directory swapped for a symlink after the walk is refused.
 
     Raises ``FileNotFoundError`` if gone, ``FileSkipped`` for symlinks (``symlink``), non-regular files
     (``not_regular_file``), files over ``max_bytes`` (``too_large``) and permission errors (``permission_denied``).
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        if collection is not None:
+            base, rel, follow = anchor(collection, path)
+            fd = open_beneath(base, rel, follow_root=follow)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except UnsafePath as exc:
+        reason = "not_regular_file" if exc.reason == "not_regular_file" else "symlink"
+        raise FileSkipped(reason, _SKIP_DETAILS[reason]) from None
     except PermissionError:
         raise FileSkipped("permission_denied", "no read permission") from None
     except OSError as exc:
@@ -144,7 +156,7 @@ class Pipeline:
             return Unchanged(path)
         multimodal = collection.workspace.multimodal
         cap = max(self.max_file_bytes, multimodal.max_file_bytes if multimodal.enabled else 0)
-        st, head, file_hash = read_fingerprint(path, cap)
+        st, head, file_hash = read_fingerprint(path, cap, collection)
         kind = self.registry.classify(path, head)
         if kind is None:
             raise FileSkipped("unsupported_type", "no classifier claims it")

@@ -259,6 +259,17 @@ def route(collections: Sequence[Collection], path: Path) -> tuple[Collection | N
     return None, None
 
 
+def anchor(collection: Collection, path: Path) -> tuple[Path, str, bool]:
+    """``(base, rel, follow_base)`` to open ``path`` of ``collection`` with ``indexer.safeio.open_beneath``: the
+    workspace for root and ``memory/`` files (so a symlinked ``memory/`` is refused too), the extra root (or, for a
+    file extra, its directory) for extras, whose root itself must not be a symlink."""
+    if collection.role != "extra":
+        return collection.workspace.path, path.relative_to(collection.workspace.path).as_posix(), True
+    if path == collection.root:
+        return path.parent, path.name, True
+    return collection.root, path.relative_to(collection.root).as_posix(), False
+
+
 def stat_regular(path: Path) -> os.stat_result:
     """``lstat`` of ``path``; raises ``FileNotFoundError`` if gone and ``IsADirectoryError``/``ValueError`` when
     it is not a regular file (``ValueError("fifo")`` for FIFOs, sockets and devices)."""
