@@ -63,11 +63,12 @@ def _fail(message: str, code: int = EXIT_FAILURE) -> None:
 
 
 def _settings(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
-              port: int | None, qdrant_url: str | None = None, extra: tuple[Path, ...] = ()) -> Any:
+              port: int | None, qdrant_url: str | None = None, extra: tuple[Path, ...] = (),
+              host: str | None = None) -> Any:
     from indexer.config import load_settings
     from indexer.errors import ConfigError
 
-    overrides: dict[str, Any] = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url}
+    overrides: dict[str, Any] = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url, "host": host}
     if workspace is not None:
         overrides["workspace"] = [{"agent": agent or "main", "path": workspace, "extra_paths": list(extra)}]
     elif agent is not None or extra:
@@ -121,8 +122,9 @@ def main() -> None:
 @main.command()
 @_workspace_opts
 @_port_opt
+@click.option("--host", help="Address to listen on [default 127.0.0.1]; any other needs a token (see README, SECURITY).")
 @click.option("--reindex", is_flag=True, help="Drop this daemon's collections and rebuild them (after a model change).")
-def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -> None:
+def run(config, workspace, agent, state_dir, qdrant_url, extra, port, host, reindex) -> None:
     """Run the daemon: index the workspaces, keep watching them, serve searches.
 
     \b
@@ -135,11 +137,23 @@ def run(config, workspace, agent, state_dir, qdrant_url, extra, port, reindex) -
       qmd-indexer run --workspace ~/agent --agent main
       qmd-indexer run --config /etc/qmd-indexer/config.toml
     """
-    settings = _settings(config, workspace, agent, state_dir, port, qdrant_url, extra)
+    settings = _settings(config, workspace, agent, state_dir, port, qdrant_url, extra, host)
     _need_workspaces(settings)
+    from indexer.errors import ConfigError
+    from indexer.guard import check_bind
+
+    try:
+        warning = check_bind(settings.host, settings.token)
+    except ConfigError as exc:
+        _fail(f"config error: {exc}", EXIT_USAGE)
     configure_logging(settings.log_format, settings.log_level)
     import socket
     import threading
+
+    import structlog
+
+    if warning:
+        structlog.get_logger("qmd_indexer.daemon").warning("non_loopback_bind", host=settings.host, detail=warning)
 
     with socket.socket() as probe:
         try:
@@ -250,9 +264,9 @@ def _ask(config: Path | None, port: int | None, call: Any) -> Any:
 def _client(config: Path | None, port: int | None) -> Any:
     from indexer.client import Client
 
-    if port is None:
-        port = _settings(config, None, None, None, None).port
-    return Client(port=port)
+    settings = _settings(config, None, None, None, None)
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host  # all interfaces: loopback
+    return Client(port=port or settings.port, host=host, token=settings.token or None)
 
 
 @main.command()
@@ -307,7 +321,8 @@ def _print_hits(hits: list[dict[str, Any]]) -> None:
 
 @main.command()
 @click.argument("path")
-@click.option("--agent", help="Whose workspace PATH is relative to [default: the first that has it].")
+@click.option("--agent", help="Whose memory file PATH is [default: default_agent, or the only agent; with several "
+                               "agents and no default_agent it is required].")
 @click.option("--from", "from_line", type=click.IntRange(min=1), default=1, show_default=True,
               help="First line to read (1-based).")
 @click.option("--lines", type=click.IntRange(min=1), help="At most this many lines.")
@@ -431,6 +446,8 @@ def doctor(config, workspace, agent, fix) -> None:
 
 
 def _print_status(status: dict[str, Any]) -> None:
+    if "bind" in status:
+        click.echo(f"listening on: {status['bind']}")
     click.echo(f"ready: {status['ready']}  backend: {status['backend']}  queue: {status['queue_depth']}  "
                f"embedded since start: {status['chunks_embedded']}  cache hits: {status['cache_hits']}  "
                f"failed files: {status['files_failed']}")

@@ -217,7 +217,7 @@ def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None, budge
     pieces = []
     for abs_path, f in sorted(files.items(), key=lambda kv: (not kv[1]["root"], -kv[1]["mtime"], kv[1]["path"])):
         try:
-            page = read_memory(searcher.collections, abs_path, 1, None, budget_chars, classify=classify)
+            page = read_memory(searcher.collections, abs_path, 1, None, budget_chars, agent, classify)
         except (ReadRefused, OSError):
             continue
         # a first line longer than the budget cannot be shown whole: the piece is listed as omitted
