@@ -412,7 +412,8 @@ def boot(budget_chars, agent, query, as_json, config, port) -> None:
 @click.option("--agent", help="Agent id of --workspace [default main].")
 @click.option("--fix", is_flag=True, help="Archive the legacy memory.md and merge its text into MEMORY.md.")
 def doctor(config, workspace, agent, fix) -> None:
-    """Check each workspace for a split root memory (MEMORY.md and memory.md as two files).
+    """Check each workspace for a split root memory (MEMORY.md and memory.md as two files),
+    and warn about workspaces that overlap (one nested in another's memory/).
 
     \b
     Only MEMORY.md is indexed; --fix moves memory.md to
@@ -426,10 +427,13 @@ def doctor(config, workspace, agent, fix) -> None:
       qmd-indexer doctor --config /etc/qmd-indexer/config.toml --fix
     """
     from indexer.doctor import find_split, fix_split
+    from indexer.workspace import overlaps, plan_collections
 
     settings = _settings(config, workspace, agent, None, None)
     _need_workspaces(settings)
     problems = 0
+    for overlap in overlaps(plan_collections(settings.workspace)):
+        click.echo(f"warning: overlapping workspaces: {overlap}")
     for ws in settings.workspace:
         legacy = find_split(ws)
         if legacy is None:

@@ -124,24 +124,30 @@ class Guard:
         if length.isdigit() and int(length) > self.max_body_bytes:
             await _reject(send, 413, f"request body over {self.max_body_bytes} bytes")
             return
-        await self.app(scope, self._capped(receive, send), send)
+        await self._capped(scope, receive, send)
 
-    def _capped(self, receive: Receive, send: Send) -> Receive:
-        """``receive`` that stops a streamed (chunked) body at the cap: the app sees a disconnect, the client 413."""
+    async def _capped(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app with a ``receive`` that stops a streamed (chunked) body at the cap: the client gets 413, the
+        app a disconnect, and whatever the app answers after that is dropped."""
         seen = 0
+        rejected = False
         cap = self.max_body_bytes
 
-        async def capped() -> MutableMapping[str, Any]:
-            nonlocal seen
+        async def capped_receive() -> MutableMapping[str, Any]:
+            nonlocal seen, rejected
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > cap:
+                if seen > cap and not rejected:
+                    rejected = True
                     await _reject(send, 413, f"request body over {cap} bytes")
-                    return {"type": "http.disconnect"}
-            return message
+            return {"type": "http.disconnect"} if rejected else message
 
-        return capped
+        async def guarded_send(message: MutableMapping[str, Any]) -> None:
+            if not rejected:
+                await send(message)
+
+        await self.app(scope, capped_receive, guarded_send)
 
 
 async def _reject(send: Send, status: int, detail: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
