@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8743
 STATE  ?= .state/demo
 
-.PHONY: install demo test bench eval clean
+.PHONY: install demo test fuzz bench eval clean
 
 $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: install ## index the shipped demo workspace and serve searches on 127.0.0.
 
 test: install ## run the test suite
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+fuzz: install ## schemathesis against a real daemon on the demo workspace (FUZZ_EXAMPLES per operation, default 100)
+	HF_HUB_OFFLINE=1 $(BIN)/python tests/fuzz_api.py
 
 bench: install ## benchmark indexing and search on ../shared/data/vault (needs that folder)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m indexer.bench

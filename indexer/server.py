@@ -170,7 +170,9 @@ def create_app(indexer: Indexer) -> FastAPI:
                                             indexer.registry.classify))
 
     @app.get("/get")
-    def get(path: str, agent: str | None = None, from_: int = Query(default=1, alias="from"),
+    def get(path: str = Query(description="workspace-relative (or absolute) path of a memory file",
+                              examples=["MEMORY.md", "memory/2026-11-27.md", "memory/link.md", "../outside.md"]),
+            agent: str | None = None, from_: int = Query(default=1, alias="from"),
             lines: int | None = Query(default=None, description=f"at most this many lines; capped at {MAX_PAGE_LINES}"),
             max_chars: int = Query(default=DEFAULT_MAX_CHARS,
                                    description=f"at most this many characters; capped at {MAX_PAGE_CHARS}")

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
-from conftest import write
+from conftest import wait_for, write
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from indexer.cli import main
@@ -320,3 +327,130 @@ def test_8_get_without_an_agent_does_what_its_help_says(agents) -> None:
     unscoped = api.get("/get", params={"path": "memory/rowing.md"})
     assert unscoped.status_code == 400 and "bob" in unscoped.json()["detail"]
     assert "Saturdays" in api.get("/get", params={"path": "memory/rowing.md", "agent": "bob"}).json()["text"]
+
+
+# -- a real daemon: non-loopback bind with a token, permission errors, what the log holds -------------------------
+MARKS = {"MEMORY.md": "ROOT-MARK-91c2", "memory/notes.md": "NOTE-MARK-5d0e", "memory/locked.md": "LOCKED-MARK-77aa",
+         "memory/closed/inner.md": "CLOSED-MARK-3b19", "memory/nul.md": "NUL-MARK-e4f0"}
+
+
+class Live:
+    """`qmd-indexer run --host 0.0.0.0` with a token, as a user without the capabilities that bypass file
+    permissions (root drops them with setpriv), JSON logs to a file."""
+
+    def __init__(self, base: Path) -> None:
+        self.ws = base / "ws"
+        for rel, mark in MARKS.items():
+            text = f"# Note\n\nthe private text {mark}\n"
+            write(self.ws / rel, text.encode() + (b"\x00" if rel.endswith("nul.md") else b""))
+        for d in (base, self.ws, self.ws / "memory"):
+            os.chmod(d, 0o755)
+        os.chmod(self.ws / "memory" / "locked.md", 0o000)
+        os.chmod(self.ws / "memory" / "closed", 0o000)
+        self.port = _free_port()
+        self.log = base / "run.log"
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "HOME": str(base), "QMD_INDEXER_LOG_FORMAT": "json",
+                    "QMD_INDEXER_TOKEN": TOKEN, "QMD_INDEXER_HOST": "0.0.0.0"}
+        command = [sys.executable, "-m", "indexer.cli", "run", "--workspace", str(self.ws), "--agent", "main",
+                   "--state-dir", str(base / "state"), "--port", str(self.port)]
+        if os.geteuid() == 0:
+            drop = "-dac_override,-dac_read_search"
+            command = [shutil.which("setpriv"), f"--inh-caps={drop}", f"--bounding-set={drop}", *command]
+        with open(self.log, "w") as stderr:
+            self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=self.env)
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30,
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+
+    def ready(self) -> bool:
+        try:
+            return self.http.get("/health").json().get("ready", False)
+        except httpx.HTTPError:
+            assert self.proc.poll() is None, self.log.read_text()
+            return False
+
+    def lines(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+
+@pytest.fixture(scope="module", name="live")
+def live_fixture():
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("running as root and util-linux's setpriv is missing: cannot drop CAP_DAC_OVERRIDE")
+    base = Path(tempfile.mkdtemp(prefix="qmd-live-"))
+    live = Live(base)
+    try:
+        wait_for(live.ready, timeout_s=180, interval_s=0.2)
+        yield live
+    finally:
+        live.proc.send_signal(signal.SIGTERM)
+        live.proc.wait(60)
+        live.http.close()
+        os.chmod(live.ws / "memory" / "closed", 0o755)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_3_a_live_daemon_on_all_interfaces_warns_and_needs_the_token(live) -> None:
+    [warning] = [json.loads(line) for line in live.lines() if '"non_loopback_bind"' in line]
+    assert warning["level"] == "warning" and warning["host"] == "0.0.0.0"
+    assert httpx.get(f"http://127.0.0.1:{live.port}/get", params={"path": "MEMORY.md"}).status_code == 401
+    assert MARKS["MEMORY.md"] in live.http.get("/get", params={"path": "MEMORY.md"}).json()["text"]
+    status = subprocess.run([sys.executable, "-m", "indexer.cli", "status", "--port", str(live.port)],
+                            capture_output=True, text=True, timeout=60, env=live.env)
+    assert status.returncode == 0 and f"listening on: 0.0.0.0:{live.port}" in status.stdout, status.stderr
+
+
+def test_9_unreadable_files_answer_403_with_one_log_line(live) -> None:
+    """Item 9: a mode-000 file, and a file in a mode-000 directory, gave 500 and a PermissionError traceback."""
+    for rel in ("memory/locked.md", "memory/closed/inner.md"):
+        before = len(live.lines())
+        response = live.http.get("/get", params={"path": rel})
+        assert response.status_code == 403 and response.json()["detail"] == "permission denied", response.text
+        new = live.lines()[before:]
+        assert len(new) == 1, new
+        assert json.loads(new[0]) == {**json.loads(new[0]), "event": "read_refused", "path": rel,
+                                      "reason": "permission_denied"}
+    assert not any("Traceback" in line or "PermissionError" in line for line in live.lines())
+
+
+def test_logs_never_carry_file_contents(live) -> None:
+    """A full index (with a failed file and unreadable ones) and the requests above log paths, never text."""
+    events = [json.loads(line)["event"] for line in live.lines() if line.startswith("{")]
+    assert "file_indexed" in events and "file_failed" in events
+    for line in live.lines():
+        for mark in MARKS.values():
+            assert mark not in line, line
+
+
+# -- fuzzing the path handling ------------------------------------------------------------------------------------
+PARTS = ["..", ".", "", "memory", "MEMORY.md", "memory.md", "notes.md", "link.md", "dirlink", "outside.md",
+         "ws-private", ".hidden", "%2e%2e", "..%2f", "%252e", "\x00", "\\..", "x" * 300, "ws"]
+
+
+def test_fuzzed_paths_never_read_outside_the_workspace(tmp_path: Path, registry) -> None:
+    """Hypothesis over paths built from traversal pieces, encodings, NUL, long names, absolute prefixes, a
+    `<workspace>-private` sibling and symlinked files and directories: every answer is a refusal or a file of the
+    workspace, never text from outside it."""
+    ws = tmp_path / "ws"
+    write(ws / "MEMORY.md", "# Memory\n\ninside\n")
+    write(ws / "memory" / "notes.md", "# Notes\n\ninside\n")
+    write(ws / "memory" / ".hidden" / "x.md", "# Hidden\n\nhidden\n")
+    write(tmp_path / "outside.md", f"# Out\n\n{OUTSIDE}\n")
+    write(tmp_path / "ws-private" / "MEMORY.md", f"# Out\n\n{OUTSIDE}\n")
+    write(tmp_path / "ws-private" / "memory" / "notes.md", f"# Out\n\n{OUTSIDE}\n")
+    (ws / "memory" / "link.md").symlink_to(tmp_path / "outside.md")
+    (ws / "memory" / "dirlink").symlink_to(tmp_path / "ws-private", target_is_directory=True)
+    collections = plan_collections([Workspace(agent="main", path=ws)])
+    prefixes = st.sampled_from(["", "/", f"{ws}/", f"{tmp_path}/", f"{ws}-private/", "memory/"])
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(prefix=prefixes, parts=st.lists(st.one_of(st.sampled_from(PARTS), st.text(max_size=4)), max_size=6))
+    def check(prefix: str, parts: list[str]) -> None:
+        path = prefix + "/".join(parts)
+        try:
+            page = read_memory(collections, path, max_chars=1000, classify=registry.classify)
+        except (ReadRefused, KeyError, ValueError, OSError):
+            return
+        assert OUTSIDE not in page["text"], path
+        assert os.path.realpath(ws / page["path"]).startswith(f"{ws}/"), (path, page["path"])
+
+    check()
