@@ -18,7 +18,7 @@ import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -112,6 +112,13 @@ def read_fingerprint(path: Path, max_bytes: int, collection: Collection | None =
         return st, head, digest.hexdigest()
 
 
+def open_file_beneath(collection: Collection, path: Path) -> BinaryIO:
+    """``path`` of ``collection`` opened for binary reading beneath the collection's root, no symlink followed at
+    any component (``FileInfo.open`` of the files the pipeline hands to extractors). Raises ``OSError``."""
+    base, rel, follow = anchor(collection, path)
+    return os.fdopen(open_beneath(base, rel, follow_root=follow), "rb")
+
+
 class Pipeline:
     """Turns files into points with the loaded plugins. ``max_file_bytes`` caps text files; media use the
     workspace's multimodal cap."""
@@ -174,7 +181,8 @@ class Pipeline:
         extractor = self.registry.extractors.get(kind)
         if extractor is None:
             raise FileSkipped("no_extractor", f"no extractor plugin handles kind {kind!r}")
-        info = FileInfo(path, rel_path(collection.workspace, path), kind, st.st_size)
+        info = FileInfo(path, rel_path(collection.workspace, path), kind, st.st_size,
+                        opener=lambda: open_file_beneath(collection, path))
         try:
             chunks = list(extractor.extract(info, self.context))
         except (ExtractError, FileSkipped, FileNotFoundError):

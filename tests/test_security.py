@@ -34,7 +34,9 @@ from indexer.cli import main
 from indexer.config import Workspace, load_settings
 from indexer.errors import ConfigError, FileSkipped, ReadRefused
 from indexer.guard import MAX_BODY_BYTES
-from indexer.pipeline import read_fingerprint
+from indexer.cache import EmbeddingCache
+from indexer.errors import ExtractError
+from indexer.pipeline import Pipeline, read_fingerprint
 from indexer.recall import read_memory
 from indexer.server import MAX_PAGE_CHARS, MAX_PAGE_LINES, MAX_QUERY_CHARS, create_app
 from indexer.workspace import plan_collections, route
@@ -104,7 +106,7 @@ def flipping_fixture(tmp_path: Path):
             while not stop.is_set():
                 try:
                     text = read()
-                except (ReadRefused, FileSkipped, OSError, ValueError):
+                except (ReadRefused, FileSkipped, ExtractError, OSError, ValueError):
                     key = "refused"
                 else:
                     key = "outside" if OUTSIDE in text else "inside"
@@ -142,6 +144,18 @@ def test_1_indexing_cannot_be_raced_outside_the_workspace(flipping) -> None:
     assert counts["outside"] == 0, f"{counts['outside']} fingerprint reads saw the outside file ({counts})"
     assert counts["inside"] > 0 and counts["refused"] > 0, f"the race did not run both ways: {counts}"
 
+
+
+def test_1_extraction_cannot_be_raced_outside_the_workspace(flipping, registry, tmp_path: Path) -> None:
+    """Item 1, extraction: the extractor read ``FileInfo.path`` by name after the fingerprint, so the chunks (and
+    then search hits) could hold outside text. It now reads through ``FileInfo.open``, opened beneath the root."""
+    ws, collections, run = flipping
+    memory_dir = next(c for c in collections if c.role == "dir")
+    pipeline = Pipeline(registry, EmbeddingCache(tmp_path / "embeddings.sqlite3"), 1 << 20)
+    target = ws / "memory" / "flip" / "secret.md"
+    counts = run(lambda: "".join(c.text for c in pipeline.prepare(memory_dir, target, None).chunks))
+    assert counts["outside"] == 0, f"{counts['outside']} extractions held the outside text ({counts})"
+    assert counts["inside"] > 0 and counts["refused"] > 0, f"the race did not run both ways: {counts}"
 
 # -- the HTTP API through the real app ---------------------------------------------------------------------------
 BOB_SECRET = "bob-pin-4412"
