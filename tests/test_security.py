@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from indexer import safeio
 from indexer.cli import main
 from indexer.config import Workspace, load_settings
 from indexer.errors import ConfigError, FileSkipped, ReadRefused
@@ -125,9 +126,22 @@ def flipping_fixture(tmp_path: Path):
     return ws, collections, run
 
 
-def test_1_get_cannot_be_raced_outside_the_workspace(flipping, registry) -> None:
+@pytest.mark.parametrize("resolver", ["openat2", "openat walk"])
+def test_1_get_cannot_be_raced_outside_the_workspace(flipping, registry, monkeypatch, resolver: str) -> None:
     """Item 1: swapping ``memory/flip`` with a symlink while ``get`` reads ``memory/flip/secret.md``. Before the fix
-    the lexical checks passed and ``open()`` then followed the swapped-in symlink."""
+    the lexical checks passed and ``open()`` then followed the swapped-in symlink. Both resolvers are tried: the
+    kernel's ``openat2`` and the component-by-component walk used where the kernel lacks it."""
+    if resolver == "openat2":
+        fd = os.open(flipping[0], os.O_RDONLY)
+        try:
+            probe = safeio._openat2(fd, "MEMORY.md", os.O_RDONLY)
+        finally:
+            os.close(fd)
+        if probe is None:
+            pytest.skip("the kernel has no openat2")
+        os.close(probe)
+    else:
+        monkeypatch.setattr(safeio, "_have_openat2", False)
     _, collections, run = flipping
     counts = run(lambda: read_memory(collections, "memory/flip/secret.md", classify=registry.classify)["text"])
     total = sum(counts.values())
