@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8743
 STATE  ?= .state/demo
 
-.PHONY: install qdrant demo lint test bench eval clean
+.PHONY: install qdrant demo lint test fuzz bench eval clean
 
 $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ lint: install ## ruff on the whole repository, mypy on the package (settings in 
 
 test: install ## run the test suite
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+fuzz: install ## schemathesis against a real daemon on the demo workspace (FUZZ_EXAMPLES per operation, default 100)
+	HF_HUB_OFFLINE=1 $(BIN)/python tests/fuzz_api.py
 
 bench: install ## benchmark indexing and search on ../shared/data/vault (needs that folder)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -60,12 +60,19 @@ class FileInfo:
 
     ``path`` is absolute and never a symlink; ``rel_path`` is relative to the workspace, with ``/`` separators;
     ``size_bytes`` is from the ``stat`` taken just before extraction; ``kind`` is what the classifier answered.
+    Read the file with ``open()``, not through ``path``: the daemon's opener resolves it beneath the workspace
+    with no symlink followed, so a directory swapped for a symlink meanwhile is refused (``OSError``).
     """
 
     path: Path
     rel_path: str
     kind: str
     size_bytes: int
+    opener: Callable[[], BinaryIO] | None = field(default=None, compare=False, repr=False)
+
+    def open(self) -> BinaryIO:
+        """The file opened for binary reading (the caller closes it); ``open(path, "rb")`` without an opener."""
+        return self.opener() if self.opener is not None else open(self.path, "rb")
 
 
 @dataclass(frozen=True, slots=True)

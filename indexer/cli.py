@@ -48,11 +48,12 @@ def _fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
 
 
 def _settings(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
-              port: int | None, qdrant_url: str | None = None, extra: tuple[Path, ...] = ()) -> Any:
+              port: int | None, qdrant_url: str | None = None, extra: tuple[Path, ...] = (),
+              host: str | None = None) -> Any:
     from indexer.config import load_settings
     from indexer.errors import ConfigError
 
-    overrides: dict[str, Any] = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url}
+    overrides: dict[str, Any] = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url, "host": host}
     if workspace is not None:
         overrides["workspace"] = [{"agent": agent or "main", "path": workspace, "extra_paths": list(extra)}]
     elif agent is not None or extra:
@@ -106,9 +107,10 @@ def main() -> None:
 @main.command()
 @_workspace_opts
 @_port_opt
+@click.option("--host", help="Address to listen on [default 127.0.0.1]; any other needs a token (README: Security).")
 @click.option("--reindex", is_flag=True, help="Drop this daemon's collections and rebuild them (after a model change).")
 def run(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None, qdrant_url: str | None,
-        extra: tuple[Path, ...], port: int | None, reindex: bool) -> None:
+        extra: tuple[Path, ...], port: int | None, host: str | None, reindex: bool) -> None:
     """Run the daemon: index the workspaces, keep watching them, serve searches.
 
     \b
@@ -124,9 +126,20 @@ def run(config: Path | None, workspace: Path | None, agent: str | None, state_di
     from indexer.service import serve
     from indexer.terminal import progress_bar
 
-    settings = _settings(config, workspace, agent, state_dir, port, qdrant_url, extra)
+    settings = _settings(config, workspace, agent, state_dir, port, qdrant_url, extra, host)
     _need_workspaces(settings)
+    from indexer.errors import ConfigError
+    from indexer.guard import check_bind
+
+    try:
+        warning = check_bind(settings.host, settings.token)
+    except ConfigError as exc:
+        _fail(f"config error: {exc}", EXIT_USAGE)
     configure_logging(settings.log_format, settings.log_level)
+    if warning:
+        import structlog
+
+        structlog.get_logger("qmd_indexer.daemon").warning("non_loopback_bind", host=settings.host, detail=warning)
     sys.exit(serve(settings, reindex=reindex, progress=progress_bar))
 
 
@@ -233,9 +246,9 @@ def _ask(config: Path | None, port: int | None, call: Any) -> Any:
 def _client(config: Path | None, port: int | None) -> Any:
     from indexer.client import Client
 
-    if port is None:
-        port = _settings(config, None, None, None, None).port
-    return Client(port=port)
+    settings = _settings(config, None, None, None, None)
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host  # all interfaces: loopback
+    return Client(port=port or settings.port, host=host, token=settings.token or None)
 
 
 @main.command()
@@ -282,7 +295,8 @@ def search(query: str, k: int, agent: str | None, collections: tuple[str, ...], 
 
 @main.command()
 @click.argument("path")
-@click.option("--agent", help="Whose workspace PATH is relative to [default: the first that has it].")
+@click.option("--agent", help="Whose memory file PATH is [default: default_agent, or the only agent; with several "
+                               "agents and no default_agent it is required].")
 @click.option("--from", "from_line", type=click.IntRange(min=1), default=1, show_default=True,
               help="First line to read (1-based).")
 @click.option("--lines", type=click.IntRange(min=1), help="At most this many lines.")
@@ -376,7 +390,8 @@ def boot(budget_chars: int, agent: str | None, query: str | None, as_json: bool,
 @click.option("--agent", help="Agent id of --workspace [default main].")
 @click.option("--fix", is_flag=True, help="Archive the legacy memory.md and merge its text into MEMORY.md.")
 def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: bool) -> None:
-    """Check each workspace for a split root memory (MEMORY.md and memory.md as two files).
+    """Check each workspace for a split root memory (MEMORY.md and memory.md as two files),
+    and warn about workspaces that overlap (one nested in another's memory/).
 
     \b
     Only MEMORY.md is indexed; --fix moves memory.md to
@@ -390,10 +405,13 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
       qmd-indexer doctor --config /etc/qmd-indexer/config.toml --fix
     """
     from indexer.doctor import find_split, fix_split
+    from indexer.workspace import overlaps, plan_collections
 
     settings = _settings(config, workspace, agent, None, None)
     _need_workspaces(settings)
     problems = 0
+    for overlap in overlaps(plan_collections(settings.workspace)):
+        click.echo(f"warning: overlapping workspaces: {overlap}")
     for ws in settings.workspace:
         legacy = find_split(ws)
         if legacy is None:

@@ -34,12 +34,15 @@ class DaemonUnavailable(ClientError):
 
 
 class Client:
-    """Talks to ``http://host:port``; ``timeout_s`` bounds each request (seconds)."""
+    """Talks to ``http://host:port``; ``timeout_s`` bounds each request (seconds); ``token`` is sent as
+    ``Authorization: Bearer`` (needed when the daemon has one configured)."""
 
-    def __init__(self, port: int = DEFAULT_PORT, host: str = "127.0.0.1", timeout_s: float = 30.0) -> None:
+    def __init__(self, port: int = DEFAULT_PORT, host: str = "127.0.0.1", timeout_s: float = 30.0,
+                 token: str | None = None) -> None:
         self.port = port
-        self.base_url = f"http://{host}:{port}"
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, trust_env=False)
+        self.base_url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, trust_env=False, headers=headers)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

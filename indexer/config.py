@@ -9,6 +9,8 @@ Example file (every key optional except a workspace's ``agent`` and ``path``)::
 
     state_dir = "/var/lib/qmd-indexer"
     port = 8743
+    host = "127.0.0.1"               # anything else needs a token (QMD_INDEXER_TOKEN) and logs a warning
+    default_agent = "main"           # the agent of requests that name none (needed with several agents)
     qdrant_url = ""                  # empty: embedded Qdrant Edge under state_dir; see the README for a server
     model = "all-MiniLM-L6-v2"
     precision = "auto"               # auto | fp32 | bf16 | int8 (text embedding arithmetic)
@@ -37,6 +39,7 @@ from indexer.errors import ConfigError
 
 ENV_PREFIX = "QMD_INDEXER_"
 MIB = 1024 * 1024
+MIN_TOKEN_CHARS = 16
 
 
 def default_state_dir() -> Path:
@@ -108,6 +111,10 @@ class Settings(BaseSettings):
     state_dir: Path = Field(default_factory=default_state_dir)
     host: str = "127.0.0.1"
     port: int = Field(default=8743, ge=1, le=65535)
+    # bearer token for the HTTP API (QMD_INDEXER_TOKEN); required to bind a non-loopback host (see indexer.guard)
+    token: str = Field(default="", repr=False)
+    # the agent a request without one is scoped to; with several agents and none set, such requests are refused
+    default_agent: str = ""
     qdrant_url: str = ""
     qdrant_api_key: str = ""
     qdrant_timeout_s: float = Field(default=10.0, gt=0)
@@ -231,4 +238,15 @@ def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | N
     agents = [ws.agent for ws in settings.workspace]
     if len(set(agents)) != len(agents):
         raise ConfigError(f"{origin}: workspace.agent: agent ids must be unique, got {agents}")
+    paths: dict[Path, str] = {}
+    for ws in settings.workspace:
+        if ws.path in paths:
+            raise ConfigError(f"{origin}: workspace.path: agents {paths[ws.path]!r} and {ws.agent!r} share {ws.path}; "
+                              f"each agent needs a workspace of its own (one agent's memory is never another's)")
+        paths[ws.path] = ws.agent
+    if settings.default_agent and settings.workspace and settings.default_agent not in agents:
+        raise ConfigError(f"{origin}: default_agent: {settings.default_agent!r} is not a configured agent {agents}")
+    if settings.token and len(settings.token) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"{origin}: token: must be at least {MIN_TOKEN_CHARS} characters "
+                          f"(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
     return settings

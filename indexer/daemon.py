@@ -39,7 +39,7 @@ from indexer.points import FileState
 from indexer.search import Searcher
 from indexer.store import ServerOptions, Store, open_store
 from indexer.watcher import Settler, Watcher
-from indexer.workspace import Collection, Skip, attest, plan_collections, route, walk, walk_dir
+from indexer.workspace import Collection, Skip, attest, overlaps, plan_collections, route, walk, walk_dir
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
@@ -126,6 +126,8 @@ class Indexer:
             if collection.role == "extra" and not os.path.lexists(collection.root):
                 log.warning("extra_path_missing", agent=collection.agent, path=str(collection.root),
                             hint="watched from its parent once it exists; picked up by the next rescan")
+        for overlap in overlaps(indexer.collections):
+            log.warning("workspaces_overlap", detail=overlap)
         if connect:
             indexer.connect()
         return indexer
@@ -274,7 +276,10 @@ class Indexer:
             return
         known = self.indexed.get(key)
         try:
-            result = self.pipeline.prepare(collection, path, known.state if known else None)
+            # a file that changed owner (a workspace now nested in another's memory/) is rewritten in its new
+            # collection, whatever its hash; the embedding cache makes that cheap
+            result = self.pipeline.prepare(collection, path,
+                                           known.state if known and known.collection == collection.name else None)
         except FileNotFoundError:
             self._remove(key, reason="deleted")
             return

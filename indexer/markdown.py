@@ -61,7 +61,8 @@ class MarkdownExtractor:
 
     def extract(self, file: FileInfo, context: ExtractContext) -> Iterator[Chunk]:
         try:
-            data = file.path.read_bytes()
+            with file.open() as handle:
+                data = handle.read()
         except OSError as exc:
             raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
         text, replaced = decode_text(data)

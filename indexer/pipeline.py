@@ -18,6 +18,7 @@ import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -28,10 +29,12 @@ from indexer.cache import EmbeddingCache, cache_key
 from indexer.errors import ExtractError, FileSkipped, PluginError
 from indexer.plugins import Registry
 from indexer.points import SPARSE, FileState, Payload, Point, point_id
-from indexer.workspace import Collection, rel_path
+from indexer.safeio import UnsafePath, open_beneath
+from indexer.workspace import Collection, anchor, rel_path
 
 EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop
 _READ_BLOCK = 1 << 20
+_SKIP_DETAILS = {"symlink": "symlinks are never followed", "not_regular_file": "a FIFO, socket or device"}
 
 
 def index_hash(content_hash: str) -> str:
@@ -82,14 +85,24 @@ class Stats:
     cache_hits: int = 0
 
 
-def read_fingerprint(path: Path, max_bytes: int) -> tuple[os.stat_result, bytes, str]:
-    """``(stat, first HEAD_BYTES bytes, sha256 hex)`` of regular file ``path``, streamed in 1 MiB blocks.
+def read_fingerprint(path: Path, max_bytes: int, collection: Collection | None = None
+                     ) -> tuple[os.stat_result, bytes, str]:
+    """``(stat, first HEAD_BYTES bytes, sha256 hex)`` of regular file ``path``, streamed in 1 MiB blocks. Given
+    its ``collection``, the file is opened beneath the collection's root with no symlink followed at any component
+    (``indexer.safeio.open_beneath``), so a directory swapped for a symlink after the walk is refused.
 
     Raises ``FileNotFoundError`` if gone, ``FileSkipped`` for symlinks (``symlink``), non-regular files
     (``not_regular_file``), files over ``max_bytes`` (``too_large``) and permission errors (``permission_denied``).
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        if collection is not None:
+            base, rel, follow = anchor(collection, path)
+            fd = open_beneath(base, rel, follow_root=follow)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except UnsafePath as exc:
+        reason = "not_regular_file" if exc.reason == "not_regular_file" else "symlink"
+        raise FileSkipped(reason, _SKIP_DETAILS[reason]) from None
     except PermissionError:
         raise FileSkipped("permission_denied", "no read permission") from None
     except OSError as exc:
@@ -111,6 +124,13 @@ def read_fingerprint(path: Path, max_bytes: int) -> tuple[os.stat_result, bytes,
                 head = block[:HEAD_BYTES]
             digest.update(block)
         return st, head, digest.hexdigest()
+
+
+def open_file_beneath(collection: Collection, path: Path) -> BinaryIO:
+    """``path`` of ``collection`` opened for binary reading beneath the collection's root, no symlink followed at
+    any component (``FileInfo.open`` of the files the pipeline hands to extractors). Raises ``OSError``."""
+    base, rel, follow = anchor(collection, path)
+    return os.fdopen(open_beneath(base, rel, follow_root=follow), "rb")
 
 
 class Pipeline:
@@ -151,7 +171,7 @@ class Pipeline:
             return Unchanged(path)
         multimodal = collection.workspace.multimodal
         cap = max(self.max_file_bytes, multimodal.max_file_bytes if multimodal.enabled else 0)
-        st, head, content_hash = read_fingerprint(path, cap)
+        st, head, content_hash = read_fingerprint(path, cap, collection)
         file_hash = index_hash(content_hash)
         kind = self.registry.classify(path, head)
         if kind is None:
@@ -170,7 +190,8 @@ class Pipeline:
         extractor = self.registry.extractors.get(kind)
         if extractor is None:
             raise FileSkipped("no_extractor", f"no extractor plugin handles kind {kind!r}")
-        info = FileInfo(path, rel_path(collection.workspace, path), kind, st.st_size)
+        info = FileInfo(path, rel_path(collection.workspace, path), kind, st.st_size,
+                        opener=lambda: open_file_beneath(collection, path))
         try:
             chunks = list(extractor.extract(info, self.context))
         except (ExtractError, FileSkipped, FileNotFoundError):

@@ -13,16 +13,16 @@
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from indexer.api import HEAD_BYTES
 from indexer.errors import ReadRefused
+from indexer.safeio import UnsafePath, open_beneath
 from indexer.search import SNIPPET_CHARS, Searcher, SearchParams
 from indexer.store import Store
-from indexer.workspace import Collection, route
+from indexer.workspace import Collection, anchor, route
 
 DEFAULT_MAX_CHARS = 12_000
 LIST_ALL = frozenset({"", "*", "all"})
@@ -36,7 +36,8 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
     registry's ``classify_text``, must name a kind, ``None`` for media: a ``.png`` or ``notes.txt`` without a plugin
     for it is not memory),
     ``FileNotFoundError`` when it does not exist, ``KeyError`` for an unknown agent. The path is normalised
-    lexically (no symlink resolution), then checked by the indexing rules.
+    lexically (no symlink resolution), then checked by the indexing rules; the file itself is only ever opened
+    with ``open_memory``, which refuses a symlink swapped in after these checks.
     """
     chosen = [c for c in collections if agent is None or c.agent == agent]
     if not chosen:
@@ -45,11 +46,8 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
         candidate = Path(os.path.normpath(path if os.path.isabs(path) else workspace.path / path))
         collection, reason = route(chosen, candidate)
         if collection is not None and collection.workspace == workspace:
-            st = os.lstat(candidate)  # FileNotFoundError propagates
-            if not stat.S_ISREG(st.st_mode):
-                raise ReadRefused(f"{path}: not a regular file")
             if classify is not None:
-                with open(os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as handle:
+                with open_memory(collection, candidate) as handle:  # FileNotFoundError, ReadRefused propagate
                     kind = classify(candidate, handle.read(HEAD_BYTES))
                 if kind is None or (collection.role == "root" and kind != "markdown"):
                     raise ReadRefused(f"{path}: not a text memory file (kind {kind or 'unknown'})")
@@ -57,6 +55,20 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
         if reason:
             raise ReadRefused(f"{path}: refused ({reason})")
     raise ReadRefused(f"{path}: not a memory file of this workspace")
+
+
+def open_memory(collection: Collection, path: Path, text: bool = False) -> IO[Any]:
+    """``path`` of ``collection`` opened for reading beneath its root with no symlink followed at any component
+    (``indexer.safeio.open_beneath``): binary, or text (UTF-8, undecodable bytes replaced). Raises ``ReadRefused``
+    for a symlink on the way, ``..`` or a non-regular file, and ``FileNotFoundError``/``PermissionError``."""
+    base, rel, follow = anchor(collection, path)
+    try:
+        fd = open_beneath(base, rel, follow_root=follow)
+    except UnsafePath as exc:
+        raise ReadRefused(f"{rel}: refused ({exc.reason})") from None
+    if text:
+        return open(fd, encoding="utf-8", errors="replace", newline=None)
+    return open(fd, "rb")
 
 
 def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1, lines: int | None = None,
@@ -74,12 +86,11 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     if from_line < 1 or (lines is not None and lines < 1) or max_chars < 1:
         raise ValueError("from must be >= 1, lines >= 1 and max_chars >= 1")
     collection, abs_path = resolve_memory_path(collections, path, agent, classify)
-    fd = os.open(abs_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     out: list[str] = []
     used = 0
     line_no = 0
     truncated = line_cut = False
-    with open(fd, encoding="utf-8", errors="replace", newline=None) as handle:
+    with open_memory(collection, abs_path, text=True) as handle:
         for line_no, raw in enumerate(handle, 1):
             if line_no < from_line:
                 continue
@@ -205,7 +216,7 @@ def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None, budge
     pieces = []
     for abs_path, f in sorted(files.items(), key=lambda kv: (not kv[1]["root"], -kv[1]["mtime"], kv[1]["path"])):
         try:
-            page = read_memory(searcher.collections, abs_path, 1, None, budget_chars, classify=classify)
+            page = read_memory(searcher.collections, abs_path, 1, None, budget_chars, agent, classify)
         except (ReadRefused, OSError):
             continue
         # a first line longer than the budget cannot be shown whole: the piece is listed as omitted

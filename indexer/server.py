@@ -15,9 +15,19 @@ GET        /get         ``?path=&agent=&from=1&lines=&max_chars=``: ``Page``, a 
 POST/GET   /mcp         the MCP tools (``indexer.mcp``) over streamable HTTP, stateless, JSON answers
 =========  ===========  ==========================================================================================
 
-Errors are JSON ``{"detail": "..."}`` with 400 (bad parameters), 403 (not a memory file: traversal, symlink...),
-404 (unknown agent or collection, missing file), 422 (a body that does not fit the schema) or 503 (Qdrant
-unreachable). OpenAPI docs at ``/docs``.
+Limits: request bodies ``MAX_BODY_BYTES`` (1 MiB, else 413), queries ``MAX_QUERY_CHARS`` characters (else 400); a
+page of ``/get`` holds at most ``MAX_PAGE_CHARS`` characters and ``MAX_PAGE_LINES`` lines whatever ``max_chars``
+and ``lines`` ask (it is then ``truncated`` with ``next_from``).
+
+Agent scope: a request without ``agent`` (or with ``""``) is scoped to ``default_agent`` when configured, else to
+the only agent; with several agents and no ``default_agent`` it is refused (400 naming the agents). The same holds
+for the MCP tools, which answer through ``LocalMemory`` too.
+
+Every request passes ``indexer.guard.Guard`` first (Host, Origin, bearer token, body size); ``/mcp`` is a route of
+the same app. Errors are JSON ``{"detail": "..."}`` with 400 (bad parameters, no agent where several exist), 401
+(token missing or wrong), 403 (not a memory file: traversal, symlink...; permission denied; a foreign Host or
+Origin), 404 (unknown agent or collection, missing file), 413 (body too large), 422 (a body that does not fit the
+schema) or 503 (Qdrant unreachable). OpenAPI docs at ``/docs``.
 """
 
 from __future__ import annotations
@@ -25,10 +35,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import structlog
 from fastapi import FastAPI, HTTPException, Query
 
 from indexer import __version__
 from indexer.daemon import Indexer
+from indexer.guard import Guard
 from indexer.points import parse_since
 from indexer.recall import boot_context, read_memory, recall
 from indexer.schema import (
@@ -50,10 +62,15 @@ from indexer.schema import (
 from indexer.search import SearchParams, relevant
 
 T = TypeVar("T")
+log = structlog.get_logger("qmd_indexer.api")
+
+MAX_QUERY_CHARS = 10_000  # a query longer than a page of text is a mistake or an attack
+MAX_PAGE_CHARS = 100_000  # characters of one /get page, whatever max_chars asks
+MAX_PAGE_LINES = 10_000  # lines of one /get page, whatever lines asks
 
 _ERRORS = {
-    400: "a bad value (mode, since, from, lines...)",
-    403: "not a memory file of the workspace (traversal, symlink, outside path, non-text file)",
+    400: "a bad value (mode, since, from, lines...), a query over the length limit, or no agent where several exist",
+    403: "not a memory file of the workspace (traversal, symlink, outside path, non-text file), or permission denied",
     404: "unknown agent or collection, or a missing file",
     503: "Qdrant unreachable",
 }
@@ -64,15 +81,39 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorDetail, "description": _ERRORS[code]} for code in codes}
 
 
-def _answer(call: Callable[[], T]) -> T:
-    """Run ``call``, turning the daemon's errors into HTTP errors (``indexer.schema.error_answer``)."""
+def _answer(call: Callable[[], T], path: str | None = None) -> T:
+    """Run ``call``, turning the daemon's errors into HTTP errors (``indexer.schema.error_answer``); ``path`` is the
+    file asked for, if any (for the log line of a permission error)."""
     try:
         return call()
     except Exception as exc:
+        if isinstance(exc, PermissionError):
+            log.warning("read_refused", path=path, reason="permission_denied")
         known = error_answer(exc)
         if known is None:
             raise
         raise HTTPException(status_code=known[0], detail=known[1]) from None
+
+
+def check_query(query: str | None) -> None:
+    """Raise ``ValueError`` (400) for a query over ``MAX_QUERY_CHARS`` characters."""
+    if query is not None and len(query) > MAX_QUERY_CHARS:
+        raise ValueError(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
+
+
+def scope_agent(indexer: Indexer, agent: str | None) -> str | None:
+    """The agent a request is about: ``agent`` when given, else the configured ``default_agent``, else the only
+    agent. Raises ``ValueError`` (400) naming the agents when several are configured and none applies, so an
+    unscoped request never spans agents (fail closed)."""
+    if agent:
+        return agent
+    if indexer.settings.default_agent:
+        return indexer.settings.default_agent
+    agents = list(dict.fromkeys(c.agent for c in indexer.collections))
+    if len(agents) <= 1:
+        return agents[0] if agents else None
+    raise ValueError(f"several agents are configured ({', '.join(agents)}): name one with agent, or set "
+                     f"default_agent in the config")
 
 
 def _as_tuple(value: list[str] | str | None) -> tuple[str, ...]:
@@ -94,36 +135,42 @@ class LocalMemory:
         return {"status": "ok", "ready": self.indexer.ready.is_set()}
 
     def status(self) -> Status:
-        return self.indexer.status()  # type: ignore[return-value]
+        settings = self.indexer.settings
+        return {**self.indexer.status(), "bind": f"{settings.host}:{settings.port}"}  # type: ignore[typeddict-item]
 
     def search(self, query: str, k: int = DEFAULT_K, agent: str | None = None,
                collection: str | list[str] | None = None, mode: str | None = None, path_prefix: str | None = None,
                kind: str | list[str] | None = None, min_score: float | None = None,
                since: str | None = None) -> list[Hit]:
+        check_query(query)
         since_ns = parse_since(since) if since is not None else None  # ValueError: 400
         return self.searcher.search(SearchParams(  # type: ignore[return-value]
-            query=query, k=k, agent=agent, collections=_as_tuple(collection), mode=mode, path_prefix=path_prefix,
-            kinds=_as_tuple(kind), min_score=min_score, since_ns=since_ns))
+            query=query, k=k, agent=scope_agent(self.indexer, agent), collections=_as_tuple(collection), mode=mode,
+            path_prefix=path_prefix, kinds=_as_tuple(kind), min_score=min_score, since_ns=since_ns))
 
     def recall(self, query: str = "*", k: int = DEFAULT_K, agent: str | None = None) -> list[Hit]:
-        return recall(self.searcher, query, k, agent)  # type: ignore[return-value]
+        check_query(query)
+        return recall(self.searcher, query, k, scope_agent(self.indexer, agent))  # type: ignore[return-value]
 
     def boot_context(self, budget_chars: int = DEFAULT_BUDGET_CHARS, agent: str | None = None,
                      query: str | None = None) -> BootContext:
-        return boot_context(self.searcher, budget_chars, agent, query,  # type: ignore[return-value]
-                            self.indexer.registry.classify_text)
+        check_query(query)
+        return boot_context(self.searcher, budget_chars, scope_agent(self.indexer, agent),  # type: ignore[return-value]
+                            query, self.indexer.registry.classify_text)
 
     def get(self, path: str, from_line: int = 1, lines: int | None = None, max_chars: int | None = None,
             agent: str | None = None) -> Page:
-        return read_memory(self.indexer.collections, path, from_line, lines,  # type: ignore[return-value]
-                           DEFAULT_MAX_CHARS if max_chars is None else max_chars, agent,
-                           self.indexer.registry.classify_text)
-
+        """A page of ``path``; pages hold at most ``MAX_PAGE_CHARS`` characters and ``MAX_PAGE_LINES`` lines
+        whatever ``max_chars`` and ``lines`` ask (a bigger ask gets a capped page, ``truncated`` with ``next_from``)."""
+        page_lines = min(lines, MAX_PAGE_LINES) if lines is not None else MAX_PAGE_LINES
+        page_chars = min(DEFAULT_MAX_CHARS if max_chars is None else max_chars, MAX_PAGE_CHARS)
+        return read_memory(self.indexer.collections, path, from_line, page_lines,  # type: ignore[return-value]
+                           page_chars, scope_agent(self.indexer, agent), self.indexer.registry.classify_text)
 
 def create_app(indexer: Indexer) -> FastAPI:
     """The API app over an opened ``indexer``, with the MCP tools at ``/mcp``. ``/mcp`` is a route of this app,
-    so middleware added to the app wraps it too; it needs the app's lifespan to run, once (uvicorn
-    ``lifespan="on"``, or ``with TestClient(app)``); a request without it is a 500."""
+    so the ``Guard`` middleware (Host, Origin, token, body size) wraps it too; it needs the app's lifespan to run,
+    once (uvicorn ``lifespan="on"``, or ``with TestClient(app)``); a request without it is a 500."""
     from indexer.mcp import build_server
 
     memory = LocalMemory(indexer)
@@ -133,6 +180,8 @@ def create_app(indexer: Indexer) -> FastAPI:
     mcp_http = mcp_server.streamable_http_app(stateless_http=True, json_response=True, host=indexer.settings.host)
     app = FastAPI(title="qmd-indexer", version=__version__, summary="Semantic search over an agent's memory files",
                   lifespan=lambda _app: mcp_server.session_manager.run())
+    settings = indexer.settings
+    app.add_middleware(Guard, host=settings.host, port=settings.port, token=settings.token)
     app.router.routes.extend(mcp_http.routes)  # the /mcp route itself, not a sub-app: no redirect, same middleware
 
     @app.get("/health")
@@ -162,6 +211,6 @@ def create_app(indexer: Indexer) -> FastAPI:
             from_: int = Query(default=1, alias="from", description="First line to read (1-based)."),
             lines: int | None = Query(default=None, description="At most this many lines."),
             max_chars: int = Query(default=DEFAULT_MAX_CHARS, description="At most this many characters.")) -> Page:
-        return _answer(lambda: memory.get(path, from_, lines, max_chars, agent))
+        return _answer(lambda: memory.get(path, from_, lines, max_chars, agent), path=path)
 
     return app

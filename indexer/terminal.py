@@ -89,6 +89,8 @@ def print_hits(hits: list[dict[str, Any]]) -> None:
 
 
 def print_status(status: dict[str, Any]) -> None:
+    if "bind" in status:
+        click.echo(f"listening on: {status['bind']}")
     click.echo(f"ready: {status['ready']}  backend: {status['backend']}  queue: {status['queue_depth']}  "
                f"embedded since start: {status['chunks_embedded']}  cache hits: {status['cache_hits']}  "
                f"failed files: {status['files_failed']}")

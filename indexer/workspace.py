@@ -14,7 +14,10 @@ Rules (following the reference agent's memory layout):
   security boundary, so nothing outside the workspace is pulled in; each skip is reported by name. Hidden names
   (``.git``, ``.obsidian``, editor swap files) and ``.openclaw-repair/`` (the doctor's archive) are skipped.
 - One file reached by two routes (an extra path overlapping ``memory/``) belongs to the first collection in the
-  order root, dir, extras, and is indexed once; the walk also dedupes by (device, inode).
+  order root, dir, extras, and is indexed once; the walk also dedupes by (device, inode). Across agents, a file
+  belongs to the innermost workspace that contains it (a workspace nested in another's ``memory/``, an extra path
+  reaching into another agent's workspace); ``overlaps`` names each such overlap for the log and ``doctor``.
+  Two agents on one workspace path are refused by the config.
 
 Workspace identity: ``attest`` records which filesystem object (device, inode) each workspace path is, so a
 restored backup or a re-created directory under the same path is noticed (its files' stat shortcut is then
@@ -175,13 +178,15 @@ def walk_dir(root: Path, skips: list[Skip]) -> Iterator[Path]:
 
 
 def walk(collections: Sequence[Collection]) -> tuple[list[tuple[Collection, Path]], list[Skip]]:
-    """Every candidate file of ``collections`` on disk, each once (first collection wins), and the skips.
+    """Every candidate file of ``collections`` on disk, each once, and the skips. A file reached through several
+    collections of one workspace belongs to the first; through several workspaces, to the innermost that contains
+    it (a workspace nested in another's ``memory/`` owns its files; see ``overlaps``).
 
     A candidate is not yet known to be memory: the classifiers decide its kind, and the pipeline the rest.
     """
     found: list[tuple[Collection, Path]] = []
     skips: list[Skip] = []
-    seen_paths: set[Path] = set()
+    seen_paths: dict[Path, int] = {}  # path -> its index in found
     seen_inodes: set[tuple[int, int]] = set()
 
     def take(collection: Collection, path: Path) -> None:
@@ -190,9 +195,14 @@ def walk(collections: Sequence[Collection]) -> tuple[list[tuple[Collection, Path
         except OSError:
             return
         key = (st.st_dev, st.st_ino)
-        if path in seen_paths or key in seen_inodes:
+        if path in seen_paths:  # reached again through another workspace: the innermost one owns it
+            index = seen_paths[path]
+            if _rank(collection, path) > _rank(found[index][0], path):
+                found[index] = (collection, path)
             return
-        seen_paths.add(path)
+        if key in seen_inodes:
+            return
+        seen_paths[path] = len(found)
         seen_inodes.add(key)
         found.append((collection, path))
 
@@ -236,39 +246,90 @@ def route(collections: Sequence[Collection], path: Path) -> tuple[Collection | N
     """The collection that owns ``path`` (absolute), or ``(None, reason)`` when it is not memory.
 
     ``reason`` is ``None`` for paths that are simply outside every root (no log needed), or a skip reason such as
-    ``"symlink"`` or ``"hidden"`` worth reporting. Does not require the file to exist, so deletes route too.
+    ``"symlink"`` or ``"hidden"`` worth reporting. Does not require the file to exist, so deletes route too. When
+    collections of several workspaces claim the path, the innermost workspace containing it decides (``_rank``).
     """
+    best: Collection | None = None
     for collection in collections:
-        ws = collection.workspace
-        if collection.role == "root":
-            if path.parent != ws.path:
+        verdict, reason = _claim(collection, path)
+        if verdict == "pass":
+            continue
+        if best is None or _rank(collection, path) > _rank(best, path):
+            if verdict == "refuse":
+                return None, reason
+            best = collection
+    return best, None
+
+
+def _rank(collection: Collection, path: Path) -> int:
+    """How strongly ``collection`` owns ``path``: the depth of its workspace when the path lies inside that workspace
+    (the innermost workspace wins), ``-1`` for an extra path outside its own workspace."""
+    ws = collection.workspace.path
+    return len(ws.parts) if path.is_relative_to(ws) else -1
+
+
+def _claim(collection: Collection, path: Path) -> tuple[str, str | None]:
+    """``("own", None)``, ``("refuse", reason)`` (the collection's rules say it is not memory) or ``("pass", None)``
+    (not under this collection's root)."""
+    ws = collection.workspace
+    if collection.role == "root":
+        if path.parent != ws.path:
+            return "pass", None
+        for canonical, legacy in ROOT_NAMES:
+            if path.name == canonical:
+                return ("refuse", "symlink") if path.is_symlink() else ("own", None)
+            if path.name == legacy:
+                names = _names(ws.path)
+                if canonical in names and not _same_file(ws.path / canonical, path) and path.exists():
+                    return "refuse", "split_root_memory"
+                if canonical in names and _same_file(ws.path / canonical, path):
+                    return "refuse", None  # the same file under its other name: indexed once, as MEMORY.md
+                return ("refuse", "symlink") if path.is_symlink() else ("own", None)
+        return "pass", None
+    root = collection.root
+    if collection.role == "extra" and path == root:
+        return ("refuse", "symlink") if path.is_symlink() else ("own", None)
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        return "pass", None
+    if not parts:
+        return "pass", None
+    if any(_skipped_name(part) for part in parts):
+        return "refuse", "hidden"
+    if _symlink_on_way(collection, path):
+        return "refuse", "symlink"
+    return "own", None
+
+
+def overlaps(collections: Sequence[Collection]) -> list[str]:
+    """One warning per pair of agents whose memory roots overlap (a workspace nested in another's ``memory/`` or
+    extra path, an extra path inside another agent's workspace), naming who owns the files there."""
+    found: dict[tuple[str, str], str] = {}
+    for outer in collections:
+        if outer.role == "root":
+            continue
+        for inner in collections:
+            start = inner.workspace.path if inner.role == "root" else inner.root
+            if inner.agent == outer.agent or (inner.agent, outer.agent) in found:
                 continue
-            for canonical, legacy in ROOT_NAMES:
-                if path.name == canonical:
-                    return (None, "symlink") if path.is_symlink() else (collection, None)
-                if path.name == legacy:
-                    names = _names(ws.path)
-                    if canonical in names and not _same_file(ws.path / canonical, path) and path.exists():
-                        return None, "split_root_memory"
-                    if canonical in names and _same_file(ws.path / canonical, path):
-                        return None, None  # the same file under its other name: indexed once, as MEMORY.md
-                    return (None, "symlink") if path.is_symlink() else (collection, None)
-            continue
-        root = collection.root
-        if collection.role == "extra" and path == root:
-            return (None, "symlink") if path.is_symlink() else (collection, None)
-        try:
-            parts = path.relative_to(root).parts
-        except ValueError:
-            continue
-        if not parts:
-            continue
-        if any(_skipped_name(part) for part in parts):
-            return None, "hidden"
-        if _symlink_on_way(collection, path):
-            return None, "symlink"
-        return collection, None
-    return None, None
+            if start == outer.root or start.is_relative_to(outer.root):
+                owner = inner if _rank(inner, start) >= _rank(outer, start) else outer
+                found[(inner.agent, outer.agent)] = (
+                    f"{start} (agent {inner.agent!r}) lies inside {outer.root} ({outer.name}, agent {outer.agent!r}); "
+                    f"files there belong to the innermost workspace that indexes them (here agent {owner.agent!r})")
+    return list(found.values())
+
+
+def anchor(collection: Collection, path: Path) -> tuple[Path, str, bool]:
+    """``(base, rel, follow_base)`` to open ``path`` of ``collection`` with ``indexer.safeio.open_beneath``: the
+    workspace for root and ``memory/`` files (so a symlinked ``memory/`` is refused too), the extra root (or, for a
+    file extra, its directory) for extras, whose root itself must not be a symlink."""
+    if collection.role != "extra":
+        return collection.workspace.path, path.relative_to(collection.workspace.path).as_posix(), True
+    if path == collection.root:
+        return path.parent, path.name, True
+    return collection.root, path.relative_to(collection.root).as_posix(), False
 
 
 def stat_regular(path: Path) -> os.stat_result:

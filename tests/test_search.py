@@ -123,7 +123,7 @@ def test_fusion_ranks_like_qdrants_own_fusion(indexed, method: str) -> None:
 def api_fixture(indexed) -> TestClient:
     indexer, _ = indexed
     indexer.ready.set()
-    return TestClient(create_app(indexer))
+    return TestClient(create_app(indexer), base_url="http://127.0.0.1:8743")  # the Host a local client sends
 
 
 def test_api_search_health_status(api: TestClient) -> None:

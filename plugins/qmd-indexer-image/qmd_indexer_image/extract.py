@@ -67,7 +67,8 @@ class ImageExtractor:
 
     def extract(self, file: FileInfo, context: ExtractContext) -> Iterator[Chunk]:
         try:
-            data = file.path.read_bytes()
+            with file.open() as handle:
+                data = handle.read()
         except OSError as exc:
             raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
         signature = image_format(data[:32])

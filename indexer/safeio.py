@@ -1,0 +1,145 @@
+"""Open a file beneath a directory without following a symlink at any component, race-free.
+
+Path checks made before ``open()`` can be raced: a directory on the way swapped for a symlink between the check and
+the open makes the kernel follow it out of the workspace. ``open_beneath`` therefore lets the kernel resolve the
+path from a descriptor of the root, refusing symlinks and ``..`` at every step, and checks the opened descriptor:
+
+- Linux 5.6+: ``openat2(root_fd, rel, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)``
+  (``openat2(2)``), one system call;
+- elsewhere (or when seccomp forbids ``openat2``): ``openat`` component by component from the root descriptor,
+  each directory with ``O_NOFOLLOW | O_DIRECTORY`` and the file with ``O_NOFOLLOW``.
+
+Either way the file is opened ``O_NONBLOCK`` (a FIFO never blocks) and must ``fstat`` as a regular file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import stat
+from pathlib import Path
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+# openat2(2): the same number on every Linux architecture (the unified syscall table from 5.1 on)
+_SYS_OPENAT2 = 437
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
+
+
+class UnsafePath(OSError):
+    """The path cannot be opened safely beneath the root. ``reason``: ``symlink`` (a symlink on the way),
+    ``outside`` (an absolute path or ``..``), or ``not_regular_file`` (a directory, FIFO, socket or device)."""
+
+    def __init__(self, reason: str, path: str) -> None:
+        super().__init__(errno.EPERM, reason, path)
+        self.reason = reason
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = None
+_have_openat2 = platform.system() == "Linux"
+
+
+def _openat2(dir_fd: int, rel: str, flags: int) -> int | None:
+    """``openat2`` with beneath/no-symlink resolution; ``None`` when the kernel (or a sandbox) lacks it."""
+    global _libc, _have_openat2
+    if not _have_openat2:
+        return None
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+    how = _OpenHow(flags, 0, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(os.fsencode(rel)),
+                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if fd >= 0:
+        return fd
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.E2BIG, errno.EINVAL):  # no openat2, or not these flags: walk from now on
+        _have_openat2 = False
+        return None
+    if code in (errno.EPERM, errno.EAGAIN):  # a sandbox refusing the call, or a lookup raced by a rename: walk
+        return None
+    raise OSError(code, os.strerror(code), rel)
+
+
+def _walk_open(dir_fd: int, parts: list[str], flags: int) -> int:
+    """``openat`` one component at a time from ``dir_fd``, never following a symlink."""
+    current = dir_fd
+    try:
+        for part in parts[:-1]:
+            fd = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=current)
+            if current != dir_fd:
+                os.close(current)
+            current = fd
+        return os.open(parts[-1], flags, dir_fd=current)
+    finally:
+        if current != dir_fd:
+            os.close(current)
+
+
+def open_beneath(root: Path | str, rel: str, follow_root: bool = True) -> int:
+    """A read-only descriptor of regular file ``rel`` (relative, ``/``-separated) beneath directory ``root``.
+
+    ``root`` itself is opened normally (symlinks in it are the configuration's business) unless ``follow_root`` is
+    false. Raises ``UnsafePath`` (an ``OSError``) for a symlink anywhere under ``root``, for ``..`` or an absolute
+    ``rel``, and for anything but a regular file; ``FileNotFoundError``, ``PermissionError`` and other ``OSError``
+    as the kernel reports them. The caller owns (and closes) the descriptor.
+    """
+    parts = [part for part in rel.split("/") if part not in ("", ".")]
+    if rel.startswith("/") or not parts or ".." in parts:
+        raise UnsafePath("outside", rel)
+    flags = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+    root_fd = os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC | (0 if follow_root else _NOFOLLOW))
+    try:
+        try:
+            fd = _openat2(root_fd, "/".join(parts), flags)
+            if fd is None:
+                fd = _walk_open(root_fd, parts, flags)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EXDEV) or (exc.errno == errno.ENOTDIR and _has_link(root_fd, parts)):
+                raise UnsafePath("symlink" if exc.errno != errno.EXDEV else "outside", rel) from None
+            raise
+    finally:
+        os.close(root_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePath("not_regular_file", rel)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _has_link(root_fd: int, parts: list[str]) -> bool:
+    """Whether a directory component of ``parts`` is (now) a symlink: ``O_DIRECTORY | O_NOFOLLOW`` on a symlink
+    answers ``ENOTDIR``, which is a refusal, not a missing file."""
+    current = root_fd
+    try:
+        for part in parts[:-1]:
+            try:
+                st = os.stat(part, dir_fd=current, follow_symlinks=False)
+            except OSError:
+                return False
+            if stat.S_ISLNK(st.st_mode):
+                return True
+            try:
+                fd = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=current)
+            except OSError:
+                return True
+            if current != root_fd:
+                os.close(current)
+            current = fd
+        return False
+    finally:
+        if current != root_fd:
+            os.close(current)
