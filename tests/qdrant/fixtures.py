@@ -75,6 +75,7 @@ class Node:
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    started: bool = False  # once started, a restart keeps its ports (peers and clients know them)
 
     @property
     def url(self) -> str:
@@ -85,7 +86,21 @@ class Node:
         return self.proc.pid if self.proc else None
 
     def start(self) -> Node:
-        """Start the process (again, on the same storage and ports, after ``kill``) and wait until it is ready."""
+        """Start the process (again, on the same storage and ports, after ``kill``) and wait until it is ready. A
+        first start whose ports were taken meanwhile (``free_port`` only says they were free when asked; other
+        processes on the machine pick ports too) moves to fresh ports and tries again, up to three times."""
+        for attempt in range(3):
+            try:
+                return self._launch()
+            except RuntimeError as exc:
+                if self.started or attempt == 2 or "Address already in use" not in str(exc):
+                    raise
+                self.http_port, self.grpc_port = free_port(), free_port()
+                if self.p2p_port is not None:
+                    self.p2p_port = free_port()
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> Node:
         binary = need_binary()
         self.root.mkdir(parents=True, exist_ok=True)
         env = {
@@ -113,6 +128,7 @@ class Node:
         log.close()
         _LIVE[self.proc.pid] = self.proc
         self.wait_ready()
+        self.started = True
         return self
 
     def wait_ready(self) -> None:
