@@ -198,18 +198,22 @@ class ErrorDetail(TypedDict):
 
 def error_answer(exc: BaseException) -> tuple[int, str] | None:
     """``(HTTP status, message)`` for an error the daemon raises on purpose while answering, else ``None``:
-    ``ReadRefused`` 403; ``KeyError`` (unknown agent or collection) and ``FileNotFoundError`` 404; ``ValueError``
-    400; ``StoreUnavailable`` 503."""
+    ``ReadRefused`` and ``PermissionError`` 403; ``KeyError`` (unknown agent or collection) and
+    ``FileNotFoundError`` 404; ``ValueError`` and other ``OSError`` 400; ``StoreUnavailable`` 503."""
     from indexer.errors import ReadRefused, StoreUnavailable
 
     if isinstance(exc, ReadRefused):
         return 403, str(exc)
     if isinstance(exc, KeyError):
         return 404, str(exc.args[0] if exc.args else exc)
-    if isinstance(exc, FileNotFoundError):
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
         return 404, f"no such file: {exc.filename or exc}"
+    if isinstance(exc, PermissionError):
+        return 403, "permission denied"
     if isinstance(exc, ValueError):
         return 400, str(exc)
     if isinstance(exc, StoreUnavailable):
         return 503, str(exc)
+    if isinstance(exc, OSError):  # a name too long, a directory given as a file...: the request's fault
+        return 400, f"cannot read {exc.filename or 'the file'}: {exc.strerror or exc}"
     return None

@@ -43,7 +43,7 @@ class Served:
     """``create_app(indexer)`` served by uvicorn on a thread, as ``qmd-indexer run`` serves it (lifespan on)."""
 
     def __init__(self, indexer: Any) -> None:
-        self.port = _free_port()
+        self.port = indexer.settings.port  # the guard accepts the Host of the port the settings name
         self.app = create_app(indexer)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None,
                                                     access_log=False, lifespan="on", ws="none"))
@@ -63,7 +63,7 @@ class Served:
 def daemon_fixture(workspace: Path, make_indexer) -> Iterator[Served]:
     """The conftest workspace indexed, plus a 30-line log note, served on a free port."""
     write(workspace / "memory" / "log.md", "".join(f"line {i}\n" for i in range(1, 31)))
-    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    indexer = make_indexer([{"agent": "main", "path": workspace}], port=_free_port())
     index_once(indexer)
     indexer.ready.set()
     with Served(indexer) as served:

@@ -221,7 +221,7 @@ def test_since_filters_by_modification_time_through_the_api(tmp_path: Path, make
     os.utime(old, (month_ago, month_ago))
     indexer = make_indexer([{"agent": "main", "path": ws}])
     index_once(indexer)
-    api = TestClient(create_app(indexer))
+    api = TestClient(create_app(indexer), base_url="http://127.0.0.1:8743")
 
     def paths(since: str | None) -> list[str]:
         body = {"query": "deploy window", "k": 5, **({"since": since} if since else {})}

@@ -39,6 +39,7 @@ from indexer.guard import MAX_BODY_BYTES
 from indexer.pipeline import Pipeline, read_fingerprint
 from indexer.recall import read_memory
 from indexer.server import MAX_PAGE_CHARS, MAX_PAGE_LINES, MAX_QUERY_CHARS, create_app
+from indexer.worker import index_once
 from indexer.workspace import plan_collections, route
 
 RACE_S = 4.0  # long enough to reproduce the race many times over on the code before the fix (see the test)
@@ -186,7 +187,7 @@ def agents_fixture(tmp_path: Path, make_indexer):
 
     def make(**overrides):
         indexer = make_indexer([{"agent": "alice", "path": alice}, {"agent": "bob", "path": bob}], **overrides)
-        indexer.index_once()
+        index_once(indexer)
         indexer.ready.set()
         return indexer
 
@@ -328,7 +329,7 @@ def test_7_a_workspace_nested_in_anothers_memory_owns_its_files(tmp_path: Path, 
     write(bob / "loose.md", "# Loose\n\nnot memory for bob (outside his memory/), so alice keeps it\n")
     with capture_logs() as logs:
         indexer = make_indexer([{"agent": "alice", "path": alice}, {"agent": "bob", "path": bob}])
-    indexer.index_once()
+    index_once(indexer)
     owners = {Path(p).relative_to(tmp_path).as_posix(): e.collection for p, e in indexer.indexed.items()}
     assert owners == {"alice/MEMORY.md": "memory-root-alice", "alice/memory/garden.md": "memory-dir-alice",
                       "alice/memory/bob/loose.md": "memory-dir-alice",
