@@ -53,16 +53,23 @@ def open_indexer(settings: Settings, reindex: bool = False, connect: bool = True
         raise Refused(f"cannot open the store under {settings.state_dir}: {exc}") from None
 
 
+def check_port(host: str, port: int) -> None:
+    """Raise ``Refused`` unless ``host:port`` can be listened on. Binds as uvicorn does (``SO_REUSEADDR``), so a
+    port whose last connections linger in TIME_WAIT after a stop (about 60 s) does not refuse a restart."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise Refused(f"cannot listen on {host}:{port}: {exc.strerror}; is a daemon already running? "
+                          f"(choose another with --port)") from None
+
+
 def serve(settings: Settings, reindex: bool = False, progress: Progress | None = None) -> int:
     """Index, watch and serve ``settings`` until SIGTERM/SIGINT; returns the exit status. Installs signal handlers,
     so call it from the main thread. ``progress`` draws the first pass (see ``indexer.worker``)."""
     try:
-        with socket.socket() as probe:
-            try:
-                probe.bind((settings.host, settings.port))
-            except OSError as exc:
-                raise Refused(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}; is a daemon "
-                              f"already running? (choose another with --port)") from None
+        check_port(settings.host, settings.port)
         indexer = open_indexer(settings, reindex, connect=False)
         try:
             indexer.connect()
