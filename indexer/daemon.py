@@ -83,7 +83,7 @@ class Indexer:
         self.store = store
         self.terms = terms
         self.pipeline = Pipeline(registry, cache, settings.max_file_bytes, terms)
-        self.settler = Settler(settings.settle_s, clock)  # the debounce queue in front of the worker
+        self.settler = Settler(settings.settle_s, clock, settings.settle_max_s)  # the debounce queue in front of the worker
         self.polling = polling
         self.indexed: dict[str, Indexed] = {}
         self.ledger = Ledger()
