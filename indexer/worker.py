@@ -46,8 +46,23 @@ def retry_later(indexer: Indexer, paths: Iterable[Path]) -> None:
         indexer.settler.add(path, settle=False, delay=RETRY_AFTER_S)
 
 
-def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progress | None = None) -> None:
-    """Process everything ready in the queue now (until ``stop`` is set); logs ``index_pass_finished``."""
+def process_guarded(indexer: Indexer, batch: list[Path]) -> None:
+    """``indexer.process(batch)`` where no error kills the worker: an unavailable store or a bug is logged and the
+    batch queued again in ``RETRY_AFTER_S`` seconds."""
+    try:
+        retry_later(indexer, indexer.process(batch))
+    except StoreUnavailable as exc:
+        log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
+        retry_later(indexer, batch)
+    except Exception:  # a bug must not kill the worker: log it, retry the batch later
+        log.exception("worker_error", paths=[str(p) for p in batch], retry_after_s=RETRY_AFTER_S)
+        retry_later(indexer, batch)
+
+
+def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progress | None = None,
+          guarded: bool = False) -> None:
+    """Process everything ready in the queue now (until ``stop`` is set); logs ``index_pass_finished``. With
+    ``guarded`` (the daemon) errors are logged and retried (``process_guarded``); else they propagate."""
     settler, stats = indexer.settler, indexer.pipeline.stats
     started, chunks_before = time.monotonic(), stats.chunks_embedded
     with (progress or _no_progress)(len(settler)) as advance:
@@ -55,7 +70,10 @@ def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progr
             batch = settler.take_ready(BATCH_FILES)
             if not batch:
                 break
-            retry_later(indexer, indexer.process(batch))
+            if guarded:
+                process_guarded(indexer, batch)
+            else:
+                retry_later(indexer, indexer.process(batch))
             advance(len(batch))
     log.info("index_pass_finished", files=len(indexer.indexed), seconds=round(time.monotonic() - started, 2),
              chunks_embedded=stats.chunks_embedded - chunks_before)
@@ -87,7 +105,7 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
             log.error("embedder_failed", model_id=embedder.model_id, error=f"{type(exc).__name__}: {exc}")
     settler = indexer.settler
     settler.add_many(indexer.scan())
-    drain(indexer, stop, progress)
+    drain(indexer, stop, progress, guarded=True)
     if stop.is_set():
         return
     indexer.ready.set()
@@ -103,14 +121,7 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
                 settler.add_many(indexer.scan())
         batch = settler.take_ready(BATCH_FILES)
         if batch:
-            try:
-                retry_later(indexer, indexer.process(batch))
-            except StoreUnavailable as exc:
-                log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
-                retry_later(indexer, batch)
-            except Exception:  # a bug must not kill the worker: log it, retry the batch later
-                log.exception("worker_error", paths=[str(p) for p in batch], retry_after_s=RETRY_AFTER_S)
-                retry_later(indexer, batch)
+            process_guarded(indexer, batch)
             continue
         if time.monotonic() >= next_scan:
             try:

@@ -32,3 +32,24 @@ def test_a_port_someone_listens_on_is_refused() -> None:
         taken.listen()
         with pytest.raises(Refused, match="already running"):
             check_port("127.0.0.1", taken.getsockname()[1])
+
+
+def test_an_error_in_the_first_pass_does_not_kill_the_worker(workspace, make_indexer) -> None:
+    """A bug raised while processing the first pass (injected: prepare raises once) is logged and the batch
+    retried; the daemon still becomes ready and indexes every file."""
+    from conftest import Running, wait_for
+
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    real_prepare = indexer.pipeline.prepare
+    raised = []
+
+    def prepare_that_fails_once(*args, **kwargs):  # fault injection: a bug in the pipeline, once
+        if not raised:
+            raised.append(True)
+            raise RuntimeError("injected bug")
+        return real_prepare(*args, **kwargs)
+
+    indexer.pipeline.prepare = prepare_that_fails_once  # type: ignore[method-assign]
+    with Running(indexer):
+        assert raised
+        wait_for(lambda: len(indexer.indexed) == 4, timeout_s=30)
