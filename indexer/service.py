@@ -25,6 +25,7 @@ from indexer.errors import (
     CollectionMismatch,
     ConfigError,
     PluginError,
+    StateReadOnly,
     StoreLocked,
     StoreUnavailable,
 )
@@ -47,7 +48,7 @@ def open_indexer(settings: Settings, reindex: bool = False, connect: bool = True
         return Indexer.open(settings, reindex=reindex, connect=connect)
     except ConfigError as exc:
         raise Refused(f"config error: {exc}", EXIT_USAGE) from None
-    except (CollectionMismatch, StoreUnavailable, PluginError) as exc:
+    except (CollectionMismatch, StoreUnavailable, PluginError, StateReadOnly) as exc:
         raise Refused(str(exc)) from None
     except OSError as exc:
         raise Refused(f"cannot open the store under {settings.state_dir}: {exc}") from None

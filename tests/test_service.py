@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
 
 from indexer.service import Refused, check_port
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def test_a_port_in_time_wait_does_not_refuse_a_restart() -> None:
@@ -53,3 +60,55 @@ def test_an_error_in_the_first_pass_does_not_kill_the_worker(workspace, make_ind
     with Running(indexer):
         assert raised
         wait_for(lambda: len(indexer.indexed) == 4, timeout_s=30)
+
+
+def test_a_second_daemon_on_an_empty_state_dir_touches_nothing(workspace, tmp_path, registry) -> None:
+    """Two daemons started at once on an empty state dir: the winner holds daemon.lock and is creating its store
+    (a shard directory without its metadata yet); the loser must stop before creating or deleting anything."""
+    import subprocess
+    import sys
+
+    from indexer.daemon import Indexer
+    from indexer.errors import StoreLocked
+
+    from conftest import make_settings
+
+    state = tmp_path / "state"
+    winner_shard = state / "qdrant" / "memory-root-main"
+    winner_shard.mkdir(parents=True)
+    (winner_shard / "segment-being-written").write_text("the winner's file")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"), str(state / "daemon.lock")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreLocked, match="in use by another process"):
+            Indexer.open(make_settings(tmp_path, [{"agent": "main", "path": workspace}]), registry=registry)
+        assert (winner_shard / "segment-being-written").read_text() == "the winner's file"
+        assert sorted(p.name for p in state.iterdir()) == ["daemon.lock", "qdrant"]
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
+def test_a_read_only_state_dir_at_start_exits_1_with_one_line(workspace, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    state = tmp_path / "ro-state"
+    state.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(state)]).returncode != 0:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        done = subprocess.run([sys.executable, "-m", "indexer.cli", "run", "--workspace", str(workspace),
+                               "--state-dir", str(state), "--port", str(_free_port())], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json"})
+    finally:
+        subprocess.run(["umount", str(state)], check=True)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("qmd-indexer: ") and "read-only" in last, done.stderr
