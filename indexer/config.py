@@ -131,7 +131,7 @@ class Settings(BaseSettings):
     device: str = "cpu"
     batch_size: int = Field(default=32, ge=1)
     settle_s: float = Field(default=1.0, ge=0)
-    settle_max_s: float = Field(default=5.0, ge=0)  # a file saved more often than settle_s is indexed at least this often
+    settle_max_s: float = Field(default=5.0, ge=0)  # saved often: indexed at least this often
     rescan_interval_s: float = Field(default=300.0, gt=0)
     max_file_bytes: int = Field(default=10 * MIB, gt=0)
     search_mode: Literal["hybrid", "dense", "keyword"] = "hybrid"

@@ -117,7 +117,7 @@ class Indexer:
         self.store = store
         self.terms = terms
         self.pipeline = Pipeline(registry, cache, settings.max_file_bytes, terms)
-        self.settler = Settler(settings.settle_s, clock, settings.settle_max_s)  # the debounce queue in front of the worker
+        self.settler = Settler(settings.settle_s, clock, settings.settle_max_s)  # debounce queue
         self.polling = polling
         self.indexed: dict[str, Indexed] = {}
         self.ledger = Ledger()
@@ -128,6 +128,7 @@ class Indexer:
         self.started_at = time.time()
         self.last_scan_s: float | None = None
         self.in_hand = 0  # paths taken from the queue and not yet processed
+        self.beat: Callable[[], None] = lambda: None  # called where the worker makes progress (systemd watchdog)
         self._cache = cache
         self._reindex = reindex
 
@@ -271,6 +272,7 @@ class Indexer:
         prepared: list[Prepared] = []
         try:
             for path in paths:
+                self.beat()
                 self._prepare_one(path, prepared)
             return self._write(prepared) if prepared else []
         finally:
@@ -339,9 +341,14 @@ class Indexer:
             retry += self._write_group(group)
         return retry
 
+    def _should_stop(self) -> bool:
+        """Asked between embedded slices: progress (a beat), and whether to give up for a stop."""
+        self.beat()
+        return self.stopping.is_set()
+
     def _write_group(self, prepared: list[Prepared]) -> list[Path]:
         try:
-            vectors = self.pipeline.embed(prepared, should_stop=self.stopping.is_set)
+            vectors = self.pipeline.embed(prepared, should_stop=self._should_stop)
         except Interrupted:
             log.info("index_interrupted", files=[str(f.path) for f in prepared],
                      hint="embedded slices are cached; the next start finishes them")

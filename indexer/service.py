@@ -29,6 +29,7 @@ from indexer.errors import (
     StoreLocked,
     StoreUnavailable,
 )
+from indexer.systemd import Notifier, Supervisor, watchdog_interval_s
 from indexer.worker import Progress, run
 
 log = structlog.get_logger("qmd_indexer.daemon")
@@ -86,21 +87,28 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
     from indexer.server import create_app
 
     stop = threading.Event()
-    worker = threading.Thread(target=run, args=(indexer, stop, progress), name="indexer-worker", daemon=True)
+    supervisor = Supervisor(Notifier(), watchdog_interval_s())
+    worker = threading.Thread(target=run, args=(indexer, stop, progress, supervisor), name="indexer-worker",
+                              daemon=True)
     worker.start()
     server = uvicorn.Server(uvicorn.Config(create_app(indexer), host=settings.host, port=settings.port,
                                            log_config=None, access_log=False, lifespan="on"))
     log.info("api_listening", url=f"http://{settings.host}:{settings.port}")
     # uvicorn handles SIGTERM/SIGINT while serving, then re-raises the signal to the handler that was installed
     # before it; with the default handler that would kill the process before the store is flushed.
+    def on_stop(*_: object) -> None:
+        supervisor.stopping()
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, on_stop)
     failed_to_serve = False
     try:
         server.run()
     except SystemExit:  # uvicorn exits when it cannot bind (a port taken between our probe and its bind)
         failed_to_serve = True
     finally:
+        supervisor.stopping()  # STOPPING=1 (uvicorn took SIGTERM while serving, and returned)
         stop.set()
         indexer.settler.wake()
         worker.join()

@@ -25,6 +25,7 @@ import structlog
 
 from indexer.daemon import RETRY_AFTER_S, Indexer
 from indexer.errors import StoreUnavailable
+from indexer.systemd import Supervisor
 from indexer.watcher import Watcher
 
 log = structlog.get_logger("qmd_indexer.daemon")
@@ -67,6 +68,7 @@ def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progr
     started, chunks_before = time.monotonic(), stats.chunks_embedded
     with (progress or _no_progress)(len(settler)) as advance:
         while not (stop and stop.is_set()):
+            indexer.beat()
             batch = settler.take_ready(BATCH_FILES)
             if not batch:
                 break
@@ -89,11 +91,15 @@ def index_once(indexer: Indexer, progress: Progress | None = None) -> dict[str, 
     return indexer.status()
 
 
-def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = None) -> None:
+def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = None,
+        supervisor: Supervisor | None = None) -> None:
     """Watch and index until ``stop`` is set; finishes the batch in hand, then returns. An unavailable store at
     start is waited for (the API meanwhile answers ``ready: false`` and searches 503). ``progress`` is shown for
-    the first pass only."""
+    the first pass only. ``supervisor`` (``qmd-indexer run`` under systemd) gets ``READY=1`` after the first
+    pass, ``STATUS=`` changes and watchdog beats while the worker makes progress."""
     indexer.stopping = stop
+    if supervisor is not None:
+        indexer.beat = supervisor.beat
     if not indexer.connected.is_set() and not indexer.connect_until(stop):
         return
     watcher = indexer.watcher = Watcher(indexer.collections, indexer.on_path, polling=indexer.polling)
@@ -110,9 +116,14 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
         return
     indexer.ready.set()
     log.info("daemon_ready", files=len(indexer.indexed), queue_depth=len(settler))
+    if supervisor is not None:
+        supervisor.ready(len(settler), len(indexer.indexed))
     next_scan = time.monotonic() + indexer.settings.rescan_interval_s
     next_refresh = time.monotonic() + REFRESH_S
     while not stop.is_set():
+        indexer.beat()
+        if supervisor is not None:
+            supervisor.status(len(settler) + indexer.in_hand, len(indexer.indexed))
         if time.monotonic() >= next_refresh:
             next_refresh = time.monotonic() + REFRESH_S
             renewed = watcher.refresh()

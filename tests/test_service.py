@@ -68,10 +68,10 @@ def test_a_second_daemon_on_an_empty_state_dir_touches_nothing(workspace, tmp_pa
     import subprocess
     import sys
 
+    from conftest import make_settings
+
     from indexer.daemon import Indexer
     from indexer.errors import StoreLocked
-
-    from conftest import make_settings
 
     state = tmp_path / "state"
     winner_shard = state / "qdrant" / "memory-root-main"
