@@ -142,6 +142,7 @@ class Settings(BaseSettings):
     # the quality check, else fp32. Measured with `python -m benchmarks.embed_precision`.
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     settle_s: float = Field(default=1.0, ge=0)
+    settle_max_s: float = Field(default=5.0, ge=0)  # saved often: indexed at least this often
     rescan_interval_s: float = Field(default=300.0, gt=0)
     max_file_bytes: int = Field(default=10 * MIB, gt=0)
     search_mode: Literal["hybrid", "dense", "keyword"] = "hybrid"

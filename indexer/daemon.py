@@ -31,7 +31,7 @@ from indexer.api import GROUPS
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache
 from indexer.config import Settings
-from indexer.errors import EmbedError, ExtractError, FileSkipped, StoreUnavailable
+from indexer.errors import EmbedError, ExtractError, FileSkipped, StateReadOnly, StoreLocked, StoreUnavailable
 from indexer.ledger import FAILURES, Ledger
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
 from indexer.plugins import Registry, load_registry
@@ -45,6 +45,40 @@ log = structlog.get_logger("qmd_indexer.daemon")
 
 GROUP_CHUNKS = 256  # chunks embedded and written together; smaller files of a batch go first
 RETRY_AFTER_S = 5.0  # a store found unreachable is tried again after this long (connecting, or a file's write)
+
+
+_STATE_LOCKS: dict[Path, int] = {}  # state dir -> fd of its daemon.lock, held until this process exits
+
+
+def hold_state_lock(state_dir: Path) -> None:
+    """Take ``<state_dir>/daemon.lock`` (``fcntl.flock``, exclusive) for the rest of this process's life, before
+    anything else under ``state_dir`` is created or opened: two daemons started at once on an empty state dir
+    would otherwise both create the store and the loser delete the winner's new files. Taking it again in the
+    same process is a no-op (tests open several indexers on one state dir).
+
+    Raises ``StoreLocked`` when another process holds it, ``StateReadOnly`` when the lock file cannot be created
+    because the state dir is read-only (or not writable by this user)."""
+    import errno
+    import fcntl
+
+    state_dir = state_dir.resolve()
+    if state_dir in _STATE_LOCKS:
+        return
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(state_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise StateReadOnly(f"the state directory {state_dir} is read-only ({exc.strerror}); make it "
+                                f"writable or choose another with --state-dir") from None
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLocked(f"the state directory {state_dir} is in use by another process (a running daemon?); "
+                          f"query it with `qmd-indexer search`, or stop it first") from None
+    _STATE_LOCKS[state_dir] = fd
 
 
 @dataclass(slots=True)
@@ -85,7 +119,7 @@ class Indexer:
         self.store = store
         self.terms = terms
         self.pipeline = Pipeline(registry, cache, settings.max_file_bytes, terms)
-        self.settler = Settler(settings.settle_s, clock)  # the debounce queue in front of the worker
+        self.settler = Settler(settings.settle_s, clock, settings.settle_max_s)  # debounce queue
         self.polling = polling
         self.indexed: dict[str, Indexed] = {}
         self.ledger = Ledger()
@@ -96,6 +130,7 @@ class Indexer:
         self.started_at = time.time()
         self.last_scan_s: float | None = None
         self.in_hand = 0  # paths taken from the queue and not yet processed
+        self.beat: Callable[[], None] = lambda: None  # called where the worker makes progress (systemd watchdog)
         self._cache = cache
         self._reindex = reindex
 
@@ -108,10 +143,11 @@ class Indexer:
         ``connect()``-ed to its collections (``reindex`` drops them first). ``terms``: the BM25 term builder
         (``None``: the product's).
 
-        Raises ``ConfigError`` for conflicting plugins, ``PluginError`` without a text embedder, ``OSError`` when
-        the state directory cannot be used, and what ``connect`` raises.
+        Raises ``StoreLocked`` when another process holds the state dir (``hold_state_lock``), ``StateReadOnly``
+        when it is read-only, ``ConfigError`` for conflicting plugins, ``PluginError`` without a text embedder,
+        ``OSError`` when the state directory cannot be used, and what ``connect`` raises.
         """
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        hold_state_lock(settings.state_dir)  # first: nothing is created before the lock is ours
         if registry is None:
             registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer)
         registry.check_multimodal({w.agent: w.multimodal.modalities for w in settings.workspace
@@ -240,6 +276,7 @@ class Indexer:
         prepared: list[Prepared] = []
         try:
             for path in paths:
+                self.beat()
                 self._prepare_one(path, prepared)
             return self._write(prepared) if prepared else []
         finally:
@@ -311,9 +348,14 @@ class Indexer:
             retry += self._write_group(group)
         return retry
 
+    def _should_stop(self) -> bool:
+        """Asked between embedded slices: progress (a beat), and whether to give up for a stop."""
+        self.beat()
+        return self.stopping.is_set()
+
     def _write_group(self, prepared: list[Prepared]) -> list[Path]:
         try:
-            vectors = self.pipeline.embed(prepared, should_stop=self.stopping.is_set)
+            vectors = self.pipeline.embed(prepared, should_stop=self._should_stop)
         except Interrupted:
             log.info("index_interrupted", files=[str(f.path) for f in prepared],
                      hint="embedded slices are cached; the next start finishes them")

@@ -6,6 +6,7 @@
     ├── CollectionMismatch   an existing collection's vectors differ from the configured embedders (reindex)
     ├── StoreUnavailable     Qdrant cannot be reached or refused an operation (retried, then logged)
     │   └── StoreLocked      the embedded store is held by another process (a config mistake: not retried at start)
+    ├── StateReadOnly        the state directory is read-only at start (the daemon exits 1 with one line)
     ├── FileSkipped          a file is not indexed for a stated reason (too large, not UTF-8 text, FIFO, ...)
     ├── ExtractError         an extractor could not read a file of its kind (corrupt image, bad codec, ...)
     ├── EmbedError           an embedder could not embed an input
@@ -41,6 +42,10 @@ class StoreUnavailable(QmdError):
 
 class StoreLocked(StoreUnavailable):
     """The embedded store's write-ahead log is locked by another process."""
+
+
+class StateReadOnly(QmdError):
+    """The state directory (store, cache, lock) cannot be written: read-only file system or no permission."""
 
 
 class FileSkipped(QmdError):

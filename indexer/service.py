@@ -25,9 +25,11 @@ from indexer.errors import (
     CollectionMismatch,
     ConfigError,
     PluginError,
+    StateReadOnly,
     StoreLocked,
     StoreUnavailable,
 )
+from indexer.systemd import Notifier, Supervisor, watchdog_interval_s
 from indexer.worker import Progress, run
 
 log = structlog.get_logger("qmd_indexer.daemon")
@@ -47,22 +49,29 @@ def open_indexer(settings: Settings, reindex: bool = False, connect: bool = True
         return Indexer.open(settings, reindex=reindex, connect=connect)
     except ConfigError as exc:
         raise Refused(f"config error: {exc}", EXIT_USAGE) from None
-    except (CollectionMismatch, StoreUnavailable, PluginError) as exc:
+    except (CollectionMismatch, StoreUnavailable, PluginError, StateReadOnly) as exc:
         raise Refused(str(exc)) from None
     except OSError as exc:
         raise Refused(f"cannot open the store under {settings.state_dir}: {exc}") from None
+
+
+def check_port(host: str, port: int) -> None:
+    """Raise ``Refused`` unless ``host:port`` can be listened on. Binds as uvicorn does (``SO_REUSEADDR``), so a
+    port whose last connections linger in TIME_WAIT after a stop (about 60 s) does not refuse a restart."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise Refused(f"cannot listen on {host}:{port}: {exc.strerror}; is a daemon already running? "
+                          f"(choose another with --port)") from None
 
 
 def serve(settings: Settings, reindex: bool = False, progress: Progress | None = None) -> int:
     """Index, watch and serve ``settings`` until SIGTERM/SIGINT; returns the exit status. Installs signal handlers,
     so call it from the main thread. ``progress`` draws the first pass (see ``indexer.worker``)."""
     try:
-        with socket.socket() as probe:
-            try:
-                probe.bind((settings.host, settings.port))
-            except OSError as exc:
-                raise Refused(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}; is a daemon "
-                              f"already running? (choose another with --port)") from None
+        check_port(settings.host, settings.port)
         indexer = open_indexer(settings, reindex, connect=False)
         try:
             indexer.connect()
@@ -78,21 +87,28 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
     from indexer.server import create_app
 
     stop = threading.Event()
-    worker = threading.Thread(target=run, args=(indexer, stop, progress), name="indexer-worker", daemon=True)
+    supervisor = Supervisor(Notifier(), watchdog_interval_s())
+    worker = threading.Thread(target=run, args=(indexer, stop, progress, supervisor), name="indexer-worker",
+                              daemon=True)
     worker.start()
     server = uvicorn.Server(uvicorn.Config(create_app(indexer), host=settings.host, port=settings.port,
                                            log_config=None, access_log=False, lifespan="on"))
     log.info("api_listening", url=f"http://{settings.host}:{settings.port}")
     # uvicorn handles SIGTERM/SIGINT while serving, then re-raises the signal to the handler that was installed
     # before it; with the default handler that would kill the process before the store is flushed.
+    def on_stop(*_: object) -> None:
+        supervisor.stopping()
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, on_stop)
     failed_to_serve = False
     try:
         server.run()
     except SystemExit:  # uvicorn exits when it cannot bind (a port taken between our probe and its bind)
         failed_to_serve = True
     finally:
+        supervisor.stopping()  # STOPPING=1 (uvicorn took SIGTERM while serving, and returned)
         stop.set()
         indexer.settler.wake()
         worker.join()

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
+from collections.abc import Callable
 
 # syslog priorities (sd-daemon(3), syslog(3)): <3> error, <4> warning, <6> info, <7> debug
 PRIORITIES = {"critical": 2, "exception": 3, "error": 3, "warning": 4, "warn": 4, "info": 6, "debug": 7}
@@ -100,3 +102,38 @@ class Notifier:
             if self._socket is not None:
                 self._socket.close()
                 self._socket = None
+
+
+class Supervisor:
+    """What the worker tells the service manager through ``notifier``: ``beat()`` wherever the worker makes
+    progress (each loop turn, each file, each embedded slice) sends ``WATCHDOG=1`` at most every quarter of
+    ``watchdog_s`` (so a worker stuck on one file longer than ``watchdog_s`` sends none and systemd restarts it);
+    ``status(queue_depth, files)`` sends ``STATUS=`` when the text changed, at most once per ``status_every_s``
+    seconds (a change held back goes out on a later call); ``ready``/``stopping`` once each."""
+
+    def __init__(self, notifier: Notifier, watchdog_s: float | None, status_every_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.notifier, self.watchdog_s, self.status_every_s, self.clock = notifier, watchdog_s, status_every_s, clock
+        self._last_ping = self._last_status_at = float("-inf")
+        self._last_status = ""
+        self._stopping = False
+
+    def beat(self) -> None:
+        if self.watchdog_s is not None and self.clock() - self._last_ping >= self.watchdog_s / 4:
+            self._last_ping = self.clock()
+            self.notifier.watchdog()
+
+    def status(self, queue_depth: int, files: int) -> None:
+        text = f"{files} files indexed, queue {queue_depth}"
+        if text != self._last_status and self.clock() - self._last_status_at >= self.status_every_s:
+            self._last_status, self._last_status_at = text, self.clock()
+            self.notifier.status(text)
+
+    def ready(self, queue_depth: int, files: int) -> None:
+        self._last_status, self._last_status_at = f"{files} files indexed, queue {queue_depth}", self.clock()
+        self.notifier.ready(self._last_status)
+
+    def stopping(self) -> None:
+        if not self._stopping:
+            self._stopping = True
+            self.notifier.stopping()

@@ -5,7 +5,9 @@
   worker later looks at the disk, so "what is there now" wins over the order of events. An atomic save (temp file
   renamed over the target) and a backup-unlink-create save both end as one settled path: the target.
 - ``Settler`` releases a path once no event touched it for ``settle_s`` seconds (the reference agent debounces 1.5 s;
-  the default 1.0 s keeps save-to-searchable under 2 s). The clock is injectable for tests.
+  the default 1.0 s keeps save-to-searchable under 2 s), or ``max_wait_s`` (``settle_max_s``, 5 s) after its first
+  unreleased event, so a file saved every half second is still indexed while the saves go on. The clock is
+  injectable for tests.
 - Watches: each workspace root non-recursively (for the root memory file and a ``memory/`` created later),
   ``memory/`` and extra directories recursively (watchdog adds watches for directories created inside), the parent
   of an extra file. A symlinked root is never watched. When the kernel refuses a watch (inotify's
@@ -41,10 +43,12 @@ class Settler:
     quiet period of ``settle_s`` seconds has passed, earliest deadline first. A heap keeps ``take_ready`` at
     O(k log n) for a queue of n paths (a first scan queues every file). Thread-safe."""
 
-    def __init__(self, settle_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, settle_s: float, clock: Callable[[], float] = time.monotonic, max_wait_s: float = 5.0) -> None:
         self.settle_s = settle_s
+        self.max_wait_s = max_wait_s  # a path kept busy by events is still released this long after its first one
         self.clock = clock
         self._deadlines: dict[Path, float] = {}
+        self._first: dict[Path, float] = {}  # when the first still-unreleased event for a path arrived
         self._heap: list[tuple[float, int, Path]] = []  # may hold stale entries; _deadlines is the truth
         self._seq = 0
         self._cond = threading.Condition()
@@ -56,7 +60,12 @@ class Settler:
             current = self._deadlines.get(path)
             if not settle and current is not None:
                 return
-            deadline = self.clock() + (self.settle_s if settle else delay)
+            now = self.clock()
+            if settle:
+                first = self._first.setdefault(path, now)
+                deadline = min(now + self.settle_s, max(now, first + self.max_wait_s))
+            else:
+                deadline = now + delay
             self._deadlines[path] = deadline
             self._seq += 1
             heapq.heappush(self._heap, (deadline, self._seq, path))
@@ -75,6 +84,7 @@ class Settler:
                 deadline, _, path = heapq.heappop(self._heap)
                 if self._deadlines.get(path) == deadline:
                     del self._deadlines[path]
+                    self._first.pop(path, None)
                     ready.append(path)
             return ready
 

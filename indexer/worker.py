@@ -25,6 +25,7 @@ import structlog
 
 from indexer.daemon import RETRY_AFTER_S, Indexer
 from indexer.errors import StoreUnavailable
+from indexer.systemd import Supervisor
 from indexer.watcher import Watcher
 
 log = structlog.get_logger("qmd_indexer.daemon")
@@ -46,16 +47,35 @@ def retry_later(indexer: Indexer, paths: Iterable[Path]) -> None:
         indexer.settler.add(path, settle=False, delay=RETRY_AFTER_S)
 
 
-def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progress | None = None) -> None:
-    """Process everything ready in the queue now (until ``stop`` is set); logs ``index_pass_finished``."""
+def process_guarded(indexer: Indexer, batch: list[Path]) -> None:
+    """``indexer.process(batch)`` where no error kills the worker: an unavailable store or a bug is logged and the
+    batch queued again in ``RETRY_AFTER_S`` seconds."""
+    try:
+        retry_later(indexer, indexer.process(batch))
+    except StoreUnavailable as exc:
+        log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
+        retry_later(indexer, batch)
+    except Exception:  # a bug must not kill the worker: log it, retry the batch later
+        log.exception("worker_error", paths=[str(p) for p in batch], retry_after_s=RETRY_AFTER_S)
+        retry_later(indexer, batch)
+
+
+def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progress | None = None,
+          guarded: bool = False) -> None:
+    """Process everything ready in the queue now (until ``stop`` is set); logs ``index_pass_finished``. With
+    ``guarded`` (the daemon) errors are logged and retried (``process_guarded``); else they propagate."""
     settler, stats = indexer.settler, indexer.pipeline.stats
     started, chunks_before = time.monotonic(), stats.chunks_embedded
     with (progress or _no_progress)(len(settler)) as advance:
         while not (stop and stop.is_set()):
+            indexer.beat()
             batch = settler.take_ready(BATCH_FILES)
             if not batch:
                 break
-            retry_later(indexer, indexer.process(batch))
+            if guarded:
+                process_guarded(indexer, batch)
+            else:
+                retry_later(indexer, indexer.process(batch))
             advance(len(batch))
     log.info("index_pass_finished", files=len(indexer.indexed), seconds=round(time.monotonic() - started, 2),
              chunks_embedded=stats.chunks_embedded - chunks_before)
@@ -71,11 +91,15 @@ def index_once(indexer: Indexer, progress: Progress | None = None) -> dict[str, 
     return indexer.status()
 
 
-def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = None) -> None:
+def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = None,
+        supervisor: Supervisor | None = None) -> None:
     """Watch and index until ``stop`` is set; finishes the batch in hand, then returns. An unavailable store at
     start is waited for (the API meanwhile answers ``ready: false`` and searches 503). ``progress`` is shown for
-    the first pass only."""
+    the first pass only. ``supervisor`` (``qmd-indexer run`` under systemd) gets ``READY=1`` after the first
+    pass, ``STATUS=`` changes and watchdog beats while the worker makes progress."""
     indexer.stopping = stop
+    if supervisor is not None:
+        indexer.beat = supervisor.beat
     if not indexer.connected.is_set() and not indexer.connect_until(stop):
         return
     watcher = indexer.watcher = Watcher(indexer.collections, indexer.on_path, polling=indexer.polling)
@@ -87,14 +111,19 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
             log.error("embedder_failed", model_id=embedder.model_id, error=f"{type(exc).__name__}: {exc}")
     settler = indexer.settler
     settler.add_many(indexer.scan())
-    drain(indexer, stop, progress)
+    drain(indexer, stop, progress, guarded=True)
     if stop.is_set():
         return
     indexer.ready.set()
     log.info("daemon_ready", files=len(indexer.indexed), queue_depth=len(settler))
+    if supervisor is not None:
+        supervisor.ready(len(settler), len(indexer.indexed))
     next_scan = time.monotonic() + indexer.settings.rescan_interval_s
     next_refresh = time.monotonic() + REFRESH_S
     while not stop.is_set():
+        indexer.beat()
+        if supervisor is not None:
+            supervisor.status(len(settler) + indexer.in_hand, len(indexer.indexed))
         if time.monotonic() >= next_refresh:
             next_refresh = time.monotonic() + REFRESH_S
             renewed = watcher.refresh()
@@ -103,14 +132,7 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
                 settler.add_many(indexer.scan())
         batch = settler.take_ready(BATCH_FILES)
         if batch:
-            try:
-                retry_later(indexer, indexer.process(batch))
-            except StoreUnavailable as exc:
-                log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
-                retry_later(indexer, batch)
-            except Exception:  # a bug must not kill the worker: log it, retry the batch later
-                log.exception("worker_error", paths=[str(p) for p in batch], retry_after_s=RETRY_AFTER_S)
-                retry_later(indexer, batch)
+            process_guarded(indexer, batch)
             continue
         if time.monotonic() >= next_scan:
             try:

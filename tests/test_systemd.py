@@ -89,3 +89,49 @@ def test_unit_file_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     copy.write_text(unit.replace("/opt/qmd-indexer/.venv/bin/qmd-indexer", str(executable)))
     result = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_unit_is_type_notify_with_a_watchdog() -> None:
+    unit = (ROOT / "deploy" / "qmd-indexer.service").read_text().splitlines()
+    for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=60s"):
+        assert line in unit, line
+
+
+def test_daemon_notifies_ready_status_watchdog_and_stopping_in_order(workspace: Path, tmp_path: Path,
+                                                                      listener: socket.socket) -> None:
+    """``qmd-indexer run`` (real model, real store) under a systemd-compatible listener: READY=1 after the first
+    index, STATUS= with the files indexed, WATCHDOG=1 repeatedly (WATCHDOG_USEC 2 s), STOPPING=1 on SIGTERM."""
+    import signal
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json",
+           "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "2000000"}
+    env.pop("WATCHDOG_PID", None)
+    with open(tmp_path / "run.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "indexer.cli", "run", "--workspace", str(workspace),
+                                 "--state-dir", str(tmp_path / "state"), "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=log, env=env)
+    messages: list[str] = []
+    try:
+        listener.settimeout(120)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and sum(m == "WATCHDOG=1" for m in messages) < 3 or not any(
+                m.startswith("READY=1") for m in messages):
+            messages.append(listener.recv(4096).decode())
+        proc.send_signal(signal.SIGTERM)
+        listener.settimeout(30)
+        while "STOPPING=1" not in messages:
+            messages.append(listener.recv(4096).decode())
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print("notify sequence:", messages)
+    ready = next(i for i, m in enumerate(messages) if m.startswith("READY=1"))
+    assert "STATUS=4 files indexed, queue 0" in messages[ready], messages
+    assert any(m == "WATCHDOG=1" for m in messages[ready:]), messages
+    assert messages[-1] == "STOPPING=1" and messages.count("STOPPING=1") == 1, messages

@@ -37,6 +37,21 @@ def test_settler_releases_a_path_once_quiet() -> None:
     assert len(settler) == 0
 
 
+def test_a_path_saved_every_half_second_is_released_after_the_maximum_wait() -> None:
+    """Saves more often than settle_s must not hold a file back until they stop: after max_wait_s from its first
+    unreleased event the path is released, and the next burst starts a new maximum wait."""
+    clock = FakeClock()
+    settler = Settler(1.0, clock, max_wait_s=5.0)
+    a = Path("/w/a.md")
+    released = []
+    for step in range(40):  # a save every 0.5 s for 20 s
+        clock.now = step * 0.5
+        settler.add(a)
+        released += [clock.now for _ in settler.take_ready(10)]
+    assert released == [5.0, 10.5, 16.0], released
+    assert len(settler) == 1  # the last save is still settling
+
+
 def test_a_retry_waits_its_delay_in_the_queue_unless_an_event_comes_first() -> None:
     clock = FakeClock()
     settler = Settler(1.0, clock)
