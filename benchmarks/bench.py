@@ -383,7 +383,8 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
     cosine to its source ~0.9), L2-normalised. Payloads are the product's (path, hashes, stat, chunk counts), so
     the daemon sees every file as indexed and embeds nothing at start."""
     from indexer.bm25 import Bm25Terms
-    from indexer.store import Point, ancestor_dirs, open_store, point_id
+    from indexer.points import Payload, Point, ancestor_dirs, point_id
+    from indexer.store import open_store
 
     shutil.rmtree(workspace, ignore_errors=True)
     shutil.rmtree(state_dir, ignore_errors=True)
@@ -420,7 +421,7 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
                        "start_line": i + 1, "end_line": i + 1, "text": text, "kind": "markdown",
                        "modality": "text", "model_id": registry.embedders["text"].model_id}
             batch.append(Point(point_id(collection.name, str(path), i), {"text": vec},
-                               {"bm25": terms}, payload))
+                               {"bm25": terms}, Payload.from_payload(payload)))
         if len(batch) >= 2000:
             store.upsert(collection.name, batch)
             batch = []
@@ -438,8 +439,8 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
 def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Sequence[str]) -> dict[str, Any]:
     """Per query, ms spent embedding the query, in the store (both lists) and fusing (medians), in this process."""
     from indexer.daemon import Indexer
+    from indexer.points import Filter, Query
     from indexer.search import SearchParams, fuse
-    from indexer.store import Filter, Query
 
     indexer = Indexer.open(settings_for(workspace, state_dir, agent="big"), registry=registry)
     searcher = indexer.searcher()
