@@ -20,7 +20,7 @@ import numpy as np
 from indexer.api import Embedder
 from indexer.bm25 import Bm25Terms
 from indexer.config import Settings
-from indexer.points import Filter, Hit, Query
+from indexer.points import Filter, Hit, Payload, Query
 from indexer.store import Store
 from indexer.workspace import Collection
 
@@ -180,16 +180,23 @@ class Searcher:
                       filter=Filter(path_prefix=params.path_prefix, kinds=tuple(params.kinds),
                                     since_ns=params.since_ns))
         pools: dict[str, list[Hit]] = {}
+        owner: dict[str, str] = {}  # point id -> its collection
         for collection in targets:
-            for using, hits in self.store.search(collection.name, query).items():
+            for using, hits in self.store.search(collection.name, query, with_payload=False).items():
                 pools.setdefault(using, []).extend(hits)
+                owner.update((h.id, collection.name) for h in hits)
         lists = [sorted(hits, key=lambda h: -h.score)[:depth] for hits in pools.values() if hits]
         if not lists:
             return []
         fused = lists[0] if len(lists) == 1 else fuse(lists, self.fusion, self.rrf_k, depth)
         if params.min_score is not None:
             fused = [h for h in fused if h.score >= params.min_score]
-        return fused[: params.k]
+        kept = fused[: params.k]
+        # payloads for the kept hits only (one request per collection); a point deleted meanwhile drops out
+        payloads: dict[str, Payload] = {}
+        for name in dict.fromkeys(owner[h.id] for h in kept):
+            payloads.update(self.store.payloads(name, [h.id for h in kept if owner[h.id] == name]))
+        return [Hit(h.id, h.score, payloads[h.id]) for h in kept if h.id in payloads]
 
     def search(self, params: SearchParams) -> list[dict[str, Any]]:
         """The ``params.k`` best hits across the selected collections, best first, as API dicts."""
