@@ -163,8 +163,9 @@ class Searcher:
         return chosen
 
     def retrieve(self, params: SearchParams) -> list[Hit]:
-        """Fused hits (raw payloads), best first: the lists of every selected collection are pooled per vector
-        (dense text, dense image, BM25), each pool cut to ``prefetch_limit``, and the pools fused."""
+        """Fused hits (raw payloads), best first: the lists of every selected collection (ids and scores only)
+        are pooled per vector (dense text, dense image, BM25), each pool cut to ``prefetch_limit``, the pools fused,
+        and the payloads of the ``k`` kept hits read by id."""
         mode = params.mode or self.mode
         if mode not in ("hybrid", "dense", "keyword"):
             raise ValueError(f"mode must be hybrid, dense or keyword, got {mode!r}")
