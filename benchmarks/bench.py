@@ -194,13 +194,14 @@ class Daemon:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        exe = Path(sys.executable).parent / "qmd-indexer"
-        cmd = [str(exe), "run", "--workspace", str(workspace), "--agent", agent, "--state-dir", str(state_dir),
-               "--port", str(self.port)]
+        # ``python -m indexer`` from the checkout, so the code measured is this tree's (an installed
+        # ``qmd-indexer`` script imports whatever checkout the virtualenv was installed from)
+        cmd = [sys.executable, "-m", "indexer", "run", "--workspace", str(workspace), "--agent", agent,
+               "--state-dir", str(state_dir), "--port", str(self.port)]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json"}
         self.log_file = open(log_path, "wb")
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         self.ps = psutil.Process(self.proc.pid)
         self.sampled_peak = 0
         self._stop = threading.Event()
@@ -383,7 +384,8 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
     cosine to its source ~0.9), L2-normalised. Payloads are the product's (path, hashes, stat, chunk counts), so
     the daemon sees every file as indexed and embeds nothing at start."""
     from indexer.bm25 import Bm25Terms
-    from indexer.store import Point, ancestor_dirs, open_store, point_id
+    from indexer.points import Payload, Point, ancestor_dirs, point_id
+    from indexer.store import open_store
 
     shutil.rmtree(workspace, ignore_errors=True)
     shutil.rmtree(state_dir, ignore_errors=True)
@@ -420,7 +422,7 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
                        "start_line": i + 1, "end_line": i + 1, "text": text, "kind": "markdown",
                        "modality": "text", "model_id": registry.embedders["text"].model_id}
             batch.append(Point(point_id(collection.name, str(path), i), {"text": vec},
-                               {"bm25": terms}, payload))
+                               {"bm25": terms}, Payload.from_payload(payload)))
         if len(batch) >= 2000:
             store.upsert(collection.name, batch)
             batch = []
@@ -436,34 +438,50 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
 
 
 def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Sequence[str]) -> dict[str, Any]:
-    """Per query, ms spent embedding the query, in the store (both lists) and fusing (medians), in this process."""
+    """Per query, medians in ms in this process: embedding the query, each prefetch by ids and scores (as the
+    searcher runs them) and with every candidate's payload (as the first version did), fusion, the payload read of
+    the k kept hits, snippets, and the whole ``retrieve`` (query embedding cached)."""
     from indexer.daemon import Indexer
-    from indexer.search import SearchParams, fuse
-    from indexer.store import Filter, Query
+    from indexer.points import Filter, Hit, Query
+    from indexer.search import SearchParams, fuse, to_hit
 
     indexer = Indexer.open(settings_for(workspace, state_dir, agent="big"), registry=registry)
     searcher = indexer.searcher()
     embed_ms, dense_ms, sparse_ms, fuse_ms, total_ms = [], [], [], [], []
+    dense_payload_ms, sparse_payload_ms, payload_ms, snippet_ms = [], [], [], []
     name = indexer.collections[1].name
     for q in queries:
         t0 = time.perf_counter()
         dense = dict(searcher.embed_query(q))
         t1 = time.perf_counter()
         terms = indexer.terms.query(q)
-        lists = indexer.store.search(name, Query(limit=searcher.prefetch_limit, dense=dense, filter=Filter()))
+        lists = indexer.store.search(name, Query(limit=searcher.prefetch_limit, dense=dense, filter=Filter()),
+                                     with_payload=False)
         t2 = time.perf_counter()
-        lists.update(indexer.store.search(name, Query(limit=searcher.prefetch_limit,
-                                                      sparse=terms)))
+        lists.update(indexer.store.search(name, Query(limit=searcher.prefetch_limit, sparse=terms),
+                                          with_payload=False))
         t3 = time.perf_counter()
-        fuse(list(lists.values()), searcher.fusion, searcher.rrf_k, searcher.prefetch_limit)
+        fused = fuse(list(lists.values()), searcher.fusion, searcher.rrf_k, searcher.prefetch_limit)
         t4 = time.perf_counter()
         searcher.retrieve(SearchParams(q + " ", k=6))
         t5 = time.perf_counter()
+        payloads = indexer.store.payloads(name, [h.id for h in fused[:6]])
+        t6 = time.perf_counter()
+        [to_hit(Hit(h.id, h.score, payloads[h.id]), q) for h in fused[:6] if h.id in payloads]
+        t7 = time.perf_counter()
+        # the first version's prefetches: every candidate's payload read with it
+        indexer.store.search(name, Query(limit=searcher.prefetch_limit, dense=dense))
+        t8 = time.perf_counter()
+        indexer.store.search(name, Query(limit=searcher.prefetch_limit, sparse=terms))
+        t9 = time.perf_counter()
         embed_ms.append(t1 - t0), dense_ms.append(t2 - t1), sparse_ms.append(t3 - t2), fuse_ms.append(t4 - t3)
-        total_ms.append(t5 - t4)
+        total_ms.append(t5 - t4), payload_ms.append(t6 - t5), snippet_ms.append(t7 - t6)
+        dense_payload_ms.append(t8 - t7), sparse_payload_ms.append(t9 - t8)
     indexer.close()
     med = lambda xs: round(1000 * statistics.median(xs), 2)  # noqa: E731
     return {"embed_query_ms": med(embed_ms), "dense_search_ms": med(dense_ms), "bm25_search_ms": med(sparse_ms),
+            "dense_with_payloads_ms": med(dense_payload_ms), "bm25_with_payloads_ms": med(sparse_payload_ms),
+            "payloads_k_ms": med(payload_ms), "snippets_ms": med(snippet_ms),
             "fuse_ms": med(fuse_ms), "retrieve_ms": med(total_ms)}
 
 

@@ -264,9 +264,10 @@ class Indexer:
         log.info("file_removed", path=abs_path, collection=entry.collection, reason=reason)
 
     # -- processing ---------------------------------------------------------------------------------------------
-    def on_path(self, path: Path) -> None:
-        """Watcher callback: queue ``path`` behind the debounce. Cheap: called on watchdog's thread."""
-        self.settler.add(path)
+    def on_path(self, path: Path, quiet_s: float | None = None) -> None:
+        """Watcher callback: queue ``path`` behind the debounce (``quiet_s``: its quiet period, ``None`` for
+        ``settle_s``). Cheap: called on watchdog's thread."""
+        self.settler.add(path, quiet_s=quiet_s)
 
     def process(self, paths: list[Path]) -> list[Path]:
         """Bring the store in line with the disk for ``paths`` (files or directories, present or gone). Returns

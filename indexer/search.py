@@ -27,7 +27,7 @@ import numpy as np
 from indexer.api import Embedder
 from indexer.bm25 import Bm25Terms
 from indexer.config import Settings
-from indexer.points import SPARSE, Filter, Hit, Query
+from indexer.points import SPARSE, Filter, Hit, Payload, Query
 from indexer.rerank import Reranker, RerankStats, rerank
 from indexer.store import Store
 from indexer.workspace import Collection
@@ -195,8 +195,9 @@ class Searcher:
         return chosen
 
     def retrieve(self, params: SearchParams) -> list[Hit]:
-        """Fused hits (raw payloads), best first: the lists of every selected collection are pooled per vector
-        (dense text, dense image, BM25), each pool cut to ``prefetch_limit``, and the pools fused."""
+        """Fused hits (raw payloads), best first: the lists of every selected collection (ids and scores only)
+        are pooled per vector (dense text, dense image, BM25), each pool cut to ``prefetch_limit``, the pools fused,
+        and the payloads of the ``k`` kept hits read by id."""
         mode = params.mode or self.mode
         if mode not in ("hybrid", "dense", "keyword"):
             raise ValueError(f"mode must be hybrid, dense or keyword, got {mode!r}")
@@ -212,25 +213,37 @@ class Searcher:
                       filter=Filter(path_prefix=params.path_prefix, kinds=tuple(params.kinds),
                                     since_ns=params.since_ns))
         pools: dict[str, list[Hit]] = {}
+        owner: dict[str, str] = {}  # point id -> its collection
         for collection in targets:
-            for using, hits in self.store.search(collection.name, query).items():
+            for using, hits in self.store.search(collection.name, query, with_payload=False).items():
                 pools.setdefault(using, []).extend(hits)
+                owner.update((h.id, collection.name) for h in hits)
         lists = [sorted(hits, key=lambda h: -h.score)[:depth] for hits in pools.values() if hits]
         if not lists:
             return []
         fused = lists[0] if len(lists) == 1 else fuse(lists, self.fusion, self.rrf_k, depth)
-        if self.half_life_days:
-            fused = decay(fused, self.half_life_days, self.now())
+        if self.half_life_days:  # dates come from the paths: those stages read payloads of every candidate
+            fused = decay(self._with_payloads(fused, owner), self.half_life_days, self.now())
         if params.min_score is not None:
             fused = [h for h in fused if h.score >= params.min_score]
         if self.reranker is not None:
-            fused = rerank(fused, params.query, self.reranker, self.rerank_top_n, self.rerank_budget_s,
-                           self.rerank_stats)
+            fused = rerank(self._with_payloads(fused[: self.rerank_top_n], owner) + fused[self.rerank_top_n :],
+                           params.query, self.reranker, self.rerank_top_n, self.rerank_budget_s, self.rerank_stats)
         if self.mmr_lambda is not None:
-            fused = mmr(fused, self.mmr_lambda, params.k)
+            fused = mmr(self._with_payloads(fused, owner), self.mmr_lambda, params.k)
         raw = {using: {h.id: h.score for h in hits} for using, hits in pools.items()}
         return [replace(h, dense_score=raw.get("text", {}).get(h.id), keyword_score=raw.get(SPARSE, {}).get(h.id))
-                for h in fused[: params.k]]
+                for h in self._with_payloads(fused[: params.k], owner)]
+
+    def _with_payloads(self, hits: Sequence[Hit], owner: Mapping[str, str]) -> list[Hit]:
+        """``hits`` with their payloads read by id (one request per collection; ``owner``: point id -> collection);
+        those already carrying one are kept as they are, and a point deleted meanwhile drops out."""
+        missing = [h for h in hits if not h.payload.abs_path]
+        payloads: dict[str, Payload] = {}
+        for name in dict.fromkeys(owner[h.id] for h in missing):
+            payloads.update(self.store.payloads(name, [h.id for h in missing if owner[h.id] == name]))
+        return [h if h.payload.abs_path else replace(h, payload=payloads[h.id]) for h in hits
+                if h.payload.abs_path or h.id in payloads]
 
     def search(self, params: SearchParams) -> list[dict[str, Any]]:
         """The ``params.k`` best hits across the selected collections, best first, as API dicts."""

@@ -4,10 +4,12 @@
   stall every event). Every path an event names (``src`` and, for moves, ``dest``) goes to the ``Settler``; the
   worker later looks at the disk, so "what is there now" wins over the order of events. An atomic save (temp file
   renamed over the target) and a backup-unlink-create save both end as one settled path: the target.
-- ``Settler`` releases a path once no event touched it for ``settle_s`` seconds (the reference agent debounces 1.5 s;
-  the default 1.0 s keeps save-to-searchable under 2 s), or ``max_wait_s`` (``settle_max_s``, 5 s) after its first
-  unreleased event, so a file saved every half second is still indexed while the saves go on. The clock is
-  injectable for tests.
+- ``Settler`` releases a path once no event touched it for its quiet period, or ``max_wait_s`` (``settle_max_s``,
+  5 s) after its first unreleased event, so a file saved every half second is still indexed while the saves go on.
+  ``settle_for`` maps each event to its quiet period: a file closed after writing (inotify's ``IN_CLOSE_WRITE``) and
+  the target of a rename (the step that ends an atomic save) are complete, so they settle after ``QUICK_SETTLE_S``;
+  plain creates, modifies, deletes and a rename's source wait ``settle_s`` (default 1.0 s; the reference agent
+  debounces 1.5 s), so a burst of writes still collapses into one index. The clock is injectable for tests.
 - Watches: each workspace root non-recursively (for the root memory file and a ``memory/`` created later),
   ``memory/`` and extra directories recursively (watchdog adds watches for directories created inside), the parent
   of an extra file. A symlinked root is never watched. When the kernel refuses a watch (inotify's
@@ -36,6 +38,16 @@ from indexer.workspace import MEMORY_DIR, Collection
 log = structlog.get_logger("qmd_indexer.watcher")
 
 _IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
+QUICK_SETTLE_S = 0.05  # quiet period after a close-after-write or the rename that ends a save (seconds)
+
+
+def settle_for(event_type: str, dest: bool = False) -> float | None:
+    """The quiet period (seconds) for a path named by a watchdog event of ``event_type`` (``dest``: it is the
+    move's destination): ``QUICK_SETTLE_S`` when the event says the file is complete (``closed``, or the target of
+    ``moved``), ``None`` (the configured ``settle_s``) for anything that may be part of a burst."""
+    if event_type == "closed" or (event_type == "moved" and dest):
+        return QUICK_SETTLE_S
+    return None
 
 
 class Settler:
@@ -53,9 +65,10 @@ class Settler:
         self._seq = 0
         self._cond = threading.Condition()
 
-    def add(self, path: Path, settle: bool = True, delay: float = 0.0) -> None:
-        """Queue ``path``; ``settle=False`` makes it ready after ``delay`` seconds (at once for scans; a retry
-        waits) unless an event already holds it."""
+    def add(self, path: Path, settle: bool = True, delay: float = 0.0, quiet_s: float | None = None) -> None:
+        """Queue ``path``; an event (``settle=True``) (re)starts its quiet period of ``quiet_s`` seconds (``None``:
+        ``settle_s``); ``settle=False`` makes it ready after ``delay`` seconds (at once for scans; a retry waits)
+        unless an event already holds it."""
         with self._cond:
             current = self._deadlines.get(path)
             if not settle and current is not None:
@@ -63,7 +76,8 @@ class Settler:
             now = self.clock()
             if settle:
                 first = self._first.setdefault(path, now)
-                deadline = min(now + self.settle_s, max(now, first + self.max_wait_s))
+                quiet = self.settle_s if quiet_s is None else quiet_s
+                deadline = min(now + quiet, max(now, first + self.max_wait_s))
             else:
                 deadline = now + delay
             self._deadlines[path] = deadline
@@ -114,28 +128,30 @@ class _Handler(FileSystemEventHandler):
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.event_type in _IGNORED_EVENTS or (event.is_directory and event.event_type == "modified"):
             return  # a directory's "modified" only echoes changes that arrive as events of their own
-        paths = [event.src_path]
+        paths = [(event.src_path, settle_for(event.event_type))]
         if getattr(event, "dest_path", ""):
-            paths.append(event.dest_path)
+            paths.append((event.dest_path, settle_for(event.event_type, dest=True)))
         if event.is_directory and event.event_type in ("deleted", "moved"):
             # a watched root that goes away takes its watch with it, even if a new directory later gets its inode
             self.watcher.forget(Path(event.src_path if isinstance(event.src_path, str) else event.src_path.decode()))
-        for raw in paths:
+        for raw, quiet_s in paths:
             path = Path(raw if isinstance(raw, str) else raw.decode())
-            self.watcher.on_path(path)
+            self.watcher.on_path(path, quiet_s)
             if event.is_directory and path.name == MEMORY_DIR and path.parent in self.watcher.workspace_roots:
                 self.watcher.watch_memory_dir(path)
 
 
 class Watcher:
-    """Runs watchdog observers over the collections' roots and calls ``on_path(path)`` for every event path.
+    """Runs watchdog observers over the collections' roots and calls ``on_path(path, quiet_s)`` for every event
+    path (``quiet_s``: ``settle_for`` of its event).
 
     A watch follows a directory object, not its name: when a root is deleted and made again, or replaced by a
     restored copy, its old watch sees nothing. ``refresh()`` (called every few seconds by the daemon, and on
     every directory event for a root) re-watches any root whose (device, inode) changed or that appeared late.
     """
 
-    def __init__(self, collections: list[Collection], on_path: Callable[[Path], None], polling: bool = False) -> None:
+    def __init__(self, collections: list[Collection], on_path: Callable[[Path, float | None], None],
+                 polling: bool = False) -> None:
         self.collections = collections
         self.on_path = on_path
         self.workspace_roots = {c.workspace.path for c in collections}

@@ -129,3 +129,19 @@ def test_payload_round_trips_with_plugin_fields() -> None:
     assert "end_s" not in stored
     back = Payload.from_payload(stored)
     assert back.get("width") == 640 and back.start_s == 1.5 and back.path == payload.path
+
+
+def test_search_without_payloads_then_fetch_the_kept_ones_by_id(store) -> None:
+    """The searcher ranks ids and scores only, then reads the payloads of the hits it keeps, in one request."""
+    store.ensure_collection("c", {"text": 3})
+    a, b = "/w/memory/a.md", "/w/memory/b.md"
+    store.replace_file("c", a, "h", [_point("c", a, 0, "h", [1, 0, 0], 1)])
+    store.replace_file("c", b, "h", [_point("c", b, 0, "h", [0.9, 0.1, 0], 1)])
+    hits = store.search("c", Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)}),
+                        with_payload=False)["text"]
+    assert len(hits) == 2 and all(h.payload.path == "" for h in hits)
+    gone = point_id("c", "/w/memory/never.md", 0)
+    payloads = store.payloads("c", [hits[1].id, hits[0].id, gone])
+    assert set(payloads) == {hits[0].id, hits[1].id}  # an absent id is left out
+    assert payloads[hits[0].id].path == "w/memory/a.md" and payloads[hits[1].id].path == "w/memory/b.md"
+    assert store.payloads("c", []) == {}

@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import Running, wait_for, write
 from structlog.testing import capture_logs
 
-from indexer.watcher import Settler
+from indexer.watcher import QUICK_SETTLE_S, Settler, settle_for
 
 
 class FakeClock:
@@ -184,3 +184,39 @@ def test_saving_a_root_file_does_not_walk_the_workspace(workspace: Path, make_in
         (workspace / "MEMORY.md").write_text("# Memory\n\nDeploys moved to Wednesday.\n")
         wait_for(lambda: _searchable(indexer, workspace / "MEMORY.md", "Wednesday"))
     assert not [p for p in seen if "src" in p.parts]
+
+
+def test_a_closed_write_and_the_rename_ending_a_save_settle_quickly_other_events_wait() -> None:
+    """Close-after-write (``IN_CLOSE_WRITE``) and a rename's target are complete files: they get the short quiet
+    period; creates, modifies, deletes and a rename's source (a vim backup step) keep ``settle_s``."""
+    assert settle_for("closed") == QUICK_SETTLE_S
+    assert settle_for("moved", dest=True) == QUICK_SETTLE_S
+    for kind in ("created", "modified", "deleted"):
+        assert settle_for(kind) is None
+    assert settle_for("moved") is None
+    clock = FakeClock()
+    settler = Settler(1.0, clock)
+    a, b = Path("/w/a.md"), Path("/w/b.md")
+    settler.add(a)  # created/modified: the long wait
+    settler.add(b)
+    settler.add(a, quiet_s=settle_for("closed"))  # then closed: the short one replaces it
+    clock.now = QUICK_SETTLE_S
+    assert settler.take_ready(10) == [a]
+    clock.now = 0.9
+    assert settler.take_ready(10) == []
+    clock.now = 1.0
+    assert settler.take_ready(10) == [b]
+
+
+def test_the_watcher_queues_a_write_and_close_with_the_short_quiet_period(workspace: Path, make_indexer) -> None:
+    """Through the real observer: a plain write+close of a note reaches the queue with ``QUICK_SETTLE_S`` last."""
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    seen: list[tuple[Path, float | None]] = []
+    note = workspace / "memory" / "quick.md"
+    with Running(indexer):
+        queue = indexer.watcher.on_path
+        indexer.watcher.on_path = lambda path, quiet_s=None: (seen.append((path, quiet_s)), queue(path, quiet_s))
+        write(note, "# Quick\n\nThe release train leaves on Thursday.\n")
+        wait_for(lambda: (note, QUICK_SETTLE_S) in seen)
+        wait_for(lambda: _searchable(indexer, note, "Thursday"))
+    assert [q for p, q in seen if p == note][-1] == QUICK_SETTLE_S

@@ -20,6 +20,7 @@ from indexer.errors import CollectionMismatch
 from indexer.points import SPARSE, STATE_FIELDS, FileState, Filter, Hit, Payload, Point, Query
 
 SCROLL_PAGE = 1024  # payloads per scroll request
+_NO_PAYLOAD = Payload()  # a hit searched without its payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,17 +148,26 @@ class Store:
         with self._lock:
             return file_states(self._scroll(name, list(STATE_FIELDS)))
 
-    def search(self, name: str, query: Query) -> dict[str, list[Hit]]:
-        """Run ``query`` on ``name``: vector name (``"text"``, ``"image"``, ``"bm25"``) -> hits, best first."""
+    def search(self, name: str, query: Query, with_payload: bool = True) -> dict[str, list[Hit]]:
+        """Run ``query`` on ``name``: vector name (``"text"``, ``"image"``, ``"bm25"``) -> hits, best first.
+        ``with_payload=False`` leaves every hit's payload empty (``Payload()``); fetch the few that are kept with
+        ``payloads`` (reading a payload per candidate costs more than the vector search at 100k points)."""
         searches = self.dialect.searches(query)
         if not searches:
             return {}
         flt = self.dialect.filter(query.filter)
         with self._lock:
-            answers = self._query(name, searches, flt, query)
-        return {using: [Hit(str(pid), float(score), Payload.from_payload(payload or {}))
+            answers = self._query(name, searches, flt, query, with_payload)
+        return {using: [Hit(str(pid), float(score), Payload.from_payload(payload) if payload else _NO_PAYLOAD)
                         for pid, score, payload in answer]
                 for using, answer in answers.items()}
+
+    def payloads(self, name: str, ids: Sequence[str]) -> dict[str, Payload]:
+        """Point id -> payload for those of ``ids`` present in ``name`` (one request); absent ids are left out."""
+        if not ids:
+            return {}
+        with self._lock:
+            return {str(pid): Payload.from_payload(raw or {}) for pid, raw in self._retrieve(name, list(ids))}
 
     def count(self, name: str) -> int:
         """Exact number of points in ``name``."""
@@ -222,9 +232,13 @@ class Store:
         """Up to ``limit`` points from ``offset`` (``None``: the start), and the next offset (``None``: done)."""
         raise NotImplementedError
 
-    def _query(self, name: str, searches: dict[str, Any], flt: Any,
-               query: Query) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
-        """Per vector name, ``(point id, score, payload)`` best first; ``flt`` is already translated."""
+    def _query(self, name: str, searches: dict[str, Any], flt: Any, query: Query,
+               with_payload: bool) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
+        """Per vector name, ``(point id, score, payload or None)`` best first; ``flt`` is already translated."""
+        raise NotImplementedError
+
+    def _retrieve(self, name: str, ids: list[str]) -> list[tuple[Any, Mapping[str, Any] | None]]:
+        """``(point id, payload)`` for each of ``ids`` that exists."""
         raise NotImplementedError
 
     def _count(self, name: str) -> int:

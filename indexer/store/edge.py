@@ -125,14 +125,18 @@ class EdgeStore(Store):
                                                                           with_payload=True, with_vector=True))
         return [point_from_record(r.id, r.vector, r.payload) for r in records], offset
 
-    def _query(self, name: str, searches: dict[str, Any], flt: Any,
-               query: Query) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
+    def _query(self, name: str, searches: dict[str, Any], flt: Any, query: Query,
+               with_payload: bool) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
         qe = self._qe
         requests = [qe.QueryRequest(limit=query.limit, query=qe.Query.Nearest(vector, using=using), filter=flt,
-                                    with_payload=True, score_threshold=query.thresholds.get(using))
+                                    with_payload=with_payload, score_threshold=query.thresholds.get(using))
                     for using, vector in searches.items()]
         answers = self._shard(name).query_batch(qe.QueryBatchRequest(requests))
         return {using: [(p.id, p.score, p.payload) for p in points] for using, points in zip(searches, answers)}
+
+    def _retrieve(self, name: str, ids: list[str]) -> list[tuple[Any, Mapping[str, Any] | None]]:
+        records = self._shard(name).retrieve([uuid.UUID(i) for i in ids], with_payload=True, with_vector=False)
+        return [(r.id, r.payload) for r in records]
 
     def _count(self, name: str) -> int:
         return int(self._shard(name).count(self._qe.CountRequest(exact=True)))

@@ -117,7 +117,7 @@ class ServerStore(Store):
                                        prefer_grpc=self.options.prefer_grpc, grpc_port=self.options.grpc_port,
                                        check_compatibility=False)
         for method in ("_dense_config", "_create", "_add_vector", "_names", "_scroll_page", "_points_page", "_query",
-                       "_count", "_drop"):
+                       "_retrieve", "_count", "_drop"):
             setattr(self, method, self._retrying(getattr(self, method), write=False))
         for method in ("_upsert_request", "_delete"):
             setattr(self, method, self._retrying(getattr(self, method), write=True))
@@ -265,15 +265,19 @@ class ServerStore(Store):
         return [point_from_record(record.id, record.vector if isinstance(record.vector, dict) else None, record.payload)
                 for record in records], offset
 
-    def _query(self, name: str, searches: dict[str, Any], flt: Any,
-               query: Query) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
+    def _query(self, name: str, searches: dict[str, Any], flt: Any, query: Query,
+               with_payload: bool) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
         m = self._m
-        requests = [m.QueryRequest(query=vector, using=using, filter=flt, limit=query.limit, with_payload=True,
+        requests = [m.QueryRequest(query=vector, using=using, filter=flt, limit=query.limit, with_payload=with_payload,
                                    score_threshold=query.thresholds.get(using))
                     for using, vector in searches.items()]
         answers = self.client.query_batch_points(name, requests)
         return {using: [(p.id, p.score, p.payload) for p in answer.points]
                 for using, answer in zip(searches, answers)}
+
+    def _retrieve(self, name: str, ids: list[str]) -> list[tuple[Any, Mapping[str, Any] | None]]:
+        records = self.client.retrieve(name, ids, with_payload=True, with_vectors=False)
+        return [(r.id, r.payload) for r in records]
 
     def _count(self, name: str) -> int:
         return int(self.client.count(name, exact=True).count)
