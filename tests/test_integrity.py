@@ -1,0 +1,44 @@
+"""Index integrity (issue 11): one line model for chunks, citations, snippets and ``get``; the store lock taken
+before anything is touched; model identity recorded per collection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import write
+
+from indexer.chunking import split_lines
+from indexer.recall import read_memory
+from indexer.search import SearchParams
+from indexer.worker import index_once
+
+
+def test_split_lines_ends_a_line_at_lf_crlf_and_lone_cr() -> None:
+    assert split_lines("a\rb\r\nc\nd") == ["a", "b", "c", "d"]
+    assert split_lines("a\n") == ["a"] and split_lines("") == [""] and split_lines("a\n\n") == ["a", ""]
+
+
+@pytest.mark.parametrize(("name", "text", "token", "line"), [
+    ("cr", "a\rCRCODE77\n", "CRCODE77", "CRCODE77"),
+    ("crlf", "# Notes\r\n\r\nfirst line\r\nCRLFCODE88 is here\r\n", "CRLFCODE88", "CRLFCODE88 is here"),
+    ("mixed", "# Mixed\nunix line\r\nwindows line\rold mac line\nMIXCODE99 last\n", "MIXCODE99", "MIXCODE99 last"),
+])
+def test_search_citation_and_get_count_lines_alike(tmp_path: Path, make_indexer, name: str, text: str, token: str,
+                                                   line: str) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "MEMORY.md", "# Memory\n\nnothing here\n")
+    path = write(ws / "memory" / f"{name}.md", text.encode())
+    indexer = make_indexer([{"agent": "main", "path": ws}])
+    index_once(indexer)
+    hits = indexer.searcher().search(SearchParams(token, k=1, mode="keyword"))
+    assert hits and hits[0]["path"] == f"memory/{name}.md"
+    hit = hits[0]
+    expected = split_lines(path.read_bytes().decode())
+    assert "\r" not in hit["snippet"]
+    assert hit["snippet"].split("\n") == expected[hit["start_line"] - 1 : hit["end_line"]]
+    page = read_memory(indexer.collections, hit["path"], from_line=hit["start_line"],
+                       lines=hit["end_line"] - hit["start_line"] + 1)
+    assert page["text"] == hit["snippet"]
+    assert line in page["text"].split("\n")
+    assert hit["citation"] == f"memory/{name}.md#L{hit['start_line']}-L{hit['end_line']}"
