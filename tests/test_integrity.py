@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
-from conftest import write
+from conftest import wait_for, write
 
 from indexer.chunking import split_lines
 from indexer.recall import read_memory
@@ -42,3 +43,25 @@ def test_search_citation_and_get_count_lines_alike(tmp_path: Path, make_indexer,
     assert page["text"] == hit["snippet"]
     assert line in page["text"].split("\n")
     assert hit["citation"] == f"memory/{name}.md#L{hit['start_line']}-L{hit['end_line']}"
+
+
+def test_reindex_against_a_running_daemon_touches_nothing(workspace: Path, tmp_path: Path) -> None:
+    """``index --once --reindex`` on a running daemon's state dir used to delete its live shards and exit 0."""
+    from test_cli import Daemon, _cli
+
+    state = tmp_path / "state"
+    daemon = Daemon(workspace, state, tmp_path / "daemon.log")
+    try:
+        wait_for(daemon.ready, timeout_s=120)
+        shards = sorted(p.name for p in (state / "qdrant").iterdir())
+        before = {p: p.stat().st_ino for p in (state / "qdrant").rglob("*")}
+        for args in (("--reindex",), ()):
+            result = _cli("index", "--once", *args, "--workspace", str(workspace), "--state-dir", str(state))
+            assert result.returncode == 1, result.stderr
+            assert "in use by another process" in result.stderr
+        assert sorted(p.name for p in (state / "qdrant").iterdir()) == shards
+        assert all(p.exists() and p.stat().st_ino == ino for p, ino in before.items() if p.suffix != ".tmp")
+        hits = httpx.post(f"http://127.0.0.1:{daemon.port}/search", json={"query": "ACME-4471", "k": 1}).json()
+        assert hits["hits"] and hits["hits"][0]["path"] == "memory/incidents.md"
+    finally:
+        assert daemon.terminate() == 0

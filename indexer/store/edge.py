@@ -6,7 +6,9 @@ scan; qdrant-client's local mode takes 99 s and 193 ms. Hence Edge is the embedd
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -21,7 +23,10 @@ from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
 class EdgeStore(Store):
     """One Edge shard per collection under ``root`` (``<state_dir>/qdrant/<collection>/``, write-ahead logged).
 
-    Only one process can open a shard (its WAL is locked), so queries go through the daemon. Shards are not
+    Only one process can hold the store: ``<root>/.lock`` is locked (``flock``) before anything under ``root`` is
+    read, created or deleted, and held until ``close()``, so a second command (``index --once --reindex`` beside a
+    running daemon) fails with ``StoreLocked`` before it touches a shard. Queries thus go through the daemon. Shards
+    are not
     ``optimize()``d: that builds HNSW but holds the GIL for its whole run (59 s at 100k points here), freezing the
     watcher and the API; an exact scan answers in ~15 ms at 100k x 384 instead.
     """
@@ -36,6 +41,21 @@ class EdgeStore(Store):
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self._shards: dict[str, Any] = {}
+        self._lock_fd: int | None = None
+
+    def _hold(self) -> None:
+        """Take the store's process lock if not yet held. Raises ``StoreLocked`` when another process holds it."""
+        if self._lock_fd is not None:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLocked(f"the embedded store {self.root} is in use by another process (a running daemon?); "
+                              f"query it with `qmd-indexer search`, or stop it first") from None
+        self._lock_fd = fd
 
     def _meta_path(self, name: str) -> Path:
         return self.root / name / "qmd-collection.json"
@@ -43,6 +63,7 @@ class EdgeStore(Store):
     def _shard(self, name: str) -> Any:
         shard = self._shards.get(name)
         if shard is None:
+            self._hold()
             try:
                 shard = self._qe.EdgeShard.load(str(self.root / name))
             except Exception as exc:  # qdrant-edge raises plain Exceptions; a held WAL lock says WouldBlock
@@ -55,6 +76,7 @@ class EdgeStore(Store):
         return shard
 
     def _dense_config(self, name: str) -> dict[str, int] | None:
+        self._hold()
         meta = self._meta_path(name)
         if not meta.exists():
             return None
@@ -67,6 +89,7 @@ class EdgeStore(Store):
         return {k: int(v) for k, v in record["dense"].items()}
 
     def _create(self, name: str, dense: dict[str, int]) -> None:
+        self._hold()
         qe = self._qe
         path = self.root / name
         if path.exists():  # a shard without our metadata: an interrupted create; start it over
@@ -118,6 +141,7 @@ class EdgeStore(Store):
                 return
 
     def _names(self) -> list[str]:
+        self._hold()
         return sorted(path.parent.name for path in self.root.glob("*/qmd-collection.json"))
 
     def _points_page(self, name: str, offset: Any, limit: int) -> tuple[list[Point], Any]:
@@ -138,6 +162,7 @@ class EdgeStore(Store):
         return int(self._shard(name).count(self._qe.CountRequest(exact=True)))
 
     def _drop(self, name: str) -> None:
+        self._hold()
         shard = self._shards.pop(name, None)
         if shard is not None:
             shard.close()
@@ -154,3 +179,6 @@ class EdgeStore(Store):
                 shard.flush()
                 shard.close()
             self._shards.clear()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = None
