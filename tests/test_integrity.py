@@ -6,12 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
-from conftest import wait_for, write
+from conftest import BACKENDS, backend_store, wait_for, write
 
 from indexer.chunking import split_lines
+from indexer.points import Payload, Point, point_id
 from indexer.recall import read_memory
 from indexer.search import SearchParams
+from indexer.store import EdgeStore
 from indexer.worker import index_once
 
 
@@ -65,3 +68,36 @@ def test_reindex_against_a_running_daemon_touches_nothing(workspace: Path, tmp_p
         assert hits["hits"] and hits["hits"][0]["path"] == "memory/incidents.md"
     finally:
         assert daemon.terminate() == 0
+
+
+@pytest.fixture(name="store", params=BACKENDS)
+def store_fixture(request: pytest.FixtureRequest, tmp_path: Path):
+    store = backend_store(request, request.param) or EdgeStore(tmp_path / "qdrant")
+    yield store
+    store.close()
+
+
+def _points(collection: str, path: str, n: int, file_hash: str) -> list[Point]:
+    return [Point(point_id(collection, path, i), {"text": np.asarray([1, i, 0], np.float32)}, {"bm25": ([1], [1.0])},
+                  Payload(abs_path=path, path=path, file_hash=file_hash, chunk_index=i, chunk_count=n, text=path))
+            for i in range(n)]
+
+
+def test_a_rebuild_is_filled_beside_the_live_collection_and_swapped_in(store) -> None:
+    store.ensure_collection("c", {"text": 3})
+    store.replace_file("c", "/w/old.md", "h", _points("c", "/w/old.md", 2, "h"))
+    for _ in range(2):  # the first swap replaces a plain collection, the second an alias
+        new = store.rebuild_target("c")
+        assert new.startswith("c--rebuild-")
+        store.ensure_collection(new, {"text": 3})
+        store.replace_file(new, "/w/new.md", "h", _points("c", "/w/new.md", 3, "h"))
+        assert store.count("c") in (2, 3) and set(store.collections()) == {"c"}  # the rebuild is not listed yet
+        store.swap("c", new)
+        assert store.count("c") == 3 and set(store.file_states("c")) == {"/w/new.md"}
+        assert set(store.collections()) == {"c"}
+        store.replace_file("c", "/w/old.md", "h", _points("c", "/w/old.md", 2, "h"))  # writes follow the name
+        store.delete_file("c", "/w/old.md")
+    left = store.rebuild_target("c")  # a rebuild cut short leaves this behind
+    store.ensure_collection(left, {"text": 3})
+    assert store.sweep("c") == [left]
+    assert store.count("c") == 3 and store.sweep("c") == []

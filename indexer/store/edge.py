@@ -57,6 +57,29 @@ class EdgeStore(Store):
                               f"query it with `qmd-indexer search`, or stop it first") from None
         self._lock_fd = fd
 
+    def _read_aliases(self) -> dict[str, str]:
+        self._hold()
+        try:
+            return {str(k): str(v) for k, v in json.loads((self.root / "aliases.json").read_text()).items()}
+        except FileNotFoundError:
+            return {}
+
+    def _set_alias(self, name: str, new: str | None, old: str) -> None:
+        aliases = self._read_aliases()
+        if new is None:
+            aliases.pop(name, None)
+        else:
+            aliases[name] = new
+        tmp = self.root / "aliases.json.tmp"
+        with open(tmp, "w") as handle:
+            handle.write(json.dumps(aliases, sort_keys=True))
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(self.root / "aliases.json")  # atomic: a crash leaves the old or the new mapping
+        for shard in (new,):
+            if shard is not None and shard in self._shards:
+                self._shards[shard].flush()
+
     def _meta_path(self, name: str) -> Path:
         return self.root / name / "qmd-collection.json"
 
