@@ -101,3 +101,68 @@ def test_a_rebuild_is_filled_beside_the_live_collection_and_swapped_in(store) ->
     store.ensure_collection(left, {"text": 3})
     assert store.sweep("c") == [left]
     assert store.count("c") == 3 and store.sweep("c") == []
+
+
+def test_searches_answer_throughout_a_rebuild(workspace: Path, make_indexer) -> None:
+    """A query that had hits keeps its hits while ``POST /reindex``'s rebuild runs, and after the swap."""
+    from conftest import Running
+    from fastapi.testclient import TestClient
+
+    from indexer.server import create_app
+
+    for n in range(40):  # enough files that the rebuild takes many store writes
+        write(workspace / "memory" / "bulk" / f"n{n}.md", f"# Note {n}\n\nFiller note number {n} about gardening.\n")
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    with Running(indexer), TestClient(create_app(indexer)) as api:
+        first = api.post("/search", json={"query": "ACME-4471", "k": 3}).json()["hits"]
+        assert first and first[0]["path"] == "memory/incidents.md"
+        assert api.post("/reindex").json() == {"rebuilding": True}
+        answers = []
+        while indexer.rebuild_requested.is_set() or indexer.rebuilding or not answers:
+            hits = api.post("/search", json={"query": "ACME-4471", "k": 3}).json()["hits"]
+            answers.append([h["path"] for h in hits])
+            assert hits and hits[0]["path"] == "memory/incidents.md", answers
+        assert len(answers) > 1  # searched while it ran
+        assert api.get("/status").json()["rebuilding"] is False
+        assert api.post("/search", json={"query": "ACME-4471", "k": 3}).json()["hits"][0]["path"] \
+            == "memory/incidents.md"
+        assert indexer.status()["collections"]["memory-dir-main"]["files"] == 43
+    assert set(indexer.store.collections()) == {"memory-root-main", "memory-dir-main"}
+    physical = sorted(p.name for p in (indexer.settings.state_dir / "qdrant").iterdir() if p.is_dir())
+    assert physical == ["memory-dir-main--rebuild-1", "memory-root-main--rebuild-1"]
+
+
+def test_a_daemon_killed_mid_rebuild_restarts_on_the_old_index(workspace: Path, tmp_path: Path) -> None:
+    """SIGKILL in the middle of a rebuild: the old collections serve after a restart and the leftovers are swept."""
+    import signal
+
+    from test_cli import Daemon
+
+    for n in range(300):
+        write(workspace / "memory" / "bulk" / f"n{n}.md", f"# Note {n}\n\nFiller note number {n} about gardening.\n")
+    state = tmp_path / "state"
+    daemon = Daemon(workspace, state, tmp_path / "first.log")
+    try:
+        wait_for(daemon.ready, timeout_s=300)
+        assert httpx.post(f"http://127.0.0.1:{daemon.port}/reindex").status_code == 202
+        wait_for(lambda: (state / "qdrant" / "memory-dir-main--rebuild-1" / "qmd-collection.json").exists(),
+                 interval_s=0.01)  # both new collections made; the files are being written into them
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.proc.wait(30)
+    finally:
+        if daemon.proc.poll() is None:
+            daemon.proc.kill()
+    assert not any(e["event"] == "rebuild_finished" for e in daemon.events()), "killed too late: rebuild finished"
+    assert any("--rebuild-" in p.name for p in (state / "qdrant").iterdir())  # a half-built collection is left
+    again = Daemon(workspace, state, tmp_path / "second.log")
+    try:
+        wait_for(again.ready, timeout_s=300)
+        swept = [e for e in again.events() if e["event"] == "rebuild_leftovers_swept"]
+        assert swept and not any(e["event"] == "file_indexed" for e in again.events())  # old index, complete
+        hits = httpx.post(f"http://127.0.0.1:{again.port}/search", json={"query": "ACME-4471", "k": 1}).json()
+        assert hits["hits"][0]["path"] == "memory/incidents.md"
+        assert not any("--rebuild-" in p.name for p in (state / "qdrant").iterdir())
+        assert httpx.get(f"http://127.0.0.1:{again.port}/status").json()["collections"]["memory-dir-main"][
+            "files"] == 303
+    finally:
+        assert again.terminate() == 0

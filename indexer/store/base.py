@@ -230,8 +230,8 @@ class Store:
             physical = self._names()
             self._alias_map = self._read_aliases()
             names = {**{p: p for p in physical if REBUILD not in p}, **self._alias_map}
-            return {name: self._dense_config(target) or {} for name, target in sorted(names.items())
-                    if target in physical}
+            configs = {name: self._dense_config(target) for name, target in sorted(names.items()) if target in physical}
+            return {name: config for name, config in configs.items() if config is not None}
 
     def scroll_points(self, name: str, page: int = SCROLL_PAGE) -> Iterator[Point]:
         """Every point of ``name`` with its vectors and payload, read ``page`` points per request (the lock is

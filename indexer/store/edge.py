@@ -165,7 +165,7 @@ class EdgeStore(Store):
 
     def _names(self) -> list[str]:
         self._hold()
-        return sorted(path.parent.name for path in self.root.glob("*/qmd-collection.json"))
+        return sorted(path.name for path in self.root.iterdir() if path.is_dir())  # a dir without metadata: cut short
 
     def _points_page(self, name: str, offset: Any, limit: int) -> tuple[list[Point], Any]:
         records, offset = self._shard(name).scroll(self._qe.ScrollRequest(offset=offset, limit=limit,
