@@ -20,6 +20,7 @@ points are missing, mixed or stale; deterministic point ids make redoing idempot
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -143,6 +144,7 @@ class Indexer:
         the rebuild replaces it), ``StoreUnavailable`` when Qdrant cannot be reached (or the embedded store is held
         by another process).
         """
+        self._check_identity()
         dims = self.pipeline.dense_dims()
         indexed: dict[str, Indexed] = {}
         for collection in self.collections:
@@ -356,6 +358,52 @@ class Indexer:
                      write_ms=round((time.monotonic() - started) * 1000, 1))
         return retry
 
+    # -- model identity -----------------------------------------------------------------------------------------
+    def identity(self) -> str:
+        """What made the vectors and chunks: each embedder's ``identity`` (model, precision, fingerprint of its
+        files; ``model_id`` for one without) and the chunking version."""
+        from indexer import chunking
+
+        models = ", ".join(f"{modality}={getattr(e, 'identity', e.model_id)}"
+                           for modality, e in sorted(self.registry.embedders.items()))
+        return f"{models}; chunking={getattr(chunking, 'CHUNKING_VERSION', 1)}"
+
+    def _identities_path(self) -> Path:
+        return self.settings.state_dir / "collection-identity.json"
+
+    def _record_identity(self, names: list[str]) -> None:
+        path = self._identities_path()
+        try:
+            record = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            record = {}
+        record.update({name: self.identity() for name in names})
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+        tmp.replace(path)
+
+    def _check_identity(self) -> None:
+        """Compare each collection's recorded identity with the configured one: on a change, rebuild (or raise
+        ``CollectionMismatch`` with ``on_model_change = "refuse"``), naming both. Unrecorded ones are recorded."""
+        try:
+            record = json.loads(self._identities_path().read_text())
+        except (FileNotFoundError, ValueError):
+            record = {}
+        current = self.identity()
+        names = [c.name for c in self.collections]
+        changed = {name: record[name] for name in names if name in record and record[name] != current}
+        if changed and not self.rebuild_requested.is_set():
+            indexed_with = sorted(set(changed.values()))
+            if self.settings.on_model_change == "refuse":
+                raise CollectionMismatch(
+                    f"collections {sorted(changed)} were built with {'; '.join(indexed_with)}, but the configuration "
+                    f"says {current}; rebuild them with `qmd-indexer index --once --reindex` (or `run --reindex`), "
+                    f"or set on_model_change = \"rebuild\"")
+            log.warning("model_changed", collections=sorted(changed), indexed_with=indexed_with, configured=current,
+                        action="rebuild")
+            self.rebuild_requested.set()
+        self._record_identity([name for name in names if name not in record])
+
     # -- rebuilding ---------------------------------------------------------------------------------------------
     def request_rebuild(self) -> None:
         """Ask the worker for a ``rebuild()`` (``POST /reindex``); returns at once."""
@@ -393,6 +441,7 @@ class Indexer:
                     batch = []
             for collection in self.collections:
                 self.store.swap(collection.name, into[collection.name])
+            self._record_identity(list(into))
             self.connect()
             log.info("rebuild_finished", files=len(self.indexed), seconds=round(time.monotonic() - started, 2),
                      chunks_embedded=self.pipeline.stats.chunks_embedded - before)
@@ -421,6 +470,9 @@ class Indexer:
             "uptime_s": round(time.time() - self.started_at, 1),
             "queue_depth": len(self.settler) + self.in_hand,
             "rebuilding": self.rebuilding or self.rebuild_requested.is_set(),
+            "models": {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
+                                  "precision": getattr(e, "precision", None)}
+                       for modality, e in self.registry.embedders.items()},
             "chunks_embedded": stats.chunks_embedded,
             "cache_hits": stats.cache_hits,
             "files_failed": self.ledger.files_failed,

@@ -166,3 +166,40 @@ def test_a_daemon_killed_mid_rebuild_restarts_on_the_old_index(workspace: Path, 
             "files"] == 303
     finally:
         assert again.terminate() == 0
+
+
+def test_a_same_size_model_swap_is_noticed_and_rebuilt(workspace: Path, tmp_path: Path, make_indexer) -> None:
+    """A 2-layer copy of MiniLM (384-d too) used to be silently kept with the old vectors."""
+    from conftest import make_settings
+    from structlog.testing import capture_logs
+
+    from indexer.daemon import Indexer
+    from indexer.embedding import load_sentence_transformer, resolve_model
+    from indexer.errors import CollectionMismatch
+    from indexer.plugins import load_registry
+
+    first = make_indexer([{"agent": "main", "path": workspace}])
+    index_once(first)
+    first.close()
+    model = load_sentence_transformer(resolve_model("all-MiniLM-L6-v2")[1], "cpu")
+    model[0].auto_model.encoder.layer = model[0].auto_model.encoder.layer[:2]
+    model[0].auto_model.config.num_hidden_layers = 2
+    small = tmp_path / "minilm-2-layers"
+    model.save(str(small))
+    registry = load_registry(config={"sentence-transformers": {"model": str(small), "precision": "fp32"}})
+    settings = make_settings(tmp_path, [{"agent": "main", "path": workspace}], model=str(small))
+    with pytest.raises(CollectionMismatch, match="minilm-2-layers"):
+        Indexer.open(settings.model_copy(update={"on_model_change": "refuse"}), registry=registry).close()
+    with capture_logs() as logs:
+        second = Indexer.open(settings, registry=registry)
+        try:
+            index_once(second)
+            changed = [e for e in logs if e["event"] == "model_changed"]
+            assert changed and "all-MiniLM-L6-v2" in changed[0]["indexed_with"][0]
+            assert "minilm-2-layers" in changed[0]["configured"]
+            assert any(e["event"] == "rebuild_finished" for e in logs)
+            payloads = second.store.scroll("memory-dir-main", ["model_id"])
+            assert payloads and all(p.model_id.endswith("minilm-2-layers") for p in payloads)
+            assert second.status()["models"]["text"]["precision"] == "fp32"
+        finally:
+            second.close()
