@@ -11,7 +11,7 @@ POST       /search      body ``SearchRequest``; ``SearchResponse`` ``{"hits": [H
 POST       /recall      body ``RecallRequest``; ``SearchResponse``; query ``*``/``all``/empty lists every memory file
 POST       /boot        body ``BootRequest``; ``BootContext`` (see ``indexer.recall.boot_context``)
 GET        /get         ``?path=&agent=&from=1&lines=&max_chars=``: ``Page``, a page of one memory file
-POST       /reindex     202 ``{"rebuilding": true}``: rebuild every collection beside the live one, then swap
+POST       /reindex     ``{"rebuilding": true}``: rebuild every collection beside the live one, then swap
 POST/GET   /mcp         the MCP tools (``indexer.mcp``) over streamable HTTP, stateless, JSON answers
 =========  ===========  ==========================================================================================
 
@@ -163,7 +163,7 @@ def create_app(indexer: Indexer) -> FastAPI:
             max_chars: int = Query(default=DEFAULT_MAX_CHARS, description="At most this many characters.")) -> Page:
         return _answer(lambda: memory.get(path, from_, lines, max_chars, agent))
 
-    @app.post("/reindex", status_code=202)
+    @app.post("/reindex")
     def reindex() -> dict[str, bool]:
         """Rebuild every collection beside the live one and swap it in when complete (searches keep answering from
         the old one meanwhile); returns at once. ``GET /status`` says ``rebuilding`` until it is done."""

@@ -144,7 +144,7 @@ def test_a_daemon_killed_mid_rebuild_restarts_on_the_old_index(workspace: Path, 
     daemon = Daemon(workspace, state, tmp_path / "first.log")
     try:
         wait_for(daemon.ready, timeout_s=300)
-        assert httpx.post(f"http://127.0.0.1:{daemon.port}/reindex").status_code == 202
+        assert httpx.post(f"http://127.0.0.1:{daemon.port}/reindex").status_code == 200
         wait_for(lambda: (state / "qdrant" / "memory-dir-main--rebuild-1" / "qmd-collection.json").exists(),
                  interval_s=0.01)  # both new collections made; the files are being written into them
         daemon.proc.send_signal(signal.SIGKILL)
