@@ -42,6 +42,7 @@ from indexer.schema import (
     Hit,
     Page,
     RecallRequest,
+    Reindex,
     SearchRequest,
     SearchResponse,
     Status,
@@ -164,7 +165,7 @@ def create_app(indexer: Indexer) -> FastAPI:
         return _answer(lambda: memory.get(path, from_, lines, max_chars, agent))
 
     @app.post("/reindex")
-    def reindex() -> dict[str, bool]:
+    def reindex() -> Reindex:
         """Rebuild every collection beside the live one and swap it in when complete (searches keep answering from
         the old one meanwhile); returns at once. ``GET /status`` says ``rebuilding`` until it is done."""
         indexer.request_rebuild()
