@@ -12,7 +12,8 @@ Algorithm:
 3. Pieces are packed greedily. A chunk ends early before a markdown heading once it is half full, so sections stay
    whole when they can. The next chunk starts with the trailing pieces of the previous one that fit in the overlap.
 
-Line numbers are 1-based and inclusive, counted by ``\\n`` as editors count them (a ``\\r`` before it is dropped).
+Line numbers are 1-based and inclusive, in the one line model of the project (``split_lines``): ``\\n``, ``\\r\\n`` and
+a lone ``\\r`` each end a line, as editors show them; citations, snippets and ``get`` count lines the same way.
 """
 
 from __future__ import annotations
@@ -63,21 +64,37 @@ def heading_lines(text: str) -> set[int]:
     return lines
 
 
+LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def line_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` character offsets of each line of ``text``, its line break excluded: ``\\n``, ``\\r\\n`` and a
+    lone ``\\r`` each end a line (what Python's universal newlines and editors do); a final break ends the last line
+    and starts no other. ``""`` has one empty line."""
+    spans: list[tuple[int, int]] = []
+    begin = 0
+    for match in LINE_END.finditer(text):
+        spans.append((begin, match.start()))
+        begin = match.end()
+    if begin < len(text) or not spans:
+        spans.append((begin, len(text)))
+    return spans
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of ``text`` in the project's one line model (see ``line_spans``), breaks removed."""
+    return [text[begin:end] for begin, end in line_spans(text)]
+
+
 def _pieces(text: str, offsets: list[tuple[int, int]], max_tokens: int) -> list[_Piece]:
-    line_starts = [0] + [match.end() for match in re.finditer("\n", text)]
-    if len(line_starts) > 1 and line_starts[-1] == len(text):
-        line_starts.pop()  # a final newline ends the last line; it does not start another
+    spans = line_spans(text)
+    line_starts = [begin for begin, _ in spans]
     tokens_by_line: list[list[int]] = [[] for _ in line_starts]
     for start, end in offsets:
         if end > start:
             tokens_by_line[bisect_right(line_starts, start) - 1].append(start)
     pieces: list[_Piece] = []
-    for line, begin in enumerate(line_starts):
-        end = line_starts[line + 1] - 1 if line + 1 < len(line_starts) else len(text)
-        if end > begin and text[end - 1] == "\n":
-            end -= 1
-        if end > begin and text[end - 1] == "\r":
-            end -= 1
+    for line, (begin, end) in enumerate(spans):
         line_tokens = tokens_by_line[line]
         for s_begin, s_end in _sentences(text, begin, end):
             starts = line_tokens[bisect_left(line_tokens, s_begin) : bisect_left(line_tokens, s_end)]

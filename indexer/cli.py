@@ -108,7 +108,8 @@ def main() -> None:
 @_workspace_opts
 @_port_opt
 @click.option("--host", help="Address to listen on [default 127.0.0.1]; any other needs a token (README: Security).")
-@click.option("--reindex", is_flag=True, help="Drop this daemon's collections and rebuild them (after a model change).")
+@click.option("--reindex", is_flag=True,
+              help="Rebuild the collections beside the live ones and swap them in (after a model change).")
 def run(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None, qdrant_url: str | None,
         extra: tuple[Path, ...], port: int | None, host: str | None, reindex: bool) -> None:
     """Run the daemon: index the workspaces, keep watching them, serve searches.
@@ -146,7 +147,7 @@ def run(config: Path | None, workspace: Path | None, agent: str | None, state_di
 @main.command()
 @_workspace_opts
 @click.option("--once", is_flag=True, help="Index everything now and exit (required; `run` keeps watching).")
-@click.option("--reindex", is_flag=True, help="Drop the collections first and rebuild them from scratch.")
+@click.option("--reindex", is_flag=True, help="Rebuild the collections beside the current ones, then swap them in.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final status as JSON.")
 def index(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
           qdrant_url: str | None, extra: tuple[Path, ...], once: bool, reindex: bool, as_json: bool) -> None:
@@ -442,6 +443,19 @@ def status(as_json: bool, config: Path | None, port: int | None) -> None:
         click.echo(json.dumps(info, indent=2))
     else:
         print_status(info)
+
+
+@main.command()
+@_config_opt
+@_port_opt
+def reindex(config: Path | None, port: int | None) -> None:
+    """Ask the running daemon to rebuild its collections (after a model or chunking change).
+
+    The new collections are filled beside the live ones, from the embedding cache where it can, and swapped in
+    when complete; searches keep answering from the old ones meanwhile. Returns at once; `qmd-indexer status`
+    shows `rebuilding` until it is done. Exit 1 if no daemon answers."""
+    _ask(config, port, lambda client: client.reindex())
+    click.echo("rebuilding: searches answer from the current index until the new one is swapped in")
 
 
 @main.command("mcp")

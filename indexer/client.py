@@ -70,6 +70,11 @@ class Client:
         """The daemon's counters (see ``Indexer.status``)."""
         return self._call("GET", "/status")
 
+    def reindex(self) -> dict[str, bool]:
+        """Ask the daemon to rebuild its collections beside the live ones and swap them in (``POST /reindex``);
+        returns at once with ``{"rebuilding": true}``."""
+        return self._call("POST", "/reindex")
+
     def search(self, query: str, k: int = DEFAULT_K, agent: str | None = None,
                collection: str | list[str] | None = None, mode: str | None = None, path_prefix: str | None = None,
                kind: str | list[str] | None = None, min_score: float | None = None,

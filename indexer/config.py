@@ -146,6 +146,7 @@ class Settings(BaseSettings):
     rescan_interval_s: float = Field(default=300.0, gt=0)
     max_file_bytes: int = Field(default=10 * MIB, gt=0)
     search_mode: Literal["hybrid", "dense", "keyword"] = "hybrid"
+    on_model_change: Literal["rebuild", "refuse"] = "rebuild"  # collections made by another model or chunking
     # Fusion and depth measured with `make eval` (BEIR SciFact, hybrid nDCG@10; tuned on the 809 train queries):
     # dbsf 0.738 vs rrf 0.720 on train, 0.732 vs 0.713 on test; prefetch_limit 100 beats 50 (dbsf 0.738 vs 0.735).
     fusion: Literal["rrf", "dbsf"] = "dbsf"

@@ -8,6 +8,11 @@ to use (plugins loaded, store and cache open, collections connected); then eithe
   ``stop`` is set, rescanning every ``rescan_interval_s`` (the watcher is a fast path, never the only path); or
 - ``worker.index_once(indexer)`` (``qmd-indexer index --once``): scan and process everything, then return.
 
+Rebuilds (``--reindex``, ``POST /reindex``): ``rebuild()`` fills a new collection beside each live one from the
+files on disk (vectors from the embedding cache, so only what is not cached is embedded), then ``Store.swap``s them
+in; searches answer from the old collections meanwhile. A crash mid-rebuild leaves the old ones serving, and
+``connect()`` sweeps the leftovers at the next start.
+
 Recovery is not a step: the store's payloads say which content hash each file was indexed at and whether all its
 points were written (``chunk_count``), so after a crash or ``SIGKILL`` the next scan redoes exactly the files whose
 points are missing, mixed or stale; deterministic point ids make redoing idempotent.
@@ -15,11 +20,12 @@ points are missing, mixed or stale; deterministic point ids make redoing idempot
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -31,7 +37,15 @@ from indexer.api import GROUPS
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache
 from indexer.config import Settings
-from indexer.errors import EmbedError, ExtractError, FileSkipped, StateReadOnly, StoreLocked, StoreUnavailable
+from indexer.errors import (
+    CollectionMismatch,
+    EmbedError,
+    ExtractError,
+    FileSkipped,
+    StateReadOnly,
+    StoreLocked,
+    StoreUnavailable,
+)
 from indexer.ledger import FAILURES, Ledger
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
 from indexer.plugins import Registry, load_registry
@@ -106,8 +120,8 @@ class Indexer:
     """The collections, store, pipeline and index state of one daemon (or one ``index --once``).
 
     Build it with ``Indexer.open``; ``__init__`` takes the parts already made. ``clock`` drives the debounce
-    (seconds, monotonic); ``polling`` makes the watcher poll instead of using inotify. ``reindex`` drops the
-    collections at the first ``connect()``.
+    (seconds, monotonic); ``polling`` makes the watcher poll instead of using inotify. ``reindex`` asks for a
+    ``rebuild()`` (the worker runs it once connected).
     """
 
     def __init__(self, settings: Settings, registry: Registry, store: Store, cache: EmbeddingCache,
@@ -132,7 +146,10 @@ class Indexer:
         self.in_hand = 0  # paths taken from the queue and not yet processed
         self.beat: Callable[[], None] = lambda: None  # called where the worker makes progress (systemd watchdog)
         self._cache = cache
-        self._reindex = reindex
+        self.rebuild_requested = threading.Event()  # the worker rebuilds every collection when it is set
+        self.rebuilding = False
+        if reindex:
+            self.rebuild_requested.set()
 
     @classmethod
     def open(cls, settings: Settings, registry: Registry | None = None, store: Store | None = None,
@@ -140,8 +157,8 @@ class Indexer:
              polling: bool = False) -> Indexer:
         """An ``Indexer`` ready to use: plugins loaded (unless ``registry`` is given: tests share one model), the
         store (unless given) and the embedding cache opened under ``settings.state_dir``; with ``connect``, also
-        ``connect()``-ed to its collections (``reindex`` drops them first). ``terms``: the BM25 term builder
-        (``None``: the product's).
+        ``connect()``-ed to its collections (``reindex`` asks the worker for a ``rebuild()``). ``terms``: the BM25
+        term builder (``None``: the product's).
 
         Raises ``StoreLocked`` when another process holds the state dir (``hold_state_lock``), ``StateReadOnly``
         when it is read-only, ``ConfigError`` for conflicting plugins, ``PluginError`` without a text embedder,
@@ -169,20 +186,28 @@ class Indexer:
         return indexer
 
     def connect(self) -> None:
-        """Create or check every collection and read what is indexed (once; ``reindex`` drops them first).
+        """Sweep what an interrupted rebuild left, create or check every collection and read what is indexed.
 
-        Raises ``CollectionMismatch`` when a collection was built for another model, ``StoreUnavailable`` when
-        Qdrant cannot be reached (or the embedded store is held by another process).
+        Raises ``CollectionMismatch`` when a collection was built for another model (unless a rebuild is requested:
+        the rebuild replaces it), ``StoreUnavailable`` when Qdrant cannot be reached (or the embedded store is held
+        by another process).
         """
+        self._check_identity()
         dims = self.pipeline.dense_dims()
         indexed: dict[str, Indexed] = {}
         for collection in self.collections:
-            if self._reindex:
-                self.store.drop(collection.name)
-            self.store.ensure_collection(collection.name, dims)
+            swept = self.store.sweep(collection.name)
+            if swept:
+                log.info("rebuild_leftovers_swept", collection=collection.name, swept=swept)
+            try:
+                self.store.ensure_collection(collection.name, dims)
+            except CollectionMismatch as exc:
+                if not self.rebuild_requested.is_set():
+                    raise
+                log.warning("collection_replaced_by_rebuild", collection=collection.name, reason=str(exc))
+                continue
             for abs_path, state in self.store.file_states(collection.name).items():
                 indexed[abs_path] = Indexed(collection.name, state)
-        self._reindex = False
         self.indexed = indexed
         self.connected.set()
         self._attest()
@@ -333,20 +358,21 @@ class Indexer:
         self.ledger.clear(key)
         prepared.append(result)
 
-    def _write(self, prepared: list[Prepared]) -> list[Path]:
+    def _write(self, prepared: list[Prepared], into: Mapping[str, str] | None = None) -> list[Path]:
         """Embed and store ``prepared`` files, smallest first in groups of about ``GROUP_CHUNKS`` chunks, so a huge
-        file in the batch does not hold back the small ones. Returns the files to retry."""
+        file in the batch does not hold back the small ones. Returns the files to retry. ``into`` (a rebuild):
+        collection name -> the physical collection to write instead; the live index state is left alone."""
         retry: list[Path] = []
         group: list[Prepared] = []
         size = 0
         for file in sorted(prepared, key=lambda f: len(f.chunks)):
             if group and size + len(file.chunks) > GROUP_CHUNKS:
-                retry += self._write_group(group)
+                retry += self._write_group(group, into)
                 group, size = [], 0
             group.append(file)
             size += len(file.chunks)
         if group:
-            retry += self._write_group(group)
+            retry += self._write_group(group, into)
         return retry
 
     def _should_stop(self) -> bool:
@@ -354,7 +380,7 @@ class Indexer:
         self.beat()
         return self.stopping.is_set()
 
-    def _write_group(self, prepared: list[Prepared]) -> list[Path]:
+    def _write_group(self, prepared: list[Prepared], into: Mapping[str, str] | None = None) -> list[Path]:
         try:
             vectors = self.pipeline.embed(prepared, should_stop=self._should_stop)
         except Interrupted:
@@ -365,7 +391,7 @@ class Indexer:
             if len(prepared) == 1:
                 self._skip(prepared[0].path, "embed_failed", str(exc), failed=True)
                 return []
-            return [path for file in prepared for path in self._write_group([file])]  # isolate the refused file
+            return [path for file in prepared for path in self._write_group([file], into)]  # isolate the refused file
         retry: list[Path] = []
         for file, file_vectors in zip(prepared, vectors):
             started = time.monotonic()
@@ -373,6 +399,9 @@ class Indexer:
             abs_path = str(file.path)
             old = self.indexed.get(abs_path)
             try:
+                if into is not None:
+                    self.store.replace_file(into[file.collection.name], abs_path, file.file_hash, points)
+                    continue
                 if old and old.collection != file.collection.name:
                     self.store.delete_file(old.collection, abs_path)
                 self.store.replace_file(file.collection.name, abs_path, file.file_hash, points)
@@ -386,6 +415,97 @@ class Indexer:
                      chunks=len(points), embedded=file.embedded, cache_hits=file.cache_hits,
                      write_ms=round((time.monotonic() - started) * 1000, 1))
         return retry
+
+    # -- model identity -----------------------------------------------------------------------------------------
+    def identity(self) -> str:
+        """What made the vectors and chunks: each embedder's ``identity`` (model, precision, fingerprint of its
+        files; ``model_id`` for one without) and the chunking version."""
+        from indexer import chunking
+
+        models = ", ".join(f"{modality}={getattr(e, 'identity', e.model_id)}"
+                           for modality, e in sorted(self.registry.embedders.items()))
+        return f"{models}; chunking={getattr(chunking, 'CHUNKING_VERSION', 1)}"
+
+    def _identities_path(self) -> Path:
+        return self.settings.state_dir / "collection-identity.json"
+
+    def _record_identity(self, names: list[str]) -> None:
+        path = self._identities_path()
+        try:
+            record = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            record = {}
+        record.update({name: self.identity() for name in names})
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+        tmp.replace(path)
+
+    def _check_identity(self) -> None:
+        """Compare each collection's recorded identity with the configured one: on a change, rebuild (or raise
+        ``CollectionMismatch`` with ``on_model_change = "refuse"``), naming both. Unrecorded ones are recorded."""
+        try:
+            record = json.loads(self._identities_path().read_text())
+        except (FileNotFoundError, ValueError):
+            record = {}
+        current = self.identity()
+        names = [c.name for c in self.collections]
+        changed = {name: record[name] for name in names if name in record and record[name] != current}
+        if changed and not self.rebuild_requested.is_set():
+            indexed_with = sorted(set(changed.values()))
+            if self.settings.on_model_change == "refuse":
+                raise CollectionMismatch(
+                    f"collections {sorted(changed)} were built with {'; '.join(indexed_with)}, but the configuration "
+                    f"says {current}; rebuild them with `qmd-indexer index --once --reindex` (or `run --reindex`), "
+                    f"or set on_model_change = \"rebuild\"")
+            log.warning("model_changed", collections=sorted(changed), indexed_with=indexed_with, configured=current,
+                        action="rebuild")
+            self.rebuild_requested.set()
+        self._record_identity([name for name in names if name not in record])
+
+    # -- rebuilding ---------------------------------------------------------------------------------------------
+    def request_rebuild(self) -> None:
+        """Ask the worker for a ``rebuild()`` (``POST /reindex``); returns at once."""
+        self.rebuild_requested.set()
+        self.settler.wake()
+
+    def rebuild(self) -> bool:
+        """Rebuild every collection beside the live one and swap the new ones in when all are complete (the worker
+        calls it; searches meanwhile answer from the old collections). Vectors come from the embedding cache where
+        it has them. Returns False, leaving the old collections serving and the new ones for ``connect()`` to sweep,
+        when a stop was requested or the store failed; raises ``StoreUnavailable`` from the store's own calls."""
+        self.rebuild_requested.clear()
+        self.rebuilding = True
+        started, before = time.monotonic(), self.pipeline.stats.chunks_embedded
+        try:
+            dims = self.pipeline.dense_dims()
+            into = {c.name: self.store.rebuild_target(c.name) for c in self.collections}
+            log.info("rebuild_started", collections=into)
+            for target in into.values():
+                self.store.ensure_collection(target, dims)
+            found, _ = walk(self.collections)  # skips are logged by the scan that follows
+            batch: list[Prepared] = []
+            for n, (collection, path) in enumerate(found, 1):
+                try:
+                    result = self.pipeline.prepare(collection, path, None)
+                    if isinstance(result, Prepared):
+                        batch.append(result)
+                except (OSError, FileSkipped, ExtractError):
+                    pass  # gone, skipped or failing: the scan after the swap logs it as usual
+                if len(batch) >= GROUP_CHUNKS // 8 or n == len(found):
+                    if self._write(batch, into) or self.stopping.is_set():
+                        log.warning("rebuild_abandoned", reason="stop requested or store unavailable",
+                                    hint="the old collections keep serving; the next start sweeps the new ones")
+                        return False
+                    batch = []
+            for collection in self.collections:
+                self.store.swap(collection.name, into[collection.name])
+            self._record_identity(list(into))
+            self.connect()
+            log.info("rebuild_finished", files=len(self.indexed), seconds=round(time.monotonic() - started, 2),
+                     chunks_embedded=self.pipeline.stats.chunks_embedded - before)
+            return True
+        finally:
+            self.rebuilding = False
 
     # -- reporting ----------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -408,6 +528,10 @@ class Indexer:
             "state_dir": str(self.settings.state_dir),
             "uptime_s": round(time.time() - self.started_at, 1),
             "queue_depth": len(self.settler) + self.in_hand,
+            "rebuilding": self.rebuilding or self.rebuild_requested.is_set(),
+            "models": {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
+                                  "precision": getattr(e, "precision", None)}
+                       for modality, e in self.registry.embedders.items()},
             "chunks_embedded": stats.chunks_embedded,
             "cache_hits": stats.cache_hits,
             "files_failed": self.ledger.files_failed,

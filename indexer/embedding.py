@@ -99,6 +99,27 @@ def resolve_model(name: str) -> tuple[str, str]:
     return name, name
 
 
+def model_fingerprint(load_path: str) -> str:
+    """sha256 (hex, 16 chars) over a local model directory: every file's relative path and size, the full text of
+    its small files (configs, vocabularies: under 1 MiB) and the first and last MiB of larger ones (weights). ``""``
+    for a name that is not a directory. Cheap: a few MiB read, whatever the model's size."""
+    root = Path(load_path)
+    if not root.is_dir():
+        return ""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        size = path.stat().st_size
+        digest.update(f"{path.relative_to(root)}\0{size}\0".encode())
+        with open(path, "rb") as handle:
+            if size <= 1 << 20:
+                digest.update(handle.read())
+            else:
+                digest.update(handle.read(1 << 20))
+                handle.seek(-(1 << 20), os.SEEK_END)
+                digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
 def load_sentence_transformer(path: str, device: str) -> Any:
     """A ``SentenceTransformer`` from ``path`` (a local directory, or a name in the local cache), loaded offline
     unless ``HF_HUB_OFFLINE`` says otherwise, with no progress bars (a tqdm bar would break JSON log lines).
@@ -301,6 +322,7 @@ class SentenceTransformerEmbedder:
         # concurrent use ("Already borrowed"). Calls take turns, one model batch at a time, so a query waits for at
         # most one batch of ``batch_size`` chunks, not for a whole file.
         self._use = threading.Lock()
+        self._identity: str | None = None
         self._dim: int | None = _KNOWN_DIMS.get(self.base_id)
         self._max_tokens: int | None = 254 if self.base_id in _KNOWN_DIMS else None
 
@@ -315,6 +337,14 @@ class SentenceTransformerEmbedder:
         if self.precision == "int8":
             return f"{self.base_id}@int8-onnx-v{INT8_FORMAT}"
         return f"{self.base_id}@{self.precision}"
+
+    @property
+    def identity(self) -> str:
+        """``model_id#fingerprint``: the model and precision, and a fingerprint of its files (``model_fingerprint``),
+        so a model replaced in the same directory, or of the same vector size, is noticed. Computed once."""
+        if self._identity is None:
+            self._identity = f"{self.model_id}#{model_fingerprint(self._load_path)}"
+        return self._identity
 
     # -- lazy model ---------------------------------------------------------------------------------------------
     @property

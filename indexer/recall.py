@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from indexer.api import HEAD_BYTES
+from indexer.chunking import split_lines
 from indexer.errors import ReadRefused
 from indexer.safeio import UnsafePath, open_beneath
 from indexer.search import SNIPPET_CHARS, Searcher, SearchParams
@@ -173,7 +174,7 @@ def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None
         if text is None:
             omitted.append({"citation": f"{path}#L{start}-L{last}", "lines": total})
             continue
-        lines = text.split("\n")
+        lines = split_lines(text)
         room = budget_chars - used - len(f"## {path}#L{start}-L{last}") - 1 - (1 if parts else 0)
         take = size = 0
         for line in lines:

@@ -182,6 +182,12 @@ class Status(TypedDict):
     collections: dict[str, CollectionStatus]
 
 
+class Reindex(TypedDict):
+    """``POST /reindex``: the rebuild was asked for; it runs beside the live index (``Status.rebuilding``)."""
+
+    rebuilding: bool
+
+
 class Health(TypedDict):
     """``GET /health``."""
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from indexer.api import Embedder
 from indexer.bm25 import Bm25Terms
+from indexer.chunking import split_lines
 from indexer.config import Settings
 from indexer.points import SPARSE, Filter, Hit, Payload, Query
 from indexer.rerank import Reranker, RerankStats, rerank
@@ -69,10 +70,11 @@ def _terms(text: str) -> set[str]:
 
 def snippet(text: str, query: str, first_line: int, limit: int = SNIPPET_CHARS) -> tuple[str, int, int]:
     """``(snippet, start_line, end_line)``: whole lines of ``text`` (which starts at ``first_line``) around the
-    line sharing most words with ``query``, at most ``limit`` characters; a single line longer than that is cut."""
-    lines = text.split("\n")
+    line sharing most words with ``query``, at most ``limit`` characters; a single line longer than that is cut.
+    Lines are ``split_lines``' (``\\n``, ``\\r\\n`` or a lone ``\\r`` ends one) and joined with ``\\n``."""
+    lines = split_lines(text)
     if len(text) <= limit:
-        return text, first_line, first_line + len(lines) - 1
+        return "\n".join(lines), first_line, first_line + len(lines) - 1
     terms = _terms(query)
     best = max(range(len(lines)), key=lambda i: (len(terms & _terms(lines[i])), -i)) if terms else 0
     lo = hi = best

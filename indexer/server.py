@@ -12,6 +12,7 @@ POST       /search      body ``SearchRequest``; ``SearchResponse`` ``{"hits": [H
 POST       /recall      body ``RecallRequest``; ``SearchResponse``; query ``*``/``all``/empty lists every memory file
 POST       /boot        body ``BootRequest``; ``BootContext`` (see ``indexer.recall.boot_context``)
 GET        /get         ``?path=&agent=&from=1&lines=&max_chars=``: ``Page``, a page of one memory file
+POST       /reindex     ``{"rebuilding": true}``: rebuild every collection beside the live one, then swap
 POST/GET   /mcp         the MCP tools (``indexer.mcp``) over streamable HTTP, stateless, JSON answers
 =========  ===========  ==========================================================================================
 
@@ -54,6 +55,7 @@ from indexer.schema import (
     Hit,
     Page,
     RecallRequest,
+    Reindex,
     SearchRequest,
     SearchResponse,
     Status,
@@ -212,5 +214,12 @@ def create_app(indexer: Indexer) -> FastAPI:
             lines: int | None = Query(default=None, description="At most this many lines."),
             max_chars: int = Query(default=DEFAULT_MAX_CHARS, description="At most this many characters.")) -> Page:
         return _answer(lambda: memory.get(path, from_, lines, max_chars, agent), path=path)
+
+    @app.post("/reindex")
+    def reindex() -> Reindex:
+        """Rebuild every collection beside the live one and swap it in when complete (searches keep answering from
+        the old one meanwhile); returns at once. ``GET /status`` says ``rebuilding`` until it is done."""
+        indexer.request_rebuild()
+        return {"rebuilding": True}
 
     return app

@@ -1,10 +1,12 @@
 """The worker: the one thread that writes. It takes settled paths from the debounce queue (``Settler``) and hands
 them to ``Indexer.process``; nothing else calls it while it runs.
 
-- ``index_once(indexer)``: scan, process everything queued, return ``status()`` (``qmd-indexer index --once``).
+- ``index_once(indexer)``: rebuild if asked (``--reindex``), scan, process everything queued, return ``status()``
+  (``qmd-indexer index --once``).
 - ``run(indexer, stop)``: wait for the store, start the watcher, warm the embedders, scan and drain (``ready`` is
   set then), and keep processing settled paths until ``stop`` is set, rescanning every ``rescan_interval_s`` and
-  re-watching roots made again every ``REFRESH_S``.
+  re-watching roots made again every ``REFRESH_S``. A requested rebuild (``--reindex`` or ``POST /reindex``) runs
+  here too, between batches, followed by a scan.
 - Retries: a path whose write found the store unavailable, or a batch that raised, goes back into the same queue
   with a delay of ``RETRY_AFTER_S`` seconds (an event for it meanwhile takes precedence). No timer threads.
 - Progress: ``drain`` reports to an optional ``progress(total)`` context manager that yields an ``advance(n)``
@@ -85,10 +87,22 @@ def index_once(indexer: Indexer, progress: Progress | None = None) -> dict[str, 
     """Scan and index everything now (no watcher); returns ``indexer.status()``. Raises ``StoreUnavailable``
     when the store cannot be reached for a delete or a read."""
     indexer.stopping = threading.Event()
+    if indexer.rebuild_requested.is_set():
+        indexer.rebuild()
     indexer.settler.add_many(indexer.scan())
     drain(indexer, progress=progress)
     indexer.ready.set()
     return indexer.status()
+
+
+def _rebuild(indexer: Indexer) -> None:
+    """``indexer.rebuild()``; a failure is logged and leaves the old collections serving."""
+    try:
+        indexer.rebuild()
+    except StoreUnavailable as exc:
+        log.error("rebuild_failed", error=str(exc), hint="the old collections keep serving; ask again later")
+    except Exception:
+        log.exception("rebuild_failed", hint="the old collections keep serving")
 
 
 def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = None,
@@ -110,6 +124,8 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
         except Exception as exc:
             log.error("embedder_failed", model_id=embedder.model_id, error=f"{type(exc).__name__}: {exc}")
     settler = indexer.settler
+    if indexer.rebuild_requested.is_set():
+        _rebuild(indexer)
     settler.add_many(indexer.scan())
     drain(indexer, stop, progress, guarded=True)
     if stop.is_set():
@@ -124,6 +140,10 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
         indexer.beat()
         if supervisor is not None:
             supervisor.status(len(settler) + indexer.in_hand, len(indexer.indexed))
+        if indexer.rebuild_requested.is_set():
+            _rebuild(indexer)
+            settler.add_many(indexer.scan())
+            continue
         if time.monotonic() >= next_refresh:
             next_refresh = time.monotonic() + REFRESH_S
             renewed = watcher.refresh()

@@ -94,7 +94,7 @@ def test_openapi_types_every_answer(make_indexer, workspace: Path) -> None:
             for code in declared_errors.get(path, ()):
                 assert operation["responses"][code]["content"]["application/json"]["schema"]["$ref"].endswith(
                     "/ErrorDetail"), f"{method} {path}: {code} not declared"
-    assert seen == {"/health", "/status", "/search", "/recall", "/boot", "/get"}
+    assert seen == {"/health", "/status", "/search", "/recall", "/boot", "/get", "/reindex"}
     assert {"path", "start_line", "end_line", "score", "snippet", "citation", "start_s", "width"} <= set(
         schemas["Hit"]["properties"]) and schemas["Hit"]["additionalProperties"] is True
     assert set(schemas["SearchRequest"]["properties"]) == {

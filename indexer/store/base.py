@@ -5,6 +5,12 @@ model classes of its client library) to the shared translation, so a filter or q
 
 ``replace_file`` upserts a file's new points and deletes its points of any other content hash while holding the
 store's lock, and every query takes that lock too, so a search never sees two versions of one file.
+
+Rebuilds never touch the collection being searched: every public operation takes a collection's name and resolves
+it to the physical collection behind it (an alias: Qdrant's own on a server, ``aliases.json`` for Edge; without one,
+the collection of that name). A rebuild fills ``rebuild_target(name)`` (``<name>--rebuild-<n>``) beside it and
+``swap(name, new)`` points the name at it in one step, then drops the old one; ``sweep(name)`` removes what an
+interrupted rebuild or swap left behind.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from indexer.points import SPARSE, STATE_FIELDS, FileState, Filter, Hit, Payload
 
 SCROLL_PAGE = 1024  # payloads per scroll request
 _NO_PAYLOAD = Payload()  # a hit searched without its payload
+REBUILD = "--rebuild-"  # physical collections of a rebuild are named <name>--rebuild-<n>
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,15 +112,51 @@ class Store:
     def __init__(self, dialect: Dialect) -> None:
         self._lock = threading.RLock()
         self.dialect = dialect
+        self._alias_map: dict[str, str] | None = None
+
+    # names and rebuilds ----------------------------------------------------------------------------------------
+    def _target(self, name: str) -> str:
+        """The physical collection behind ``name`` (call with the lock held)."""
+        if self._alias_map is None:
+            self._alias_map = self._read_aliases()
+        return self._alias_map.get(name, name)
+
+    def rebuild_target(self, name: str) -> str:
+        """A fresh physical name to rebuild ``name`` into: ``<name>--rebuild-<n>``, ``n`` above any in the store."""
+        with self._lock:
+            taken = [p[len(name) + len(REBUILD):] for p in self._names() if p.startswith(name + REBUILD)]
+            taken.append(self._target(name)[len(name) + len(REBUILD):])
+            return f"{name}{REBUILD}{1 + max((int(n) for n in taken if n.isdigit()), default=0)}"
+
+    def swap(self, name: str, new: str) -> None:
+        """Make ``name`` answer from physical collection ``new`` (complete, made by ``ensure_collection(new, ...)``)
+        in one step, then drop the collection it answered from before. Searches see the old or the new one, whole."""
+        with self._lock:
+            old = self._target(name)
+            self._set_alias(name, new, old)
+            self._alias_map = None
+            if old != new:
+                self._drop(old)
+
+    def sweep(self, name: str) -> list[str]:
+        """Drop the physical collections of ``name`` that nothing points at (an interrupted rebuild's
+        ``<name>--rebuild-<n>``, or the old collection of a swap cut short); returns their names."""
+        with self._lock:
+            live = self._target(name)
+            stale = [p for p in self._names() if p != live and (p == name or p.startswith(name + REBUILD))]
+            for physical in stale:
+                self._drop(physical)
+            return stale
 
     def ensure_collection(self, name: str, dense: dict[str, int]) -> None:
         """Create collection ``name`` with named vectors ``dense`` (name -> size) plus the BM25 sparse vector, or
         check an existing one. Raises ``CollectionMismatch`` if a vector's size differs; a missing named vector
         (a modality enabled later) is added."""
         with self._lock:
-            existing = self._dense_config(name)
+            physical = self._target(name)
+            existing = self._dense_config(physical)
             if existing is None:
-                self._create(name, dense)
+                self._create(physical, dense)
                 return
             for vector, size in dense.items():
                 if vector in existing and existing[vector] != size:
@@ -123,30 +166,31 @@ class Store:
                         f"`qmd-indexer index --once --reindex` (or `run --reindex`)."
                     )
                 if vector not in existing:
-                    self._add_vector(name, vector, size)
+                    self._add_vector(physical, vector, size)
 
     def upsert(self, name: str, points: Sequence[Point]) -> None:
         """Insert or overwrite ``points`` (by id) in ``name``; for bulk loads. The daemon uses ``replace_file``."""
         with self._lock:
             if points:
-                self._upsert(name, points)
+                self._upsert(self._target(name), points)
 
     def replace_file(self, name: str, abs_path: str, file_hash: str, points: Sequence[Point]) -> None:
         """Make ``points`` the only points of ``abs_path`` in ``name``: upsert, then delete other hashes."""
         with self._lock:
+            physical = self._target(name)
             if points:
-                self._upsert(name, points)
-            self._delete(name, Filter(abs_path=abs_path, except_hash=file_hash))
+                self._upsert(physical, points)
+            self._delete(physical, Filter(abs_path=abs_path, except_hash=file_hash))
 
     def delete_file(self, name: str, abs_path: str) -> None:
         """Remove every point of ``abs_path`` from ``name``."""
         with self._lock:
-            self._delete(name, Filter(abs_path=abs_path))
+            self._delete(self._target(name), Filter(abs_path=abs_path))
 
     def file_states(self, name: str) -> dict[str, FileState]:
         """``abs_path -> FileState`` for every file with points in ``name`` (one scroll over the payloads)."""
         with self._lock:
-            return file_states(self._scroll(name, list(STATE_FIELDS)))
+            return file_states(self._scroll(self._target(name), list(STATE_FIELDS)))
 
     def search(self, name: str, query: Query, with_payload: bool = True) -> dict[str, list[Hit]]:
         """Run ``query`` on ``name``: vector name (``"text"``, ``"image"``, ``"bm25"``) -> hits, best first.
@@ -157,7 +201,7 @@ class Store:
             return {}
         flt = self.dialect.filter(query.filter)
         with self._lock:
-            answers = self._query(name, searches, flt, query, with_payload)
+            answers = self._query(self._target(name), searches, flt, query, with_payload)
         return {using: [Hit(str(pid), float(score), Payload.from_payload(payload) if payload else _NO_PAYLOAD)
                         for pid, score, payload in answer]
                 for using, answer in answers.items()}
@@ -167,27 +211,38 @@ class Store:
         if not ids:
             return {}
         with self._lock:
-            return {str(pid): Payload.from_payload(raw or {}) for pid, raw in self._retrieve(name, list(ids))}
+            found = self._retrieve(self._target(name), list(ids))
+            return {str(pid): Payload.from_payload(raw or {}) for pid, raw in found}
 
     def count(self, name: str) -> int:
         """Exact number of points in ``name``."""
         with self._lock:
-            return self._count(name)
+            return self._count(self._target(name))
 
     def drop(self, name: str) -> None:
-        """Delete collection ``name`` and all its points (for ``--reindex``)."""
+        """Delete collection ``name`` and all its points (and its alias, if it has one)."""
         with self._lock:
-            self._drop(name)
+            physical = self._target(name)
+            if physical != name:
+                self._set_alias(name, None, physical)
+                self._alias_map = None
+            self._drop(physical)
 
     def scroll(self, name: str, fields: Sequence[str] | None = None) -> list[Payload]:
         """Every payload in ``name`` (only ``fields``, if given; the rest take ``Payload``'s defaults)."""
         with self._lock:
-            return [Payload.from_payload(raw) for raw in self._scroll(name, list(fields) if fields else None)]
+            return [Payload.from_payload(raw)
+                    for raw in self._scroll(self._target(name), list(fields) if fields else None)]
 
     def collections(self) -> dict[str, dict[str, int]]:
-        """Every collection in the store: name -> its dense vectors (name -> size)."""
+        """Every collection in the store by the name it answers to (an alias, or its own name when none points at
+        it; rebuilds in progress are left out): name -> its dense vectors (name -> size)."""
         with self._lock:
-            return {name: self._dense_config(name) or {} for name in self._names()}
+            physical = self._names()
+            self._alias_map = self._read_aliases()
+            names = {**{p: p for p in physical if REBUILD not in p}, **self._alias_map}
+            configs = {name: self._dense_config(target) for name, target in sorted(names.items()) if target in physical}
+            return {name: config for name, config in configs.items() if config is not None}
 
     def scroll_points(self, name: str, page: int = SCROLL_PAGE) -> Iterator[Point]:
         """Every point of ``name`` with its vectors and payload, read ``page`` points per request (the lock is
@@ -195,7 +250,7 @@ class Store:
         offset: Any = None
         while True:
             with self._lock:
-                points, offset = self._points_page(name, offset, page)
+                points, offset = self._points_page(self._target(name), offset, page)
             yield from points
             if offset is None:
                 return
@@ -207,6 +262,15 @@ class Store:
         """Release the backend (file locks, connections)."""
 
     # primitives ------------------------------------------------------------------------------------------------
+    def _read_aliases(self) -> dict[str, str]:
+        """Alias -> the physical collection it points at."""
+        raise NotImplementedError
+
+    def _set_alias(self, name: str, new: str | None, old: str) -> None:
+        """Point alias ``name`` at ``new`` (``None``: remove it); ``old`` is what it resolved to before (``name``
+        itself when it was a plain collection, which the backend may need to delete first)."""
+        raise NotImplementedError
+
     def _dense_config(self, name: str) -> dict[str, int] | None:
         raise NotImplementedError
 

@@ -117,7 +117,7 @@ class ServerStore(Store):
                                        prefer_grpc=self.options.prefer_grpc, grpc_port=self.options.grpc_port,
                                        check_compatibility=False)
         for method in ("_dense_config", "_create", "_add_vector", "_names", "_scroll_page", "_points_page", "_query",
-                       "_retrieve", "_count", "_drop"):
+                       "_retrieve", "_count", "_drop", "_read_aliases", "_set_alias"):
             setattr(self, method, self._retrying(getattr(self, method), write=False))
         for method in ("_upsert_request", "_delete"):
             setattr(self, method, self._retrying(getattr(self, method), write=True))
@@ -285,6 +285,21 @@ class ServerStore(Store):
     def _drop(self, name: str) -> None:
         if self.client.collection_exists(name):
             self.client.delete_collection(name)
+
+    def _read_aliases(self) -> dict[str, str]:
+        return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
+
+    def _set_alias(self, name: str, new: str | None, old: str) -> None:
+        m = self._m
+        if old == name and new is not None and self.client.collection_exists(name):
+            self.client.delete_collection(name)  # a plain collection of that name (made before aliases) gives way
+        ops: list[Any] = []
+        if old != name:
+            ops.append(m.DeleteAliasOperation(delete_alias=m.DeleteAlias(alias_name=name)))
+        if new is not None:
+            ops.append(m.CreateAliasOperation(create_alias=m.CreateAlias(collection_name=new, alias_name=name)))
+        if ops:
+            self.client.update_collection_aliases(change_aliases_operations=ops)  # one atomic change
 
     def close(self) -> None:
         with self._lock:
