@@ -301,6 +301,7 @@ def chunk_markdown(
     longer section is cut into overlapping windows (as ``chunk_text``) that each carry the section's context. The
     context takes at most ``MAX_CONTEXT_RATIO`` of the window (cut at a token boundary beyond that). ``text`` of
     every chunk is the file's own lines ``start_line..end_line``."""
+    text = re.sub(r"\r\n?", "\n", text)  # the one line model (split_lines): \r\n and a lone \r end a line too
     if max_tokens < 1:
         raise ValueError("max_tokens must be at least 1")
     if not text.strip():

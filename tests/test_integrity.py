@@ -113,7 +113,7 @@ def test_searches_answer_throughout_a_rebuild(workspace: Path, make_indexer) -> 
     for n in range(40):  # enough files that the rebuild takes many store writes
         write(workspace / "memory" / "bulk" / f"n{n}.md", f"# Note {n}\n\nFiller note number {n} about gardening.\n")
     indexer = make_indexer([{"agent": "main", "path": workspace}])
-    with Running(indexer), TestClient(create_app(indexer)) as api:
+    with Running(indexer), TestClient(create_app(indexer), base_url="http://127.0.0.1:8743") as api:
         first = api.post("/search", json={"query": "ACME-4471", "k": 3}).json()["hits"]
         assert first and first[0]["path"] == "memory/incidents.md"
         assert api.post("/reindex").json() == {"rebuilding": True}
