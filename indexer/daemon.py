@@ -248,6 +248,7 @@ class Indexer:
         except OSError:
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
+            self._remove(key, reason="not_a_file")  # a file that became a directory leaves no ghost
             collection, _ = route(self.collections, path)
             # a directory made or moved in under a memory root: its files arrive without events of their own. The
             # workspace root itself is never walked (it may hold anything); its memory files have their own events.
@@ -263,6 +264,9 @@ class Indexer:
                 self._remove(abs_path, reason="deleted")
             self.ledger.forget_under(key)
             return
+        other = self._indexed_name(key, st)
+        if other is not None:
+            path, key = Path(other), other
         collection, reason = route(self.collections, path)
         if collection is None:
             if reason:
@@ -287,6 +291,21 @@ class Indexer:
             return
         self.ledger.clear(key)
         prepared.append(result)
+
+    def _indexed_name(self, key: str, st: os.stat_result) -> str | None:
+        """One file, two names (a hard link; ``memory.md`` linked to ``MEMORY.md``): the file is indexed once,
+        under the name the walk met first. An event names only the name written through, so for a name that is
+        not indexed this returns the indexed name of the same (device, inode), if any, still that file on disk."""
+        if st.st_nlink < 2 or not stat.S_ISREG(st.st_mode) or key in self.indexed:
+            return None
+        for abs_path, entry in list(self.indexed.items()):
+            if (entry.state.inode, entry.state.device) == (st.st_ino, st.st_dev) and abs_path != key:
+                try:
+                    if os.path.samestat(os.lstat(abs_path), st):
+                        return abs_path
+                except OSError:
+                    continue
+        return None
 
     def _write(self, prepared: list[Prepared]) -> list[Path]:
         """Embed and store ``prepared`` files, smallest first in groups of about ``GROUP_CHUNKS`` chunks, so a huge
@@ -331,7 +350,8 @@ class Indexer:
                 retry.append(file.path)
                 continue
             self.indexed[abs_path] = Indexed(file.collection.name, FileState(
-                file.file_hash, file.size_bytes, file.mtime_ns, len(points), True))
+                file.file_hash, file.size_bytes, file.mtime_ns, len(points), True, file.ctime_ns, file.inode,
+                file.device))
             log.info("file_indexed", path=abs_path, collection=file.collection.name, kind=file.kind,
                      chunks=len(points), embedded=file.embedded, cache_hits=file.cache_hits,
                      write_ms=round((time.monotonic() - started) * 1000, 1))

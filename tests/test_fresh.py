@@ -1,0 +1,107 @@
+"""The index never stays silently stale: change detection beyond size and mtime, paths that change type, one file
+under two names. Real files, the real model, real Qdrant Edge and real watchdog observers."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from conftest import Running, wait_for, write
+
+from indexer.search import SearchParams
+from indexer.worker import index_once
+
+
+def _keyword(indexer, text: str) -> list[str]:
+    return [h["path"] for h in indexer.searcher().search(SearchParams(text, k=5, mode="keyword"))]
+
+
+def _same_size_edit_with_mtime_put_back(path: Path, old: str, new: str) -> None:
+    """``sed -i`` then ``touch -r ref``: same size, same mtime (to the nanosecond), new content."""
+    before = os.stat(path)
+    path.write_text(path.read_text().replace(old, new))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def test_same_size_edit_with_mtime_put_back_is_reindexed_by_index_once(workspace: Path, make_indexer) -> None:
+    note = write(workspace / "memory" / "same.md", "# Same\n\ncode SAMEAAAA1\n")
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    index_once(indexer)
+    assert _keyword(indexer, "SAMEAAAA1") == ["memory/same.md"]
+    indexer.store.close()
+    _same_size_edit_with_mtime_put_back(note, "SAMEAAAA1", "SAMEBBBB2")
+    again = make_indexer([{"agent": "main", "path": workspace}])  # stat identity read back from the payload
+    index_once(again)
+    assert _keyword(again, "SAMEBBBB2") == ["memory/same.md"]
+    assert _keyword(again, "SAMEAAAA1") == []
+
+
+def test_same_size_edit_with_mtime_put_back_is_reindexed_by_the_daemon(workspace: Path, make_indexer) -> None:
+    note = write(workspace / "memory" / "same.md", "# Same\n\ncode SAMEAAAA1\n")
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    with Running(indexer):
+        assert _keyword(indexer, "SAMEAAAA1") == ["memory/same.md"]
+        _same_size_edit_with_mtime_put_back(note, "SAMEAAAA1", "SAMEBBBB2")
+        wait_for(lambda: _keyword(indexer, "SAMEBBBB2") == ["memory/same.md"])
+        assert _keyword(indexer, "SAMEAAAA1") == []
+
+
+def test_the_stat_identity_is_stored_in_the_payload(workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    index_once(indexer)
+    state = indexer.store.file_states("memory-dir-main")[str(workspace / "memory" / "travel.md")]
+    st = os.stat(workspace / "memory" / "travel.md")
+    assert (state.ctime_ns, state.inode, state.device) == (st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def _becomes(path: Path, kind: str) -> None:
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "symlink":
+        path.symlink_to(path.parent / "incidents.md")
+    elif kind == "fifo":
+        os.mkfifo(path)
+
+
+def test_a_path_that_changes_type_leaves_no_ghost(workspace: Path, make_indexer) -> None:
+    names = {kind: workspace / "memory" / f"{kind}.md" for kind in ("directory", "symlink", "fifo", "gone")}
+    for kind, path in names.items():
+        write(path, f"# {kind}\n\nGHOST{kind.upper()} was here.\n")
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    with Running(indexer):
+        for kind in names:
+            assert _keyword(indexer, f"GHOST{kind.upper()}") == [f"memory/{kind}.md"]
+        for kind, path in names.items():
+            write(path, f"# {kind}\n\nGHOST{kind.upper()} edited.\n")  # an event, then a change of type within
+            _becomes(path, kind)  # the debounce
+        for kind, path in names.items():
+            wait_for(lambda k=kind: _keyword(indexer, f"GHOST{k.upper()}") == [], timeout_s=10)
+            assert str(path) not in indexer.indexed, kind
+
+
+def test_an_edit_through_either_hard_link_reindexes_the_file(workspace: Path, make_indexer) -> None:
+    first = write(workspace / "memory" / "first.md", "# Linked\n\nLINKAAAA1 one file two names.\n")
+    os.link(first, workspace / "memory" / "second.md")
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    with Running(indexer):
+        assert _keyword(indexer, "LINKAAAA1") == ["memory/first.md"]  # indexed once, under the name met first
+        for n, name in enumerate(("second.md", "first.md", "second.md")):
+            with open(workspace / "memory" / name, "w") as handle:
+                handle.write(f"# Linked\n\nLINK{n}BBB2 one file two names.\n")
+            wait_for(lambda n=n: _keyword(indexer, f"LINK{n}BBB2") == ["memory/first.md"], timeout_s=10)
+        assert _keyword(indexer, "LINKAAAA1") == [] and str(workspace / "memory" / "second.md") not in indexer.indexed
+
+
+def test_an_edit_through_the_legacy_root_name_reindexes_memory_md(workspace: Path, make_indexer) -> None:
+    os.link(workspace / "MEMORY.md", workspace / "memory.md")  # one file, both root names
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    with Running(indexer):
+        assert _keyword(indexer, "Fridays") == ["MEMORY.md"]
+        time.sleep(0.05)
+        with open(workspace / "memory.md", "w") as handle:
+            handle.write("# Memory\n\nROOTBBBB2 deploys any day now.\n")
+        wait_for(lambda: _keyword(indexer, "ROOTBBBB2") == ["MEMORY.md"])
