@@ -41,6 +41,7 @@ from indexer.store import ServerOptions, Store, open_store
 from indexer.watcher import Settler, Watcher
 from indexer.workspace import Collection, Skip, attest, plan_collections, route, walk, walk_dir
 
+MAX_WAIT_S = 10.0  # the longest a search waits for pending changes (``search --wait``)
 log = structlog.get_logger("qmd_indexer.daemon")
 
 GROUP_CHUNKS = 256  # chunks embedded and written together; smaller files of a batch go first
@@ -94,6 +95,7 @@ class Indexer:
         self.started_at = time.time()
         self.last_scan_s: float | None = None
         self.in_hand = 0  # paths taken from the queue and not yet processed
+        self.hand: list[Path] = []  # those paths
         self._cache = cache
         self._reindex = reindex
 
@@ -232,14 +234,14 @@ class Indexer:
         """Bring the store in line with the disk for ``paths`` (files or directories, present or gone). Returns
         the files whose write found the store unavailable (the caller retries them later); raises
         ``StoreUnavailable`` when a delete or read found it so."""
-        self.in_hand = len(paths)
+        self.in_hand, self.hand = len(paths), list(paths)
         prepared: list[Prepared] = []
         try:
             for path in paths:
                 self._prepare_one(path, prepared)
             return self._write(prepared) if prepared else []
         finally:
-            self.in_hand = 0
+            self.in_hand, self.hand = 0, []
 
     def _prepare_one(self, path: Path, prepared: list[Prepared]) -> None:
         key = str(path)
@@ -358,6 +360,36 @@ class Indexer:
         return retry
 
     # -- reporting ----------------------------------------------------------------------------------------------
+    def pending(self, agent: str | None = None) -> list[str]:
+        """Workspace-relative paths (sorted, ``/`` separators) of ``agent``'s collections (every agent's when
+        ``None``) changed on disk and not yet indexed: queued behind the debounce or in hand. A path that is not
+        memory (outside every root) is left out; a deleted file still counts (its points are still served)."""
+        out: set[str] = set()
+        for path in [*self.settler.paths(), *self.hand]:
+            for collection in self.collections:
+                if agent is not None and collection.agent != agent:
+                    continue
+                ws = collection.workspace.path
+                inside = path.parent == ws if collection.role == "root" else (
+                    path == collection.root or collection.root in path.parents)
+                if inside:
+                    try:
+                        out.add(path.relative_to(ws).as_posix())
+                    except ValueError:
+                        out.add(str(path))
+                    break
+        return sorted(out)
+
+    def wait_pending(self, agent: str | None, timeout_s: float) -> list[str]:
+        """Wait up to ``timeout_s`` seconds (capped at ``MAX_WAIT_S``) until ``pending(agent)`` is empty; returns
+        what is still pending."""
+        deadline = time.monotonic() + min(max(timeout_s, 0.0), MAX_WAIT_S)
+        pending = self.pending(agent)
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+            pending = self.pending(agent)
+        return pending
+
     def status(self) -> dict[str, Any]:
         """Counters for ``qmd-indexer status``: per-collection files and chunks, queue, embeddings since start."""
         per: dict[str, dict[str, Any]] = {

@@ -71,6 +71,9 @@ class SearchRequest(BaseModel):
     kind: Kinds = None
     min_score: MinScore = None
     since: Since = None
+    wait_s: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False, description=(
+        "Wait up to this many seconds until no file of the agent's collections is pending (changed on disk, "
+        "not yet indexed), then search."))] = 0.0
 
 
 class RecallRequest(BaseModel):
@@ -116,6 +119,9 @@ class SearchResponse(TypedDict):
     """``POST /search`` and ``POST /recall``: hits, best first."""
 
     hits: list[Hit]
+    pending: NotRequired[Annotated[list[str], Field(description=(
+        "Workspace-relative paths of the agent's collections changed on disk and not yet indexed (queued or in "
+        "hand): the answer may miss or still show them."))]]
 
 
 Page = TypedDict("Page", {
@@ -146,6 +152,9 @@ class BootContext(TypedDict):
     budget_chars: int
     included: Annotated[list[str], Field(description="Citations of the pieces in `text`, in order.")]
     omitted: Annotated[list[Omitted], Field(description="What did not fit, to read with memory_get if needed.")]
+    pending: NotRequired[Annotated[list[str], Field(description=(
+        "Workspace-relative paths of the agent's collections changed on disk and not yet indexed (queued or in "
+        "hand): the answer may miss or still show them."))]]
 
 
 class CollectionStatus(TypedDict):

@@ -144,15 +144,21 @@ def create_app(indexer: Indexer) -> FastAPI:
 
     @app.post("/search", responses=_errors(400, 404, 503))
     def search(body: SearchRequest) -> SearchResponse:
-        return {"hits": _answer(lambda: memory.search(**body.model_dump()))}
+        request = body.model_dump()
+        wait_s = request.pop("wait_s")
+        if wait_s:
+            indexer.wait_pending(body.agent, wait_s)
+        return {"hits": _answer(lambda: memory.search(**request)), "pending": indexer.pending(body.agent)}
 
     @app.post("/recall", responses=_errors(404, 503))
     def recall_(body: RecallRequest) -> SearchResponse:
-        return {"hits": _answer(lambda: memory.recall(body.query, body.k, body.agent))}
+        return {"hits": _answer(lambda: memory.recall(body.query, body.k, body.agent)),
+                "pending": indexer.pending(body.agent)}
 
     @app.post("/boot", responses=_errors(400, 404, 503))
     def boot(body: BootRequest) -> BootContext:
-        return _answer(lambda: memory.boot_context(body.budget_chars, body.agent, body.query))
+        context = _answer(lambda: memory.boot_context(body.budget_chars, body.agent, body.query))
+        return {**context, "pending": indexer.pending(body.agent)}
 
     @app.get("/get", responses=_errors(400, 403, 404))
     def get(path: str = Query(description="A memory file, workspace-relative (or absolute inside it)."),

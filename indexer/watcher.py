@@ -92,6 +92,11 @@ class Settler:
         with self._cond:
             self._cond.notify_all()
 
+    def paths(self) -> list[Path]:
+        """A snapshot of the queued paths (settling or ready)."""
+        with self._cond:
+            return list(self._deadlines)
+
     def __len__(self) -> int:
         with self._cond:
             return len(self._deadlines)

@@ -105,3 +105,24 @@ def test_an_edit_through_the_legacy_root_name_reindexes_memory_md(workspace: Pat
         with open(workspace / "memory.md", "w") as handle:
             handle.write("# Memory\n\nROOTBBBB2 deploys any day now.\n")
         wait_for(lambda: _keyword(indexer, "ROOTBBBB2") == ["MEMORY.md"])
+
+
+def test_answers_during_the_debounce_say_what_is_pending_and_search_can_wait(workspace: Path, make_indexer) -> None:
+    from fastapi.testclient import TestClient
+
+    from indexer.server import create_app
+
+    indexer = make_indexer([{"agent": "main", "path": workspace}], settle_s=1.5)
+    with Running(indexer), TestClient(create_app(indexer)) as http:
+        assert http.post("/search", json={"query": "flat white"}).json()["pending"] == []
+        write(workspace / "memory" / "fresh.md", "# Fresh\n\nPENDINGAAA1 just written.\n")
+        (workspace / "memory" / "travel.md").unlink()
+        wait_for(lambda: indexer.pending(), timeout_s=5)  # the watcher saw both
+        answer = http.post("/search", json={"query": "PENDINGAAA1", "mode": "keyword"}).json()
+        assert answer["pending"] == ["memory/fresh.md", "memory/travel.md"]
+        assert http.post("/recall", json={"query": "*"}).json()["pending"] == answer["pending"]
+        assert http.post("/boot", json={}).json()["pending"] == answer["pending"]
+        assert http.post("/search", json={"query": "x", "agent": "other"}).status_code in (200, 404)
+        waited = http.post("/search", json={"query": "PENDINGAAA1", "mode": "keyword", "wait_s": 10}).json()
+        assert waited["pending"] == [] and [h["path"] for h in waited["hits"]] == ["memory/fresh.md"]
+        assert http.post("/search", json={"query": "q", "wait_s": 11}).status_code == 422
