@@ -96,6 +96,8 @@ class Indexer:
         self.last_scan_s: float | None = None
         self.in_hand = 0  # paths taken from the queue and not yet processed
         self.hand: list[Path] = []  # those paths
+        self.last_reconcile: float | None = None  # wall-clock time of the last scan once ready (a reconcile)
+        self.drift = {"not_indexed": 0, "gone": 0}  # what the last reconcile found the watcher had missed
         self._cache = cache
         self._reindex = reindex
 
@@ -202,6 +204,12 @@ class Indexer:
         found, skips = walk(self.collections)
         self._report_skips(skips)
         on_disk = {str(path) for _, path in found}
+        if self.ready.is_set():  # a reconcile: what it finds is what the watcher missed
+            self.drift = {"not_indexed": len(on_disk - self.indexed.keys() - self.ledger.marks.keys()),
+                          "gone": len(self.indexed.keys() - on_disk)}
+            self.last_reconcile = time.time()
+            if any(self.drift.values()):
+                log.warning("reconcile_drift", **self.drift, hint="the watcher missed these; indexing them now")
         for abs_path in [p for p in self.indexed if p not in on_disk]:
             self._remove(abs_path, reason="gone")
         self.ledger.keep_only(on_disk | {str(s.path) for s in skips})  # gone, or no longer a candidate
@@ -360,6 +368,11 @@ class Indexer:
         return retry
 
     # -- reporting ----------------------------------------------------------------------------------------------
+    def health(self) -> str:
+        """``"degraded"`` while the watcher is dead or the last reconcile found drift, else ``"ok"``."""
+        dead = self.watcher is not None and (self.watcher.dead or not self.watcher.alive())
+        return "degraded" if dead or any(self.drift.values()) else "ok"
+
     def pending(self, agent: str | None = None) -> list[str]:
         """Workspace-relative paths (sorted, ``/`` separators) of ``agent``'s collections (every agent's when
         ``None``) changed on disk and not yet indexed: queued behind the debounce or in hand. A path that is not
@@ -413,5 +426,8 @@ class Indexer:
             "cache_hits": stats.cache_hits,
             "files_failed": self.ledger.files_failed,
             "last_scan_s": self.last_scan_s,
+            "watch": self.watcher.modes() if self.watcher is not None else {},
+            "last_reconcile": self.last_reconcile,
+            "drift": dict(self.drift),
             "collections": per,
         }

@@ -181,13 +181,18 @@ class Status(TypedDict):
     cache_hits: int
     files_failed: Annotated[int, Field(description="Memory files failing to index now (each was logged).")]
     last_scan_s: float | None
+    watch: NotRequired[Annotated[dict[str, str], Field(description="Watched root -> native, poll or dead.")]]
+    last_reconcile: NotRequired[Annotated[float | None, Field(description="Unix time of the last reconcile.")]]
+    drift: NotRequired[Annotated[dict[str, int], Field(description=(
+        "What the last reconcile found the watcher had missed: not_indexed (on disk), gone (still indexed)."))]]
     collections: dict[str, CollectionStatus]
 
 
 class Health(TypedDict):
     """``GET /health``."""
 
-    status: Literal["ok"]
+    status: Annotated[Literal["ok", "degraded"], Field(description=(
+        "degraded: the file watcher is dead, or the last reconcile found files it had missed (see /status)."))]
     ready: Annotated[bool, Field(description="The first full index has finished.")]
 
 

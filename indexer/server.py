@@ -90,7 +90,7 @@ class LocalMemory:
         self.searcher = indexer.searcher()
 
     def health(self) -> Health:
-        return {"status": "ok", "ready": self.indexer.ready.is_set()}
+        return {"status": self.indexer.health(), "ready": self.indexer.ready.is_set()}  # type: ignore[typeddict-item]
 
     def status(self) -> Status:
         return self.indexer.status()  # type: ignore[return-value]

@@ -134,7 +134,10 @@ class Watcher:
         self.collections = collections
         self.on_path = on_path
         self.workspace_roots = {c.workspace.path for c in collections}
+        self.polling = polling
         self._observer = PollingObserver() if polling else Observer()
+        self.restarts = 0  # observer restarts after it died (at most one)
+        self.dead = False  # died again after its one restart: only the periodic reconcile finds changes now
         self._fallback: PollingObserver | None = None
         self._handler = _Handler(self)
         self._watched: dict[Path, tuple[Any, Any, tuple[int, int]]] = {}  # path -> (observer, watch, dev/ino)
@@ -204,6 +207,40 @@ class Watcher:
             self._watched[path] = (observer, watch, identity)
             return True
 
+    def alive(self) -> bool:
+        """The observer thread and every emitter thread (one per watch) are running."""
+        observers = [o for o in (self._observer, self._fallback) if o is not None]
+        return all(o.is_alive() and all(e.is_alive() for e in list(o.emitters)) for o in observers)
+
+    def check(self) -> bool:
+        """Called on the daemon's refresh tick: when the observer (or an emitter) died, log ``watcher_died`` and
+        restart it once, re-watching every root; if it dies again, log ``watcher_dead`` and leave it to the
+        periodic reconcile (``status`` says ``dead``). True when the observer was restarted (its roots need a
+        scan: events were lost meanwhile)."""
+        if self.dead or self.alive():
+            return False
+        if self.restarts >= 1:
+            self.dead = True
+            log.error("watcher_dead", hint="changes are found by the periodic reconcile only; restart the daemon")
+            return False
+        log.error("watcher_died", roots=[str(p) for p in self._watched], restarting=True)
+        self.stop()
+        with self._lock:
+            self._watched.clear()
+        self._observer = PollingObserver() if self.polling else Observer()
+        self._fallback = None
+        self.start()
+        self.restarts += 1
+        log.info("watcher_restarted", roots=[str(p) for p in self._watched])
+        return True
+
+    def modes(self) -> dict[str, str]:
+        """Watched root -> ``"native"`` (inotify and the like), ``"poll"`` (``PollingObserver``) or ``"dead"``."""
+        with self._lock:
+            watched = dict(self._watched)
+        return {str(path): "dead" if self.dead else "poll" if isinstance(observer, PollingObserver) else "native"
+                for path, (observer, _, _) in sorted(watched.items())}
+
     def forget(self, path: Path) -> None:
         """Drop the watch of root ``path`` (deleted or moved away), so the next directory there is watched anew."""
         with self._lock:
@@ -219,3 +256,8 @@ class Watcher:
             if observer is not None and observer.is_alive():
                 observer.stop()
                 observer.join(timeout=5)
+            elif observer is not None:
+                try:
+                    observer.unschedule_all()  # stops emitters left running by a dead observer thread
+                except Exception:  # noqa: BLE001 - best effort on a broken observer
+                    pass

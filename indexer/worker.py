@@ -97,6 +97,8 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
     while not stop.is_set():
         if time.monotonic() >= next_refresh:
             next_refresh = time.monotonic() + REFRESH_S
+            if watcher.check():
+                settler.add_many(indexer.scan())
             renewed = watcher.refresh()
             if renewed:
                 log.info("watch_renewed", roots=[str(p) for p in renewed])

@@ -126,3 +126,26 @@ def test_answers_during_the_debounce_say_what_is_pending_and_search_can_wait(wor
         waited = http.post("/search", json={"query": "PENDINGAAA1", "mode": "keyword", "wait_s": 10}).json()
         assert waited["pending"] == [] and [h["path"] for h in waited["hits"]] == ["memory/fresh.md"]
         assert http.post("/search", json={"query": "q", "wait_s": 11}).status_code == 422
+
+
+def test_a_dead_watcher_is_restarted_once_then_reported_and_drift_is_counted(workspace: Path, make_indexer) -> None:
+    from structlog.testing import capture_logs
+
+    indexer = make_indexer([{"agent": "main", "path": workspace}], rescan_interval_s=4)
+    with Running(indexer), capture_logs() as logs:
+        status = indexer.status()
+        assert set(status["watch"].values()) == {"native"} and str(workspace / "memory") in status["watch"]
+        assert indexer.health() == "ok"
+        indexer.watcher._observer.stop()  # the observer thread and its emitters die
+        wait_for(lambda: indexer.watcher.restarts == 1, timeout_s=15)
+        assert [e for e in logs if e["event"] == "watcher_died"] and indexer.watcher.alive()
+        write(workspace / "memory" / "after.md", "# After\n\nRESTARTAAA1 seen by the new observer.\n")
+        wait_for(lambda: _keyword(indexer, "RESTARTAAA1") == ["memory/after.md"], timeout_s=10)
+
+        indexer.watcher._observer.stop()  # dies again: no second restart, reported
+        wait_for(lambda: indexer.watcher.dead, timeout_s=15)
+        assert set(indexer.status()["watch"].values()) == {"dead"} and indexer.health() == "degraded"
+        write(workspace / "memory" / "missed.md", "# Missed\n\nMISSEDAAA1 no watcher saw this.\n")
+        wait_for(lambda: indexer.status()["drift"]["not_indexed"] == 1, timeout_s=15)  # the reconcile found it
+        assert indexer.status()["last_reconcile"] is not None
+        wait_for(lambda: _keyword(indexer, "MISSEDAAA1") == ["memory/missed.md"], timeout_s=10)
