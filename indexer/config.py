@@ -92,6 +92,7 @@ class Workspace(BaseModel):
     path: Path
     extra_paths: tuple[Path, ...] = ()
     multimodal: Multimodal = Multimodal()
+    watch: Literal["auto", "native", "poll"] = "auto"  # auto: poll roots on network/FUSE/VM-shared file systems
 
     @field_validator("path")
     @classmethod
@@ -132,6 +133,7 @@ class Settings(BaseSettings):
     batch_size: int = Field(default=32, ge=1)
     settle_s: float = Field(default=1.0, ge=0)
     rescan_interval_s: float = Field(default=300.0, gt=0)
+    poll_interval_s: float = Field(default=2.0, gt=0)  # how often a polled root is compared with the disk
     max_file_bytes: int = Field(default=10 * MIB, gt=0)
     search_mode: Literal["hybrid", "dense", "keyword"] = "hybrid"
     # Fusion and depth measured with `make eval` (BEIR SciFact, hybrid nDCG@10; tuned on the 809 train queries):

@@ -427,6 +427,7 @@ class Indexer:
             "files_failed": self.ledger.files_failed,
             "last_scan_s": self.last_scan_s,
             "watch": self.watcher.modes() if self.watcher is not None else {},
+            "watch_polled": dict(self.watcher.poll_reasons) if self.watcher is not None else {},
             "last_reconcile": self.last_reconcile,
             "drift": dict(self.drift),
             "collections": per,

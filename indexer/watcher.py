@@ -34,6 +34,33 @@ from indexer.workspace import MEMORY_DIR, Collection
 log = structlog.get_logger("qmd_indexer.watcher")
 
 _IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
+# file systems whose changes made elsewhere (another machine, the host, a FUSE backing folder) raise no inotify event
+_POLLED_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "fuse", "ceph", "glusterfs", "afs")
+
+
+def filesystem_type(path: Path, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The file system type (``ext4``, ``nfs4``, ``fuse.bindfs``...) of the mount holding ``path``: the longest
+    mount point of ``/proc/self/mountinfo`` that contains it (see proc(5)). ``""`` when unknown (no procfs)."""
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return ""
+    target = os.path.realpath(path)
+    best, fstype = -1, ""
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        point = parts[4].encode().decode("unicode_escape")  # octal escapes such as \040 for a space
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) > best:
+            best, fstype = len(point), rest.split()[0]
+    return fstype
+
+
+def needs_polling(fstype: str) -> bool:
+    """True for network, FUSE and VM-shared file systems (``_POLLED_FS``, ``fuse.*``)."""
+    return fstype.split(".")[0] in _POLLED_FS
 
 
 class Settler:
@@ -130,12 +157,15 @@ class Watcher:
     every directory event for a root) re-watches any root whose (device, inode) changed or that appeared late.
     """
 
-    def __init__(self, collections: list[Collection], on_path: Callable[[Path], None], polling: bool = False) -> None:
+    def __init__(self, collections: list[Collection], on_path: Callable[[Path], None], polling: bool = False,
+                 poll_interval_s: float = 2.0) -> None:
         self.collections = collections
         self.on_path = on_path
         self.workspace_roots = {c.workspace.path for c in collections}
         self.polling = polling
-        self._observer = PollingObserver() if polling else Observer()
+        self.poll_interval_s = poll_interval_s
+        self.poll_reasons: dict[str, str] = {}  # polled root -> why (setting, file system type, watch limit)
+        self._observer = PollingObserver(timeout=poll_interval_s) if polling else Observer()
         self.restarts = 0  # observer restarts after it died (at most one)
         self.dead = False  # died again after its one restart: only the periodic reconcile finds changes now
         self._fallback: PollingObserver | None = None
@@ -191,21 +221,45 @@ class Watcher:
                 except (KeyError, OSError):
                     pass
             observer = self._observer
+            reason = self._poll_reason(path)
+            if reason and not self.polling:
+                if str(path) not in self.poll_reasons:
+                    log.info("watch_polled", path=str(path), reason=reason, interval_s=self.poll_interval_s)
+                self.poll_reasons[str(path)] = reason
+                observer = self._poller()
             try:
                 watch = observer.schedule(self._handler, str(path), recursive=recursive)
             except OSError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EMFILE):
                     log.error("watch_failed", path=str(path), error=str(exc))
                     return False
-                if self._fallback is None:
+                if "watch_limit_reached" not in self.poll_reasons.values():
                     log.warning("watch_limit_reached", path=str(path),
                                 hint="raise fs.inotify.max_user_watches; polling this root meanwhile")
-                    self._fallback = PollingObserver()
-                    self._fallback.start()
-                observer = self._fallback
+                self.poll_reasons[str(path)] = "watch_limit_reached"
+                observer = self._poller()
                 watch = observer.schedule(self._handler, str(path), recursive=recursive)
             self._watched[path] = (observer, watch, identity)
             return True
+
+    def _poller(self) -> Any:
+        """The shared ``PollingObserver`` for roots that are polled, started on first use."""
+        if self._fallback is None:
+            self._fallback = PollingObserver(timeout=self.poll_interval_s)
+            self._fallback.start()
+        return self._fallback
+
+    def _poll_reason(self, path: Path) -> str:
+        """Why ``path`` is polled rather than watched natively (``""``: it is not): the workspace's ``watch``
+        setting, else its file system type (``fs:nfs4``, ``fs:fuse.bindfs``...)."""
+        modes = {c.workspace.watch for c in self.collections
+                 if path == c.workspace.path or c.workspace.path in path.parents}
+        if "poll" in modes:
+            return "setting"
+        if "native" in modes:
+            return ""
+        fstype = filesystem_type(path)
+        return f"fs:{fstype}" if needs_polling(fstype) else ""
 
     def alive(self) -> bool:
         """The observer thread and every emitter thread (one per watch) are running."""
@@ -227,7 +281,7 @@ class Watcher:
         self.stop()
         with self._lock:
             self._watched.clear()
-        self._observer = PollingObserver() if self.polling else Observer()
+        self._observer = PollingObserver(timeout=self.poll_interval_s) if self.polling else Observer()
         self._fallback = None
         self.start()
         self.restarts += 1

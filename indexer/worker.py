@@ -78,7 +78,8 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
     indexer.stopping = stop
     if not indexer.connected.is_set() and not indexer.connect_until(stop):
         return
-    watcher = indexer.watcher = Watcher(indexer.collections, indexer.on_path, polling=indexer.polling)
+    watcher = indexer.watcher = Watcher(indexer.collections, indexer.on_path, polling=indexer.polling,
+                                        poll_interval_s=indexer.settings.poll_interval_s)
     watcher.start()
     for embedder in indexer.registry.embedders.values():  # load models now, not on the first search
         try:

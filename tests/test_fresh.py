@@ -149,3 +149,55 @@ def test_a_dead_watcher_is_restarted_once_then_reported_and_drift_is_counted(wor
         wait_for(lambda: indexer.status()["drift"]["not_indexed"] == 1, timeout_s=15)  # the reconcile found it
         assert indexer.status()["last_reconcile"] is not None
         wait_for(lambda: _keyword(indexer, "MISSEDAAA1") == ["memory/missed.md"], timeout_s=10)
+
+
+def test_mountinfo_names_the_file_system_of_a_path(tmp_path: Path) -> None:
+    from indexer.watcher import filesystem_type, needs_polling
+
+    info = write(tmp_path / "mountinfo", "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+                 "40 22 0:50 / /srv/share rw - nfs4 host:/export rw\n"
+                 "41 22 0:51 / /mnt/my\\040box rw - fuse.sshfs me@box: rw\n")
+    assert filesystem_type(Path("/srv/share/ws/memory"), str(info)) == "nfs4"
+    assert filesystem_type(Path("/srv/shared"), str(info)) == "ext4"
+    assert filesystem_type(Path("/mnt/my box/ws"), str(info)) == "fuse.sshfs"
+    assert [needs_polling(t) for t in ("nfs4", "fuse.sshfs", "fuse", "9p", "virtiofs", "ext4", "tmpfs")] == [
+        True, True, True, True, True, False, False]
+
+
+def test_the_watch_setting_polls_a_root(tmp_path: Path, workspace: Path, make_indexer) -> None:
+    indexer = make_indexer([{"agent": "main", "path": workspace, "watch": "poll"}], poll_interval_s=0.5)
+    with Running(indexer):
+        assert set(indexer.status()["watch"].values()) == {"poll"}
+        assert set(indexer.status()["watch_polled"].values()) == {"setting"}
+        write(workspace / "memory" / "polled.md", "# Polled\n\nPOLLAAAA1 found by polling.\n")
+        wait_for(lambda: _keyword(indexer, "POLLAAAA1") == ["memory/polled.md"], timeout_s=10)
+
+
+def _bindfs(backing: Path, mount: Path):
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("bindfs") is None:
+        pytest.skip("bindfs is not installed (apt-get install bindfs)")
+    mount.mkdir(parents=True)
+    done = subprocess.run(["bindfs", str(backing), str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount with bindfs here (FUSE not allowed?): {done.stderr.strip()}")
+
+
+def test_changes_behind_a_fuse_mount_are_found_by_polling(tmp_path: Path, workspace: Path, make_indexer) -> None:
+    import subprocess
+
+    mount = tmp_path / "mnt"
+    _bindfs(workspace, mount)
+    try:
+        indexer = make_indexer([{"agent": "main", "path": mount}], poll_interval_s=0.5)
+        with Running(indexer):
+            assert set(indexer.status()["watch"].values()) == {"poll"}
+            assert all(r.startswith("fs:fuse") for r in indexer.status()["watch_polled"].values())
+            write(workspace / "memory" / "behind.md", "# Behind\n\nBEHINDAAA1 written into the backing folder.\n")
+            wait_for(lambda: _keyword(indexer, "BEHINDAAA1") == ["memory/behind.md"], timeout_s=10)
+    finally:
+        subprocess.run(["fusermount", "-u", str(mount)], capture_output=True)
