@@ -262,9 +262,11 @@ class Watcher:
         return f"fs:{fstype}" if needs_polling(fstype) else ""
 
     def alive(self) -> bool:
-        """The observer thread and every emitter thread (one per watch) are running."""
+        """The observer thread and every emitter thread (one per watch) are running. An emitter whose directory
+        is gone stops by design (its root is forgotten, then watched anew by ``refresh``): not a death."""
         observers = [o for o in (self._observer, self._fallback) if o is not None]
-        return all(o.is_alive() and all(e.is_alive() for e in list(o.emitters)) for o in observers)
+        return all(o.is_alive() and all(e.is_alive() or not os.path.isdir(e.watch.path) for e in list(o.emitters))
+                   for o in observers)
 
     def check(self) -> bool:
         """Called on the daemon's refresh tick: when the observer (or an emitter) died, log ``watcher_died`` and
