@@ -244,6 +244,14 @@ def _ask(config: Path | None, port: int | None, call: Any) -> Any:
         _fail(str(exc), EXIT_USAGE if 400 <= exc.status_code < 500 else EXIT_FAILURE)
 
 
+def _note_pending(client: Any) -> None:
+    """One line on stderr when the answer came while files were changed on disk and not yet indexed."""
+    if client.pending:
+        shown = ", ".join(client.pending[:3]) + (", ..." if len(client.pending) > 3 else "")
+        click.echo(f"note: {len(client.pending)} file(s) changed and not yet indexed ({shown}); "
+                   f"the answer may miss them (search --wait waits)", err=True)
+
+
 def _client(config: Path | None, port: int | None) -> Any:
     from indexer.client import Client
 
@@ -265,12 +273,14 @@ def _client(config: Path | None, port: int | None) -> Any:
               help="Drop hits scoring below this (the score shown: cosine for dense, fused otherwise).")
 @click.option("--since", callback=lambda ctx, param, value: _since(value),
               help="Only files modified since: a duration (7d, 12h, 30m, 2w) or an ISO date (2026-11-01).")
+@click.option("--wait", "wait_s", type=click.FloatRange(0, 10), is_flag=False, flag_value=10.0, default=None,
+              help="Wait (up to SECONDS, default 10) until no changed file is pending indexing, then search.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of hits.")
 @_config_opt
 @_port_opt
 def search(query: str, k: int, agent: str | None, collections: tuple[str, ...], mode: str | None,
-           path_prefix: str | None, kinds: tuple[str, ...], min_score: float | None, since: str | None, as_json: bool,
-           config: Path | None, port: int | None) -> None:
+           path_prefix: str | None, kinds: tuple[str, ...], min_score: float | None, since: str | None,
+           wait_s: float | None, as_json: bool, config: Path | None, port: int | None) -> None:
     """Ask the running daemon a question; print the best memory chunks.
 
     \b
@@ -285,9 +295,11 @@ def search(query: str, k: int, agent: str | None, collections: tuple[str, ...], 
     """
     if not query.strip():
         raise click.UsageError("QUERY is empty; to list every memory file use `qmd-indexer recall`")
-    hits = _ask(config, port, lambda client: client.search(
+    client = _client(config, port)
+    hits = _ask(config, port, lambda _: client.search(
         query, k=k, agent=agent, collection=list(collections) or None, mode=mode, path_prefix=path_prefix,
-        kind=list(kinds) or None, min_score=min_score, since=since))
+        kind=list(kinds) or None, min_score=min_score, since=since, wait_s=wait_s))
+    _note_pending(client)
     if as_json:
         click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
         return
@@ -348,7 +360,9 @@ def recall(query: str, k: int, top_k: int | None, agent: str | None, as_json: bo
       qmd-indexer recall "coffee order"
       qmd-indexer recall --agent main -k 100      # list memory files
     """
-    hits = _ask(config, port, lambda client: client.recall(query, top_k or k, agent))
+    client = _client(config, port)
+    hits = _ask(config, port, lambda _: client.recall(query, top_k or k, agent))
+    _note_pending(client)
     if as_json:
         click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
     else:
@@ -375,7 +389,9 @@ def boot(budget_chars: int, agent: str | None, query: str | None, as_json: bool,
     Example:
       qmd-indexer boot --agent main --budget-chars 6000
     """
-    context = _ask(config, port, lambda client: client.boot_context(budget_chars, agent, query))
+    client = _client(config, port)
+    context = _ask(config, port, lambda _: client.boot_context(budget_chars, agent, query))
+    _note_pending(client)
     if as_json:
         click.echo(json.dumps(context, ensure_ascii=False, indent=2))
         return

@@ -43,6 +43,7 @@ class Client:
         self.base_url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, trust_env=False, headers=headers)
+        self.pending: list[str] = []  # the last search/recall/boot answer's ``pending`` (files not yet indexed)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -78,25 +79,33 @@ class Client:
     def search(self, query: str, k: int = DEFAULT_K, agent: str | None = None,
                collection: str | list[str] | None = None, mode: str | None = None, path_prefix: str | None = None,
                kind: str | list[str] | None = None, min_score: float | None = None,
-               since: str | None = None) -> list[Hit]:
+               since: str | None = None, wait_s: float | None = None) -> list[Hit]:
         """The ``k`` best hits for ``query`` (see ``indexer.search`` for the hit keys); ``since`` keeps files
-        modified since a duration (``7d``, ``12h``) or ISO date/date-time (``2026-11-01``)."""
+        modified since a duration (``7d``, ``12h``) or ISO date/date-time (``2026-11-01``); ``wait_s`` (at most
+        10) first waits until no file of the agent's collections is pending. ``self.pending`` then holds the
+        workspace-relative paths still changed on disk and not yet indexed."""
         body = {"query": query, "k": k, "agent": agent, "collection": collection, "mode": mode,
-                "path_prefix": path_prefix, "kind": kind, "min_score": min_score, "since": since}
-        return self._call("POST", "/search", json={key: v for key, v in body.items() if v is not None})["hits"]
+                "path_prefix": path_prefix, "kind": kind, "min_score": min_score, "since": since, "wait_s": wait_s}
+        answer = self._call("POST", "/search", json={key: v for key, v in body.items() if v is not None})
+        self.pending = list(answer.get("pending", []))
+        return answer["hits"]
 
     def recall(self, query: str = "*", k: int = DEFAULT_K, agent: str | None = None, *,
                top_k: int | None = None) -> list[Hit]:
         """The ``k`` best memories for ``query``; ``*``, ``all`` or ``""`` lists every memory file (``top_k`` is
         the former name of ``k``, still accepted)."""
         body = {"query": query, "k": k if top_k is None else top_k, "agent": agent}
-        return self._call("POST", "/recall", json={k: v for k, v in body.items() if v is not None})["hits"]
+        answer = self._call("POST", "/recall", json={k: v for k, v in body.items() if v is not None})
+        self.pending = list(answer.get("pending", []))
+        return answer["hits"]
 
     def boot_context(self, budget_chars: int = DEFAULT_BUDGET_CHARS, agent: str | None = None,
                      query: str | None = None) -> BootContext:
         """Memory packed into ``budget_chars`` characters: ``{"text", "used_chars", "included", "omitted"...}``."""
         body = {"budget_chars": budget_chars, "agent": agent, "query": query}
-        return self._call("POST", "/boot", json={k: v for k, v in body.items() if v is not None})
+        answer = self._call("POST", "/boot", json={k: v for k, v in body.items() if v is not None})
+        self.pending = list(answer.get("pending", []))
+        return answer
 
     def get(self, path: str, from_line: int = 1, lines: int | None = None, max_chars: int | None = None,
             agent: str | None = None) -> Page:

@@ -96,6 +96,7 @@ class Workspace(BaseModel):
     path: Path
     extra_paths: tuple[Path, ...] = ()
     multimodal: Multimodal = Multimodal()
+    watch: Literal["auto", "native", "poll"] = "auto"  # auto: poll roots on network/FUSE/VM-shared file systems
 
     @field_validator("path")
     @classmethod
@@ -144,6 +145,7 @@ class Settings(BaseSettings):
     settle_s: float = Field(default=1.0, ge=0)
     settle_max_s: float = Field(default=5.0, ge=0)  # saved often: indexed at least this often
     rescan_interval_s: float = Field(default=300.0, gt=0)
+    poll_interval_s: float = Field(default=2.0, gt=0)  # how often a polled root is compared with the disk
     max_file_bytes: int = Field(default=10 * MIB, gt=0)
     search_mode: Literal["hybrid", "dense", "keyword"] = "hybrid"
     on_model_change: Literal["rebuild", "refuse"] = "rebuild"  # collections made by another model or chunking

@@ -55,6 +55,7 @@ from indexer.store import ServerOptions, Store, open_store
 from indexer.watcher import Settler, Watcher
 from indexer.workspace import Collection, Skip, attest, overlaps, plan_collections, route, walk, walk_dir
 
+MAX_WAIT_S = 10.0  # the longest a search waits for pending changes (``search --wait``)
 log = structlog.get_logger("qmd_indexer.daemon")
 
 GROUP_CHUNKS = 256  # chunks embedded and written together; smaller files of a batch go first
@@ -145,6 +146,9 @@ class Indexer:
         self.last_scan_s: float | None = None
         self.in_hand = 0  # paths taken from the queue and not yet processed
         self.beat: Callable[[], None] = lambda: None  # called where the worker makes progress (systemd watchdog)
+        self.hand: list[Path] = []  # those paths
+        self.last_reconcile: float | None = None  # wall-clock time of the last scan once ready (a reconcile)
+        self.drift = {"not_indexed": 0, "gone": 0}  # what the last reconcile found the watcher had missed
         self._cache = cache
         self.rebuild_requested = threading.Event()  # the worker rebuilds every collection when it is set
         self.rebuilding = False
@@ -265,6 +269,12 @@ class Indexer:
         found, skips = walk(self.collections)
         self._report_skips(skips)
         on_disk = {str(path) for _, path in found}
+        if self.ready.is_set():  # a reconcile: what it finds is what the watcher missed
+            self.drift = {"not_indexed": len(on_disk - self.indexed.keys() - self.ledger.marks.keys()),
+                          "gone": len(self.indexed.keys() - on_disk)}
+            self.last_reconcile = time.time()
+            if any(self.drift.values()):
+                log.warning("reconcile_drift", **self.drift, hint="the watcher missed these; indexing them now")
         for abs_path in [p for p in self.indexed if p not in on_disk]:
             self._remove(abs_path, reason="gone")
         self.ledger.keep_only(on_disk | {str(s.path) for s in skips})  # gone, or no longer a candidate
@@ -298,7 +308,7 @@ class Indexer:
         """Bring the store in line with the disk for ``paths`` (files or directories, present or gone). Returns
         the files whose write found the store unavailable (the caller retries them later); raises
         ``StoreUnavailable`` when a delete or read found it so."""
-        self.in_hand = len(paths)
+        self.in_hand, self.hand = len(paths), list(paths)
         prepared: list[Prepared] = []
         try:
             for path in paths:
@@ -306,7 +316,7 @@ class Indexer:
                 self._prepare_one(path, prepared)
             return self._write(prepared) if prepared else []
         finally:
-            self.in_hand = 0
+            self.in_hand, self.hand = 0, []
 
     def _prepare_one(self, path: Path, prepared: list[Prepared]) -> None:
         key = str(path)
@@ -315,6 +325,7 @@ class Indexer:
         except OSError:
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
+            self._remove(key, reason="not_a_file")  # a file that became a directory leaves no ghost
             collection, _ = route(self.collections, path)
             # a directory made or moved in under a memory root: its files arrive without events of their own. The
             # workspace root itself is never walked (it may hold anything); its memory files have their own events.
@@ -330,6 +341,9 @@ class Indexer:
                 self._remove(abs_path, reason="deleted")
             self.ledger.forget_under(key)
             return
+        other = self._indexed_name(key, st)
+        if other is not None:
+            path, key = Path(other), other
         collection, reason = route(self.collections, path)
         if collection is None:
             if reason:
@@ -357,6 +371,21 @@ class Indexer:
             return
         self.ledger.clear(key)
         prepared.append(result)
+
+    def _indexed_name(self, key: str, st: os.stat_result) -> str | None:
+        """One file, two names (a hard link; ``memory.md`` linked to ``MEMORY.md``): the file is indexed once,
+        under the name the walk met first. An event names only the name written through, so for a name that is
+        not indexed this returns the indexed name of the same (device, inode), if any, still that file on disk."""
+        if st.st_nlink < 2 or not stat.S_ISREG(st.st_mode) or key in self.indexed:
+            return None
+        for abs_path, entry in list(self.indexed.items()):
+            if (entry.state.inode, entry.state.device) == (st.st_ino, st.st_dev) and abs_path != key:
+                try:
+                    if os.path.samestat(os.lstat(abs_path), st):
+                        return abs_path
+                except OSError:
+                    continue
+        return None
 
     def _write(self, prepared: list[Prepared], into: Mapping[str, str] | None = None) -> list[Path]:
         """Embed and store ``prepared`` files, smallest first in groups of about ``GROUP_CHUNKS`` chunks, so a huge
@@ -410,7 +439,8 @@ class Indexer:
                 retry.append(file.path)
                 continue
             self.indexed[abs_path] = Indexed(file.collection.name, FileState(
-                file.file_hash, file.size_bytes, file.mtime_ns, len(points), True))
+                file.file_hash, file.size_bytes, file.mtime_ns, len(points), True, file.ctime_ns, file.inode,
+                file.device))
             log.info("file_indexed", path=abs_path, collection=file.collection.name, kind=file.kind,
                      chunks=len(points), embedded=file.embedded, cache_hits=file.cache_hits,
                      write_ms=round((time.monotonic() - started) * 1000, 1))
@@ -508,6 +538,41 @@ class Indexer:
             self.rebuilding = False
 
     # -- reporting ----------------------------------------------------------------------------------------------
+    def health(self) -> str:
+        """``"degraded"`` while the watcher is dead or the last reconcile found drift, else ``"ok"``."""
+        dead = self.watcher is not None and (self.watcher.dead or not self.watcher.alive())
+        return "degraded" if dead or any(self.drift.values()) else "ok"
+
+    def pending(self, agent: str | None = None) -> list[str]:
+        """Workspace-relative paths (sorted, ``/`` separators) of ``agent``'s collections (every agent's when
+        ``None``) changed on disk and not yet indexed: queued behind the debounce or in hand. A path that is not
+        memory (outside every root) is left out; a deleted file still counts (its points are still served)."""
+        out: set[str] = set()
+        for path in [*self.settler.paths(), *self.hand]:
+            for collection in self.collections:
+                if agent is not None and collection.agent != agent:
+                    continue
+                ws = collection.workspace.path
+                inside = path.parent == ws if collection.role == "root" else (
+                    path == collection.root or collection.root in path.parents)
+                if inside:
+                    try:
+                        out.add(path.relative_to(ws).as_posix())
+                    except ValueError:
+                        out.add(str(path))
+                    break
+        return sorted(out)
+
+    def wait_pending(self, agent: str | None, timeout_s: float) -> list[str]:
+        """Wait up to ``timeout_s`` seconds (capped at ``MAX_WAIT_S``) until ``pending(agent)`` is empty; returns
+        what is still pending."""
+        deadline = time.monotonic() + min(max(timeout_s, 0.0), MAX_WAIT_S)
+        pending = self.pending(agent)
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+            pending = self.pending(agent)
+        return pending
+
     def status(self) -> dict[str, Any]:
         """Counters for ``qmd-indexer status``: per-collection files and chunks, queue, embeddings since start."""
         per: dict[str, dict[str, Any]] = {
@@ -538,5 +603,9 @@ class Indexer:
             "last_scan_s": self.last_scan_s,
             # the precision the text embedder runs at (``precision = "auto"`` resolves per CPU), and its model_id
             "embedding": {"model_id": text.model_id, "precision": getattr(text, "precision", None)} if text else None,
+            "watch": self.watcher.modes() if self.watcher is not None else {},
+            "watch_polled": dict(self.watcher.poll_reasons) if self.watcher is not None else {},
+            "last_reconcile": self.last_reconcile,
+            "drift": dict(self.drift),
             "collections": per,
         }

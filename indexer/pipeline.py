@@ -5,7 +5,8 @@ chunks), or raises ``FileSkipped`` / ``ExtractError`` with the reason, or ``File
 (the caller then deletes its points). ``Pipeline.to_points(prepared_files)`` embeds the chunks of many files in one
 batch per modality (so small files still fill the model's batches), reusing cached vectors, and builds the points.
 
-Fingerprint: ``stat`` first (size, ``mtime_ns``); only when it differs from what the store holds is the content
+Fingerprint: ``stat`` first (size, ``mtime_ns``, ``ctime_ns``, inode, device, compared with ``!=``); only when any
+differs from what the store holds is the content
 read, and a sha256 of it decides: equal hash, no work. Files are opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked
 with ``fstat``, so a symlink or FIFO swapped in after the walk is refused, never followed or blocked on.
 """
@@ -28,7 +29,7 @@ from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache, cache_key
 from indexer.errors import ExtractError, FileSkipped, PluginError
 from indexer.plugins import Registry
-from indexer.points import SPARSE, FileState, Payload, Point, point_id
+from indexer.points import SPARSE, FileState, Payload, Point, point_id, stat_identity
 from indexer.safeio import UnsafePath, open_beneath
 from indexer.workspace import Collection, anchor, rel_path
 
@@ -73,6 +74,9 @@ class Prepared:
     size_bytes: int
     mtime_ns: int
     chunks: list[Chunk]
+    ctime_ns: int = -1
+    inode: int = -1
+    device: int = -1
     embedded: int = 0
     cache_hits: int = 0
 
@@ -167,7 +171,7 @@ class Pipeline:
             raise FileSkipped("symlink", "symlinks are never followed")
         if not stat.S_ISREG(st.st_mode):
             raise FileSkipped("not_regular_file", "a FIFO, socket or device")
-        if known is not None and _current(known) and (known.size_bytes, known.mtime_ns) == (st.st_size, st.st_mtime_ns):
+        if known is not None and _current(known) and known.identity() == stat_identity(st):
             return Unchanged(path)
         multimodal = collection.workspace.multimodal
         cap = max(self.max_file_bytes, multimodal.max_file_bytes if multimodal.enabled else 0)
@@ -201,7 +205,8 @@ class Pipeline:
         for chunk in chunks:
             if chunk.modality not in self.registry.embedders:
                 raise FileSkipped("no_embedder", f"no embedder of modality {chunk.modality!r} is loaded")
-        return Prepared(collection, path, info.rel_path, kind, file_hash, st.st_size, st.st_mtime_ns, chunks)
+        return Prepared(collection, path, info.rel_path, kind, file_hash, st.st_size, st.st_mtime_ns, chunks,
+                        st.st_ctime_ns, st.st_ino, st.st_dev)
 
     # -- step 6-7: embed (cached, batched across files) and build points ----------------------------------------
     def _content(self, chunk: Chunk) -> bytes:
@@ -265,7 +270,8 @@ class Pipeline:
                 sparse[SPARSE] = terms
             payload = Payload(
                 agent=file.collection.agent, collection=file.collection.name, path=file.rel_path, abs_path=abs_path,
-                file_hash=file.file_hash, size_bytes=file.size_bytes, mtime_ns=file.mtime_ns, chunk_index=index,
+                file_hash=file.file_hash, size_bytes=file.size_bytes, mtime_ns=file.mtime_ns, ctime_ns=file.ctime_ns,
+                inode=file.inode, device=file.device, chunk_index=index,
                 chunk_count=len(file.chunks), start_line=chunk.start_line, end_line=chunk.end_line, text=chunk.text,
                 context=chunk.context, kind=chunk.kind, modality=chunk.modality,
                 model_id=self.registry.embedders[chunk.modality].model_id, chunking_version=chunking.CHUNKING_VERSION,

@@ -23,7 +23,8 @@ import numpy as np
 SPARSE = "bm25"  # the sparse vector's name: BM25 terms with Qdrant's IDF modifier
 KEYWORD_FIELDS = ("abs_path", "path", "dirs", "kind")  # keyword payload indexes (exact-match filters)
 INTEGER_FIELDS = ("mtime_ns",)  # integer payload indexes (range filters: ``since``)
-STATE_FIELDS = ("abs_path", "file_hash", "size_bytes", "mtime_ns", "chunk_count")  # what ``FileState`` needs
+STATE_FIELDS = ("abs_path", "file_hash", "size_bytes", "mtime_ns", "ctime_ns", "inode", "device",
+                "chunk_count")  # what ``FileState`` needs
 
 
 def point_id(collection: str, abs_path: str, chunk_index: int) -> str:
@@ -44,12 +45,12 @@ class Payload:
 
     ``path`` is workspace-relative with ``/`` separators, ``abs_path`` absolute; ``file_hash`` is the sha256 hex of
     the whole file and ``chunk_count`` its number of points (together they tell a complete write from an
-    interrupted one); ``size_bytes``/``mtime_ns`` are the file's ``stat`` when indexed; ``start_line``/``end_line``
-    are 1-based and inclusive; ``text`` is the chunk's own lines (what a hit shows) and ``context`` the document
-    context embedded and keyword-indexed with it (title > headings); ``chunking_version`` is
-    ``indexer.chunking.CHUNKING_VERSION`` when it was chunked; ``start_s``/``end_s`` are seconds (audio);
-    ``extra`` holds a plugin's own fields (``Chunk.meta``, e.g. image ``width``/``height``), stored at the top level
-    of the payload.
+    interrupted one); ``size_bytes``/``mtime_ns``/``ctime_ns``/``inode``/``device`` are the file's ``stat`` when
+    indexed (-1: not recorded, so the next check re-hashes); ``start_line``/``end_line`` are 1-based and inclusive;
+    ``text`` is the chunk's own lines (what a hit shows) and ``context`` the document context embedded and
+    keyword-indexed with it (title > headings); ``chunking_version`` is ``indexer.chunking.CHUNKING_VERSION`` when it
+    was chunked; ``start_s``/``end_s`` are seconds (audio); ``extra`` holds a plugin's own fields (``Chunk.meta``,
+    e.g. image ``width``/``height``), stored at the top level of the payload.
     """
 
     agent: str = ""
@@ -59,6 +60,9 @@ class Payload:
     file_hash: str = ""
     size_bytes: int = -1
     mtime_ns: int = -1
+    ctime_ns: int = -1
+    inode: int = -1
+    device: int = -1
     chunk_index: int = 0
     chunk_count: int = -1
     start_line: int = 1
@@ -101,7 +105,8 @@ class Payload:
 
 
 _FIELDS = tuple(f.name for f in fields(Payload) if f.name != "extra")
-_INTS = ("size_bytes", "mtime_ns", "chunk_index", "chunk_count", "start_line", "end_line", "chunking_version")
+_INTS = ("size_bytes", "mtime_ns", "ctime_ns", "inode", "device", "chunk_index", "chunk_count", "start_line",
+         "end_line", "chunking_version")
 _OWN = frozenset(_FIELDS) | {"dirs"}
 
 
@@ -119,13 +124,28 @@ class Point:
 @dataclass(frozen=True, slots=True)
 class FileState:
     """What the store holds of one file: its content hash and the stat it was indexed at; ``complete`` is false
-    when the points disagree (mixed hashes, or fewer points than ``chunk_count``: an interrupted write)."""
+    when the points disagree (mixed hashes, or fewer points than ``chunk_count``: an interrupted write).
+    ``ctime_ns``/``inode``/``device`` are -1 when not recorded (points written before they were)."""
 
     file_hash: str
     size_bytes: int
     mtime_ns: int
     points: int
     complete: bool
+    ctime_ns: int = -1
+    inode: int = -1
+    device: int = -1
+
+    def identity(self) -> tuple[int, int, int, int, int]:
+        """``(size, mtime_ns, ctime_ns, inode, device)``: the stat that, all equal, lets a file skip its hash."""
+        return (self.size_bytes, self.mtime_ns, self.ctime_ns, self.inode, self.device)
+
+
+def stat_identity(st: Any) -> tuple[int, int, int, int, int]:
+    """``FileState.identity`` of an ``os.stat_result``: any change of content moves at least one of these (an
+    mtime put back by ``touch -r``/``cp -p``/``rsync -a`` still moves ``ctime_ns``; a replaced file moves
+    ``inode``)."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -71,6 +71,9 @@ class SearchRequest(BaseModel):
     kind: Kinds = None
     min_score: MinScore = None
     since: Since = None
+    wait_s: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False, description=(
+        "Wait up to this many seconds until no file of the agent's collections is pending (changed on disk, "
+        "not yet indexed), then search."))] = 0.0
 
 
 class RecallRequest(BaseModel):
@@ -123,6 +126,9 @@ class SearchResponse(TypedDict):
     relevant: NotRequired[Annotated[bool | None, Field(
         description="False when no hit's dense score reaches the relevance floor: nothing relevant was found; null "
                     "for a keyword-only search.")]]
+    pending: NotRequired[Annotated[list[str], Field(description=(
+        "Workspace-relative paths of the agent's collections changed on disk and not yet indexed (queued or in "
+        "hand): the answer may miss or still show them."))]]
 
 
 Page = TypedDict("Page", {
@@ -153,6 +159,9 @@ class BootContext(TypedDict):
     budget_chars: int
     included: Annotated[list[str], Field(description="Citations of the pieces in `text`, in order.")]
     omitted: Annotated[list[Omitted], Field(description="What did not fit, to read with memory_get if needed.")]
+    pending: NotRequired[Annotated[list[str], Field(description=(
+        "Workspace-relative paths of the agent's collections changed on disk and not yet indexed (queued or in "
+        "hand): the answer may miss or still show them."))]]
 
 
 class CollectionStatus(TypedDict):
@@ -179,6 +188,10 @@ class Status(TypedDict):
     cache_hits: int
     files_failed: Annotated[int, Field(description="Memory files failing to index now (each was logged).")]
     last_scan_s: float | None
+    watch: NotRequired[Annotated[dict[str, str], Field(description="Watched root -> native, poll or dead.")]]
+    last_reconcile: NotRequired[Annotated[float | None, Field(description="Unix time of the last reconcile.")]]
+    drift: NotRequired[Annotated[dict[str, int], Field(description=(
+        "What the last reconcile found the watcher had missed: not_indexed (on disk), gone (still indexed)."))]]
     collections: dict[str, CollectionStatus]
 
 
@@ -191,7 +204,8 @@ class Reindex(TypedDict):
 class Health(TypedDict):
     """``GET /health``."""
 
-    status: Literal["ok"]
+    status: Annotated[Literal["ok", "degraded"], Field(description=(
+        "degraded: the file watcher is dead, or the last reconcile found files it had missed (see /status)."))]
     ready: Annotated[bool, Field(description="The first full index has finished.")]
 
 

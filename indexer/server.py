@@ -134,7 +134,7 @@ class LocalMemory:
         self.searcher = indexer.searcher()
 
     def health(self) -> Health:
-        return {"status": "ok", "ready": self.indexer.ready.is_set()}
+        return {"status": self.indexer.health(), "ready": self.indexer.ready.is_set()}  # type: ignore[typeddict-item]
 
     def status(self) -> Status:
         settings = self.indexer.settings
@@ -196,16 +196,23 @@ def create_app(indexer: Indexer) -> FastAPI:
 
     @app.post("/search", responses=_errors(400, 404, 503))
     def search(body: SearchRequest) -> SearchResponse:
-        hits = _answer(lambda: memory.search(**body.model_dump()))
-        return {"hits": hits, "relevant": relevant(hits, indexer.settings.relevance_floor)}  # type: ignore[arg-type]
+        request = body.model_dump()
+        wait_s = request.pop("wait_s")
+        if wait_s:
+            indexer.wait_pending(body.agent, wait_s)
+        hits = _answer(lambda: memory.search(**request))
+        return {"hits": hits, "relevant": relevant(hits, indexer.settings.relevance_floor),  # type: ignore[arg-type]
+                "pending": indexer.pending(body.agent)}
 
     @app.post("/recall", responses=_errors(404, 503))
     def recall_(body: RecallRequest) -> SearchResponse:
-        return {"hits": _answer(lambda: memory.recall(body.query, body.k, body.agent))}
+        return {"hits": _answer(lambda: memory.recall(body.query, body.k, body.agent)),
+                "pending": indexer.pending(body.agent)}
 
     @app.post("/boot", responses=_errors(400, 404, 503))
     def boot(body: BootRequest) -> BootContext:
-        return _answer(lambda: memory.boot_context(body.budget_chars, body.agent, body.query))
+        context = _answer(lambda: memory.boot_context(body.budget_chars, body.agent, body.query))
+        return {**context, "pending": indexer.pending(body.agent)}
 
     @app.get("/get", responses=_errors(400, 403, 404))
     def get(path: str = Query(description="A memory file, workspace-relative (or absolute inside it)."),

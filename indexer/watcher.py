@@ -48,6 +48,33 @@ def settle_for(event_type: str, dest: bool = False) -> float | None:
     if event_type == "closed" or (event_type == "moved" and dest):
         return QUICK_SETTLE_S
     return None
+# file systems whose changes made elsewhere (another machine, the host, a FUSE backing folder) raise no inotify event
+_POLLED_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "fuse", "ceph", "glusterfs", "afs")
+
+
+def filesystem_type(path: Path, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The file system type (``ext4``, ``nfs4``, ``fuse.bindfs``...) of the mount holding ``path``: the longest
+    mount point of ``/proc/self/mountinfo`` that contains it (see proc(5)). ``""`` when unknown (no procfs)."""
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return ""
+    target = os.path.realpath(path)
+    best, fstype = -1, ""
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        point = parts[4].encode().decode("unicode_escape")  # octal escapes such as \040 for a space
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) > best:
+            best, fstype = len(point), rest.split()[0]
+    return fstype
+
+
+def needs_polling(fstype: str) -> bool:
+    """True for network, FUSE and VM-shared file systems (``_POLLED_FS``, ``fuse.*``)."""
+    return fstype.split(".")[0] in _POLLED_FS
 
 
 class Settler:
@@ -116,6 +143,11 @@ class Settler:
         with self._cond:
             self._cond.notify_all()
 
+    def paths(self) -> list[Path]:
+        """A snapshot of the queued paths (settling or ready)."""
+        with self._cond:
+            return list(self._deadlines)
+
     def __len__(self) -> int:
         with self._cond:
             return len(self._deadlines)
@@ -151,11 +183,16 @@ class Watcher:
     """
 
     def __init__(self, collections: list[Collection], on_path: Callable[[Path, float | None], None],
-                 polling: bool = False) -> None:
+                 polling: bool = False, poll_interval_s: float = 2.0) -> None:
         self.collections = collections
         self.on_path = on_path
         self.workspace_roots = {c.workspace.path for c in collections}
-        self._observer = PollingObserver() if polling else Observer()
+        self.polling = polling
+        self.poll_interval_s = poll_interval_s
+        self.poll_reasons: dict[str, str] = {}  # polled root -> why (setting, file system type, watch limit)
+        self._observer = PollingObserver(timeout=poll_interval_s) if polling else Observer()
+        self.restarts = 0  # observer restarts after it died (at most one)
+        self.dead = False  # died again after its one restart: only the periodic reconcile finds changes now
         self._fallback: PollingObserver | None = None
         self._handler = _Handler(self)
         self._watched: dict[Path, tuple[Any, Any, tuple[int, int]]] = {}  # path -> (observer, watch, dev/ino)
@@ -209,21 +246,81 @@ class Watcher:
                 except (KeyError, OSError):
                     pass
             observer = self._observer
+            reason = self._poll_reason(path)
+            if reason and not self.polling:
+                if str(path) not in self.poll_reasons:
+                    log.info("watch_polled", path=str(path), reason=reason, interval_s=self.poll_interval_s)
+                self.poll_reasons[str(path)] = reason
+                observer = self._poller()
             try:
                 watch = observer.schedule(self._handler, str(path), recursive=recursive)
             except OSError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EMFILE):
                     log.error("watch_failed", path=str(path), error=str(exc))
                     return False
-                if self._fallback is None:
+                if "watch_limit_reached" not in self.poll_reasons.values():
                     log.warning("watch_limit_reached", path=str(path),
                                 hint="raise fs.inotify.max_user_watches; polling this root meanwhile")
-                    self._fallback = PollingObserver()
-                    self._fallback.start()
-                observer = self._fallback
+                self.poll_reasons[str(path)] = "watch_limit_reached"
+                observer = self._poller()
                 watch = observer.schedule(self._handler, str(path), recursive=recursive)
             self._watched[path] = (observer, watch, identity)
             return True
+
+    def _poller(self) -> Any:
+        """The shared ``PollingObserver`` for roots that are polled, started on first use."""
+        if self._fallback is None:
+            self._fallback = PollingObserver(timeout=self.poll_interval_s)
+            self._fallback.start()
+        return self._fallback
+
+    def _poll_reason(self, path: Path) -> str:
+        """Why ``path`` is polled rather than watched natively (``""``: it is not): the workspace's ``watch``
+        setting, else its file system type (``fs:nfs4``, ``fs:fuse.bindfs``...)."""
+        modes = {c.workspace.watch for c in self.collections
+                 if path == c.workspace.path or c.workspace.path in path.parents}
+        if "poll" in modes:
+            return "setting"
+        if "native" in modes:
+            return ""
+        fstype = filesystem_type(path)
+        return f"fs:{fstype}" if needs_polling(fstype) else ""
+
+    def alive(self) -> bool:
+        """The observer thread and every emitter thread (one per watch) are running. An emitter whose directory
+        is gone stops by design (its root is forgotten, then watched anew by ``refresh``): not a death."""
+        observers = [o for o in (self._observer, self._fallback) if o is not None]
+        return all(o.is_alive() and all(e.is_alive() or not os.path.isdir(e.watch.path) for e in list(o.emitters))
+                   for o in observers)
+
+    def check(self) -> bool:
+        """Called on the daemon's refresh tick: when the observer (or an emitter) died, log ``watcher_died`` and
+        restart it once, re-watching every root; if it dies again, log ``watcher_dead`` and leave it to the
+        periodic reconcile (``status`` says ``dead``). True when the observer was restarted (its roots need a
+        scan: events were lost meanwhile)."""
+        if self.dead or self.alive():
+            return False
+        if self.restarts >= 1:
+            self.dead = True
+            log.error("watcher_dead", hint="changes are found by the periodic reconcile only; restart the daemon")
+            return False
+        log.error("watcher_died", roots=[str(p) for p in self._watched], restarting=True)
+        self.stop()
+        with self._lock:
+            self._watched.clear()
+        self._observer = PollingObserver(timeout=self.poll_interval_s) if self.polling else Observer()
+        self._fallback = None
+        self.start()
+        self.restarts += 1
+        log.info("watcher_restarted", roots=[str(p) for p in self._watched])
+        return True
+
+    def modes(self) -> dict[str, str]:
+        """Watched root -> ``"native"`` (inotify and the like), ``"poll"`` (``PollingObserver``) or ``"dead"``."""
+        with self._lock:
+            watched = dict(self._watched)
+        return {str(path): "dead" if self.dead else "poll" if isinstance(observer, PollingObserver) else "native"
+                for path, (observer, _, _) in sorted(watched.items())}
 
     def forget(self, path: Path) -> None:
         """Drop the watch of root ``path`` (deleted or moved away), so the next directory there is watched anew."""
@@ -240,3 +337,8 @@ class Watcher:
             if observer is not None and observer.is_alive():
                 observer.stop()
                 observer.join(timeout=5)
+            elif observer is not None:
+                try:
+                    observer.unschedule_all()  # stops emitters left running by a dead observer thread
+                except Exception:  # noqa: BLE001 - best effort on a broken observer
+                    pass

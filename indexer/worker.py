@@ -116,7 +116,8 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
         indexer.beat = supervisor.beat
     if not indexer.connected.is_set() and not indexer.connect_until(stop):
         return
-    watcher = indexer.watcher = Watcher(indexer.collections, indexer.on_path, polling=indexer.polling)
+    watcher = indexer.watcher = Watcher(indexer.collections, indexer.on_path, polling=indexer.polling,
+                                        poll_interval_s=indexer.settings.poll_interval_s)
     watcher.start()
     for embedder in indexer.registry.embedders.values():  # load models now, not on the first search
         try:
@@ -146,6 +147,8 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
             continue
         if time.monotonic() >= next_refresh:
             next_refresh = time.monotonic() + REFRESH_S
+            if watcher.check():
+                settler.add_many(indexer.scan())
             renewed = watcher.refresh()
             if renewed:
                 log.info("watch_renewed", roots=[str(p) for p in renewed])

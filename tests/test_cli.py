@@ -76,6 +76,12 @@ def test_daemon_serves_search_and_status_and_stops_cleanly(workspace: Path, tmp_
         assert status["collections"]["memory-dir-main"]["chunks"] == 3
         assert status["queue_depth"] == 0 and status["chunks_embedded"] == 4 and "cache_hits" in status
 
+        write(workspace / "memory" / "fresh.md", "# Fresh\n\nWAITCCCC3 written just now.\n")
+        waited = _cli("search", "WAITCCCC3", "--mode", "keyword", "--wait", "--json", "--port", str(daemon.port))
+        assert [h["path"] for h in json.loads(waited.stdout)] == ["memory/fresh.md"], waited.stderr
+        assert "not yet indexed" not in waited.stderr
+        (workspace / "memory" / "fresh.md").unlink()
+
         bad = _cli("search", "x", "--agent", "nobody", "--port", str(daemon.port))
         assert bad.returncode == 2 and "unknown agent" in bad.stderr
 
@@ -96,7 +102,7 @@ def test_daemon_serves_search_and_status_and_stops_cleanly(workspace: Path, tmp_
     try:
         wait_for(again.ready, timeout_s=120, interval_s=0.2)
         status = json.loads(_cli("status", "--json", "--port", str(again.port)).stdout)
-        assert status["chunks_embedded"] == 0
+        assert status["chunks_embedded"] == 0  # fresh.md, deleted while it ran, is gone and nothing new
         assert status["collections"]["memory-dir-main"]["chunks"] == 3
     finally:
         assert again.terminate() == 0

@@ -98,7 +98,8 @@ def test_openapi_types_every_answer(make_indexer, workspace: Path) -> None:
     assert {"path", "start_line", "end_line", "score", "snippet", "citation", "start_s", "width"} <= set(
         schemas["Hit"]["properties"]) and schemas["Hit"]["additionalProperties"] is True
     assert set(schemas["SearchRequest"]["properties"]) == {
-        "query", "k", "agent", "collection", "mode", "path_prefix", "kind", "min_score", "since"}
+        "query", "k", "agent", "collection", "mode", "path_prefix", "kind", "min_score", "since", "wait_s"}
+    assert "pending" in schemas["SearchResponse"]["properties"] and "pending" in schemas["BootContext"]["properties"]
     assert "k" in schemas["RecallRequest"]["properties"] and "top_k" not in schemas["RecallRequest"]["properties"]
     assert {"from", "to", "text", "next_from"} <= set(schemas["Page"]["properties"])
 

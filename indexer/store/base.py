@@ -84,7 +84,8 @@ def file_states(payloads: Iterator[Mapping[str, Any]]) -> dict[str, FileState]:
         hashes.add(p.file_hash)
         seen[p.abs_path] = (hashes, n + 1, first)
     return {path: FileState(first.file_hash, first.size_bytes, first.mtime_ns, n,
-                            len(hashes) == 1 and n == first.chunk_count)
+                            len(hashes) == 1 and n == first.chunk_count,
+                            first.ctime_ns, first.inode, first.device)
             for path, (hashes, n, first) in seen.items()}
 
 
