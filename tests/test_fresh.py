@@ -113,7 +113,7 @@ def test_answers_during_the_debounce_say_what_is_pending_and_search_can_wait(wor
     from indexer.server import create_app
 
     indexer = make_indexer([{"agent": "main", "path": workspace}], settle_s=1.5)
-    with Running(indexer), TestClient(create_app(indexer)) as http:
+    with Running(indexer), TestClient(create_app(indexer), base_url="http://127.0.0.1:8743") as http:
         assert http.post("/search", json={"query": "flat white"}).json()["pending"] == []
         write(workspace / "memory" / "fresh.md", "# Fresh\n\nPENDINGAAA1 just written.\n")
         (workspace / "memory" / "travel.md").unlink()
