@@ -1,6 +1,6 @@
-"""The plugin contract: the values that cross from a file to a Qdrant point, and the three plugin kinds.
+"""The plugin contract: the values that cross from a file to a Qdrant point, and the four plugin kinds.
 
-A plugin is an object registered under one of three entry-point groups (see ``GROUPS``). The entry point names a
+A plugin is an object registered under one of four entry-point groups (see ``GROUPS``). The entry point names a
 factory: a class or function called with that plugin's config table (a ``dict``, empty when none is configured).
 Factories must be cheap: load models lazily, on the first ``embed``/``extract`` call, so that ``qmd-indexer
 plugins`` never imports torch.
@@ -12,7 +12,10 @@ Flow for one file::
     [Chunk]           --Embedder.embed-->      (n, dim) float32, L2-normalised, one row per chunk
 
 Chunks are grouped by ``modality`` and each group goes to the embedder of that modality; its vectors are stored in
-the Qdrant named vector of the same name (``"text"``, ``"image"``).
+the Qdrant named vector of the same name (``"text"``, ``"image"``). At search time an optional ``Reranker`` (the
+one the ``reranker`` setting names) rescores the first fused hits::
+
+    query, [hit text, ...] --Reranker.score--> [float, ...]   (higher is more relevant; the hits are re-sorted)
 
 The Protocols below are the one statement of the contract: ``indexer.plugins`` derives the load-time checks from
 them (``CONTRACT``: annotated attributes without a default and methods are required; an attribute with a default in
@@ -43,12 +46,13 @@ if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
 
 __all__ = [
     "GROUPS", "HEAD_BYTES", "Chunk", "Classifier", "EmbedError", "Embedder", "ExtractContext", "ExtractError",
-    "Extractor", "FileInfo", "FileSkipped", "TextChunk", "TextEmbedder", "chunk_text", "decode_text",
+    "Extractor", "FileInfo", "FileSkipped", "Reranker", "TextChunk", "TextEmbedder", "chunk_text", "decode_text",
     "l2_normalise", "load_sentence_transformer",
 ]
 
-#: entry-point group -> the Protocol its objects must satisfy (see ``indexer.plugins``)
-GROUPS = ("qmd_indexer.classifiers", "qmd_indexer.extractors", "qmd_indexer.embedders")
+#: the entry-point groups, in this order: classifiers, extractors, embedders, rerankers (``indexer.plugins.PROTOCOLS``
+#: maps each to the Protocol below its objects must satisfy)
+GROUPS = ("qmd_indexer.classifiers", "qmd_indexer.extractors", "qmd_indexer.embedders", "qmd_indexer.rerankers")
 
 #: how many bytes of a file a classifier sees (enough for every magic number we sniff)
 HEAD_BYTES = 512
@@ -199,6 +203,23 @@ class TextEmbedder(Embedder, Protocol):
     max_tokens: int  # narrows Embedder.max_tokens: a text embedder always has a limit
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]: ...
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    """Rescores the first fused hits of a search (``indexer.rerank``); used only when the ``reranker`` setting names
+    it (off by default), so at most one is loaded.
+
+    - ``model_id``: identifies the model and its settings (``status`` shows it), e.g. the model directory.
+    - ``score(query, texts)``: one float per text, in order, higher meaning the text answers ``query`` better (e.g.
+      a cross-encoder's logit); the scores become the hits' ``score``. Raise on failure: the search then keeps the
+      fused order (it fails open) and ``status`` counts it, as it does when scoring takes longer than
+      ``rerank_budget_s``.
+    """
+
+    model_id: str
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]: ...
 
 
 #: the modality of the embedder that embeds text chunks and queries (always required)

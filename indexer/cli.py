@@ -507,9 +507,11 @@ def plugins(as_json: bool, config: Path | None) -> None:
 
     \b
     Plugins are found through the entry-point groups qmd_indexer.classifiers,
-    qmd_indexer.extractors and qmd_indexer.embedders; no model is loaded to list them.
-    A plugin that fails to load is listed as failed with the reason.
-    Status: loaded, failed, disabled (not in the `plugins` allow-list), unused (lost a `prefer` choice).
+    qmd_indexer.extractors, qmd_indexer.embedders and qmd_indexer.rerankers; no
+    model is loaded to list them. A plugin that fails to load is listed as failed
+    with the reason. Status: loaded, failed, disabled (not in the `plugins`
+    allow-list), unused (lost a `prefer` choice, or a reranker other than the
+    one the `reranker` setting names).
     """
     from indexer.daemon import plugin_configs
     from indexer.errors import ConfigError
@@ -518,7 +520,8 @@ def plugins(as_json: bool, config: Path | None) -> None:
     settings = _settings(config, None, None, None, None)
     configure_logging("json" if as_json else settings.log_format, "critical" if as_json else "error")
     try:
-        registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer)
+        registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer,
+                                 reranker=settings.reranker)
     except ConfigError as exc:
         _fail(f"config error: {exc}", EXIT_USAGE)
     records = [r.as_dict() for r in registry.records]

@@ -1,7 +1,8 @@
 """Discover plugins through entry points and check them against the contract in ``indexer.api``.
 
-Groups: ``qmd_indexer.classifiers``, ``qmd_indexer.extractors``, ``qmd_indexer.embedders``. Each entry point names a
-factory called with the plugin's config table (``[plugin.<entry-point name>]`` in the config file, ``{}`` if absent).
+Groups: ``qmd_indexer.classifiers``, ``qmd_indexer.extractors``, ``qmd_indexer.embedders``,
+``qmd_indexer.rerankers``. Each entry point names a factory called with the plugin's config table
+(``[plugin.<entry-point name>]`` in the config file, ``{}`` if absent).
 
 - Plugins of the ``qmd-indexer`` distribution itself (markdown, the text embedder) always load. Others load when
   ``plugins`` (config key, or ``QMD_INDEXER_PLUGINS=a,b``) is empty or names them.
@@ -9,6 +10,8 @@ factory called with the plugin's config table (``[plugin.<entry-point name>]`` i
   the reason, logged once (``plugin_failed``) and skipped; the daemon runs on.
 - Two extractors of one kind, or two embedders of one modality, need ``prefer = { <kind or modality> = "<name>" }``;
   without it loading stops with ``ConfigError`` naming both.
+- Rerankers are chosen, not combined: only the one the ``reranker`` setting names is loaded (the others are listed
+  ``unused``); a name no installed reranker has is a ``ConfigError``. None is loaded by default (rerank is off).
 
 Nothing here imports torch: factories are cheap by contract, and members are checked with
 ``inspect.getattr_static`` so lazy properties (a model's ``dim``) are not evaluated.
@@ -34,6 +37,7 @@ from indexer.api import (
     Classifier,
     Embedder,
     Extractor,
+    Reranker,
     TextEmbedder,
 )
 from indexer.errors import ConfigError, PluginError
@@ -42,9 +46,10 @@ log = structlog.get_logger("qmd_indexer.plugins")
 
 OWN_DISTRIBUTION = "qmd-indexer"
 
-CLASSIFIERS, EXTRACTORS, EMBEDDERS = GROUPS
+CLASSIFIERS, EXTRACTORS, EMBEDDERS, RERANKERS = GROUPS
 #: group -> the Protocol of ``indexer.api`` its objects must satisfy (a ``"text"`` embedder: ``TextEmbedder``)
-PROTOCOLS: dict[str, type] = {CLASSIFIERS: Classifier, EXTRACTORS: Extractor, EMBEDDERS: Embedder}
+PROTOCOLS: dict[str, type] = {CLASSIFIERS: Classifier, EXTRACTORS: Extractor, EMBEDDERS: Embedder,
+                              RERANKERS: Reranker}
 
 
 def _members(protocol: type) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -79,7 +84,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 @dataclass(slots=True)
 class PluginRecord:
     """What ``qmd-indexer plugins`` shows for one entry point. ``status`` is ``loaded``, ``failed``, ``disabled``
-    (not on the allow-list) or ``unused`` (lost a ``prefer`` choice)."""
+    (not on the allow-list) or ``unused`` (lost a ``prefer`` choice, or a reranker the ``reranker`` setting does not
+    name)."""
 
     group: str
     name: str
@@ -172,13 +178,16 @@ def _provides(group: str, obj: Any) -> tuple[str, ...]:
         return tuple(sorted(obj.kinds))
     if group == EMBEDDERS:
         return (obj.modality,)
+    if group == RERANKERS:
+        return ("rerank",)
     return (f"priority {obj.priority}",)
 
 
 class Registry:
-    """The loaded plugins: classifiers in priority order, one extractor per kind, one embedder per modality, and
-    what they declare: ``media_kinds`` (kinds gated by a workspace's ``multimodal`` settings), ``hit_fields``
-    (payload fields search hits carry) and ``modalities`` (the named dense vectors, one per embedder)."""
+    """The loaded plugins: classifiers in priority order, one extractor per kind, one embedder per modality, the
+    configured ``reranker`` (``None``: rerank is off, or the plugin failed to load), and what they declare:
+    ``media_kinds`` (kinds gated by a workspace's ``multimodal`` settings), ``hit_fields`` (payload fields search
+    hits carry) and ``modalities`` (the named dense vectors, one per embedder)."""
 
     def __init__(self, records: list[PluginRecord]) -> None:
         self.records = records
@@ -188,6 +197,8 @@ class Registry:
         )
         self.extractors: dict[str, Extractor] = {}
         self.embedders: dict[str, Embedder] = {}
+        self.reranker: Reranker | None = None
+        self.reranker_name = ""  # the entry-point name of ``reranker``
         media: set[str] = set()
         fields: dict[str, None] = {}
         for r in loaded:
@@ -199,9 +210,16 @@ class Registry:
                 fields.update(dict.fromkeys(declared(EXTRACTORS, r.obj, "hit_fields")))
             elif r.group == EMBEDDERS:
                 self.embedders[r.obj.modality] = r.obj
+            elif r.group == RERANKERS:
+                self.reranker, self.reranker_name = r.obj, r.name
         self.media_kinds: frozenset[str] = frozenset(media)
         self.hit_fields: tuple[str, ...] = tuple(fields)
         self.modalities: tuple[str, ...] = tuple(sorted(self.embedders))
+
+    def configured_reranker(self, name: str) -> Reranker | None:
+        """The loaded reranker when it is the one named ``name`` (the ``reranker`` setting), else ``None``: rerank
+        is off, the plugin failed to load, or this registry was loaded for another ``reranker``."""
+        return self.reranker if name and name == self.reranker_name else None
 
     @property
     def text_embedder(self) -> TextEmbedder | None:
@@ -261,10 +279,13 @@ def load_registry(
     config: Mapping[str, Mapping[str, Any]] | None = None,
     prefer: Mapping[str, str] | None = None,
     eps: Iterable[EntryPoint] | None = None,
+    reranker: str = "",
 ) -> Registry:
-    """Load every entry point of the three groups (or ``eps``, for tests) into a ``Registry``.
+    """Load every entry point of the four groups (or ``eps``, for tests) into a ``Registry``; of the rerankers only
+    the one named ``reranker`` (the setting; empty: none, rerank is off).
 
-    Raises ``ConfigError`` when two loaded plugins provide one kind/modality and ``prefer`` does not choose.
+    Raises ``ConfigError`` when two loaded plugins provide one kind/modality and ``prefer`` does not choose, or
+    when ``reranker`` names no installed reranker.
     """
     allow = set(allow)
     config = config or {}
@@ -281,6 +302,10 @@ def load_registry(
         if allow and dist != OWN_DISTRIBUTION and ep.name not in allow:
             record.status, record.reason = "disabled", "not in the plugins allow-list"
             continue
+        if ep.group == RERANKERS and ep.name != reranker:
+            record.status = "unused"
+            record.reason = f"reranker = {reranker!r}" if reranker else "rerank is off (reranker not set)"
+            continue
         try:
             factory = ep.load()
             obj = factory(dict(config.get(ep.name, {})))
@@ -289,6 +314,10 @@ def load_registry(
         except Exception as exc:  # any failure of third-party code: report and skip
             record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
             log.warning("plugin_failed", group=ep.group, plugin=ep.name, distribution=dist, reason=record.reason)
+    if reranker and not any(r.group == RERANKERS and r.name == reranker for r in records):
+        installed = ", ".join(sorted(r.name for r in records if r.group == RERANKERS)) or "none"
+        raise ConfigError(f"reranker: no installed reranker is named {reranker!r} (installed: {installed}; "
+                          f"see `qmd-indexer plugins`)")
     _resolve_conflicts(records, prefer)
     return Registry(records)
 

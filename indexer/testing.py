@@ -3,7 +3,7 @@
 Each check raises ``AssertionError`` with a message that names the plugin, the member and what was wrong; none of
 them needs pytest (they do not rely on ``assert`` statements, so ``python -O`` cannot strip them). Example::
 
-    from indexer.testing import check_classifier, check_embedder, check_extractor
+    from indexer.testing import check_classifier, check_embedder, check_extractor, check_reranker
 
     def test_my_plugin(tmp_path):
         note = tmp_path / "a.txt"
@@ -11,11 +11,12 @@ them needs pytest (they do not rely on ``assert`` statements, so ``python -O`` c
         check_classifier(MyClassifier({}), {note: "plaintext", tmp_path / "b.md": None})
         chunks = check_extractor(MyExtractor({}), note, "plaintext")
         check_embedder(MyEmbedder({}), chunks)
+        check_reranker(MyReranker({}), "who fixed the disk?", ["Marco fixed the disk", "lunch is at noon"])
 
 The checks use a whitespace tokenizer (``whitespace_context``) unless you pass the ``ExtractContext`` of a real text
 embedder. The contract checked is the one ``indexer.plugins`` enforces when it loads a plugin, derived from the
-Protocols of ``indexer.api`` (``check_contract``); the checks here add behaviour: determinism, shapes, norms, and
-the chunk rules. Nothing here imports torch.
+Protocols of ``indexer.api`` (``check_contract``); the checks here add behaviour: determinism, shapes, norms, the
+chunk rules, and one finite score per text for rerankers. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ import numpy as np
 
 from indexer.api import HEAD_BYTES, MODALITY_PATTERN, TEXT, Chunk, ExtractContext, FileInfo
 from indexer.errors import ExtractError, FileSkipped, PluginError
-from indexer.plugins import CLASSIFIERS, EMBEDDERS, EXTRACTORS, check_contract, declared
+from indexer.plugins import CLASSIFIERS, EMBEDDERS, EXTRACTORS, RERANKERS, check_contract, declared
 
 __all__ = [
-    "check_classifier", "check_embedder", "check_extractor", "check_extractor_rejects", "whitespace_context",
+    "check_classifier", "check_embedder", "check_extractor", "check_extractor_rejects", "check_reranker",
+    "whitespace_context",
 ]
 
 _WORD = re.compile(r"\S+")
@@ -258,6 +260,35 @@ def check_embedder(embedder: Any, chunks: Sequence[Chunk], query: str = "what di
     _require(np.allclose(np.asarray(embedder.embed_query(query)), q, atol=REPEAT_TOLERANCE),
              f"{name}.embed_query is not deterministic")
     return vectors
+
+
+def check_reranker(reranker: Any, query: str, texts: Sequence[str]) -> list[float]:
+    """Check a ``qmd_indexer.rerankers`` object on ``query`` and sample ``texts`` (at least two); returns the scores.
+
+    Checked: the contract; ``model_id`` a non-empty str; ``score(query, texts)`` returns a list of one finite float
+    per text, the same again on a second call, and score ``i`` equal to scoring text ``i`` alone (scores must not
+    depend on the batch: the stage rescores a different set of hits each search).
+    """
+    _contract(RERANKERS, reranker)
+    name = _name(reranker)
+    texts = list(texts)
+    _require(len(texts) >= 2, "check_reranker needs at least two sample texts")
+    _require(isinstance(reranker.model_id, str) and bool(reranker.model_id),
+             f"{name}.model_id must be a non-empty str, got {reranker.model_id!r}")
+    scores = reranker.score(query, texts)
+    _require(isinstance(scores, list) and len(scores) == len(texts),
+             f"{name}.score returned {type(scores).__name__} of {len(scores) if hasattr(scores, '__len__') else '?'}"
+             f" items for {len(texts)} texts: must be a list of one float per text")
+    _require(all(isinstance(v, float) and math.isfinite(v) for v in scores),
+             f"{name}.score returned {scores[:3]}...: every score must be a finite float")
+    _require(np.allclose(reranker.score(query, texts), scores, atol=REPEAT_TOLERANCE),
+             f"{name}.score is not deterministic")
+    for i, text in enumerate(texts):
+        alone = reranker.score(query, [text])
+        _require(len(alone) == 1 and abs(alone[0] - scores[i]) <= 10 * REPEAT_TOLERANCE * max(1.0, abs(scores[i])),
+                 f"{name}.score: text {i} alone scores {alone}, {scores[i]} in the batch; scores must not depend "
+                 f"on the batch")
+    return list(scores)
 
 
 def texts(chunks: Iterable[Chunk]) -> list[str]:

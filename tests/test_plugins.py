@@ -23,7 +23,7 @@ from indexer import api, testing
 from indexer.api import GROUPS
 from indexer.config import load_settings
 from indexer.errors import ConfigError
-from indexer.plugins import CONTRACT, DEFAULTS, PROTOCOLS, TEXT_EMBEDDER, load_registry
+from indexer.plugins import CONTRACT, DEFAULTS, PROTOCOLS, TEXT_EMBEDDER, check_contract, load_registry
 
 try:
     import test_plugins_fakes as fakes
@@ -32,7 +32,7 @@ except ImportError:  # tests/ imported as a package
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = fakes.__name__
-CLS, EXT, EMB = GROUPS
+CLS, EXT, EMB, RRK = GROUPS
 
 
 def ep(name: str, target: str, group: str) -> EntryPoint:
@@ -121,6 +121,7 @@ def test_the_contract_is_derived_from_the_protocols() -> None:
         CLS: ("priority", "classify"),
         EXT: ("kinds", "extract"),
         EMB: ("model_id", "modality", "dim", "max_tokens", "embed", "embed_query"),
+        RRK: ("model_id", "score"),
     }
     assert TEXT_EMBEDDER == ("token_offsets",)
     assert DEFAULTS[EXT] == {"media": False, "hit_fields": ()}
@@ -151,6 +152,57 @@ def test_two_plugins_for_one_kind_need_a_prefer_choice() -> None:
         load_registry(eps=[ep("lazy", "LazyImageEmbedder", EMB), ep("rival", "RivalImageEmbedder", EMB)])
     with pytest.raises(ConfigError, match="choose one"):
         load_registry(prefer={"fake": "nobody"}, eps=eps)
+
+
+def test_only_the_configured_reranker_loads() -> None:
+    eps = [ep("short", "ShortestFirstReranker", RRK), ep("scoreless", "ScorelessReranker", RRK),
+           ep("fake", "FakeExtractor", EXT)]
+    off = load_registry(eps=eps)
+    assert off.reranker is None and off.configured_reranker("short") is None
+    assert {r.name: (r.status, r.reason) for r in off.records if r.group == RRK} == {
+        "short": ("unused", "rerank is off (reranker not set)"),
+        "scoreless": ("unused", "rerank is off (reranker not set)")}
+    on = load_registry(config={"short": {"model": "/models/short"}}, reranker="short", eps=eps)
+    assert on.reranker is on.configured_reranker("short") and on.reranker_name == "short"
+    assert on.reranker.model_id == "/models/short" and on.reranker.score("q", ["abc", "a"]) == [-3.0, -1.0]
+    assert on.configured_reranker("") is None and on.configured_reranker("scoreless") is None
+    records = {r.name: (r.status, r.reason, r.provides) for r in on.records}
+    assert records["short"] == ("loaded", "", ("rerank",))
+    assert records["scoreless"] == ("unused", "reranker = 'short'", ())
+    broken = load_registry(reranker="scoreless", eps=eps)
+    assert broken.reranker is None
+    assert by_name(broken)["rerankers", "scoreless"].reason == ("PluginError: missing 'score' required by "
+                                                                "qmd_indexer.rerankers")
+    with pytest.raises(ConfigError, match=r"reranker: no installed reranker is named 'shortest' \(installed: "
+                                          r"scoreless, short"):
+        load_registry(reranker="shortest", eps=eps)
+
+
+def test_check_reranker_holds_a_reranker_to_the_contract() -> None:
+    short = fakes.ShortestFirstReranker({})
+    assert testing.check_reranker(short, "q", ["abc", "a"]) == [-3.0, -1.0]
+    with pytest.raises(AssertionError, match="missing 'score'"):
+        testing.check_reranker(fakes.ScorelessReranker({}), "q", ["abc", "a"])
+
+    class Batchy(fakes.ShortestFirstReranker):
+        def score(self, query: str, texts) -> list[float]:  # depends on the batch: the stage could not use it
+            return [float(len(texts))] * len(texts)
+
+    with pytest.raises(AssertionError, match="must not depend on the batch"):
+        testing.check_reranker(Batchy({}), "q", ["abc", "a"])
+
+
+def test_the_cross_encoder_is_a_built_in_reranker_plugin() -> None:
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert set(declared) == set(GROUPS)  # every group has a built-in plugin, registered like a third-party one
+    assert declared[RRK] == {"cross-encoder": "indexer.rerank:CrossEncoderReranker"}
+    reranker = EntryPoint("cross-encoder", declared[RRK]["cross-encoder"], RRK).load()({"model": "~/ce"})
+    check_contract(RRK, reranker)
+    assert reranker.model_id == os.path.expanduser("~/ce")
+    with pytest.raises(ValueError, match=r"needs `model`.*\[plugin\.cross-encoder\]"):
+        reranker.__class__({})
 
 
 # -- the command and real installed distributions ---------------------------------------------------------------
@@ -198,6 +250,27 @@ def test_plugins_command_lists_installed_plugins_with_status(tmp_path: Path) -> 
     statuses = {r["name"]: r["status"] for r in json.loads(allowed.stdout)}
     assert statuses["fake-early"] == "loaded" and statuses["fake-ext"] == "disabled"
     assert statuses["markdown"] == "loaded"  # qmd-indexer's own plugins are never disabled
+
+
+def test_plugins_command_lists_rerankers_and_loads_the_configured_one(tmp_path: Path) -> None:
+    fake_distribution(tmp_path, {RRK: {"fake-rerank": "qmd_fake_plugins:ShortestFirstReranker"}})
+    run = cli("plugins", "--json", site=tmp_path)
+    assert run.returncode == 0, run.stderr
+    records = {r["name"]: r for r in json.loads(run.stdout) if r["group"] == RRK}
+    assert records == {
+        "cross-encoder": {"group": RRK, "name": "cross-encoder", "distribution": "qmd-indexer", "version": "0.1.0",
+                          "provides": [], "status": "unused", "reason": "rerank is off (reranker not set)"},
+        "fake-rerank": {"group": RRK, "name": "fake-rerank", "distribution": "qmd-fake-plugins", "version": "1.2.3",
+                        "provides": [], "status": "unused", "reason": "rerank is off (reranker not set)"},
+    }, "the built-in reranker is missing: reinstall qmd-indexer (pip install -e .) to register its entry points"
+    chosen = cli("plugins", "--json", site=tmp_path, env={"QMD_INDEXER_RERANKER": "fake-rerank"})
+    statuses = {r["name"]: (r["status"], r["provides"]) for r in json.loads(chosen.stdout) if r["group"] == RRK}
+    assert statuses == {"fake-rerank": ("loaded", ["rerank"]), "cross-encoder": ("unused", [])}
+    text = cli("plugins", site=tmp_path, env={"QMD_INDEXER_RERANKER": "fake-rerank"}).stdout
+    assert re.search(r"^rerankers +fake-rerank +qmd-fake-plugins 1\.2\.3 +rerank +loaded$", text, re.M), text
+    typo = cli("plugins", site=tmp_path, env={"QMD_INDEXER_RERANKER": "fake-rerankr"})
+    assert typo.returncode == 2
+    assert "config error: reranker: no installed reranker is named 'fake-rerankr'" in typo.stderr
 
 
 def test_plugins_command_reports_an_unresolved_conflict_as_a_config_error(tmp_path: Path) -> None:

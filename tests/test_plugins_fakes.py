@@ -142,3 +142,22 @@ class RivalImageEmbedder(LazyImageEmbedder):
 
 def failing_factory(config: dict[str, Any]) -> Any:
     raise RuntimeError("licence key missing")
+
+
+class ShortestFirstReranker:
+    """A reranker with a rule a test can predict: shorter texts score higher (the config may set ``model``)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.model_id = str(config.get("model", "shortest-first"))
+
+    def score(self, query: str, texts: Any) -> list[float]:
+        return [-float(len(text)) for text in texts]
+
+
+class ScorelessReranker:
+    """Breaks the reranker contract: no ``score``."""
+
+    model_id = "scoreless"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        pass
