@@ -173,6 +173,14 @@ class Settings(BaseSettings):
     # so it is unmeasured and off.
     mmr_lambda: float | None = Field(default=None, ge=0, le=1)
     temporal_half_life_days: float | None = Field(default=None, gt=0)
+    # Rerank stage (indexer.rerank), off by default: no cross-encoder weights ship in any package here, so nothing
+    # is measured. `reranker` names a plugin of the qmd_indexer.rerankers entry-point group (built-in:
+    # "cross-encoder", whose [plugin.cross-encoder] table gives `model`, a local model directory); it rescores the
+    # first `rerank_top_n` fused hits. It fails open: when it raises, or scoring takes longer than `rerank_budget_s`
+    # seconds, the fused order is returned and `status` counts it (status.rerank).
+    reranker: str = ""
+    rerank_top_n: int = Field(default=20, ge=1)
+    rerank_budget_s: float = Field(default=2.0, gt=0)
     plugins: Annotated[tuple[str, ...], NoDecode] = ()
     prefer: dict[str, str] = {}
     plugin: dict[str, dict[str, Any]] = {}

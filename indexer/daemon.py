@@ -50,6 +50,7 @@ from indexer.ledger import FAILURES, Ledger
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
 from indexer.plugins import Registry, load_registry
 from indexer.points import FileState
+from indexer.rerank import RerankStats, rerank_status
 from indexer.search import Searcher
 from indexer.store import ServerOptions, Store, open_store
 from indexer.watcher import Settler, Watcher
@@ -151,6 +152,7 @@ class Indexer:
         self.drift = {"not_indexed": 0, "gone": 0}  # what the last reconcile found the watcher had missed
         self._cache = cache
         self.rebuild_requested = threading.Event()  # the worker rebuilds every collection when it is set
+        self.rerank_stats = RerankStats()  # shared by this daemon's searchers; ``status`` reports it
         self.rebuilding = False
         if reindex:
             self.rebuild_requested.set()
@@ -170,7 +172,8 @@ class Indexer:
         """
         hold_state_lock(settings.state_dir)  # first: nothing is created before the lock is ours
         if registry is None:
-            registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer)
+            registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer,
+                                     reranker=settings.reranker)
         registry.check_multimodal({w.agent: w.multimodal.modalities for w in settings.workspace
                                    if w.multimodal.enabled})
         if store is None:
@@ -245,8 +248,8 @@ class Indexer:
 
     def searcher(self, **overrides: Any) -> Searcher:
         """A ``Searcher`` over these collections with the configured defaults (``Searcher.from_settings``)."""
-        return Searcher.from_settings(self.settings, self.collections, self.store, self.registry.embedders,
-                                      self.terms, **{"hit_fields": self.registry.hit_fields, **overrides})
+        return Searcher.from_settings(self.settings, self.collections, self.store, self.registry, self.terms,
+                                      **{"rerank_stats": self.rerank_stats, **overrides})
 
     def _attest(self) -> bool:
         """``workspace.attest`` the workspaces; the files of one whose path now names another directory lose the
@@ -607,5 +610,7 @@ class Indexer:
             "watch_polled": dict(self.watcher.poll_reasons) if self.watcher is not None else {},
             "last_reconcile": self.last_reconcile,
             "drift": dict(self.drift),
+            "rerank": rerank_status(self.settings.reranker, self.registry.configured_reranker(self.settings.reranker),
+                                    self.settings.rerank_top_n, self.settings.rerank_budget_s, self.rerank_stats),
             "collections": per,
         }

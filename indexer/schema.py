@@ -174,6 +174,19 @@ class CollectionStatus(TypedDict):
     chunks: int
 
 
+class RerankStatus(TypedDict):
+    """The rerank stage (``reranker`` setting): the plugin, its model and how often it kept the fused order."""
+
+    reranker: Annotated[str, Field(description="The configured qmd_indexer.rerankers plugin.")]
+    model_id: Annotated[str | None, Field(description="Its model; null when the plugin failed to load.")]
+    top_n: Annotated[int, Field(description="How many of the first fused hits it rescores.")]
+    budget_s: Annotated[float, Field(description="Seconds scoring may take before the fused order is kept.")]
+    reranked: Annotated[int, Field(description="Searches reranked since start.")]
+    failed: Annotated[int, Field(description="Searches that kept the fused order because the reranker failed.")]
+    over_budget: Annotated[int, Field(description="Searches that kept the fused order because scoring was slow.")]
+    last_error: Annotated[str | None, Field(description="The last failure; null once a rerank succeeds.")]
+
+
 @with_config(ConfigDict(extra="allow"))
 class Status(TypedDict):
     """``GET /status``: what the daemon holds and is doing."""
@@ -192,6 +205,7 @@ class Status(TypedDict):
     last_reconcile: NotRequired[Annotated[float | None, Field(description="Unix time of the last reconcile.")]]
     drift: NotRequired[Annotated[dict[str, int], Field(description=(
         "What the last reconcile found the watcher had missed: not_indexed (on disk), gone (still indexed)."))]]
+    rerank: NotRequired[Annotated[RerankStatus | None, Field(description="The rerank stage; null when off.")]]
     collections: dict[str, CollectionStatus]
 
 

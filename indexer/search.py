@@ -28,6 +28,7 @@ from indexer.api import Embedder
 from indexer.bm25 import Bm25Terms
 from indexer.chunking import split_lines
 from indexer.config import Settings
+from indexer.plugins import Registry
 from indexer.points import SPARSE, Filter, Hit, Payload, Query
 from indexer.rerank import Reranker, RerankStats, rerank
 from indexer.store import Store
@@ -144,7 +145,7 @@ class Searcher:
                  min_scores: dict[str, float] | None = None, hit_fields: Sequence[str] = (),
                  mmr_lambda: float | None = None, half_life_days: float | None = None,
                  now: Callable[[], float] = time.time, reranker: Reranker | None = None, rerank_top_n: int = 20,
-                 rerank_budget_s: float = 2.0) -> None:
+                 rerank_budget_s: float = 2.0, rerank_stats: RerankStats | None = None) -> None:
         self.collections = list(collections)
         self.store = store
         self.embedders = embedders
@@ -157,21 +158,29 @@ class Searcher:
         # optional re-ranking of the fused list, off by default (see ``decay``, ``mmr``, ``indexer.rerank``)
         self.mmr_lambda, self.half_life_days, self.now = mmr_lambda, half_life_days, now
         self.reranker, self.rerank_top_n, self.rerank_budget_s = reranker, rerank_top_n, rerank_budget_s
-        self.rerank_stats = RerankStats()
+        # fail-open counters (``status`` reports the daemon's, shared by its searchers)
+        self.rerank_stats = rerank_stats if rerank_stats is not None else RerankStats()
         self._embed_query = lru_cache(maxsize=256)(self.embed_query)
 
     @classmethod
     def from_settings(cls, settings: Settings, collections: Sequence[Collection], store: Store,
-                      embedders: Mapping[str, Embedder], terms: Bm25Terms, **overrides: Any) -> Searcher:
-        """The one factory: a ``Searcher`` with the configured defaults (``search_mode``, ``fusion``, ``rrf_k``,
-        ``prefetch_limit``, ``image_min_score``); ``overrides`` replace any of ``__init__``'s keyword arguments
+                      registry: Registry, terms: Bm25Terms, **overrides: Any) -> Searcher:
+        """The one factory: a ``Searcher`` with ``registry``'s embedders and ``hit_fields``, the configured defaults
+        (``search_mode``, ``fusion``, ``rrf_k``, ``prefetch_limit``, ``image_min_score``, ``mmr_lambda``,
+        ``temporal_half_life_days``, ``rerank_top_n``, ``rerank_budget_s``) and the reranker the ``reranker`` setting
+        names, as ``registry`` loaded it (none when the setting is empty, the plugin failed to load, or ``registry``
+        was loaded for another ``reranker``); ``overrides`` replace any of ``__init__``'s keyword arguments
         (benchmarks compare modes and fusions this way)."""
         defaults: dict[str, Any] = {"mode": settings.search_mode, "fusion": settings.fusion, "rrf_k": settings.rrf_k,
                                     "prefetch_limit": settings.prefetch_limit,
                                     "min_scores": {"image": settings.image_min_score},
+                                    "hit_fields": registry.hit_fields,
                                     "mmr_lambda": settings.mmr_lambda,
-                                    "half_life_days": settings.temporal_half_life_days}
-        return cls(collections, store, embedders, terms, **{**defaults, **overrides})
+                                    "half_life_days": settings.temporal_half_life_days,
+                                    "reranker": registry.configured_reranker(settings.reranker),
+                                    "rerank_top_n": settings.rerank_top_n,
+                                    "rerank_budget_s": settings.rerank_budget_s}
+        return cls(collections, store, registry.embedders, terms, **{**defaults, **overrides})
 
     def embed_query(self, text: str) -> tuple[tuple[str, np.ndarray], ...]:
         """``((modality, (dim,) float32 vector), ...)``: ``text`` embedded by every embedder, sorted by modality,

@@ -96,6 +96,12 @@ def print_status(status: dict[str, Any]) -> None:
                f"failed files: {status['files_failed']}")
     if status.get("store_degraded"):
         click.echo("store: degraded (writes to Qdrant are failing and being retried)")
+    rerank = status.get("rerank")
+    if rerank:
+        click.echo(f"rerank: {rerank['reranker']} ({rerank['model_id'] or 'failed to load'})  "
+                   f"reranked: {rerank['reranked']}  fused order kept: {rerank['failed']} failed, "
+                   f"{rerank['over_budget']} over {rerank['budget_s']} s"
+                   + (f"  last error: {rerank['last_error']}" if rerank.get("last_error") else ""))
     click.echo(f"{'collection':<40} {'files':>7} {'chunks':>8}  root")
     for name, c in status["collections"].items():
         click.echo(f"{name:<40} {c['files']:>7} {c['chunks']:>8}  {c['root']}")

@@ -3,10 +3,10 @@ them to ``Indexer.process``; nothing else calls it while it runs.
 
 - ``index_once(indexer)``: rebuild if asked (``--reindex``), scan, process everything queued, return ``status()``
   (``qmd-indexer index --once``).
-- ``run(indexer, stop)``: wait for the store, start the watcher, warm the embedders, scan and drain (``ready`` is
-  set then), and keep processing settled paths until ``stop`` is set, rescanning every ``rescan_interval_s`` and
-  re-watching roots made again every ``REFRESH_S``. A requested rebuild (``--reindex`` or ``POST /reindex``) runs
-  here too, between batches, followed by a scan.
+- ``run(indexer, stop)``: wait for the store, start the watcher, warm the embedders and reranker, scan and drain
+  (``ready`` is set then), and keep processing settled paths until ``stop`` is set, rescanning every
+  ``rescan_interval_s`` and re-watching roots made again every ``REFRESH_S``. A requested rebuild (``--reindex``
+  or ``POST /reindex``) runs here too, between batches, followed by a scan.
 - Retries: a path whose write found the store unavailable, or a batch that raised, goes back into the same queue
   with a delay of ``RETRY_AFTER_S`` seconds (an event for it meanwhile takes precedence). No timer threads.
 - Progress: ``drain`` reports to an optional ``progress(total)`` context manager that yields an ``advance(n)``
@@ -124,6 +124,12 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
             embedder.embed_query("warm-up")
         except Exception as exc:
             log.error("embedder_failed", model_id=embedder.model_id, error=f"{type(exc).__name__}: {exc}")
+    reranker = indexer.registry.configured_reranker(indexer.settings.reranker)
+    if reranker is not None:  # load its model now, not inside the first search's time budget
+        try:
+            reranker.score("warm-up", ["warm-up"])
+        except Exception as exc:  # searches keep the fused order meanwhile (indexer.rerank fails open)
+            log.error("reranker_failed", model_id=reranker.model_id, error=f"{type(exc).__name__}: {exc}")
     settler = indexer.settler
     if indexer.rebuild_requested.is_set():
         _rebuild(indexer)
