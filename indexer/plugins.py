@@ -304,7 +304,7 @@ def load_registry(
             continue
         if ep.group == RERANKERS and ep.name != reranker:
             record.status = "unused"
-            record.reason = f"reranker = {reranker!r}" if reranker else "rerank is off (reranker not set)"
+            record.reason = f"reranker = {reranker!r}" if reranker else "rerank is off: reranker not set"
             continue
         try:
             factory = ep.load()

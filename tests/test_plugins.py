@@ -160,8 +160,8 @@ def test_only_the_configured_reranker_loads() -> None:
     off = load_registry(eps=eps)
     assert off.reranker is None and off.configured_reranker("short") is None
     assert {r.name: (r.status, r.reason) for r in off.records if r.group == RRK} == {
-        "short": ("unused", "rerank is off (reranker not set)"),
-        "scoreless": ("unused", "rerank is off (reranker not set)")}
+        "short": ("unused", "rerank is off: reranker not set"),
+        "scoreless": ("unused", "rerank is off: reranker not set")}
     on = load_registry(config={"short": {"model": "/models/short"}}, reranker="short", eps=eps)
     assert on.reranker is on.configured_reranker("short") and on.reranker_name == "short"
     assert on.reranker.model_id == "/models/short" and on.reranker.score("q", ["abc", "a"]) == [-3.0, -1.0]
@@ -259,9 +259,9 @@ def test_plugins_command_lists_rerankers_and_loads_the_configured_one(tmp_path: 
     records = {r["name"]: r for r in json.loads(run.stdout) if r["group"] == RRK}
     assert records == {
         "cross-encoder": {"group": RRK, "name": "cross-encoder", "distribution": "qmd-indexer", "version": "0.1.0",
-                          "provides": [], "status": "unused", "reason": "rerank is off (reranker not set)"},
+                          "provides": [], "status": "unused", "reason": "rerank is off: reranker not set"},
         "fake-rerank": {"group": RRK, "name": "fake-rerank", "distribution": "qmd-fake-plugins", "version": "1.2.3",
-                        "provides": [], "status": "unused", "reason": "rerank is off (reranker not set)"},
+                        "provides": [], "status": "unused", "reason": "rerank is off: reranker not set"},
     }, "the built-in reranker is missing: reinstall qmd-indexer (pip install -e .) to register its entry points"
     chosen = cli("plugins", "--json", site=tmp_path, env={"QMD_INDEXER_RERANKER": "fake-rerank"})
     statuses = {r["name"]: (r["status"], r["provides"]) for r in json.loads(chosen.stdout) if r["group"] == RRK}
