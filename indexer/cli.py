@@ -141,7 +141,12 @@ def run(config: Path | None, workspace: Path | None, agent: str | None, state_di
         import structlog
 
         structlog.get_logger("qmd_indexer.daemon").warning("non_loopback_bind", host=settings.host, detail=warning)
-    sys.exit(serve(settings, reindex=reindex, progress=progress_bar))
+    from indexer.config import load_settings
+
+    # SIGHUP: the same config file and environment again, with this command line's flags still on top
+    flags = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url, "host": host, "workspace": workspace}
+    kept = {key: getattr(settings, key) for key, given in flags.items() if given is not None}
+    sys.exit(serve(settings, reindex=reindex, progress=progress_bar, reload=lambda: load_settings(config, kept)))
 
 
 @main.command()

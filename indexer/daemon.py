@@ -47,6 +47,7 @@ from indexer.errors import (
     StoreUnavailable,
 )
 from indexer.ledger import FAILURES, Ledger
+from indexer.metrics import Metrics
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
 from indexer.plugins import Registry, load_registry
 from indexer.points import FileState
@@ -139,6 +140,7 @@ class Indexer:
         self.polling = polling
         self.indexed: dict[str, Indexed] = {}
         self.ledger = Ledger()
+        self.metrics = Metrics(self)  # GET /metrics
         self.ready = threading.Event()
         self.connected = threading.Event()
         self.stopping = threading.Event()  # set by the worker's stop event: embedding gives up between slices
@@ -233,6 +235,7 @@ class Indexer:
                 return True
             except StoreUnavailable as exc:
                 if not reported:
+                    self.metrics.error("store_unavailable")
                     log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
                     reported = True
             stop.wait(RETRY_AFTER_S)
@@ -264,15 +267,16 @@ class Indexer:
         return bool(changed)
 
     # -- scanning -----------------------------------------------------------------------------------------------
-    def scan(self) -> list[Path]:
-        """Walk every collection's roots; delete points of files no longer memory; return the paths to check."""
+    def scan(self, reconcile: bool = True) -> list[Path]:
+        """Walk every collection's roots; delete points of files no longer memory; return the paths to check.
+        Once ready, a scan is a reconcile (drift counted) unless ``reconcile`` is false (after a config reload)."""
         started = time.monotonic()
         if self._attest() and self.watcher is not None:  # the old watches follow the old directory
             self.watcher.refresh()
         found, skips = walk(self.collections)
         self._report_skips(skips)
         on_disk = {str(path) for _, path in found}
-        if self.ready.is_set():  # a reconcile: what it finds is what the watcher missed
+        if reconcile and self.ready.is_set():  # a reconcile: what it finds is what the watcher missed
             self.drift = {"not_indexed": len(on_disk - self.indexed.keys() - self.ledger.marks.keys()),
                           "gone": len(self.indexed.keys() - on_disk)}
             self.last_reconcile = time.time()
@@ -426,8 +430,8 @@ class Indexer:
             return [path for file in prepared for path in self._write_group([file], into)]  # isolate the refused file
         retry: list[Path] = []
         for file, file_vectors in zip(prepared, vectors):
-            started = time.monotonic()
             points = self.pipeline.points(file, file_vectors)
+            started = time.monotonic()
             abs_path = str(file.path)
             old = self.indexed.get(abs_path)
             try:
@@ -438,9 +442,11 @@ class Indexer:
                     self.store.delete_file(old.collection, abs_path)
                 self.store.replace_file(file.collection.name, abs_path, file.file_hash, points)
             except StoreUnavailable as exc:
+                self.metrics.error("store_unavailable")
                 log.error("store_unavailable", path=abs_path, error=str(exc), retry_after_s=RETRY_AFTER_S)
                 retry.append(file.path)
                 continue
+            self.metrics.store_write_seconds.observe(time.monotonic() - started)
             self.indexed[abs_path] = Indexed(file.collection.name, FileState(
                 file.file_hash, file.size_bytes, file.mtime_ns, len(points), True, file.ctime_ns, file.inode,
                 file.device))

@@ -7,6 +7,7 @@ and whether it is a failure, so a rescan of an unchanged bad file stays quiet, a
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -42,6 +43,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self.marks: dict[str, Mark] = {}
+        self.failures: Counter[str] = Counter()  # failures logged since start, by reason (``/metrics`` errors)
 
     def skip(self, path: Path, reason: str, detail: str = "", failed: bool = False) -> bool:
         """Record and log that ``path`` is skipped (or failed) for ``reason``; ``detail`` defaults to the reason's
@@ -53,6 +55,7 @@ class Ledger:
         self.marks[key] = mark
         detail = detail or DETAILS.get(reason, "")
         if failed:
+            self.failures[reason] += 1
             log.error("file_failed", path=key, reason=reason, detail=detail)
         elif reason in LOUD:
             log.warning("file_skipped", path=key, reason=reason, detail=detail)

@@ -14,6 +14,8 @@ POST       /boot        body ``BootRequest``; ``BootContext`` (see ``indexer.rec
 GET        /get         ``?path=&agent=&from=1&lines=&max_chars=``: ``Page``, a page of one memory file
 POST       /reindex     ``{"rebuilding": true}``: rebuild every collection beside the live one, then swap
 POST/GET   /mcp         the MCP tools (``indexer.mcp``) over streamable HTTP, stateless, JSON answers
+GET        /metrics     Prometheus text exposition (``indexer.metrics``; OpenMetrics if ``Accept`` asks); not in
+                        ``/openapi.json``, which describes the JSON contract
 =========  ===========  ==========================================================================================
 
 Limits: request bodies ``MAX_BODY_BYTES`` (1 MiB, else 413), queries ``MAX_QUERY_CHARS`` characters (else 400); a
@@ -37,7 +39,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import structlog
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import FastAPI, HTTPException, Query, Request, Response
 
 from indexer import __version__
 from indexer.daemon import Indexer
@@ -61,7 +63,7 @@ from indexer.schema import (
     Status,
     error_answer,
 )
-from indexer.search import SearchParams, relevant
+from indexer.search import Searcher, SearchParams, relevant
 
 T = TypeVar("T")
 log = structlog.get_logger("qmd_indexer.api")
@@ -131,7 +133,14 @@ class LocalMemory:
 
     def __init__(self, indexer: Indexer) -> None:
         self.indexer = indexer
-        self.searcher = indexer.searcher()
+        self._searcher, self._planned = indexer.searcher(), indexer.collections
+
+    @property
+    def searcher(self) -> Searcher:
+        """The searcher over the daemon's current collections (made again after a reload changed them)."""
+        if self._planned is not self.indexer.collections:
+            self._searcher, self._planned = self.indexer.searcher(), self.indexer.collections
+        return self._searcher
 
     def health(self) -> Health:
         return {"status": self.indexer.health(), "ready": self.indexer.ready.is_set()}  # type: ignore[typeddict-item]
@@ -146,9 +155,13 @@ class LocalMemory:
                since: str | None = None) -> list[Hit]:
         check_query(query)
         since_ns = parse_since(since) if since is not None else None  # ValueError: 400
-        return self.searcher.search(SearchParams(  # type: ignore[return-value]
-            query=query, k=k, agent=scope_agent(self.indexer, agent), collections=_as_tuple(collection), mode=mode,
-            path_prefix=path_prefix, kinds=_as_tuple(kind), min_score=min_score, since_ns=since_ns))
+        searcher = self.searcher
+        with self.indexer.metrics.search_timer() as timer:
+            hits = searcher.search(SearchParams(
+                query=query, k=k, agent=scope_agent(self.indexer, agent), collections=_as_tuple(collection),
+                mode=mode, path_prefix=path_prefix, kinds=_as_tuple(kind), min_score=min_score, since_ns=since_ns))
+            timer.mode = mode or searcher.mode  # a refused mode raised above: never a label
+        return hits  # type: ignore[return-value]
 
     def recall(self, query: str = "*", k: int = DEFAULT_K, agent: str | None = None) -> list[Hit]:
         check_query(query)
@@ -221,6 +234,12 @@ def create_app(indexer: Indexer) -> FastAPI:
             lines: int | None = Query(default=None, description="At most this many lines."),
             max_chars: int = Query(default=DEFAULT_MAX_CHARS, description="At most this many characters.")) -> Page:
         return _answer(lambda: memory.get(path, from_, lines, max_chars, agent), path=path)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(request: Request) -> Response:
+        """Prometheus metrics (``indexer.metrics``): the text format, or OpenMetrics when ``Accept`` asks."""
+        body, content_type = indexer.metrics.exposition(request.headers.get("accept", ""))
+        return Response(content=body, media_type=content_type)
 
     @app.post("/reindex")
     def reindex() -> Reindex:

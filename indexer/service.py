@@ -1,5 +1,6 @@
 """``qmd-indexer run`` as one call: ``serve(settings)`` opens the indexer, runs the worker on a thread and the HTTP
-API (uvicorn) on this one, and on SIGTERM/SIGINT finishes the files in hand, flushes the store and returns.
+API (uvicorn) on this one, and on SIGTERM/SIGINT finishes the files in hand, flushes the store and returns. SIGHUP
+reads the config again and applies the workspaces without a restart (``indexer.reload``).
 
 Exit statuses (``indexer.errors``): ``EXIT_OK`` after a clean stop; ``EXIT_FAILURE`` when the port is taken, the
 store cannot be opened (held by another process, built for another model, unreachable at open) or the API could
@@ -13,6 +14,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 
 import structlog
 
@@ -29,6 +31,7 @@ from indexer.errors import (
     StoreLocked,
     StoreUnavailable,
 )
+from indexer.reload import Reloader
 from indexer.systemd import Notifier, Supervisor, watchdog_interval_s
 from indexer.worker import Progress, run
 
@@ -67,9 +70,12 @@ def check_port(host: str, port: int) -> None:
                           f"(choose another with --port)") from None
 
 
-def serve(settings: Settings, reindex: bool = False, progress: Progress | None = None) -> int:
+def serve(settings: Settings, reindex: bool = False, progress: Progress | None = None,
+          reload: Callable[[], Settings] | None = None) -> int:
     """Index, watch and serve ``settings`` until SIGTERM/SIGINT; returns the exit status. Installs signal handlers,
-    so call it from the main thread. ``progress`` draws the first pass (see ``indexer.worker``)."""
+    so call it from the main thread. ``progress`` draws the first pass (see ``indexer.worker``). ``reload``: the
+    settings again from the same sources (``load_settings`` with the same path and flags; raises ``ConfigError``),
+    called on SIGHUP; without it a SIGHUP reapplies ``settings`` (nothing changes)."""
     try:
         check_port(settings.host, settings.port)
         indexer = open_indexer(settings, reindex, connect=False)
@@ -88,7 +94,11 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
 
     stop = threading.Event()
     supervisor = Supervisor(Notifier(), watchdog_interval_s())
-    worker = threading.Thread(target=run, args=(indexer, stop, progress, supervisor), name="indexer-worker",
+    reloader = Reloader(indexer, reload or (lambda: settings), supervisor.notifier)
+    # the handler runs on the main thread between bytecodes: it takes no lock itself (the notifier's and the
+    # queue's are taken on a thread of its own)
+    signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=reloader.request, name="sighup").start())
+    worker = threading.Thread(target=run, args=(indexer, stop, progress, supervisor, reloader), name="indexer-worker",
                               daemon=True)
     worker.start()
     server = uvicorn.Server(uvicorn.Config(create_app(indexer), host=settings.host, port=settings.port,

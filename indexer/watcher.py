@@ -88,6 +88,7 @@ class Settler:
         self.clock = clock
         self._deadlines: dict[Path, float] = {}
         self._first: dict[Path, float] = {}  # when the first still-unreleased event for a path arrived
+        self._released: dict[Path, float] = {}  # that time, for paths taken and not yet claimed by ``changed_at``
         self._heap: list[tuple[float, int, Path]] = []  # may hold stale entries; _deadlines is the truth
         self._seq = 0
         self._cond = threading.Condition()
@@ -125,9 +126,17 @@ class Settler:
                 deadline, _, path = heapq.heappop(self._heap)
                 if self._deadlines.get(path) == deadline:
                     del self._deadlines[path]
-                    self._first.pop(path, None)
+                    first = self._first.pop(path, None)
+                    if first is not None:
+                        self._released[path] = first
                     ready.append(path)
             return ready
+
+    def changed_at(self, paths: Iterable[Path]) -> dict[Path, float]:
+        """For the taken ``paths`` that an event queued: path -> when its first event arrived (this queue's
+        clock, seconds), forgotten once asked (the index lag, ``indexer.metrics``). Scanned paths have none."""
+        with self._cond:
+            return {path: first for path in paths if (first := self._released.pop(path, None)) is not None}
 
     def wait(self, timeout_s: float) -> None:
         """Block until a path may be ready or ``timeout_s`` seconds pass (or ``wake`` is called)."""

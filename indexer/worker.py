@@ -9,6 +9,9 @@ them to ``Indexer.process``; nothing else calls it while it runs.
   or ``POST /reindex``) runs here too, between batches, followed by a scan.
 - Retries: a path whose write found the store unavailable, or a batch that raised, goes back into the same queue
   with a delay of ``RETRY_AFTER_S`` seconds (an event for it meanwhile takes precedence). No timer threads.
+- Reload (``SIGHUP``, ``indexer.reload``): applied between batches; new collections are watched and scanned, then
+  ``READY=1`` goes out again.
+- Metrics: the index lag of each path an event queued is observed when its batch is done (``indexer.metrics``).
 - Progress: ``drain`` reports to an optional ``progress(total)`` context manager that yields an ``advance(n)``
   callable (the CLI draws a bar on a terminal); the worker itself never draws.
 """
@@ -21,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -29,6 +32,9 @@ from indexer.daemon import RETRY_AFTER_S, Indexer
 from indexer.errors import StoreUnavailable
 from indexer.systemd import Supervisor
 from indexer.watcher import Watcher
+
+if TYPE_CHECKING:
+    from indexer.reload import Reloader
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
@@ -49,15 +55,28 @@ def retry_later(indexer: Indexer, paths: Iterable[Path]) -> None:
         indexer.settler.add(path, settle=False, delay=RETRY_AFTER_S)
 
 
+def process_observed(indexer: Indexer, batch: list[Path]) -> None:
+    """``indexer.process(batch)``, its retries queued again, and the index lag of the paths an event queued
+    observed (those not retried). Raises what ``process`` raises."""
+    changed = indexer.settler.changed_at(batch)
+    retry = indexer.process(batch)
+    retry_later(indexer, retry)
+    done = indexer.settler.clock()
+    for path in changed.keys() - set(retry):
+        indexer.metrics.index_lag.observe(max(0.0, done - changed[path]))
+
+
 def process_guarded(indexer: Indexer, batch: list[Path]) -> None:
-    """``indexer.process(batch)`` where no error kills the worker: an unavailable store or a bug is logged and the
+    """``process_observed`` where no error kills the worker: an unavailable store or a bug is logged and the
     batch queued again in ``RETRY_AFTER_S`` seconds."""
     try:
-        retry_later(indexer, indexer.process(batch))
+        process_observed(indexer, batch)
     except StoreUnavailable as exc:
+        indexer.metrics.error("store_unavailable")
         log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
         retry_later(indexer, batch)
     except Exception:  # a bug must not kill the worker: log it, retry the batch later
+        indexer.metrics.error("worker_error")
         log.exception("worker_error", paths=[str(p) for p in batch], retry_after_s=RETRY_AFTER_S)
         retry_later(indexer, batch)
 
@@ -77,7 +96,7 @@ def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progr
             if guarded:
                 process_guarded(indexer, batch)
             else:
-                retry_later(indexer, indexer.process(batch))
+                process_observed(indexer, batch)
             advance(len(batch))
     log.info("index_pass_finished", files=len(indexer.indexed), seconds=round(time.monotonic() - started, 2),
              chunks_embedded=stats.chunks_embedded - chunks_before)
@@ -100,29 +119,41 @@ def _rebuild(indexer: Indexer) -> None:
     try:
         indexer.rebuild()
     except StoreUnavailable as exc:
+        indexer.metrics.error("rebuild_failed")
         log.error("rebuild_failed", error=str(exc), hint="the old collections keep serving; ask again later")
     except Exception:
+        indexer.metrics.error("rebuild_failed")
         log.exception("rebuild_failed", hint="the old collections keep serving")
 
 
+def _watch(indexer: Indexer) -> Watcher:
+    """Stop the watcher of the previous collections, if any, and start one over ``indexer.collections``."""
+    if indexer.watcher is not None:
+        indexer.watcher.stop()
+    watcher = indexer.watcher = Watcher(indexer.collections, indexer.on_path, polling=indexer.polling,
+                                        poll_interval_s=indexer.settings.poll_interval_s)
+    watcher.start()
+    return watcher
+
+
 def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = None,
-        supervisor: Supervisor | None = None) -> None:
+        supervisor: Supervisor | None = None, reloader: Reloader | None = None) -> None:
     """Watch and index until ``stop`` is set; finishes the batch in hand, then returns. An unavailable store at
     start is waited for (the API meanwhile answers ``ready: false`` and searches 503). ``progress`` is shown for
     the first pass only. ``supervisor`` (``qmd-indexer run`` under systemd) gets ``READY=1`` after the first
-    pass, ``STATUS=`` changes and watchdog beats while the worker makes progress."""
+    pass, ``STATUS=`` changes and watchdog beats while the worker makes progress, and ``READY=1`` again after each
+    reload ``reloader`` asked for (``SIGHUP``) is applied."""
     indexer.stopping = stop
     if supervisor is not None:
         indexer.beat = supervisor.beat
     if not indexer.connected.is_set() and not indexer.connect_until(stop):
         return
-    watcher = indexer.watcher = Watcher(indexer.collections, indexer.on_path, polling=indexer.polling,
-                                        poll_interval_s=indexer.settings.poll_interval_s)
-    watcher.start()
+    watcher = _watch(indexer)
     for embedder in indexer.registry.embedders.values():  # load models now, not on the first search
         try:
             embedder.embed_query("warm-up")
         except Exception as exc:
+            indexer.metrics.error("embedder_failed")
             log.error("embedder_failed", model_id=embedder.model_id, error=f"{type(exc).__name__}: {exc}")
     reranker = indexer.registry.configured_reranker(indexer.settings.reranker)
     if reranker is not None:  # load its model now, not inside the first search's time budget
@@ -151,6 +182,13 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
             _rebuild(indexer)
             settler.add_many(indexer.scan())
             continue
+        if reloader is not None and reloader.requested.is_set():
+            if reloader.apply():
+                watcher = _watch(indexer)
+                settler.add_many(indexer.scan(reconcile=False))  # a new workspace's files are not drift
+            if supervisor is not None:
+                supervisor.ready(len(settler) + indexer.in_hand, len(indexer.indexed))
+            continue
         if time.monotonic() >= next_refresh:
             next_refresh = time.monotonic() + REFRESH_S
             if watcher.check():
@@ -167,6 +205,7 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
             try:
                 settler.add_many(indexer.scan())
             except StoreUnavailable as exc:
+                indexer.metrics.error("store_unavailable")
                 log.error("store_unavailable", error=str(exc))
             next_scan = time.monotonic() + indexer.settings.rescan_interval_s
             continue

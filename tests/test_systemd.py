@@ -93,7 +93,7 @@ def test_unit_file_passes_systemd_analyze_verify(tmp_path: Path) -> None:
 
 def test_unit_is_type_notify_with_a_watchdog() -> None:
     unit = (ROOT / "deploy" / "qmd-indexer.service").read_text().splitlines()
-    for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=60s"):
+    for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=60s", "ExecReload=/bin/kill -HUP $MAINPID"):
         assert line in unit, line
 
 

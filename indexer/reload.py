@@ -1,0 +1,101 @@
+"""``SIGHUP`` (``systemctl reload qmd-indexer``): read the config again and apply what can change while running.
+
+The signal handler only calls ``Reloader.request`` (on a thread of its own, so it takes no lock in the handler):
+that sends ``RELOADING=1`` and wakes the worker, which calls ``Reloader.apply`` between batches, then sends
+``READY=1`` (sd_notify(3); systemd 253's ``Type=notify-reload`` protocol, also understood with ``Type=notify``).
+
+- Live (``LIVE``): the workspaces, and ``default_agent`` that names one of them. A new workspace gets its
+  collections (created, identity recorded), is watched and indexed; a removed one stops being watched and
+  searched at once. Its points stay in the store: a signal never deletes data, a workspace dropped by a typo
+  comes back by fixing the file and reloading (its points are still there, so nothing is embedded again), and
+  ``qmd-indexer status`` lists only configured collections. A workspace whose path or extra paths changed is
+  re-planned: files no longer under its roots lose their points at the scan that follows, as at a restart.
+- Everything else (``port``, ``host``, ``state_dir``, ``model``, ``token``, the Qdrant and search settings...)
+  is read once at start: a difference is logged once as ``config_reload_needs_restart`` naming the keys, and the
+  running values are kept.
+- A config that does not load (bad TOML, an unknown key, a bad value, an unknown media kind) or a store that
+  refuses the new collections: one ``config_reload_failed`` error line, the running config is kept whole.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+from indexer.config import Settings
+from indexer.errors import CollectionMismatch, ConfigError, StoreUnavailable
+from indexer.workspace import overlaps, plan_collections
+
+if TYPE_CHECKING:
+    from indexer.daemon import Indexer
+    from indexer.systemd import Notifier
+
+log = structlog.get_logger("qmd_indexer.daemon")
+
+LIVE = ("workspace", "default_agent")  # settings applied without a restart
+
+
+class Reloader:
+    """Reloads ``indexer``'s settings from ``load`` (the same config file, environment and flags the daemon
+    started with: ``load_settings`` raising ``ConfigError``); ``notifier`` gets ``RELOADING=1``."""
+
+    def __init__(self, indexer: Indexer, load: Callable[[], Settings], notifier: Notifier | None = None) -> None:
+        self.indexer, self.load, self.notifier = indexer, load, notifier
+        self.requested = threading.Event()
+
+    def request(self) -> None:
+        """Ask for a reload (any thread): ``RELOADING=1`` now, the worker applies it next."""
+        log.info("config_reload_requested")
+        if self.notifier is not None:
+            self.notifier.reloading()
+        self.requested.set()
+        self.indexer.settler.wake()
+
+    def apply(self) -> bool:
+        """Read the config and apply its live settings (the worker calls it). Returns True when the collections
+        changed: the caller then watches the new set and scans it. Never raises for a bad config or store."""
+        self.requested.clear()
+        indexer = self.indexer
+        old = indexer.settings
+        try:
+            new = self.load()
+            indexer.registry.check_multimodal({w.agent: w.multimodal.modalities for w in new.workspace
+                                               if w.multimodal.enabled})
+            if not new.workspace:
+                raise ConfigError("no workspace configured")
+        except ConfigError as exc:
+            return self._failed(str(exc))
+        restart = sorted(key for key in type(old).model_fields
+                         if key not in LIVE and getattr(new, key) != getattr(old, key))
+        if restart:
+            log.warning("config_reload_needs_restart", settings=restart,
+                        hint="these settings are read at start; restart the daemon to apply them")
+        applied = old.model_copy(update={key: getattr(new, key) for key in LIVE})
+        collections = plan_collections(applied.workspace, applied.collection_prefix)
+        before_agents = {w.agent: w for w in old.workspace}
+        after_agents = {w.agent: w for w in applied.workspace}
+        changed = collections != indexer.collections
+        previous = indexer.settings, indexer.collections
+        indexer.settings, indexer.collections = applied, collections
+        if changed:
+            try:
+                indexer.connect()  # creates the new collections, records their identity, reads what is indexed
+            except (CollectionMismatch, StoreUnavailable) as exc:
+                indexer.settings, indexer.collections = previous
+                return self._failed(str(exc))
+            for overlap in overlaps(collections):
+                log.warning("workspaces_overlap", detail=overlap)
+        log.info("config_reloaded", added=sorted(after_agents.keys() - before_agents.keys()),
+                 removed=sorted(before_agents.keys() - after_agents.keys()),
+                 changed=sorted(a for a in after_agents.keys() & before_agents.keys()
+                                if after_agents[a] != before_agents[a]),
+                 collections=[c.name for c in collections], needs_restart=restart)
+        return changed
+
+    def _failed(self, error: str) -> bool:
+        self.indexer.metrics.error("config_reload_failed")
+        log.error("config_reload_failed", error=error, action="kept the running config")
+        return False

@@ -1,0 +1,140 @@
+"""SIGHUP reload (``indexer.reload``): ``qmd-indexer run --config`` in a subprocess (real model, real Edge store,
+real watcher) under a systemd-compatible notify socket; the config file is edited and the daemon told to reread it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import wait_for, write
+
+from indexer.store import open_store
+
+
+@pytest.fixture(name="listener")
+def listener_fixture(tmp_path: Path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    sock.settimeout(120)
+    yield sock
+    sock.close()
+
+
+def _config(tmp_path: Path, port: int, workspaces: dict[str, Path], **extra: object) -> str:
+    lines = [f'state_dir = "{tmp_path / "state"}"', f"port = {port}", "settle_s = 0.2",
+             *(f"{key} = {json.dumps(value)}" for key, value in extra.items())]
+    for agent, path in workspaces.items():
+        lines += ["[[workspace]]", f'agent = "{agent}"', f'path = "{path}"']
+    return "\n".join(lines) + "\n"
+
+
+def _until(listener: socket.socket, prefix: str, seen: list[str]) -> str:
+    """Receive notify datagrams (kept in ``seen``) until one starts with ``prefix``; returns it."""
+    while True:
+        message = listener.recv(4096).decode()
+        seen.append(message)
+        if message.startswith(prefix):
+            return message
+
+
+def _events(log: Path, name: str) -> list[dict]:
+    return [e for e in (json.loads(line[line.index("{"):]) for line in log.read_text().splitlines() if "{" in line)
+            if e.get("event") == name]
+
+
+def test_sighup_applies_workspace_changes_and_keeps_the_old_config_when_broken(
+        workspace: Path, tmp_path: Path, listener: socket.socket) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    notes = tmp_path / "notes"  # the workspace added later
+    write(notes / "MEMORY.md", "# Notes\n\nThe greenhouse key hangs behind the blue watering can.\n")
+    config = tmp_path / "config.toml"
+    config.write_text(_config(tmp_path, port, {"main": workspace}))
+    log = tmp_path / "run.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json",
+           "NOTIFY_SOCKET": str(tmp_path / "notify.sock")}
+    for key in ("WATCHDOG_USEC", "WATCHDOG_PID", "QMD_INDEXER_CONFIG"):
+        env.pop(key, None)
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "indexer.cli", "run", "--config", str(config)],
+                                stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    seen: list[str] = []
+    api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+
+    def search(agent: str, query: str) -> httpx.Response:
+        return api.post("/search", json={"query": query, "agent": agent, "k": 1})
+
+    def collections() -> set[str]:
+        return set(api.get("/status").json()["collections"])
+
+    try:
+        _until(listener, "READY=1", seen)
+        assert collections() == {"memory-root-main", "memory-dir-main"}
+        assert search("notes", "greenhouse key").status_code == 404  # not an agent yet
+
+        # 1. a workspace added: its collections are made, its files indexed, and it is watched
+        config.write_text(_config(tmp_path, port, {"main": workspace, "notes": notes}))
+        proc.send_signal(signal.SIGHUP)
+        reloading = _until(listener, "RELOADING=1", seen)
+        assert "MONOTONIC_USEC=" in reloading
+        _until(listener, "READY=1", seen)
+        assert collections() == {"memory-root-main", "memory-dir-main", "memory-root-notes", "memory-dir-notes"}
+        hit = wait_for(lambda: search("notes", "where is the greenhouse key").json()["hits"], timeout_s=60)[0]
+        assert hit["path"] == "MEMORY.md" and "blue watering can" in hit["snippet"]
+        write(notes / "memory" / "bees.md", "# Bees\n\nThe hive on the roof swarmed in late May.\n")
+        hit = wait_for(lambda: [h for h in search("notes", "when did the hive swarm").json()["hits"]
+                                if h["path"] == "memory/bees.md"], timeout_s=60)[0]
+        [reloaded] = _events(log, "config_reloaded")
+        assert reloaded["added"] == ["notes"] and reloaded["removed"] == [] and reloaded["needs_restart"] == []
+        assert not _events(log, "reconcile_drift")  # a new workspace's files are not files the watcher missed
+
+        # 2. a broken file: one error line, the running config kept whole, systemd told the reload is over
+        config.write_text("port = [this is not toml\n")
+        proc.send_signal(signal.SIGHUP)
+        _until(listener, "RELOADING=1", seen)
+        _until(listener, "READY=1", seen)
+        [failed] = _events(log, "config_reload_failed")
+        assert "invalid TOML" in failed["error"] and failed["level"] == "error"
+        assert collections() == {"memory-root-main", "memory-dir-main", "memory-root-notes", "memory-dir-notes"}
+        assert search("notes", "greenhouse key").json()["hits"]
+        assert proc.poll() is None
+
+        # 3. a workspace removed, and a setting that needs a restart: notes is no longer served, main still is
+        other = tmp_path / "other-state"
+        config.write_text(_config(tmp_path, port, {"main": workspace}).replace(
+            f'state_dir = "{tmp_path / "state"}"', f'state_dir = "{other}"'))
+        proc.send_signal(signal.SIGHUP)
+        _until(listener, "RELOADING=1", seen)
+        _until(listener, "READY=1", seen)
+        assert collections() == {"memory-root-main", "memory-dir-main"}
+        assert search("notes", "greenhouse key").status_code == 404
+        assert search("main", "deploy windows").json()["hits"]
+        [restart] = _events(log, "config_reload_needs_restart")
+        assert restart["settings"] == ["state_dir"] and restart["level"] == "warning"
+        assert not other.exists()  # the running state dir is kept
+
+        proc.send_signal(signal.SIGTERM)
+        _until(listener, "STOPPING=1", seen)
+        assert proc.wait(60) == 0
+    finally:
+        api.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print("notify sequence:", seen)
+    reload_pairs = [m.split("\n")[0] for m in seen if m.startswith(("RELOADING=1", "READY=1"))]
+    assert reload_pairs == ["READY=1"] + ["RELOADING=1", "READY=1"] * 3, seen
+    assert "Traceback" not in log.read_text()
+    store = open_store(tmp_path / "state")  # the daemon is gone: the removed workspace's points were kept
+    try:
+        assert store.count("memory-root-notes") == 1 and store.count("memory-dir-notes") == 1
+    finally:
+        store.close()
