@@ -413,6 +413,10 @@ class Indexer:
             return
         if isinstance(result, Unchanged):
             log.debug("file_unchanged", path=key)
+            if result.identity is not None and known is not None and known.collection == collection.name:
+                size, mtime, ctime, inode, device = result.identity  # same text under a new stat (touch, chmod):
+                known.state = replace(known.state, size_bytes=size, mtime_ns=mtime, ctime_ns=ctime, inode=inode,
+                                      device=device)  # skip the hash next time; a reconcile won't count it changed
             return
         self.ledger.clear(key)
         prepared.append(result)

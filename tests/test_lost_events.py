@@ -132,3 +132,19 @@ def test_an_event_queue_overflow_reconciles_at_once(workspace: Path, make_indexe
         assert status["recovered_total"] <= 1000
     finally:
         running.__exit__()
+
+
+def test_a_touched_file_is_not_drift_for_later_reconciles(workspace: Path, make_indexer) -> None:
+    """Same text under a new stat (``touch``, ``chmod``): re-hashed once, then trusted, so the reconciles that follow
+    neither re-hash it nor count it as changed behind the watcher's back (``/health`` stays ``ok``)."""
+    indexer = make_indexer([{"agent": "main", "path": workspace}], rescan_interval_s=0.5)
+    note = workspace / "memory" / "travel.md"
+    with Running(indexer):
+        os.utime(note, ns=(1_000_000_000, 1_000_000_000))
+        os.chmod(note, 0o600)
+        st = os.stat(note)
+        wait_for(lambda: indexer.indexed[str(note)].state.ctime_ns == st.st_ctime_ns, timeout_s=10)
+        reconciled = indexer.status()["last_reconcile"]
+        wait_for(lambda: (indexer.status()["last_reconcile"] or 0) > (reconciled or 0), timeout_s=10)
+        assert indexer.status()["drift"] == {"not_indexed": 0, "gone": 0, "changed": 0}
+        assert indexer.health() == "ok"
