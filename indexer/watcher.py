@@ -175,7 +175,7 @@ class Watcher:
         self._fallback: PollingObserver | None = None
         self._handler = _Handler(self)
         self._watched: dict[Path, tuple[Any, Any, tuple[int, int]]] = {}  # path -> (observer, watch, dev/ino)
-        self._recursive: set[Path] = set()  # watched roots whose directories are all watched
+        self._recursive: set[Path] = set()  # recursive roots watched natively: checked as directories appear
         self._lost: dict[str, str] = {}  # root -> why its events were lost (``take_lost``)
         self._lost_lock = threading.Lock()  # apart: watchdog's reader thread reports an overflow at any time
         self._lock = threading.Lock()

@@ -101,3 +101,17 @@ def test_doctor_lists_the_polled_roots_and_why(tmp_path: Path, workspace: Path) 
     assert f"main: polled: {workspace / 'memory'} (setting)" in doctor.output
     native = write(tmp_path / "native.toml", f'[[workspace]]\nagent = "main"\npath = "{workspace}"\n')
     assert ": polled:" not in CliRunner().invoke(main, ["doctor", "--config", str(native)]).output
+
+
+def test_doctor_says_when_the_inotify_watch_limit_is_used_up(workspace: Path) -> None:
+    """In a user namespace allowed no inotify watch at all (the machine's limit is untouched)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    shell = "echo 0 > /proc/sys/user/max_inotify_watches && exec \"$@\""
+    env = {**os.environ, "PYTHONPATH": ENV_PYTHONPATH}
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", shell, "sh", sys.executable, "-m",
+                           "indexer.cli", "doctor", "--workspace", str(workspace)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    if "max_inotify_watches" in done.stderr or "unshare" in done.stderr:
+        pytest.skip(f"cannot make a user namespace with its own inotify limit here: {done.stderr.strip()}")
+    assert done.returncode == 1 and f"main: inotify watch limit reached: {workspace}" in done.stdout, done.stdout
