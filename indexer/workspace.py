@@ -14,7 +14,8 @@ Rules (following the reference agent's memory layout):
   security boundary, so nothing outside the workspace is pulled in; each skip is reported by name. Hidden names
   (``.git``, ``.obsidian``, editor swap files) and ``.openclaw-repair/`` (the doctor's archive) are skipped.
 - One file reached by two routes (an extra path overlapping ``memory/``) belongs to the first collection in the
-  order root, dir, extras, and is indexed once; the walk also dedupes by (device, inode). Across agents, a file
+  order root, dir, extras, and is indexed once (``path_problems`` names the overlap, and a missing extra path, for
+  the log, ``status`` and ``doctor``); the walk also dedupes by (device, inode). Across agents, a file
   belongs to the innermost workspace that contains it (a workspace nested in another's ``memory/``, an extra path
   reaching into another agent's workspace); ``overlaps`` names each such overlap for the log and ``doctor``.
   Two agents on one workspace path are refused by the config.
