@@ -413,7 +413,9 @@ def boot(budget_chars: int, agent: str | None, query: str | None, as_json: bool,
 @click.option("--fix", is_flag=True, help="Archive the legacy memory.md and merge its text into MEMORY.md.")
 def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: bool) -> None:
     """Check each workspace for a split root memory (MEMORY.md and memory.md as two files),
-    and warn about workspaces that overlap (one nested in another's memory/).
+    warn about workspaces that overlap (one nested in another's memory/), report extra paths
+    missing or overlapping memory/ and directories that cannot be listed, and list the roots
+    that are polled rather than watched, and why.
 
     \b
     Only MEMORY.md is indexed; --fix moves memory.md to
@@ -426,7 +428,7 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
       qmd-indexer doctor --workspace ~/agent
       qmd-indexer doctor --config /etc/qmd-indexer/config.toml --fix
     """
-    from indexer.doctor import find_split, fix_split
+    from indexer.doctor import find_split, findings, fix_split
     from indexer.workspace import overlaps, plan_collections
 
     settings = _settings(config, workspace, agent, None, None)
@@ -434,8 +436,14 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
     problems = 0
     for overlap in overlaps(plan_collections(settings.workspace)):
         click.echo(f"warning: overlapping workspaces: {overlap}")
+    found = findings(list(settings.workspace))
+    for finding in found:
+        problems += finding.problem
+        click.echo(finding.line())
     for ws in settings.workspace:
         legacy = find_split(ws)
+        if legacy is None and any(f.problem and f.agent == ws.agent for f in found):
+            continue
         if legacy is None:
             click.echo(f"{ws.agent}: ok ({ws.path})")
         elif not fix:

@@ -55,7 +55,18 @@ from indexer.rerank import RerankStats, rerank_status
 from indexer.search import Searcher
 from indexer.store import ServerOptions, Store, open_store
 from indexer.watcher import Settler, Watcher
-from indexer.workspace import Collection, Skip, attest, overlaps, plan_collections, route, walk, walk_dir
+from indexer.workspace import (
+    Collection,
+    Problem,
+    Skip,
+    attest,
+    overlaps,
+    path_problems,
+    plan_collections,
+    route,
+    walk,
+    walk_dir,
+)
 
 MAX_WAIT_S = 10.0  # the longest a search waits for pending changes (``search --wait``)
 log = structlog.get_logger("qmd_indexer.daemon")
@@ -151,7 +162,10 @@ class Indexer:
         self.beat: Callable[[], None] = lambda: None  # called where the worker makes progress (systemd watchdog)
         self.hand: list[Path] = []  # those paths
         self.last_reconcile: float | None = None  # wall-clock time of the last scan once ready (a reconcile)
-        self.drift = {"not_indexed": 0, "gone": 0}  # what the last reconcile found the watcher had missed
+        self.drift = {"not_indexed": 0, "gone": 0, "changed": 0}  # what the last reconcile found the watcher missed
+        self.last_reconcile_reason: str | None = None  # periodic, queue_overflow, watch_limit_reached...
+        self.recovered_total = 0  # files all reconciles since start found missed (and so indexed or removed)
+        self.problems: list[Problem] = []  # configured paths not usable as meant (``workspace.path_problems``)
         self._cache = cache
         self.rebuild_requested = threading.Event()  # the worker rebuilds every collection when it is set
         self.rerank_stats = RerankStats()  # shared by this daemon's searchers; ``status`` reports it
@@ -184,10 +198,6 @@ class Indexer:
         cache = EmbeddingCache(settings.state_dir / "embeddings.sqlite3")
         indexer = cls(settings, registry, store, cache, terms if terms is not None else Bm25Terms(settings.bm25),
                       polling=polling, reindex=reindex)
-        for collection in indexer.collections:
-            if collection.role == "extra" and not os.path.lexists(collection.root):
-                log.warning("extra_path_missing", agent=collection.agent, path=str(collection.root),
-                            hint="watched from its parent once it exists; picked up by the next rescan")
         for overlap in overlaps(indexer.collections):
             log.warning("workspaces_overlap", detail=overlap)
         if connect:
@@ -267,30 +277,64 @@ class Indexer:
         return bool(changed)
 
     # -- scanning -----------------------------------------------------------------------------------------------
-    def scan(self, reconcile: bool = True) -> list[Path]:
-        """Walk every collection's roots; delete points of files no longer memory; return the paths to check.
-        Once ready, a scan is a reconcile (drift counted) unless ``reconcile`` is false (after a config reload)."""
+    def scan(self, reason: str = "periodic", reconcile: bool = True) -> list[Path]:
+        """Walk every collection's roots; delete points of files no longer memory; return the paths to check. Once
+        ready, a scan is a reconcile, for ``reason`` (``periodic``, ``queue_overflow``...), unless ``reconcile`` is
+        false (after a config reload): ``drift`` counts what it found the watcher had missed (files not indexed,
+        indexed files gone, files changed since indexed; a path still pending behind the debounce is not missed)."""
         started = time.monotonic()
         if self._attest() and self.watcher is not None:  # the old watches follow the old directory
             self.watcher.refresh()
         found, skips = walk(self.collections)
         self._report_skips(skips)
+        self._report_problems(skips)
         on_disk = {str(path) for _, path in found}
         if reconcile and self.ready.is_set():  # a reconcile: what it finds is what the watcher missed
-            self.drift = {"not_indexed": len(on_disk - self.indexed.keys() - self.ledger.marks.keys()),
-                          "gone": len(self.indexed.keys() - on_disk)}
-            self.last_reconcile = time.time()
+            pending = {str(p) for p in [*self.settler.paths(), *self.hand]}
+            self.drift = {"not_indexed": len(on_disk - self.indexed.keys() - self.ledger.marks.keys() - pending),
+                          "gone": len(self.indexed.keys() - on_disk - pending),
+                          "changed": sum(self._changed(p) for p in (on_disk & self.indexed.keys()) - pending)}
+            self.last_reconcile, self.last_reconcile_reason = time.time(), reason
+            self.recovered_total += sum(self.drift.values())
             if any(self.drift.values()):
-                log.warning("reconcile_drift", **self.drift, hint="the watcher missed these; indexing them now")
+                log.warning("reconcile_drift", **self.drift, reason=reason,
+                            hint="the watcher missed these; indexing them now")
         for abs_path in [p for p in self.indexed if p not in on_disk]:
             self._remove(abs_path, reason="gone")
         self.ledger.keep_only(on_disk | {str(s.path) for s in skips})  # gone, or no longer a candidate
         self.last_scan_s = time.monotonic() - started
         return [path for _, path in found]
 
+    def _changed(self, abs_path: str) -> bool:
+        """Whether the stat identity of indexed ``abs_path`` differs from the one it was indexed at (-1: unknown)."""
+        try:
+            st = os.lstat(abs_path)
+        except OSError:
+            return False
+        now = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+        return any(was not in (-1, got) for was, got in zip(self.indexed[abs_path].state.identity(), now))
+
+    def _report_problems(self, skips: list[Skip]) -> None:
+        """Keep ``problems`` current: the extra paths' (each logged once when it appears; a missing one that appears
+        is logged as ``extra_path_found``) and the unreadable directories (logged by the ledger)."""
+        current = path_problems(self.collections)
+        for problem in current:
+            if problem not in self.problems:
+                log.warning(problem.kind, agent=problem.agent, path=str(problem.path), detail=problem.detail)
+        for problem in self.problems:
+            if problem.kind == "extra_path_missing" and problem not in current:
+                log.info("extra_path_found", agent=problem.agent, path=str(problem.path))
+        unreadable = []
+        for skip in skips:
+            if skip.reason == "unreadable_directory":
+                agent = next((c.agent for c in self.collections if c.role != "root" and (
+                    skip.path == c.root or c.root in skip.path.parents)), "")
+                unreadable.append(Problem(skip.reason, agent, skip.path, self.ledger.explain(skip.reason)))
+        self.problems = current + unreadable
+
     def _report_skips(self, skips: list[Skip]) -> None:
         for skip in skips:
-            self._skip(skip.path, skip.reason)
+            self._skip(skip.path, skip.reason, failed=skip.reason in FAILURES)
 
     def _skip(self, path: Path, reason: str, detail: str = "", failed: bool = False) -> None:
         """Log a skip or failure once per file state; a file that stops being indexable loses its points."""
@@ -375,6 +419,10 @@ class Indexer:
             return
         if isinstance(result, Unchanged):
             log.debug("file_unchanged", path=key)
+            if result.identity is not None and known is not None and known.collection == collection.name:
+                size, mtime, ctime, inode, device = result.identity  # same text under a new stat (touch, chmod):
+                known.state = replace(known.state, size_bytes=size, mtime_ns=mtime, ctime_ns=ctime, inode=inode,
+                                      device=device)  # skip the hash next time; a reconcile won't count it changed
             return
         self.ledger.clear(key)
         prepared.append(result)
@@ -615,8 +663,13 @@ class Indexer:
             "watch": self.watcher.modes() if self.watcher is not None else {},
             "watch_polled": dict(self.watcher.poll_reasons) if self.watcher is not None else {},
             "last_reconcile": self.last_reconcile,
+            "last_reconcile_reason": self.last_reconcile_reason,
+            "recovered": sum(self.drift.values()),  # files the last reconcile found missed, indexed since
+            "recovered_total": self.recovered_total,
             "drift": dict(self.drift),
             "rerank": rerank_status(self.settings.reranker, self.registry.configured_reranker(self.settings.reranker),
                                     self.settings.rerank_top_n, self.settings.rerank_budget_s, self.rerank_stats),
+            "problems": [{"kind": p.kind, "agent": p.agent, "path": str(p.path), "detail": p.detail}
+                         for p in self.problems],
             "collections": per,
         }

@@ -1,4 +1,5 @@
-"""Split root memory: detection and repair (``qmd-indexer doctor [--fix]``).
+"""What ``qmd-indexer doctor [--fix]`` checks: split root memory (found, and repaired with ``--fix``), and the
+paths the daemon cannot use as meant (``findings``).
 
 A workspace has a split root memory when ``MEMORY.md`` and the legacy ``memory.md`` both exist as distinct files
 (on a case-insensitive filesystem the two names are one file, which is fine). Only ``MEMORY.md`` is indexed.
@@ -8,6 +9,10 @@ A workspace has a split root memory when ``MEMORY.md`` and the legacy ``memory.m
 layout): a rename first, and across devices (``EXDEV``) copy + fsync + unlink. Archives are timestamped, so repeated
 runs never overwrite one. When the legacy text differs from ``MEMORY.md``, it is appended to ``MEMORY.md`` under a
 heading that names its origin. Nothing is lost: the legacy text is archived before anything is appended.
+
+``findings`` reports, per agent, a missing extra path, an extra path overlapping ``memory/`` (or an earlier extra
+path), a directory under a memory root that cannot be listed, the inotify watch limit used up (the daemon polls
+then), and, for information only, each root that is polled and why (the ``watch`` setting, or its file system).
 """
 
 from __future__ import annotations
@@ -20,7 +25,53 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from indexer.config import Workspace
-from indexer.workspace import REPAIR_DIR, root_files
+from indexer.watchmode import poll_reason, watch_roots, watches_exhausted
+from indexer.workspace import REPAIR_DIR, path_problems, plan_collections, root_files, walk
+
+LABELS = {"extra_path_missing": "extra path missing", "extra_path_overlaps": "extra path overlaps",
+          "unreadable_directory": "unreadable directory", "watch_limit_reached": "inotify watch limit reached",
+          "polled": "polled"}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing ``doctor`` reports about ``agent``'s ``path``: ``kind`` (a key of ``LABELS``), a ``detail``, and
+    whether it is a ``problem`` (the exit status says so) or information."""
+
+    agent: str
+    kind: str
+    path: Path
+    detail: str
+    problem: bool = True
+
+    def line(self) -> str:
+        """``<agent>: <label>: <path> (<detail>)``; an overlap names what it overlaps in the label."""
+        label = LABELS[self.kind]
+        if self.kind == "extra_path_overlaps":
+            label += " " + self.detail.split(":")[0].removeprefix("overlaps ")
+        return f"{self.agent}: {label}: {self.path} ({self.detail})"
+
+
+def findings(workspaces: list[Workspace]) -> list[Finding]:
+    """What is wrong with, or worth knowing about, the paths of ``workspaces`` (walks every memory root)."""
+    collections = plan_collections(workspaces)
+    out = [Finding(p.agent, p.kind, p.path, p.detail) for p in path_problems(collections)]
+    _, skips = walk(collections)
+    for skip in skips:
+        if skip.reason == "unreadable_directory":
+            agent = next((c.agent for c in collections if c.role != "root" and (
+                skip.path == c.root or c.root in skip.path.parents)), "")
+            out.append(Finding(agent, skip.reason, skip.path, "this user cannot list it; its files are not indexed"))
+    for ws in workspaces:
+        if os.path.isdir(ws.path) and watches_exhausted(ws.path):
+            out.append(Finding(ws.agent, "watch_limit_reached", ws.path, "no inotify watch left for this user: the "
+                               "daemon polls what it cannot watch; raise fs.inotify.max_user_watches"))
+    for root, _ in watch_roots(collections):
+        reason = poll_reason(collections, root) if os.path.isdir(root) else ""
+        if reason:
+            agent = next(c.agent for c in collections if root == c.workspace.path or c.workspace.path in root.parents)
+            out.append(Finding(agent, "polled", root, reason, problem=False))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

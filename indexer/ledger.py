@@ -17,14 +17,16 @@ log = structlog.get_logger("qmd_indexer.daemon")
 
 # reasons worth a warning (the user may want to act); the rest are routine and logged at info level
 LOUD = frozenset({"symlink", "too_large", "split_root_memory", "not_regular_file", "permission_denied",
-                  "unreadable", "no_extractor", "no_embedder", "silent", "no_speech"})
+                  "unreadable", "no_extractor", "no_embedder", "silent", "no_speech", "unreadable_directory"})
 DETAILS = {
     "split_root_memory": "MEMORY.md and memory.md are distinct files; MEMORY.md is indexed. Run `qmd-indexer doctor`.",
     "symlink": "symlinks are never followed",
     "hidden": "hidden names are not memory",
+    "unreadable_directory": "the daemon's user cannot list this directory, so its files are not indexed; fix its "
+                            "permissions (chmod/chown)",
 }
 # reasons that are failures (the file is memory but could not be indexed), counted in files_failed
-FAILURES = frozenset({"permission_denied", "unreadable"})
+FAILURES = frozenset({"permission_denied", "unreadable", "unreadable_directory"})
 
 Mark = tuple[int, int, int, str, bool]  # (size, mtime_ns, ctime_ns, reason, failed)
 
@@ -78,6 +80,11 @@ class Ledger:
         prefix = abs_path.rstrip("/") + "/"
         for key in [p for p in self.marks if p == abs_path or p.startswith(prefix)]:
             del self.marks[key]
+
+    @staticmethod
+    def explain(reason: str) -> str:
+        """The stock explanation of a skip ``reason`` (``""`` when none)."""
+        return DETAILS.get(reason, "")
 
     @property
     def files_failed(self) -> int:

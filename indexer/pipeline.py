@@ -57,9 +57,11 @@ class Interrupted(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Unchanged:
-    """The store already holds this content (same stat, or same hash)."""
+    """The store already holds this content (same stat, or same hash). ``identity``: when the hash said so, the
+    stat identity (``stat_identity``, taken before reading) the content was checked at; the caller may trust it."""
 
     path: Path
+    identity: tuple[int, int, int, int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -190,7 +192,7 @@ class Pipeline:
         elif st.st_size > self.max_file_bytes:
             raise FileSkipped("too_large", f"{st.st_size} bytes > limit {self.max_file_bytes}")
         if known is not None and _current(known) and known.file_hash == file_hash:
-            return Unchanged(path)
+            return Unchanged(path, stat_identity(st))
         extractor = self.registry.extractors.get(kind)
         if extractor is None:
             raise FileSkipped("no_extractor", f"no extractor plugin handles kind {kind!r}")

@@ -203,8 +203,19 @@ class Status(TypedDict):
     last_scan_s: float | None
     watch: NotRequired[Annotated[dict[str, str], Field(description="Watched root -> native, poll or dead.")]]
     last_reconcile: NotRequired[Annotated[float | None, Field(description="Unix time of the last reconcile.")]]
+    watch_polled: NotRequired[Annotated[dict[str, str], Field(description=(
+        "Polled root -> why: setting (watch = \"poll\"), fs:<type> (network, FUSE, VM-shared), "
+        "watch_limit_reached (inotify refused a watch)."))]]
+    last_reconcile_reason: NotRequired[Annotated[str | None, Field(description=(
+        "Why the last reconcile ran: periodic, queue_overflow, watch_limit_reached, watcher_restarted..."))]]
     drift: NotRequired[Annotated[dict[str, int], Field(description=(
-        "What the last reconcile found the watcher had missed: not_indexed (on disk), gone (still indexed)."))]]
+        "What the last reconcile found the watcher had missed: not_indexed (on disk), gone (still indexed), "
+        "changed (stat differs from the indexed one); paths pending behind the debounce are not counted."))]]
+    recovered: NotRequired[Annotated[int, Field(description="Files the last reconcile found missed (sum of drift).")]]
+    recovered_total: NotRequired[Annotated[int, Field(description="Files all reconciles since start found missed.")]]
+    problems: NotRequired[Annotated[list[dict[str, str]], Field(description=(
+        "Paths not usable as configured, each {kind, agent, path, detail}: extra_path_missing, extra_path_overlaps, "
+        "unreadable_directory."))]]
     rerank: NotRequired[Annotated[RerankStatus | None, Field(description="The rerank stage; null when off.")]]
     collections: dict[str, CollectionStatus]
 

@@ -102,6 +102,13 @@ def print_status(status: dict[str, Any]) -> None:
                    f"reranked: {rerank['reranked']}  fused order kept: {rerank['failed']} failed, "
                    f"{rerank['over_budget']} over {rerank['budget_s']} s"
                    + (f"  last error: {rerank['last_error']}" if rerank.get("last_error") else ""))
+    for root, why in status.get("watch_polled", {}).items():
+        click.echo(f"polled: {root} ({why})")
+    if status.get("last_reconcile_reason"):
+        click.echo(f"last reconcile: {status['last_reconcile_reason']}, {status.get('recovered', 0)} file(s) "
+                   f"recovered ({status.get('recovered_total', 0)} since start)")
+    for problem in status.get("problems", []):
+        click.echo(f"problem: {problem['kind']}: {problem['path']} ({problem['detail']})")
     click.echo(f"{'collection':<40} {'files':>7} {'chunks':>8}  root")
     for name, c in status["collections"].items():
         click.echo(f"{name:<40} {c['files']:>7} {c['chunks']:>8}  {c['root']}")

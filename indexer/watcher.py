@@ -12,8 +12,13 @@
   debounces 1.5 s), so a burst of writes still collapses into one index. The clock is injectable for tests.
 - Watches: each workspace root non-recursively (for the root memory file and a ``memory/`` created later),
   ``memory/`` and extra directories recursively (watchdog adds watches for directories created inside), the parent
-  of an extra file. A symlinked root is never watched. When the kernel refuses a watch (inotify's
-  ``max_user_watches``), the watcher logs ``watch_limit_reached`` once and polls that root instead.
+  of an extra file. A symlinked root is never watched.
+- Lost events. inotify's watch limit (``max_user_watches``) may refuse the root's watch (``schedule`` raises) or
+  only some directories below it (watchdog skips those silently): after scheduling a recursive root, and after each
+  directory made under one, ``watches_exhausted`` tries one watch of its own; refused, the watcher logs
+  ``watch_limit_reached`` once and polls that root instead. A kernel event queue overflow (``IN_Q_OVERFLOW``, more
+  than ``fs.inotify.max_queued_events`` unread) drops events: the watcher logs ``watch_queue_overflow``. Either way
+  the root goes to ``take_lost()``, and the worker reconciles it at once instead of at the next periodic rescan.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ from typing import Any
 
 import structlog
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
+from indexer.watchmode import native_observer, poll_reason, watch_roots, watches_exhausted
 from indexer.workspace import MEMORY_DIR, Collection
 
 log = structlog.get_logger("qmd_indexer.watcher")
@@ -48,35 +53,6 @@ def settle_for(event_type: str, dest: bool = False) -> float | None:
     if event_type == "closed" or (event_type == "moved" and dest):
         return QUICK_SETTLE_S
     return None
-# file systems whose changes made elsewhere (another machine, the host, a FUSE backing folder) raise no inotify event
-_POLLED_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "fuse", "ceph", "glusterfs", "afs")
-
-
-def filesystem_type(path: Path, mountinfo: str = "/proc/self/mountinfo") -> str:
-    """The file system type (``ext4``, ``nfs4``, ``fuse.bindfs``...) of the mount holding ``path``: the longest
-    mount point of ``/proc/self/mountinfo`` that contains it (see proc(5)). ``""`` when unknown (no procfs)."""
-    try:
-        lines = Path(mountinfo).read_text().splitlines()
-    except OSError:
-        return ""
-    target = os.path.realpath(path)
-    best, fstype = -1, ""
-    for line in lines:
-        fields, _, rest = line.partition(" - ")
-        parts = fields.split()
-        if len(parts) < 5 or not rest:
-            continue
-        point = parts[4].encode().decode("unicode_escape")  # octal escapes such as \040 for a space
-        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) > best:
-            best, fstype = len(point), rest.split()[0]
-    return fstype
-
-
-def needs_polling(fstype: str) -> bool:
-    """True for network, FUSE and VM-shared file systems (``_POLLED_FS``, ``fuse.*``)."""
-    return fstype.split(".")[0] in _POLLED_FS
-
-
 class Settler:
     """Per-path debounce: ``add(path)`` (re)starts that path's quiet period; ``take_ready`` returns paths whose
     quiet period of ``settle_s`` seconds has passed, earliest deadline first. A heap keeps ``take_ready`` at
@@ -175,11 +151,13 @@ class _Handler(FileSystemEventHandler):
         if event.is_directory and event.event_type in ("deleted", "moved"):
             # a watched root that goes away takes its watch with it, even if a new directory later gets its inode
             self.watcher.forget(Path(event.src_path if isinstance(event.src_path, str) else event.src_path.decode()))
-        for raw, quiet_s in paths:
+        for n, (raw, quiet_s) in enumerate(paths):
             path = Path(raw if isinstance(raw, str) else raw.decode())
             self.watcher.on_path(path, quiet_s)
             if event.is_directory and path.name == MEMORY_DIR and path.parent in self.watcher.workspace_roots:
                 self.watcher.watch_memory_dir(path)
+            elif event.is_directory and (event.event_type == "created" or (event.event_type == "moved" and n)):
+                self.watcher.check_new_dir(path)  # watchdog has tried to watch it (and what it holds) by now
 
 
 class Watcher:
@@ -192,33 +170,27 @@ class Watcher:
     """
 
     def __init__(self, collections: list[Collection], on_path: Callable[[Path, float | None], None],
-                 polling: bool = False, poll_interval_s: float = 2.0) -> None:
+                 polling: bool = False, poll_interval_s: float = 2.0, wake: Callable[[], None] = lambda: None) -> None:
         self.collections = collections
         self.on_path = on_path
+        self.wake = wake  # called when a root lost events (``take_lost``), to rouse the worker
         self.workspace_roots = {c.workspace.path for c in collections}
         self.polling = polling
         self.poll_interval_s = poll_interval_s
         self.poll_reasons: dict[str, str] = {}  # polled root -> why (setting, file system type, watch limit)
-        self._observer = PollingObserver(timeout=poll_interval_s) if polling else Observer()
+        self._observer = PollingObserver(timeout=poll_interval_s) if polling else native_observer(self._overflowed)
         self.restarts = 0  # observer restarts after it died (at most one)
         self.dead = False  # died again after its one restart: only the periodic reconcile finds changes now
         self._fallback: PollingObserver | None = None
         self._handler = _Handler(self)
         self._watched: dict[Path, tuple[Any, Any, tuple[int, int]]] = {}  # path -> (observer, watch, dev/ino)
+        self._recursive: set[Path] = set()  # recursive roots watched natively: checked as directories appear
+        self._lost: dict[str, str] = {}  # root -> why its events were lost (``take_lost``)
+        self._lost_lock = threading.Lock()  # apart: watchdog's reader thread reports an overflow at any time
         self._lock = threading.Lock()
 
     def _roots(self) -> list[tuple[Path, bool]]:
-        """``(directory, recursive)`` for every root that should be watched now."""
-        roots = [(root, False) for root in sorted(self.workspace_roots)]
-        for collection in self.collections:
-            if collection.role == "dir":
-                roots.append((collection.root, True))
-            elif collection.role == "extra":
-                if collection.root.is_dir():
-                    roots.append((collection.root, True))
-                else:
-                    roots.append((collection.root.parent, False))
-        return roots
+        return watch_roots(self.collections)
 
     def start(self) -> None:
         self._observer.start()  # started first, so each schedule() sets its watches now and can fail here
@@ -267,14 +239,70 @@ class Watcher:
                 if exc.errno not in (errno.ENOSPC, errno.EMFILE):
                     log.error("watch_failed", path=str(path), error=str(exc))
                     return False
-                if "watch_limit_reached" not in self.poll_reasons.values():
-                    log.warning("watch_limit_reached", path=str(path),
-                                hint="raise fs.inotify.max_user_watches; polling this root meanwhile")
-                self.poll_reasons[str(path)] = "watch_limit_reached"
+                self._limit_reached(path)
                 observer = self._poller()
                 watch = observer.schedule(self._handler, str(path), recursive=recursive)
             self._watched[path] = (observer, watch, identity)
+            self._recursive.discard(path)
+            if recursive and observer is self._observer and not self.polling:
+                self._recursive.add(path)
+                if watches_exhausted(path):  # some directories below may have been refused silently
+                    self._to_poller(path)
             return True
+
+    def _limit_reached(self, path: Path) -> None:
+        """Log ``watch_limit_reached`` (once per watcher) and record that ``path`` is polled for it."""
+        if "watch_limit_reached" not in self.poll_reasons.values():
+            log.warning("watch_limit_reached", path=str(path),
+                        hint="raise fs.inotify.max_user_watches; polling this root meanwhile")
+        self.poll_reasons[str(path)] = "watch_limit_reached"
+
+    def _to_poller(self, root: Path) -> None:
+        """Move natively watched ``root`` to the poller because the watch limit is reached (caller holds the lock)."""
+        observer, watch, identity = self._watched[root]
+        self._limit_reached(root)
+        try:
+            observer.unschedule(watch)  # frees its watches for the roots still to come
+        except (KeyError, OSError, RuntimeError):
+            pass
+        self._recursive.discard(root)
+        self._watched[root] = (self._poller(), self._poller().schedule(self._handler, str(root), recursive=True),
+                               identity)
+
+    def check_new_dir(self, path: Path) -> None:
+        """A directory appeared under a watched root: if it is under a natively watched recursive root and the watch
+        limit is used up now, watchdog may have failed to watch it (silently): poll that root, and have it
+        reconciled (files made in the new directory before the first poll would be missed)."""
+        with self._lock:
+            roots = [r for r in self._recursive if r == path or r in path.parents]
+        if not roots or not watches_exhausted(path):
+            return
+        with self._lock:
+            for root in roots:
+                if root in self._recursive:
+                    self._to_poller(root)
+        for root in roots:
+            self._lose(root, "watch_limit_reached")
+
+    def _overflowed(self, root: Path) -> None:
+        """The kernel's event queue overflowed (watchdog's inotify reader thread calls this per watched root)."""
+        self._lose(root, "queue_overflow")
+
+    def _lose(self, root: Path, reason: str) -> None:
+        with self._lost_lock:
+            first = str(root) not in self._lost
+            self._lost.setdefault(str(root), reason)
+        if first and reason == "queue_overflow":
+            log.warning("watch_queue_overflow", root=str(root),
+                        hint="events were dropped (raise fs.inotify.max_queued_events); reconciling this root now")
+        self.wake()
+
+    def take_lost(self) -> dict[str, str]:
+        """Roots whose events were lost since the last call, and why (``queue_overflow``, ``watch_limit_reached``);
+        the worker reconciles them at once."""
+        with self._lost_lock:
+            lost, self._lost = self._lost, {}
+        return lost
 
     def _poller(self) -> Any:
         """The shared ``PollingObserver`` for roots that are polled, started on first use."""
@@ -284,16 +312,7 @@ class Watcher:
         return self._fallback
 
     def _poll_reason(self, path: Path) -> str:
-        """Why ``path`` is polled rather than watched natively (``""``: it is not): the workspace's ``watch``
-        setting, else its file system type (``fs:nfs4``, ``fs:fuse.bindfs``...)."""
-        modes = {c.workspace.watch for c in self.collections
-                 if path == c.workspace.path or c.workspace.path in path.parents}
-        if "poll" in modes:
-            return "setting"
-        if "native" in modes:
-            return ""
-        fstype = filesystem_type(path)
-        return f"fs:{fstype}" if needs_polling(fstype) else ""
+        return poll_reason(self.collections, path)
 
     def alive(self) -> bool:
         """The observer thread and every emitter thread (one per watch) are running. An emitter whose directory
@@ -317,7 +336,9 @@ class Watcher:
         self.stop()
         with self._lock:
             self._watched.clear()
-        self._observer = PollingObserver(timeout=self.poll_interval_s) if self.polling else Observer()
+            self._recursive.clear()
+        self._observer = (PollingObserver(timeout=self.poll_interval_s) if self.polling
+                          else native_observer(self._overflowed))
         self._fallback = None
         self.start()
         self.restarts += 1
@@ -335,6 +356,7 @@ class Watcher:
         """Drop the watch of root ``path`` (deleted or moved away), so the next directory there is watched anew."""
         with self._lock:
             old = self._watched.pop(path, None)
+            self._recursive.discard(path)
             if old is not None:
                 try:
                     old[0].unschedule(old[1])

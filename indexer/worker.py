@@ -5,8 +5,9 @@ them to ``Indexer.process``; nothing else calls it while it runs.
   (``qmd-indexer index --once``).
 - ``run(indexer, stop)``: wait for the store, start the watcher, warm the embedders and reranker, scan and drain
   (``ready`` is set then), and keep processing settled paths until ``stop`` is set, rescanning every
-  ``rescan_interval_s`` and re-watching roots made again every ``REFRESH_S``. A requested rebuild (``--reindex``
-  or ``POST /reindex``) runs here too, between batches, followed by a scan.
+  ``rescan_interval_s`` and re-watching roots made again every ``REFRESH_S``, and reconciling at once a root whose
+  events were lost (a kernel queue overflow, a watch refused below it: ``Watcher.take_lost``). A requested rebuild
+  (``--reindex`` or ``POST /reindex``) runs here too, between batches, followed by a scan.
 - Retries: a path whose write found the store unavailable, or a batch that raised, goes back into the same queue
   with a delay of ``RETRY_AFTER_S`` seconds (an event for it meanwhile takes precedence). No timer threads.
 - Reload (``SIGHUP``, ``indexer.reload``): applied between batches; new collections are watched and scanned, then
@@ -131,7 +132,7 @@ def _watch(indexer: Indexer) -> Watcher:
     if indexer.watcher is not None:
         indexer.watcher.stop()
     watcher = indexer.watcher = Watcher(indexer.collections, indexer.on_path, polling=indexer.polling,
-                                        poll_interval_s=indexer.settings.poll_interval_s)
+                                        poll_interval_s=indexer.settings.poll_interval_s, wake=indexer.settler.wake)
     watcher.start()
     return watcher
 
@@ -180,23 +181,32 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
             supervisor.status(len(settler) + indexer.in_hand, len(indexer.indexed))
         if indexer.rebuild_requested.is_set():
             _rebuild(indexer)
-            settler.add_many(indexer.scan())
+            settler.add_many(indexer.scan("rebuild"))
             continue
         if reloader is not None and reloader.requested.is_set():
             if reloader.apply():
                 watcher = _watch(indexer)
-                settler.add_many(indexer.scan(reconcile=False))  # a new workspace's files are not drift
+                settler.add_many(indexer.scan("reload", reconcile=False))  # a new workspace's files are not drift
             if supervisor is not None:
                 supervisor.ready(len(settler) + indexer.in_hand, len(indexer.indexed))
             continue
         if time.monotonic() >= next_refresh:
             next_refresh = time.monotonic() + REFRESH_S
             if watcher.check():
-                settler.add_many(indexer.scan())
+                settler.add_many(indexer.scan("watcher_restarted"))
             renewed = watcher.refresh()
             if renewed:
                 log.info("watch_renewed", roots=[str(p) for p in renewed])
-                settler.add_many(indexer.scan())
+                settler.add_many(indexer.scan("watch_renewed"))
+        lost = watcher.take_lost()
+        if lost:
+            reason = ",".join(sorted(set(lost.values())))
+            log.info("reconcile_started", reason=reason, roots=sorted(lost))
+            try:
+                settler.add_many(indexer.scan(reason))
+            except StoreUnavailable as exc:
+                log.error("store_unavailable", error=str(exc))
+            continue
         batch = settler.take_ready(BATCH_FILES)
         if batch:
             process_guarded(indexer, batch)

@@ -14,7 +14,8 @@ Rules (following the reference agent's memory layout):
   security boundary, so nothing outside the workspace is pulled in; each skip is reported by name. Hidden names
   (``.git``, ``.obsidian``, editor swap files) and ``.openclaw-repair/`` (the doctor's archive) are skipped.
 - One file reached by two routes (an extra path overlapping ``memory/``) belongs to the first collection in the
-  order root, dir, extras, and is indexed once; the walk also dedupes by (device, inode). Across agents, a file
+  order root, dir, extras, and is indexed once (``path_problems`` names the overlap, and a missing extra path, for
+  the log, ``status`` and ``doctor``); the walk also dedupes by (device, inode). Across agents, a file
   belongs to the innermost workspace that contains it (a workspace nested in another's ``memory/``, an extra path
   reaching into another agent's workspace); ``overlaps`` names each such overlap for the log and ``doctor``.
   Two agents on one workspace path are refused by the config.
@@ -160,10 +161,14 @@ def _skipped_name(name: str) -> bool:
 
 
 def walk_dir(root: Path, skips: list[Skip]) -> Iterator[Path]:
-    """Regular files under directory ``root``, depth first, never entering a symlink or a hidden directory."""
+    """Regular files under directory ``root``, depth first, never entering a symlink or a hidden directory. A
+    directory that cannot be listed (permissions, I/O error) is a ``Skip`` with reason ``unreadable_directory``."""
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # gone meanwhile
     except OSError:
+        skips.append(Skip(root, "unreadable_directory"))
         return
     for entry in entries:
         if _skipped_name(entry.name):
@@ -319,6 +324,39 @@ def overlaps(collections: Sequence[Collection]) -> list[str]:
                     f"{start} (agent {inner.agent!r}) lies inside {outer.root} ({outer.name}, agent {outer.agent!r}); "
                     f"files there belong to the innermost workspace that indexes them (here agent {owner.agent!r})")
     return list(found.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """A configured path the daemon cannot use as meant: ``kind`` is ``extra_path_missing`` (nothing there: an
+    empty collection until it appears) or ``extra_path_overlaps`` (inside, or around, ``memory/`` or an earlier
+    extra path of the same agent: its files are indexed once, in the collection ``detail`` names)."""
+
+    kind: str
+    agent: str
+    path: Path
+    detail: str
+
+
+def path_problems(collections: Sequence[Collection]) -> list[Problem]:
+    """The ``Problem``s of the extra paths among ``collections``, in order."""
+    out: list[Problem] = []
+    for n, extra in enumerate(collections):
+        if extra.role != "extra":
+            continue
+        if not os.path.lexists(extra.root):
+            out.append(Problem("extra_path_missing", extra.agent, extra.root,
+                               "nothing there yet: an empty collection; indexed once it exists"))
+        for other in collections[:n]:
+            if other.agent != extra.agent or other.role == "root":
+                continue
+            if extra.root == other.root or extra.root.is_relative_to(other.root) or other.root.is_relative_to(
+                    extra.root):
+                what = "memory/" if other.role == "dir" else str(other.root)
+                out.append(Problem("extra_path_overlaps", extra.agent, extra.root,
+                                   f"overlaps {what}: files under both are indexed once, in {other.name}"))
+                break
+    return out
 
 
 def anchor(collection: Collection, path: Path) -> tuple[Path, str, bool]:

@@ -152,7 +152,7 @@ def test_a_dead_watcher_is_restarted_once_then_reported_and_drift_is_counted(wor
 
 
 def test_mountinfo_names_the_file_system_of_a_path(tmp_path: Path) -> None:
-    from indexer.watcher import filesystem_type, needs_polling
+    from indexer.watchmode import filesystem_type, needs_polling
 
     info = write(tmp_path / "mountinfo", "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
                  "40 22 0:50 / /srv/share rw - nfs4 host:/export rw\n"
