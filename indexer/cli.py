@@ -511,9 +511,8 @@ def plugins(as_json: bool, config: Path | None) -> None:
     A plugin that fails to load is listed as failed with the reason.
     Status: loaded, failed, disabled (not in the `plugins` allow-list), unused (lost a `prefer` choice).
     """
-    from indexer.daemon import plugin_configs
     from indexer.errors import ConfigError
-    from indexer.plugins import load_registry
+    from indexer.plugins import load_registry, plugin_configs
 
     settings = _settings(config, None, None, None, None)
     configure_logging("json" if as_json else settings.log_format, "critical" if as_json else "error")
