@@ -389,7 +389,7 @@ class Indexer:
                      write_ms=round((time.monotonic() - started) * 1000, 1))
         return retry
 
-    # -- reporting (indexer.report) --------------------------------------------------------------------------
+    # -- reporting (indexer.report) -----------------------------------------------------------------------------
     def health(self) -> str:
         """``report.health``: ``"degraded"`` while the watcher is dead or the last reconcile found drift."""
         return report.health(self)

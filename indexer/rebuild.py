@@ -71,7 +71,7 @@ def hold_state_lock(state_dir: Path) -> None:
     _STATE_LOCKS[state_dir] = fd
 
 
-# -- model identity -----------------------------------------------------------------------------------------------
+# -- model identity --------------------------------------------------------------------------------------------------
 def model_identity(embedders: Mapping[str, Any]) -> str:
     """What made the vectors and chunks (a str): each embedder's ``identity`` (model, precision, fingerprint of its
     files; ``model_id`` for one without), by modality, and ``chunking.CHUNKING_VERSION``."""
@@ -119,7 +119,7 @@ def check_identity(indexer: Indexer) -> None:
     record_identity(state_dir, [name for name in names if name not in record], current)
 
 
-# -- rebuilding ---------------------------------------------------------------------------------------------------
+# -- rebuilding ------------------------------------------------------------------------------------------------------
 def request_rebuild(indexer: Indexer) -> None:
     """Ask the worker for a ``rebuild(indexer)`` (``POST /reindex``); returns at once."""
     indexer.rebuild_requested.set()
