@@ -96,8 +96,8 @@ def settings_for(workspace: Path, state_dir: Path, agent: str = "bench") -> Any:
 # -- 1 + 2: first index and no-op rescans, in process --------------------------------------------------------------
 def bench_index(workspace: Path, state_dir: Path) -> tuple[dict[str, Any], Any, np.ndarray]:
     """Steps 1 and 2; returns (results, registry, the real chunk vectors of the index)."""
-    from indexer.daemon import Indexer, plugin_configs
-    from indexer.plugins import load_registry
+    from indexer.daemon import Indexer
+    from indexer.plugins import load_registry, plugin_configs
     from indexer.worker import index_once
 
     shutil.rmtree(state_dir, ignore_errors=True)

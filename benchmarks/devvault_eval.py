@@ -332,13 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import structlog
 
     from indexer.config import Settings
-    from indexer.daemon import plugin_configs
     try:  # the SciFact evaluation's indexing helper, wherever this tree keeps it
         from benchmarks.eval import open_indexed
     except ImportError:
         from indexer.eval import open_indexed
     from indexer import chunking
-    from indexer.plugins import load_registry
+    from indexer.plugins import load_registry, plugin_configs
 
     for item in args.set:
         name, _, value = item.partition("=")

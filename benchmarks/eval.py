@@ -407,8 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import structlog
 
     from indexer.config import Settings
-    from indexer.daemon import plugin_configs
-    from indexer.plugins import load_registry
+    from indexer.plugins import load_registry, plugin_configs
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))  # errors only during the run
     defaults = Settings(state_dir=args.state)

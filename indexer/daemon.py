@@ -8,10 +8,10 @@ to use (plugins loaded, store and cache open, collections connected); then eithe
   ``stop`` is set, rescanning every ``rescan_interval_s`` (the watcher is a fast path, never the only path); or
 - ``worker.index_once(indexer)`` (``qmd-indexer index --once``): scan and process everything, then return.
 
-Rebuilds (``--reindex``, ``POST /reindex``): ``rebuild()`` fills a new collection beside each live one from the
-files on disk (vectors from the embedding cache, so only what is not cached is embedded), then ``Store.swap``s them
-in; searches answer from the old collections meanwhile. A crash mid-rebuild leaves the old ones serving, and
-``connect()`` sweeps the leftovers at the next start.
+Rebuilds (``--reindex``, ``POST /reindex``, a model change) and each collection's model identity are
+``indexer.rebuild``'s: the worker runs ``rebuild(indexer)``, which fills new collections beside the live ones and
+swaps them in; ``connect()`` checks the identities and sweeps what an interrupted rebuild left. What the indexer
+reports (status, health, pending files) is ``indexer.report``'s.
 
 Recovery is not a step: the store's payloads say which content hash each file was indexed at and whether all its
 points were written (``chunk_count``), so after a crash or ``SIGKILL`` the next scan redoes exactly the files whose
@@ -20,38 +20,29 @@ points are missing, mixed or stale; deterministic point ids make redoing idempot
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from indexer.api import GROUPS
+from indexer import report
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache
 from indexer.config import Settings
-from indexer.errors import (
-    CollectionMismatch,
-    EmbedError,
-    ExtractError,
-    FileSkipped,
-    StateReadOnly,
-    StoreLocked,
-    StoreUnavailable,
-)
+from indexer.errors import CollectionMismatch, EmbedError, ExtractError, FileSkipped, StoreUnavailable
 from indexer.ledger import FAILURES, Ledger
 from indexer.metrics import Metrics
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
-from indexer.plugins import Registry, load_registry
+from indexer.plugins import Registry, load_registry, plugin_configs
 from indexer.points import FileState
-from indexer.rerank import RerankStats, rerank_status
+from indexer.rebuild import check_identity, hold_state_lock
+from indexer.rerank import RerankStats
 from indexer.search import Searcher
 from indexer.store import ServerOptions, Store, open_store
 from indexer.watcher import Settler, Watcher
@@ -61,52 +52,16 @@ from indexer.workspace import (
     Skip,
     attest,
     overlaps,
-    path_problems,
     plan_collections,
     route,
     walk,
     walk_dir,
 )
 
-MAX_WAIT_S = 10.0  # the longest a search waits for pending changes (``search --wait``)
 log = structlog.get_logger("qmd_indexer.daemon")
 
 GROUP_CHUNKS = 256  # chunks embedded and written together; smaller files of a batch go first
 RETRY_AFTER_S = 5.0  # a store found unreachable is tried again after this long (connecting, or a file's write)
-
-
-_STATE_LOCKS: dict[Path, int] = {}  # state dir -> fd of its daemon.lock, held until this process exits
-
-
-def hold_state_lock(state_dir: Path) -> None:
-    """Take ``<state_dir>/daemon.lock`` (``fcntl.flock``, exclusive) for the rest of this process's life, before
-    anything else under ``state_dir`` is created or opened: two daemons started at once on an empty state dir
-    would otherwise both create the store and the loser delete the winner's new files. Taking it again in the
-    same process is a no-op (tests open several indexers on one state dir).
-
-    Raises ``StoreLocked`` when another process holds it, ``StateReadOnly`` when the lock file cannot be created
-    because the state dir is read-only (or not writable by this user)."""
-    import errno
-    import fcntl
-
-    state_dir = state_dir.resolve()
-    if state_dir in _STATE_LOCKS:
-        return
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(state_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise StateReadOnly(f"the state directory {state_dir} is read-only ({exc.strerror}); make it "
-                                f"writable or choose another with --state-dir") from None
-        raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreLocked(f"the state directory {state_dir} is in use by another process (a running daemon?); "
-                          f"query it with `qmd-indexer search`, or stop it first") from None
-    _STATE_LOCKS[state_dir] = fd
 
 
 @dataclass(slots=True)
@@ -117,25 +72,12 @@ class Indexed:
     state: FileState
 
 
-def plugin_configs(settings: Settings) -> dict[str, dict[str, Any]]:
-    """Each installed or configured plugin's config table, plus ``state_dir`` (str: a folder the plugin may keep its
-    own files in, such as the audio plugin's verdict cache) unless its table sets one; the text embedder also gets
-    ``model``/``device``/``batch_size``/``precision`` from the top level and keeps exported models under
-    ``<state_dir>/models``."""
-    names = {ep.name for group in GROUPS for ep in entry_points(group=group)} | set(settings.plugin)
-    configs = {name: {"state_dir": str(settings.state_dir), **settings.plugin.get(name, {})} for name in names}
-    base = {"model": settings.model, "device": settings.device, "batch_size": settings.batch_size,
-            "precision": settings.precision, "cache_dir": str(settings.state_dir / "models")}
-    configs["sentence-transformers"] = {**base, **configs.get("sentence-transformers", {})}
-    return configs
-
-
 class Indexer:
     """The collections, store, pipeline and index state of one daemon (or one ``index --once``).
 
     Build it with ``Indexer.open``; ``__init__`` takes the parts already made. ``clock`` drives the debounce
     (seconds, monotonic); ``polling`` makes the watcher poll instead of using inotify. ``reindex`` asks for a
-    ``rebuild()`` (the worker runs it once connected).
+    ``rebuild.rebuild(indexer)`` (the worker runs it once connected).
     """
 
     def __init__(self, settings: Settings, registry: Registry, store: Store, cache: EmbeddingCache,
@@ -179,7 +121,7 @@ class Indexer:
              polling: bool = False) -> Indexer:
         """An ``Indexer`` ready to use: plugins loaded (unless ``registry`` is given: tests share one model), the
         store (unless given) and the embedding cache opened under ``settings.state_dir``; with ``connect``, also
-        ``connect()``-ed to its collections (``reindex`` asks the worker for a ``rebuild()``). ``terms``: the BM25
+        ``connect()``-ed to its collections (``reindex`` asks the worker for a rebuild). ``terms``: the BM25
         term builder (``None``: the product's).
 
         Raises ``StoreLocked`` when another process holds the state dir (``hold_state_lock``), ``StateReadOnly``
@@ -211,7 +153,7 @@ class Indexer:
         the rebuild replaces it), ``StoreUnavailable`` when Qdrant cannot be reached (or the embedded store is held
         by another process).
         """
-        self._check_identity()
+        check_identity(self)
         dims = self.pipeline.dense_dims()
         indexed: dict[str, Indexed] = {}
         for collection in self.collections:
@@ -287,13 +229,13 @@ class Indexer:
             self.watcher.refresh()
         found, skips = walk(self.collections)
         self._report_skips(skips)
-        self._report_problems(skips)
+        self.problems = report.problems(self, skips)
         on_disk = {str(path) for _, path in found}
         if reconcile and self.ready.is_set():  # a reconcile: what it finds is what the watcher missed
             pending = {str(p) for p in [*self.settler.paths(), *self.hand]}
             self.drift = {"not_indexed": len(on_disk - self.indexed.keys() - self.ledger.marks.keys() - pending),
                           "gone": len(self.indexed.keys() - on_disk - pending),
-                          "changed": sum(self._changed(p) for p in (on_disk & self.indexed.keys()) - pending)}
+                          "changed": sum(report.changed(self, p) for p in (on_disk & self.indexed.keys()) - pending)}
             self.last_reconcile, self.last_reconcile_reason = time.time(), reason
             self.recovered_total += sum(self.drift.values())
             if any(self.drift.values()):
@@ -304,33 +246,6 @@ class Indexer:
         self.ledger.keep_only(on_disk | {str(s.path) for s in skips})  # gone, or no longer a candidate
         self.last_scan_s = time.monotonic() - started
         return [path for _, path in found]
-
-    def _changed(self, abs_path: str) -> bool:
-        """Whether the stat identity of indexed ``abs_path`` differs from the one it was indexed at (-1: unknown)."""
-        try:
-            st = os.lstat(abs_path)
-        except OSError:
-            return False
-        now = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-        return any(was not in (-1, got) for was, got in zip(self.indexed[abs_path].state.identity(), now))
-
-    def _report_problems(self, skips: list[Skip]) -> None:
-        """Keep ``problems`` current: the extra paths' (each logged once when it appears; a missing one that appears
-        is logged as ``extra_path_found``) and the unreadable directories (logged by the ledger)."""
-        current = path_problems(self.collections)
-        for problem in current:
-            if problem not in self.problems:
-                log.warning(problem.kind, agent=problem.agent, path=str(problem.path), detail=problem.detail)
-        for problem in self.problems:
-            if problem.kind == "extra_path_missing" and problem not in current:
-                log.info("extra_path_found", agent=problem.agent, path=str(problem.path))
-        unreadable = []
-        for skip in skips:
-            if skip.reason == "unreadable_directory":
-                agent = next((c.agent for c in self.collections if c.role != "root" and (
-                    skip.path == c.root or c.root in skip.path.parents)), "")
-                unreadable.append(Problem(skip.reason, agent, skip.path, self.ledger.explain(skip.reason)))
-        self.problems = current + unreadable
 
     def _report_skips(self, skips: list[Skip]) -> None:
         for skip in skips:
@@ -365,7 +280,7 @@ class Indexer:
             for path in paths:
                 self.beat()
                 self._prepare_one(path, prepared)
-            return self._write(prepared) if prepared else []
+            return self.write(prepared) if prepared else []
         finally:
             self.in_hand, self.hand = 0, []
 
@@ -442,7 +357,7 @@ class Indexer:
                     continue
         return None
 
-    def _write(self, prepared: list[Prepared], into: Mapping[str, str] | None = None) -> list[Path]:
+    def write(self, prepared: list[Prepared], into: Mapping[str, str] | None = None) -> list[Path]:
         """Embed and store ``prepared`` files, smallest first in groups of about ``GROUP_CHUNKS`` chunks, so a huge
         file in the batch does not hold back the small ones. Returns the files to retry. ``into`` (a rebuild):
         collection name -> the physical collection to write instead; the live index state is left alone."""
@@ -503,173 +418,15 @@ class Indexer:
                      write_ms=round((time.monotonic() - started) * 1000, 1))
         return retry
 
-    # -- model identity -----------------------------------------------------------------------------------------
-    def identity(self) -> str:
-        """What made the vectors and chunks: each embedder's ``identity`` (model, precision, fingerprint of its
-        files; ``model_id`` for one without) and the chunking version."""
-        from indexer import chunking
-
-        models = ", ".join(f"{modality}={getattr(e, 'identity', e.model_id)}"
-                           for modality, e in sorted(self.registry.embedders.items()))
-        return f"{models}; chunking={getattr(chunking, 'CHUNKING_VERSION', 1)}"
-
-    def _identities_path(self) -> Path:
-        return self.settings.state_dir / "collection-identity.json"
-
-    def _record_identity(self, names: list[str]) -> None:
-        path = self._identities_path()
-        try:
-            record = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            record = {}
-        record.update({name: self.identity() for name in names})
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-        tmp.replace(path)
-
-    def _check_identity(self) -> None:
-        """Compare each collection's recorded identity with the configured one: on a change, rebuild (or raise
-        ``CollectionMismatch`` with ``on_model_change = "refuse"``), naming both. Unrecorded ones are recorded."""
-        try:
-            record = json.loads(self._identities_path().read_text())
-        except (FileNotFoundError, ValueError):
-            record = {}
-        current = self.identity()
-        names = [c.name for c in self.collections]
-        changed = {name: record[name] for name in names if name in record and record[name] != current}
-        if changed and not self.rebuild_requested.is_set():
-            indexed_with = sorted(set(changed.values()))
-            if self.settings.on_model_change == "refuse":
-                raise CollectionMismatch(
-                    f"collections {sorted(changed)} were built with {'; '.join(indexed_with)}, but the configuration "
-                    f"says {current}; rebuild them with `qmd-indexer index --once --reindex` (or `run --reindex`), "
-                    f"or set on_model_change = \"rebuild\"")
-            log.warning("model_changed", collections=sorted(changed), indexed_with=indexed_with, configured=current,
-                        action="rebuild")
-            self.rebuild_requested.set()
-        self._record_identity([name for name in names if name not in record])
-
-    # -- rebuilding ---------------------------------------------------------------------------------------------
-    def request_rebuild(self) -> None:
-        """Ask the worker for a ``rebuild()`` (``POST /reindex``); returns at once."""
-        self.rebuild_requested.set()
-        self.settler.wake()
-
-    def rebuild(self) -> bool:
-        """Rebuild every collection beside the live one and swap the new ones in when all are complete (the worker
-        calls it; searches meanwhile answer from the old collections). Vectors come from the embedding cache where
-        it has them. Returns False, leaving the old collections serving and the new ones for ``connect()`` to sweep,
-        when a stop was requested or the store failed; raises ``StoreUnavailable`` from the store's own calls."""
-        self.rebuild_requested.clear()
-        self.rebuilding = True
-        started, before = time.monotonic(), self.pipeline.stats.chunks_embedded
-        try:
-            dims = self.pipeline.dense_dims()
-            into = {c.name: self.store.rebuild_target(c.name) for c in self.collections}
-            log.info("rebuild_started", collections=into)
-            for target in into.values():
-                self.store.ensure_collection(target, dims)
-            found, _ = walk(self.collections)  # skips are logged by the scan that follows
-            batch: list[Prepared] = []
-            for n, (collection, path) in enumerate(found, 1):
-                try:
-                    result = self.pipeline.prepare(collection, path, None)
-                    if isinstance(result, Prepared):
-                        batch.append(result)
-                except (OSError, FileSkipped, ExtractError):
-                    pass  # gone, skipped or failing: the scan after the swap logs it as usual
-                if len(batch) >= GROUP_CHUNKS // 8 or n == len(found):
-                    if self._write(batch, into) or self.stopping.is_set():
-                        log.warning("rebuild_abandoned", reason="stop requested or store unavailable",
-                                    hint="the old collections keep serving; the next start sweeps the new ones")
-                        return False
-                    batch = []
-            for collection in self.collections:
-                self.store.swap(collection.name, into[collection.name])
-            self._record_identity(list(into))
-            self.connect()
-            log.info("rebuild_finished", files=len(self.indexed), seconds=round(time.monotonic() - started, 2),
-                     chunks_embedded=self.pipeline.stats.chunks_embedded - before)
-            return True
-        finally:
-            self.rebuilding = False
-
-    # -- reporting ----------------------------------------------------------------------------------------------
+    # -- reporting (indexer.report) -----------------------------------------------------------------------------
     def health(self) -> str:
-        """``"degraded"`` while the watcher is dead or the last reconcile found drift, else ``"ok"``."""
-        dead = self.watcher is not None and (self.watcher.dead or not self.watcher.alive())
-        return "degraded" if dead or any(self.drift.values()) else "ok"
+        """``report.health``: ``"degraded"`` while the watcher is dead or the last reconcile found drift."""
+        return report.health(self)
 
     def pending(self, agent: str | None = None) -> list[str]:
-        """Workspace-relative paths (sorted, ``/`` separators) of ``agent``'s collections (every agent's when
-        ``None``) changed on disk and not yet indexed: queued behind the debounce or in hand. A path that is not
-        memory (outside every root) is left out; a deleted file still counts (its points are still served)."""
-        out: set[str] = set()
-        for path in [*self.settler.paths(), *self.hand]:
-            for collection in self.collections:
-                if agent is not None and collection.agent != agent:
-                    continue
-                ws = collection.workspace.path
-                inside = path.parent == ws if collection.role == "root" else (
-                    path == collection.root or collection.root in path.parents)
-                if inside:
-                    try:
-                        out.add(path.relative_to(ws).as_posix())
-                    except ValueError:
-                        out.add(str(path))
-                    break
-        return sorted(out)
-
-    def wait_pending(self, agent: str | None, timeout_s: float) -> list[str]:
-        """Wait up to ``timeout_s`` seconds (capped at ``MAX_WAIT_S``) until ``pending(agent)`` is empty; returns
-        what is still pending."""
-        deadline = time.monotonic() + min(max(timeout_s, 0.0), MAX_WAIT_S)
-        pending = self.pending(agent)
-        while pending and time.monotonic() < deadline:
-            time.sleep(0.05)
-            pending = self.pending(agent)
-        return pending
+        """``report.pending``: workspace-relative paths changed on disk and not yet indexed."""
+        return report.pending(self, agent)
 
     def status(self) -> dict[str, Any]:
-        """Counters for ``qmd-indexer status``: per-collection files and chunks, queue, embeddings since start."""
-        per: dict[str, dict[str, Any]] = {
-            c.name: {"agent": c.agent, "role": c.role, "root": str(c.root), "files": 0, "chunks": 0}
-            for c in self.collections
-        }
-        for entry in list(self.indexed.values()):
-            if entry.collection in per:
-                per[entry.collection]["files"] += 1
-                per[entry.collection]["chunks"] += entry.state.points
-        stats = self.pipeline.stats
-        text = self.registry.embedders.get("text")
-        return {
-            "ready": self.ready.is_set(),
-            "store_connected": self.connected.is_set(),
-            "store_degraded": self.store.degraded,  # writes failing (being retried)
-            "backend": self.store.kind,
-            "state_dir": str(self.settings.state_dir),
-            "uptime_s": round(time.time() - self.started_at, 1),
-            "queue_depth": len(self.settler) + self.in_hand,
-            "rebuilding": self.rebuilding or self.rebuild_requested.is_set(),
-            "models": {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
-                                  "precision": getattr(e, "precision", None)}
-                       for modality, e in self.registry.embedders.items()},
-            "chunks_embedded": stats.chunks_embedded,
-            "cache_hits": stats.cache_hits,
-            "files_failed": self.ledger.files_failed,
-            "last_scan_s": self.last_scan_s,
-            # the precision the text embedder runs at (``precision = "auto"`` resolves per CPU), and its model_id
-            "embedding": {"model_id": text.model_id, "precision": getattr(text, "precision", None)} if text else None,
-            "watch": self.watcher.modes() if self.watcher is not None else {},
-            "watch_polled": dict(self.watcher.poll_reasons) if self.watcher is not None else {},
-            "last_reconcile": self.last_reconcile,
-            "last_reconcile_reason": self.last_reconcile_reason,
-            "recovered": sum(self.drift.values()),  # files the last reconcile found missed, indexed since
-            "recovered_total": self.recovered_total,
-            "drift": dict(self.drift),
-            "rerank": rerank_status(self.settings.reranker, self.registry.configured_reranker(self.settings.reranker),
-                                    self.settings.rerank_top_n, self.settings.rerank_budget_s, self.rerank_stats),
-            "problems": [{"kind": p.kind, "agent": p.agent, "path": str(p.path), "detail": p.detail}
-                         for p in self.problems],
-            "collections": per,
-        }
+        """``report.status``: counters for ``qmd-indexer status``."""
+        return report.status(self)

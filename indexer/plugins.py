@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any, Protocol, cast, get_type_hints
+from typing import TYPE_CHECKING, Any, Protocol, cast, get_type_hints
 
 import structlog
 
@@ -41,6 +41,9 @@ from indexer.api import (
     TextEmbedder,
 )
 from indexer.errors import ConfigError, PluginError
+
+if TYPE_CHECKING:
+    from indexer.config import Settings
 
 log = structlog.get_logger("qmd_indexer.plugins")
 
@@ -272,6 +275,19 @@ def _distribution(ep: EntryPoint) -> tuple[str, str]:
     if dist is None:
         return "?", "?"
     return dist.metadata["Name"] or dist.name, dist.version
+
+
+def plugin_configs(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Each installed or configured plugin's config table, plus ``state_dir`` (str: a folder the plugin may keep its
+    own files in, such as the audio plugin's verdict cache) unless its table sets one; the text embedder also gets
+    ``model``/``device``/``batch_size``/``precision`` from the top level and keeps exported models under
+    ``<state_dir>/models``."""
+    names = {ep.name for group in GROUPS for ep in entry_points(group=group)} | set(settings.plugin)
+    configs = {name: {"state_dir": str(settings.state_dir), **settings.plugin.get(name, {})} for name in names}
+    base = {"model": settings.model, "device": settings.device, "batch_size": settings.batch_size,
+            "precision": settings.precision, "cache_dir": str(settings.state_dir / "models")}
+    configs["sentence-transformers"] = {**base, **configs.get("sentence-transformers", {})}
+    return configs
 
 
 def load_registry(

@@ -45,7 +45,9 @@ from indexer import __version__
 from indexer.daemon import Indexer
 from indexer.guard import Guard
 from indexer.points import parse_since
+from indexer.rebuild import request_rebuild
 from indexer.recall import boot_context, read_memory, recall
+from indexer.report import wait_pending
 from indexer.schema import (
     DEFAULT_BUDGET_CHARS,
     DEFAULT_K,
@@ -212,7 +214,7 @@ def create_app(indexer: Indexer) -> FastAPI:
         request = body.model_dump()
         wait_s = request.pop("wait_s")
         if wait_s:
-            indexer.wait_pending(body.agent, wait_s)
+            wait_pending(indexer, body.agent, wait_s)
         hits = _answer(lambda: memory.search(**request))
         return {"hits": hits, "relevant": relevant(hits, indexer.settings.relevance_floor),  # type: ignore[arg-type]
                 "pending": indexer.pending(body.agent)}
@@ -245,7 +247,7 @@ def create_app(indexer: Indexer) -> FastAPI:
     def reindex() -> Reindex:
         """Rebuild every collection beside the live one and swap it in when complete (searches keep answering from
         the old one meanwhile); returns at once. ``GET /status`` says ``rebuilding`` until it is done."""
-        indexer.request_rebuild()
+        request_rebuild(indexer)
         return {"rebuilding": True}
 
     return app

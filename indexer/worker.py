@@ -31,6 +31,7 @@ import structlog
 
 from indexer.daemon import RETRY_AFTER_S, Indexer
 from indexer.errors import StoreUnavailable
+from indexer.rebuild import rebuild
 from indexer.systemd import Supervisor
 from indexer.watcher import Watcher
 
@@ -108,7 +109,7 @@ def index_once(indexer: Indexer, progress: Progress | None = None) -> dict[str, 
     when the store cannot be reached for a delete or a read."""
     indexer.stopping = threading.Event()
     if indexer.rebuild_requested.is_set():
-        indexer.rebuild()
+        rebuild(indexer)
     indexer.settler.add_many(indexer.scan())
     drain(indexer, progress=progress)
     indexer.ready.set()
@@ -116,9 +117,9 @@ def index_once(indexer: Indexer, progress: Progress | None = None) -> dict[str, 
 
 
 def _rebuild(indexer: Indexer) -> None:
-    """``indexer.rebuild()``; a failure is logged and leaves the old collections serving."""
+    """``rebuild(indexer)``; a failure is logged and leaves the old collections serving."""
     try:
-        indexer.rebuild()
+        rebuild(indexer)
     except StoreUnavailable as exc:
         indexer.metrics.error("rebuild_failed")
         log.error("rebuild_failed", error=str(exc), hint="the old collections keep serving; ask again later")

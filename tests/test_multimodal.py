@@ -16,7 +16,7 @@ import pytest
 import structlog.testing
 
 from indexer.api import GROUPS
-from indexer.plugins import Registry, load_registry
+from indexer.plugins import Registry, load_registry, plugin_configs
 from indexer.search import SearchParams
 
 pytest.importorskip("qmd_indexer_image",
@@ -31,7 +31,7 @@ from qmd_indexer_audio.tiny_whisper import build_tiny_whisper  # noqa: E402
 from qmd_indexer_image.tiny_clip import build_tiny_clip  # noqa: E402
 
 from indexer.config import Settings  # noqa: E402
-from indexer.daemon import Indexer, plugin_configs  # noqa: E402
+from indexer.daemon import Indexer  # noqa: E402
 from indexer.worker import index_once  # noqa: E402
 
 PHRASE = "the harbour lights were green"

@@ -1,0 +1,304 @@
+"""The ``qmd-indexer`` commands that work in this process, on the state dir and the workspaces themselves: ``run``
+(the daemon), ``index --once``, ``migrate``, ``doctor`` and ``plugins``; and what every command shares: the config,
+port and workspace options, settings from flags (``settings_from``) and the one-line failure (``fail``).
+
+``indexer.cli`` adds these commands to its group beside the ones that ask a running daemon. Heavy modules (torch,
+the store) are imported inside the commands that need them. Exit codes are ``indexer.cli``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from indexer.errors import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
+from indexer.terminal import configure_logging, print_status
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
+    """Print ``qmd-indexer: <message>`` on stderr and exit with ``code`` (``indexer.errors``' EXIT_*)."""
+    click.echo(f"qmd-indexer: {message}", err=True)
+    sys.exit(code)
+
+
+def settings_from(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
+                  port: int | None, qdrant_url: str | None = None, extra: tuple[Path, ...] = (),
+                  host: str | None = None) -> Any:
+    """``load_settings(config, overrides)`` with the flags as overrides (``None``: not given); ``--workspace``
+    replaces the config's workspaces with one. Exits 2 (``fail``) on a config error or ``--agent``/``--extra-path``
+    without ``--workspace``."""
+    from indexer.config import load_settings
+    from indexer.errors import ConfigError
+
+    overrides: dict[str, Any] = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url, "host": host}
+    if workspace is not None:
+        overrides["workspace"] = [{"agent": agent or "main", "path": workspace, "extra_paths": list(extra)}]
+    elif agent is not None or extra:
+        fail("--agent and --extra-path need --workspace (or a config file with [[workspace]] tables)", EXIT_USAGE)
+    try:
+        return load_settings(config, overrides)
+    except ConfigError as exc:
+        fail(f"config error: {exc}", EXIT_USAGE)
+
+
+def need_workspaces(settings: Any) -> None:
+    """Exit 2 (``fail``) when ``settings`` has no workspace."""
+    if not settings.workspace:
+        fail("no workspace configured: pass --workspace PATH [--agent ID], or add [[workspace]] tables to the "
+             "config file (see `qmd-indexer run --help`)", EXIT_USAGE)
+
+
+config_opt = click.option("--config", "config", type=click.Path(path_type=Path, dir_okay=False),
+                          help="TOML config file [env QMD_INDEXER_CONFIG; default ~/.config/qmd-indexer/config.toml]")
+port_opt = click.option("--port", type=click.IntRange(1, 65535), help="HTTP API port on 127.0.0.1 [default 8743]")
+
+
+def workspace_opts(fn: F) -> F:
+    """``fn`` with ``--config``, ``--workspace``, ``--agent``, ``--state-dir``, ``--qdrant-url``, ``--extra-path``."""
+    fn = click.option("--extra-path", "extra", multiple=True, type=click.Path(path_type=Path),
+                      help="Extra memory file or directory (repeatable), absolute or workspace-relative.")(fn)
+    fn = click.option("--qdrant-url", help="Qdrant server URL; empty = embedded Qdrant Edge under the state dir.")(fn)
+    fn = click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
+                      help="Where the embedded store and embedding cache live "
+                           "[default $XDG_STATE_HOME/qmd-indexer, else ~/.local/state/qmd-indexer].")(fn)
+    fn = click.option("--agent", help="Agent id of --workspace [default main].")(fn)
+    fn = click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
+                      help="Agent workspace directory (holds MEMORY.md and memory/); replaces the config's list.")(fn)
+    return config_opt(fn)
+
+
+@click.command()
+@workspace_opts
+@port_opt
+@click.option("--host", help="Address to listen on [default 127.0.0.1]; any other needs a token (README: Security).")
+@click.option("--reindex", is_flag=True,
+              help="Rebuild the collections beside the live ones and swap them in (after a model change).")
+def run(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None, qdrant_url: str | None,
+        extra: tuple[Path, ...], port: int | None, host: str | None, reindex: bool) -> None:
+    """Run the daemon: index the workspaces, keep watching them, serve searches.
+
+    \b
+    The first start indexes everything (a progress bar on a terminal); later starts only
+    re-embed what changed. Logs are JSON lines when stderr is not a terminal (journald).
+    SIGTERM or Ctrl-C finishes the files in hand, flushes the store and exits 0.
+
+    \b
+    Examples:
+      qmd-indexer run --workspace ~/agent --agent main
+      qmd-indexer run --config /etc/qmd-indexer/config.toml
+    """
+    from indexer.service import serve
+    from indexer.terminal import progress_bar
+
+    settings = settings_from(config, workspace, agent, state_dir, port, qdrant_url, extra, host)
+    need_workspaces(settings)
+    from indexer.errors import ConfigError
+    from indexer.guard import check_bind
+
+    try:
+        warning = check_bind(settings.host, settings.token)
+    except ConfigError as exc:
+        fail(f"config error: {exc}", EXIT_USAGE)
+    configure_logging(settings.log_format, settings.log_level)
+    if warning:
+        import structlog
+
+        structlog.get_logger("qmd_indexer.daemon").warning("non_loopback_bind", host=settings.host, detail=warning)
+    from indexer.config import load_settings
+
+    # SIGHUP: the same config file and environment again, with this command line's flags still on top
+    flags = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url, "host": host, "workspace": workspace}
+    kept = {key: getattr(settings, key) for key, given in flags.items() if given is not None}
+    sys.exit(serve(settings, reindex=reindex, progress=progress_bar, reload=lambda: load_settings(config, kept)))
+
+
+@click.command()
+@workspace_opts
+@click.option("--once", is_flag=True, help="Index everything now and exit (required; `run` keeps watching).")
+@click.option("--reindex", is_flag=True, help="Rebuild the collections beside the current ones, then swap them in.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final status as JSON.")
+def index(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
+          qdrant_url: str | None, extra: tuple[Path, ...], once: bool, reindex: bool, as_json: bool) -> None:
+    """Index the workspaces without the daemon, then exit (for scripts and CI).
+
+    \b
+    Exit status: 0 all memory files indexed or deliberately skipped; 3 some files failed
+    (each was logged); 1 the store could not be opened; 2 bad usage or config.
+    Do not run it against the embedded store of a running daemon: only one process can hold it.
+
+    \b
+    Example:
+      qmd-indexer index --once --workspace ~/agent --agent main --state-dir /tmp/qmd
+    """
+    if not once:
+        fail("`index` needs --once (to keep watching and serving searches, use `qmd-indexer run`)", EXIT_USAGE)
+    settings = settings_from(config, workspace, agent, state_dir, None, qdrant_url, extra)
+    need_workspaces(settings)
+    configure_logging(settings.log_format, settings.log_level)
+    from indexer.service import Refused, open_indexer
+    from indexer.terminal import progress_bar
+    from indexer.worker import index_once
+
+    try:
+        indexer = open_indexer(settings, reindex)
+    except Refused as exc:
+        fail(exc.message, exc.code)
+    try:
+        status = index_once(indexer, progress=progress_bar)
+    finally:
+        indexer.close()
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+    else:
+        print_status(status)
+    sys.exit(EXIT_PARTIAL if status["files_failed"] else EXIT_OK)
+
+
+@click.command()
+@click.option("--to", "url", required=True, help="Qdrant server URL to copy into, e.g. http://qdrant:6333.")
+@click.option("--api-key", help="API key of that server [default: the config's qdrant_api_key].")
+@click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="State dir whose embedded store is copied [default: the configured one].")
+@config_opt
+def migrate(url: str, api_key: str | None, state_dir: Path | None, config: Path | None) -> None:
+    """Copy the embedded store into a Qdrant server or cluster, without embedding anything again.
+
+    \b
+    Every collection under <state-dir>/qdrant is copied with its points' ids, vectors and payloads into the
+    server's collections of the same names (created with the configured qdrant_* collection settings). Running it
+    again is safe: points already there are skipped, so an interrupted run resumes. Stop the daemon first (it
+    holds the embedded store); afterwards, start it on the server (the output says how).
+
+    \b
+    Example:
+      qmd-indexer migrate --to http://127.0.0.1:6333
+    """
+    settings = settings_from(config, None, None, state_dir, None)
+    configure_logging(settings.log_format, settings.log_level)
+    from indexer.errors import CollectionMismatch, StoreLocked, StoreUnavailable
+    from indexer.migrate import migrate as copy_store
+    from indexer.store import EdgeStore, ServerOptions, ServerStore
+
+    root = settings.state_dir / "qdrant"
+    if not root.is_dir():
+        fail(f"no embedded store under {settings.state_dir} (nothing to migrate); pass --state-dir")
+    source = EdgeStore(root)
+    target = ServerStore(url, api_key or settings.qdrant_api_key, ServerOptions.from_settings(settings))
+    try:
+        results = copy_store(source, target)
+    except StoreLocked as exc:
+        fail(f"{exc}. Stop the daemon, then migrate.")
+    except (StoreUnavailable, CollectionMismatch) as exc:
+        fail(f"{exc}. Nothing is lost: run the same command again to resume.")
+    finally:
+        source.close()
+        target.close()
+    for r in results:
+        click.echo(f"{r.collection:<40} {r.points:>8} points  ({r.copied} copied, {r.skipped} already there, "
+                   f"{r.files_removed} stale files removed)")
+    click.echo(f"Copied {len(results)} collections to {url}. Start the daemon on the server with\n"
+               f"  qmd-indexer run --qdrant-url {url} ...\n"
+               f"or set qdrant_url = \"{url}\" in the config file (environment: QMD_INDEXER_QDRANT_URL). Nothing is "
+               f"embedded again; {root} is no longer used and can be removed once you are satisfied.")
+
+
+@click.command()
+@config_opt
+@click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="Workspace directory to check; replaces the config's list.")
+@click.option("--agent", help="Agent id of --workspace [default main].")
+@click.option("--fix", is_flag=True, help="Archive the legacy memory.md and merge its text into MEMORY.md.")
+def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: bool) -> None:
+    """Check each workspace for a split root memory (MEMORY.md and memory.md as two files),
+    warn about workspaces that overlap (one nested in another's memory/), report extra paths
+    missing or overlapping memory/ and directories that cannot be listed, and list the roots
+    that are polled rather than watched, and why.
+
+    \b
+    Only MEMORY.md is indexed; --fix moves memory.md to
+    .openclaw-repair/root-memory/<UTC time>/memory.md and, when its text differs,
+    appends it to MEMORY.md under a heading naming the archive. Nothing is lost.
+    Exit status: 0 healthy (or repaired), 1 a problem found and not fixed.
+
+    \b
+    Examples:
+      qmd-indexer doctor --workspace ~/agent
+      qmd-indexer doctor --config /etc/qmd-indexer/config.toml --fix
+    """
+    from indexer.doctor import find_split, findings, fix_split
+    from indexer.workspace import overlaps, plan_collections
+
+    settings = settings_from(config, workspace, agent, None, None)
+    need_workspaces(settings)
+    problems = 0
+    for overlap in overlaps(plan_collections(settings.workspace)):
+        click.echo(f"warning: overlapping workspaces: {overlap}")
+    found = findings(list(settings.workspace))
+    for finding in found:
+        problems += finding.problem
+        click.echo(finding.line())
+    for ws in settings.workspace:
+        legacy = find_split(ws)
+        if legacy is None and any(f.problem and f.agent == ws.agent for f in found):
+            continue
+        if legacy is None:
+            click.echo(f"{ws.agent}: ok ({ws.path})")
+        elif not fix:
+            problems += 1
+            click.echo(f"{ws.agent}: split root memory: {legacy} and MEMORY.md are different files; "
+                       f"only MEMORY.md is indexed. Run with --fix to archive and merge it.")
+        else:
+            repair = fix_split(ws)
+            if repair is None:  # repaired by someone else since find_split
+                click.echo(f"{ws.agent}: ok ({ws.path})")
+                continue
+            merged = "its text appended to MEMORY.md" if repair.merged else "same text as MEMORY.md"
+            click.echo(f"{ws.agent}: repaired: {legacy.name} archived to {repair.archived_to} ({merged})")
+    sys.exit(EXIT_FAILURE if problems else EXIT_OK)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of plugin records.")
+@config_opt
+def plugins(as_json: bool, config: Path | None) -> None:
+    """List every installed plugin: group, name, distribution and version, what it provides, status.
+
+    \b
+    Plugins are found through the entry-point groups qmd_indexer.classifiers,
+    qmd_indexer.extractors, qmd_indexer.embedders and qmd_indexer.rerankers; no
+    model is loaded to list them. A plugin that fails to load is listed as failed
+    with the reason. Status: loaded, failed, disabled (not in the `plugins`
+    allow-list), unused (lost a `prefer` choice, or a reranker other than the
+    one the `reranker` setting names).
+    """
+    from indexer.errors import ConfigError
+    from indexer.plugins import load_registry, plugin_configs
+
+    settings = settings_from(config, None, None, None, None)
+    configure_logging("json" if as_json else settings.log_format, "critical" if as_json else "error")
+    try:
+        registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer,
+                                 reranker=settings.reranker)
+    except ConfigError as exc:
+        fail(f"config error: {exc}", EXIT_USAGE)
+    records = [r.as_dict() for r in registry.records]
+    if as_json:
+        click.echo(json.dumps(records, indent=2))
+        return
+    click.echo(f"{'group':<12} {'name':<24} {'distribution':<28} {'provides':<16} status")
+    for r in records:
+        dist = f"{r['distribution']} {r['version']}"
+        group = r["group"].rsplit(".", 1)[-1]
+        line = f"{group:<12} {r['name']:<24} {dist:<28} {', '.join(r['provides']):<16} {r['status']}"
+        click.echo(line + (f" ({r['reason']})" if r["reason"] else ""))
+
+
+#: the commands above, in the order ``indexer.cli`` adds them to its group
+COMMANDS = (run, index, migrate, doctor, plugins)
