@@ -42,6 +42,7 @@ from indexer.errors import (
     EmbedError,
     ExtractError,
     FileSkipped,
+    StateDirFull,
     StateReadOnly,
     StoreLocked,
     StoreUnavailable,
@@ -175,7 +176,7 @@ class Indexer:
                                    if w.multimodal.enabled})
         if store is None:
             store = open_store(settings.state_dir, settings.qdrant_url, settings.qdrant_api_key,
-                               ServerOptions.from_settings(settings))
+                               ServerOptions.from_settings(settings), settings.state_min_free_bytes)
         cache = EmbeddingCache(settings.state_dir / "embeddings.sqlite3")
         indexer = cls(settings, registry, store, cache, terms if terms is not None else Bm25Terms(settings.bm25),
                       polling=polling, reindex=reindex)
@@ -229,9 +230,9 @@ class Indexer:
                     log.info("store_reconnected", backend=self.store.kind)
                 return True
             except StoreUnavailable as exc:
-                if not reported:
+                if not reported and not isinstance(exc, StateDirFull):  # the store logs that one itself
                     log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
-                    reported = True
+                reported = True
             stop.wait(RETRY_AFTER_S)
         return False
 
@@ -411,6 +412,10 @@ class Indexer:
 
     def _write_group(self, prepared: list[Prepared], into: Mapping[str, str] | None = None) -> list[Path]:
         try:
+            self.store.ensure_room(0)  # a full state dir: retry later, without embedding in vain meanwhile
+        except StateDirFull:
+            return [file.path for file in prepared]
+        try:
             vectors = self.pipeline.embed(prepared, should_stop=self._should_stop)
         except Interrupted:
             log.info("index_interrupted", files=[str(f.path) for f in prepared],
@@ -435,7 +440,8 @@ class Indexer:
                     self.store.delete_file(old.collection, abs_path)
                 self.store.replace_file(file.collection.name, abs_path, file.file_hash, points)
             except StoreUnavailable as exc:
-                log.error("store_unavailable", path=abs_path, error=str(exc), retry_after_s=RETRY_AFTER_S)
+                if not isinstance(exc, StateDirFull):  # that one the store logs once per outage
+                    log.error("store_unavailable", path=abs_path, error=str(exc), retry_after_s=RETRY_AFTER_S)
                 retry.append(file.path)
                 continue
             self.indexed[abs_path] = Indexed(file.collection.name, FileState(
@@ -539,9 +545,10 @@ class Indexer:
 
     # -- reporting ----------------------------------------------------------------------------------------------
     def health(self) -> str:
-        """``"degraded"`` while the watcher is dead or the last reconcile found drift, else ``"ok"``."""
+        """``"degraded"`` while the watcher is dead, the last reconcile found drift or store writes fail (a full
+        state dir), else ``"ok"``."""
         dead = self.watcher is not None and (self.watcher.dead or not self.watcher.alive())
-        return "degraded" if dead or any(self.drift.values()) else "ok"
+        return "degraded" if dead or any(self.drift.values()) or self.store.degraded else "ok"
 
     def pending(self, agent: str | None = None) -> list[str]:
         """Workspace-relative paths (sorted, ``/`` separators) of ``agent``'s collections (every agent's when

@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 
 from indexer.daemon import RETRY_AFTER_S, Indexer
-from indexer.errors import StoreUnavailable
+from indexer.errors import StateDirFull, StoreUnavailable
 from indexer.systemd import Supervisor
 from indexer.watcher import Watcher
 
@@ -55,7 +55,8 @@ def process_guarded(indexer: Indexer, batch: list[Path]) -> None:
     try:
         retry_later(indexer, indexer.process(batch))
     except StoreUnavailable as exc:
-        log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
+        if not isinstance(exc, StateDirFull):  # the store logs that once per outage
+            log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
         retry_later(indexer, batch)
     except Exception:  # a bug must not kill the worker: log it, retry the batch later
         log.exception("worker_error", paths=[str(p) for p in batch], retry_after_s=RETRY_AFTER_S)
