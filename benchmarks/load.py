@@ -67,6 +67,18 @@ async def client(url: str, queries: list[str], offset: int, mode: str, until: fl
             latencies.append(time.perf_counter() - started)
 
 
+def token_for(n: int) -> str:
+    """A word found in no note, one per save, letters only: digits would be split off into a token of their own by
+    the BM25 tokenizer, and the shared prefix would then match the note's earlier saves."""
+    letters = ""
+    while True:
+        n, r = divmod(n, 26)
+        letters += chr(ord("a") + r)
+        if not n:
+            break
+    return f"zyloadsave{letters}q"
+
+
 async def probe(http: httpx.AsyncClient, token: str, path: str, saved: float, out: list[float],
                 missed: list[str]) -> None:
     while time.monotonic() - saved < PROBE_TIMEOUT_S:
@@ -90,7 +102,7 @@ async def writer(url: str, ws: Path, every_s: float, until: float, visible: list
         while next_at < until:
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
             note = notes[n % len(notes)]
-            token = f"LOADTOKEN{n:05d}X"
+            token = token_for(n)
             with open(note, "a") as handle:
                 handle.write(f"\nSaved under load: {token}.\n")
             probes.append(asyncio.create_task(probe(http, token, f"memory/{note.name}", time.monotonic(), visible,
