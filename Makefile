@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8743
 STATE  ?= .state/demo
 
-.PHONY: install qdrant demo lint test fuzz bench eval clean
+.PHONY: install qdrant demo lint test fuzz bench faults load eval clean
 
 $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +41,14 @@ fuzz: install ## schemathesis against a real daemon on the demo workspace (FUZZ_
 bench: install ## benchmark indexing and search on ../shared/data/vault (needs that folder)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench
 
+faults: install ## SIGKILL, cache damage, read-only and full state dir against a clean index (root for mounts)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.faults
+
+load: install ## 16 search clients for 60 s while a note is saved every 0.5 s: latency and save-to-searchable
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.load
+
 eval: install ## retrieval quality on BEIR SciFact from ../shared/data/scifact (nDCG@10, recall@100)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.eval
 
 clean:
-	rm -rf .state .bench .eval .pytest_cache
+	rm -rf .state .bench .eval .faults .load .pytest_cache

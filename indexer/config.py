@@ -145,6 +145,10 @@ class Settings(BaseSettings):
     settle_s: float = Field(default=1.0, ge=0)
     settle_max_s: float = Field(default=5.0, ge=0)  # saved often: indexed at least this often
     rescan_interval_s: float = Field(default=300.0, gt=0)
+    # Embedded store writes are refused (logged once as state_dir_full, retried) while the state dir's file system
+    # has less free space than this: Qdrant Edge writes through mmap, and a page it touches on a full disk kills
+    # the process with SIGBUS. Measured on tmpfs: creating one collection touches ~12 MiB, points ~2x their bytes.
+    state_min_free_bytes: int = Field(default=64 * MIB, ge=0)
     poll_interval_s: float = Field(default=2.0, gt=0)  # how often a polled root is compared with the disk
     max_file_bytes: int = Field(default=10 * MIB, gt=0)
     search_mode: Literal["hybrid", "dense", "keyword"] = "hybrid"

@@ -35,7 +35,14 @@ from indexer import report
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache
 from indexer.config import Settings
-from indexer.errors import CollectionMismatch, EmbedError, ExtractError, FileSkipped, StoreUnavailable
+from indexer.errors import (
+    CollectionMismatch,
+    EmbedError,
+    ExtractError,
+    FileSkipped,
+    StateDirFull,
+    StoreUnavailable,
+)
 from indexer.ledger import FAILURES, Ledger
 from indexer.metrics import Metrics
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
@@ -136,7 +143,7 @@ class Indexer:
                                    if w.multimodal.enabled})
         if store is None:
             store = open_store(settings.state_dir, settings.qdrant_url, settings.qdrant_api_key,
-                               ServerOptions.from_settings(settings))
+                               ServerOptions.from_settings(settings), settings.state_min_free_bytes)
         cache = EmbeddingCache(settings.state_dir / "embeddings.sqlite3")
         indexer = cls(settings, registry, store, cache, terms if terms is not None else Bm25Terms(settings.bm25),
                       polling=polling, reindex=reindex)
@@ -187,9 +194,10 @@ class Indexer:
                 return True
             except StoreUnavailable as exc:
                 if not reported:
-                    self.metrics.error("store_unavailable")
+                    self.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
+                if not reported and not isinstance(exc, StateDirFull):  # the store logs that one itself
                     log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
-                    reported = True
+                reported = True
             stop.wait(RETRY_AFTER_S)
         return False
 
@@ -381,6 +389,10 @@ class Indexer:
 
     def _write_group(self, prepared: list[Prepared], into: Mapping[str, str] | None = None) -> list[Path]:
         try:
+            self.store.ensure_room(0)  # a full state dir: retry later, without embedding in vain meanwhile
+        except StateDirFull:
+            return [file.path for file in prepared]
+        try:
             vectors = self.pipeline.embed(prepared, should_stop=self._should_stop)
         except Interrupted:
             log.info("index_interrupted", files=[str(f.path) for f in prepared],
@@ -405,8 +417,9 @@ class Indexer:
                     self.store.delete_file(old.collection, abs_path)
                 self.store.replace_file(file.collection.name, abs_path, file.file_hash, points)
             except StoreUnavailable as exc:
-                self.metrics.error("store_unavailable")
-                log.error("store_unavailable", path=abs_path, error=str(exc), retry_after_s=RETRY_AFTER_S)
+                self.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
+                if not isinstance(exc, StateDirFull):  # that one the store logs once per outage
+                    log.error("store_unavailable", path=abs_path, error=str(exc), retry_after_s=RETRY_AFTER_S)
                 retry.append(file.path)
                 continue
             self.metrics.store_write_seconds.observe(time.monotonic() - started)
@@ -420,7 +433,7 @@ class Indexer:
 
     # -- reporting (indexer.report) -----------------------------------------------------------------------------
     def health(self) -> str:
-        """``report.health``: ``"degraded"`` while the watcher is dead or the last reconcile found drift."""
+        """``report.health``: ``"degraded"`` while the watcher is dead, drift was found or store writes fail."""
         return report.health(self)
 
     def pending(self, agent: str | None = None) -> list[str]:

@@ -40,6 +40,11 @@ class StoreUnavailable(QmdError):
     """The Qdrant store could not be reached or refused an operation."""
 
 
+class StateDirFull(StoreUnavailable):
+    """A store write was refused: the state directory's file system has less free space than the configured
+    margin (``state_min_free_bytes``). Retried like any unavailable store; the store logs ``state_dir_full``."""
+
+
 class StoreLocked(StoreUnavailable):
     """The embedded store's write-ahead log is locked by another process."""
 

@@ -26,10 +26,11 @@ MAX_WAIT_S = 10.0  # the longest a search waits for pending changes (``search --
 
 
 def health(indexer: Indexer) -> str:
-    """``"degraded"`` while the watcher is dead or the last reconcile found drift, else ``"ok"``."""
+    """``"degraded"`` while the watcher is dead, the last reconcile found drift or store writes fail (a full state
+    dir), else ``"ok"``."""
     watcher = indexer.watcher
     dead = watcher is not None and (watcher.dead or not watcher.alive())
-    return "degraded" if dead or any(indexer.drift.values()) else "ok"
+    return "degraded" if dead or any(indexer.drift.values()) or indexer.store.degraded else "ok"
 
 
 def pending(indexer: Indexer, agent: str | None = None) -> list[str]:

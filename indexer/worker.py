@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from indexer.daemon import RETRY_AFTER_S, Indexer
-from indexer.errors import StoreUnavailable
+from indexer.errors import StateDirFull, StoreUnavailable
 from indexer.rebuild import rebuild
 from indexer.systemd import Supervisor
 from indexer.watcher import Watcher
@@ -74,8 +74,9 @@ def process_guarded(indexer: Indexer, batch: list[Path]) -> None:
     try:
         process_observed(indexer, batch)
     except StoreUnavailable as exc:
-        indexer.metrics.error("store_unavailable")
-        log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
+        indexer.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
+        if not isinstance(exc, StateDirFull):  # the store logs that once per outage
+            log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
         retry_later(indexer, batch)
     except Exception:  # a bug must not kill the worker: log it, retry the batch later
         indexer.metrics.error("worker_error")

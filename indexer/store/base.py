@@ -256,6 +256,10 @@ class Store:
             if offset is None:
                 return
 
+    def ensure_room(self, need_bytes: int) -> None:
+        """Raise ``StateDirFull`` when a write of about ``need_bytes`` bytes would leave too little free space
+        (Edge, see ``EdgeStore.ensure_room``); a no-op for a server."""
+
     def flush(self) -> None:
         """Persist what is buffered (Edge); a no-op for a server."""
 
