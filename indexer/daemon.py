@@ -182,25 +182,6 @@ class Indexer:
         log.info("store_opened", backend=self.store.kind, collections=[c.name for c in self.collections],
                  files=len(self.indexed))
 
-    def connect_until(self, stop: threading.Event) -> bool:
-        """``connect()``, retrying every ``RETRY_AFTER_S`` while the store is unavailable; one log line per outage.
-        False if ``stop`` was set first."""
-        reported = False
-        while not stop.is_set():
-            try:
-                self.connect()
-                if reported:
-                    log.info("store_reconnected", backend=self.store.kind)
-                return True
-            except StoreUnavailable as exc:
-                if not reported:
-                    self.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
-                if not reported and not isinstance(exc, StateDirFull):  # the store logs that one itself
-                    log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
-                reported = True
-            stop.wait(RETRY_AFTER_S)
-        return False
-
     def close(self) -> None:
         """Stop the watcher, flush and close the store, close the cache."""
         if self.watcher:

@@ -139,6 +139,26 @@ def _watch(indexer: Indexer) -> Watcher:
     return watcher
 
 
+def connect_until(indexer: Indexer, stop: threading.Event) -> bool:
+    """``indexer.connect()``, retrying every ``RETRY_AFTER_S`` while the store is unavailable; one log line per
+    outage (a full state dir is logged by the store itself). False if ``stop`` was set first."""
+    reported = False
+    while not stop.is_set():
+        try:
+            indexer.connect()
+            if reported:
+                log.info("store_reconnected", backend=indexer.store.kind)
+            return True
+        except StoreUnavailable as exc:
+            if not reported:
+                indexer.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
+                if not isinstance(exc, StateDirFull):
+                    log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
+            reported = True
+        stop.wait(RETRY_AFTER_S)
+    return False
+
+
 def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = None,
         supervisor: Supervisor | None = None, reloader: Reloader | None = None) -> None:
     """Watch and index until ``stop`` is set; finishes the batch in hand, then returns. An unavailable store at
@@ -149,7 +169,7 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
     indexer.stopping = stop
     if supervisor is not None:
         indexer.beat = supervisor.beat
-    if not indexer.connected.is_set() and not indexer.connect_until(stop):
+    if not indexer.connected.is_set() and not connect_until(indexer, stop):
         return
     watcher = _watch(indexer)
     for embedder in indexer.registry.embedders.values():  # load models now, not on the first search
