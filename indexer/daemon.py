@@ -152,6 +152,8 @@ class Indexer:
         self._cache = cache
         self.rebuild_requested = threading.Event()  # the worker rebuilds every collection when it is set
         self.rebuilding = False
+        # HNSW builds of Edge collections (``worker.build_indexes``): name -> {"state", "points", "seconds"|"error"}
+        self.hnsw: dict[str, dict[str, Any]] = {}
         if reindex:
             self.rebuild_requested.set()
 
@@ -594,6 +596,7 @@ class Indexer:
             "uptime_s": round(time.time() - self.started_at, 1),
             "queue_depth": len(self.settler) + self.in_hand,
             "rebuilding": self.rebuilding or self.rebuild_requested.is_set(),
+            "hnsw": {name: dict(build) for name, build in list(self.hnsw.items())},
             "models": {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
                                   "precision": getattr(e, "precision", None)}
                        for modality, e in self.registry.embedders.items()},

@@ -9,6 +9,9 @@ them to ``Indexer.process``; nothing else calls it while it runs.
   here too, between batches, followed by a scan.
 - Retries: a path whose write found the store unavailable, or a batch that raised, goes back into the same queue
   with a delay of ``RETRY_AFTER_S`` seconds (an event for it meanwhile takes precedence). No timer threads.
+- HNSW: once ready, and after each rescan, a thread (``build_indexes``) gives each Qdrant Edge collection of at
+  least ``edge_hnsw_min_points`` points without an index one (``EdgeStore.build_index``: built by a child process
+  on a copy, swapped in); ``run`` stops and joins it before it returns.
 - Progress: ``drain`` reports to an optional ``progress(total)`` context manager that yields an ``advance(n)``
   callable (the CLI draws a bar on a terminal); the worker itself never draws.
 """
@@ -27,6 +30,7 @@ import structlog
 
 from indexer.daemon import RETRY_AFTER_S, Indexer
 from indexer.errors import StoreUnavailable
+from indexer.store import EdgeStore
 from indexer.systemd import Supervisor
 from indexer.watcher import Watcher
 
@@ -95,6 +99,50 @@ def index_once(indexer: Indexer, progress: Progress | None = None) -> dict[str, 
     return indexer.status()
 
 
+def build_indexes(indexer: Indexer, stop: threading.Event) -> None:
+    """Give each Edge collection of at least ``edge_hnsw_min_points`` points with fewer than half of them indexed an
+    HNSW index (``EdgeStore.build_index``), one collection at a time, recording each in ``indexer.hnsw``. A failed
+    build is logged and not tried again by this process; one given up (``stop``, or a rebuild meanwhile) is tried
+    at the next call."""
+    store, minimum = indexer.store, indexer.settings.edge_hnsw_min_points
+    if not minimum or not isinstance(store, EdgeStore):
+        return
+    for collection in indexer.collections:
+        name = collection.name
+        if stop.is_set() or indexer.hnsw.get(name, {}).get("state") == "failed":
+            continue
+        try:
+            points, indexed = store.index_state(name)
+        except Exception:  # not created yet
+            continue
+        if points < minimum or indexed >= points // 2:
+            continue
+        indexer.hnsw[name] = {"state": "building", "points": points}
+        log.info("hnsw_build_started", collection=name, points=points, indexed=indexed)
+        try:
+            seconds = store.build_index(name, stop)
+        except Exception as exc:
+            indexer.hnsw[name] = {"state": "failed", "points": points, "error": str(exc)[:500]}
+            log.error("hnsw_build_failed", collection=name, error=str(exc)[:500])
+            continue
+        if seconds is None:
+            indexer.hnsw[name] = {"state": "given_up", "points": points}
+            log.info("hnsw_build_given_up", collection=name)
+        else:
+            points, indexed = store.index_state(name)
+            indexer.hnsw[name] = {"state": "built", "points": points, "indexed": indexed, "seconds": round(seconds, 1)}
+            log.info("hnsw_build_finished", collection=name, points=points, indexed=indexed, seconds=round(seconds, 1))
+
+
+def _index_builder(indexer: Indexer, stop: threading.Event, running: threading.Thread | None) -> threading.Thread:
+    """``running`` while it is alive, else a new ``build_indexes`` thread, started."""
+    if running is not None and running.is_alive():
+        return running
+    thread = threading.Thread(target=build_indexes, args=(indexer, stop), name="hnsw-builder", daemon=True)
+    thread.start()
+    return thread
+
+
 def _rebuild(indexer: Indexer) -> None:
     """``indexer.rebuild()``; a failure is logged and leaves the old collections serving."""
     try:
@@ -137,6 +185,18 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
         supervisor.ready(len(settler), len(indexer.indexed))
     next_scan = time.monotonic() + indexer.settings.rescan_interval_s
     next_refresh = time.monotonic() + REFRESH_S
+    builder = _index_builder(indexer, stop, None)
+    try:
+        _loop(indexer, stop, supervisor, next_scan, next_refresh, builder)
+    finally:
+        builder.join()  # ``stop`` is set: a build in progress kills its child and gives up
+
+
+def _loop(indexer: Indexer, stop: threading.Event, supervisor: Supervisor | None, next_scan: float,
+          next_refresh: float, builder: threading.Thread) -> None:
+    """``run``'s loop once ready, until ``stop`` is set."""
+    settler, watcher = indexer.settler, indexer.watcher
+    assert watcher is not None
     while not stop.is_set():
         indexer.beat()
         if supervisor is not None:
@@ -163,5 +223,6 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
             except StoreUnavailable as exc:
                 log.error("store_unavailable", error=str(exc))
             next_scan = time.monotonic() + indexer.settings.rescan_interval_s
+            builder = _index_builder(indexer, stop, builder)
             continue
         settler.wait(min(1.0, max(0.0, next_scan - time.monotonic()), max(0.0, next_refresh - time.monotonic())))
