@@ -34,6 +34,9 @@ _OPTIMIZE = ("import os, sys, qdrant_edge as qe\nos.nice(int(sys.argv[2]))\n"
              "shard = qe.EdgeShard.load(sys.argv[1])\nshard.optimize()\nshard.flush()\nshard.close()\n")
 
 
+_HNSW_RECORD = "qmd-hnsw.json"  # in a shard's folder: {"points": n}, its point count when its index was built
+
+
 class EdgeStore(Store):
     """One Edge shard per collection under ``root`` (``<state_dir>/qdrant/<collection>/``, write-ahead logged).
 
@@ -181,10 +184,18 @@ class EdgeStore(Store):
             self._journal = None
 
     def index_state(self, name: str) -> tuple[int, int]:
-        """``(points, points with an HNSW-indexed vector)`` of collection ``name`` (Edge's ``ShardInfo``)."""
+        """``(points, points when its HNSW index was built)`` of collection ``name``; the second is 0 when it has
+        none. (Edge's ``ShardInfo.indexed_vectors_count`` counts sparse vectors too, so the HNSW graph files of its
+        segments, ``segments/*/vector_index-<dense>/graph.bin``, and the count ``build_index`` records say it.)"""
         with self._lock:
-            info = self._shard(self._target(name)).info()
-            return int(info.points_count), int(info.indexed_vectors_count)
+            physical = self._target(name)
+            points = int(self._shard(physical).count(self._qe.CountRequest(exact=True)))
+            if not any((self.root / physical / "segments").glob("*/vector_index-*/graph.bin")):
+                return points, 0
+            try:
+                return points, int(json.loads((self.root / physical / _HNSW_RECORD).read_text())["points"])
+            except (OSError, ValueError, KeyError):
+                return points, points  # built by hand (``optimize()``)
 
     def build_index(self, name: str, stop: threading.Event | None = None, nice: int = 10,
                     timeout_s: float = 7200.0) -> float | None:
@@ -204,6 +215,7 @@ class EdgeStore(Store):
             new = self.rebuild_target(name)
             self._shard(old).flush()
             shutil.copytree(self.root / old, self.root / new)
+            (self.root / new / _HNSW_RECORD).write_text(json.dumps({"points": self._count(old)}))
             self._journal = (old, [])
         proc = subprocess.Popen([sys.executable, "-c", _OPTIMIZE, str(self.root / new), str(nice)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
