@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         names = [c.name for c in indexer.collections]
         for name in names:
             cluster.wait_replicas_active(name)
-        report.update({"files": total, "files_at_kill": at_kill, "files_indexed_while_down": while_down,
+        report.update({"files_found": total, "files_indexed": len(indexer.indexed),
+                       "files_at_kill": at_kill, "files_indexed_while_down": while_down,
                        "degraded_after_kill_s": round(degraded_s, 1), "converged_after_kill_s": round(converged_s, 1),
                        "first_index_s": round(time.monotonic() - started, 1)})
         # the clean index: Edge, fresh state, the daemon's embedding cache (same vectors; nothing embedded)
