@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8743
 STATE  ?= .state/demo
 
-.PHONY: install qdrant demo lint test fuzz bench faults load eval clean
+.PHONY: install qdrant demo lint test fuzz bench cluster-kill faults load eval clean
 
 $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,7 @@ test: install ## run the test suite
 fuzz: install ## schemathesis against a real daemon on the demo workspace (FUZZ_EXAMPLES per operation, default 100)
 	HF_HUB_OFFLINE=1 $(BIN)/python tests/fuzz_api.py
 
-bench: install ## benchmark indexing and search on ../shared/data/vault (needs that folder)
+bench: install qdrant ## benchmark indexing and search on ../shared/data (Qdrant Edge and a real Qdrant server, one run)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench
 
 faults: install ## SIGKILL, cache damage, read-only and full state dir against a clean index (root for mounts)
@@ -46,6 +46,8 @@ faults: install ## SIGKILL, cache damage, read-only and full state dir against a
 
 load: install ## 16 search clients for 60 s while a note is saved every 0.5 s: latency and save-to-searchable
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.load
+cluster-kill: install qdrant ## a node SIGKILLed mid first index of ../shared/data/vault on a 3-node cluster; end state
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.cluster_kill
 
 eval: install ## retrieval quality on BEIR SciFact from ../shared/data/scifact (nDCG@10, recall@100)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.eval

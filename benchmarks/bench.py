@@ -24,9 +24,17 @@ Measured, in order:
    Both run as ``python -m indexer.cli`` from this checkout.
 6. **Peak RSS** of the daemon (``VmHWM`` from ``/proc/<pid>/status``; psutil's RSS sampled as a fallback).
 7. **Hybrid search at 100,000 chunks** through the API (see ``build_big``: real SciFact sentences for text and BM25,
-   dense vectors made from the real embeddings of step 1 with small perturbations), before and after
-   ``EdgeShard.optimize()``, with the time ``optimize()`` takes (it holds the GIL) and the in-process split of a
-   query's time between query embedding, the store and fusion.
+   dense vectors made from the real embeddings of step 1 with small perturbations). On Edge: first by exact scan
+   (a daemon with ``edge_hnsw_min_points = 0``), then on a daemon with the default, which builds the HNSW index in a
+   child process on a copy of the shard and swaps it in (``EdgeStore.build_index``): latency while it builds, the
+   build's seconds, and latency after the swap. Each with the in-process split of a query's time (query embedding,
+   each prefetch, fusion, the payloads of the k kept hits, snippets).
+
+Backends (``--backend``, default ``both``): steps 1, 2 and 7 run on Qdrant Edge and on a real single-node Qdrant
+server (the pinned binary of ``tests/qdrant/install.sh``, ``make qdrant``; started by ``tests/qdrant/nodes.py`` on free
+loopback ports with its storage under ``.bench/qdrant-node``; the daemon talks to it over REST, the default). On the
+server, step 7 waits until the server's own optimizer has built its HNSW index (the time is reported) and measures
+then. Steps 3-6 run on Edge only. The table ends with the server's figures next to Edge's and their ratios.
 
 Results are printed as a table and written to ``.bench/results-<timestamp>.json``.
 """
@@ -34,6 +42,7 @@ Results are printed as a table and written to ``.bench/results-<timestamp>.json`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import hashlib
 import json
@@ -87,22 +96,32 @@ def copy_vault(vault: Path, workspace: Path) -> int:
     return sum(1 for _ in (workspace / "memory").rglob("*.md"))
 
 
-def settings_for(workspace: Path, state_dir: Path, agent: str = "bench") -> Any:
+def settings_for(workspace: Path, state_dir: Path, agent: str = "bench", qdrant_url: str = "") -> Any:
+    """Settings of one workspace; ``qdrant_url`` empty: Qdrant Edge under ``state_dir``, else that server."""
     from indexer.config import Settings, Workspace
 
-    return Settings(state_dir=state_dir, workspace=(Workspace(agent=agent, path=workspace),), log_level="warning")
+    return Settings(state_dir=state_dir, workspace=(Workspace(agent=agent, path=workspace),), log_level="warning",
+                    qdrant_url=qdrant_url)
+
+
+def server_env(url: str) -> dict[str, str]:
+    """The environment that points a daemon subprocess at the server ``url`` (empty for Edge)."""
+    return {"QMD_INDEXER_QDRANT_URL": url} if url else {}
 
 
 # -- 1 + 2: first index and no-op rescans, in process --------------------------------------------------------------
-def bench_index(workspace: Path, state_dir: Path) -> tuple[dict[str, Any], Any, np.ndarray]:
-    """Steps 1 and 2; returns (results, registry, the real chunk vectors of the index)."""
+def bench_index(workspace: Path, state_dir: Path, qdrant_url: str = "",
+                registry: Any = None) -> tuple[dict[str, Any], Any, np.ndarray]:
+    """Steps 1 and 2 on Edge (``qdrant_url`` empty) or that server; returns (results, registry, the real chunk
+    vectors of the index). ``registry``: the loaded plugins to reuse (loaded here when ``None``)."""
     from indexer.daemon import Indexer
     from indexer.plugins import load_registry, plugin_configs
     from indexer.worker import index_once
 
     shutil.rmtree(state_dir, ignore_errors=True)
-    settings = settings_for(workspace, state_dir)
-    registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer)
+    settings = settings_for(workspace, state_dir, qdrant_url=qdrant_url)
+    if registry is None:
+        registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer)
     embedder = registry.embedders["text"]
     model = embedder.model  # load now: model loading is not indexing
     model.encode(["warm-up"] * embedder.batch_size, batch_size=embedder.batch_size)
@@ -189,7 +208,8 @@ def real_vectors(cache_path: Path) -> np.ndarray:
 class Daemon:
     """``qmd-indexer run`` in a subprocess on a free port; ``rss_peak()`` samples memory while it runs."""
 
-    def __init__(self, workspace: Path, state_dir: Path, agent: str, log_path: Path) -> None:
+    def __init__(self, workspace: Path, state_dir: Path, agent: str, log_path: Path,
+                 env: dict[str, str] | None = None) -> None:
         import psutil
 
         self.port = free_port()
@@ -198,7 +218,7 @@ class Daemon:
         # ``qmd-indexer`` script imports whatever checkout the virtualenv was installed from)
         cmd = [sys.executable, "-m", "indexer", "run", "--workspace", str(workspace), "--agent", agent,
                "--state-dir", str(state_dir), "--port", str(self.port)]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json", **(env or {})}
         self.log_file = open(log_path, "wb")
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -375,7 +395,8 @@ def scifact_passages(scifact: Path, n: int) -> list[str]:
     return list(passages)[:n]
 
 
-def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Path, registry: Any) -> dict[str, Any]:
+def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Path, registry: Any,
+              qdrant_url: str = "") -> dict[str, Any]:
     """A workspace of ``BIG_POINTS / BIG_CHUNKS_PER_FILE`` notes and its complete index, built without the model.
 
     Text: real SciFact passages (``scifact_passages``), one per line, ``BIG_CHUNKS_PER_FILE`` lines per note; each
@@ -384,6 +405,7 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
     cosine to its source ~0.9), L2-normalised. Payloads are the product's (path, hashes, stat, chunk counts), so
     the daemon sees every file as indexed and embeds nothing at start."""
     from indexer.bm25 import Bm25Terms
+    from indexer.pipeline import index_hash
     from indexer.points import Payload, Point, ancestor_dirs, point_id
     from indexer.store import open_store
 
@@ -393,11 +415,13 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
     passages = scifact_passages(scifact, BIG_POINTS)
     if len(passages) < BIG_POINTS:
         raise RuntimeError(f"only {len(passages)} distinct SciFact passages")
-    settings = settings_for(workspace, state_dir, agent="big")
+    settings = settings_for(workspace, state_dir, agent="big", qdrant_url=qdrant_url)
+    from indexer.store import ServerOptions
     from indexer.workspace import plan_collections
 
     collection = next(c for c in plan_collections(settings.workspace) if c.role == "dir")
-    store = open_store(state_dir)
+    store = open_store(state_dir, qdrant_url, options=ServerOptions.from_settings(settings))
+    store.drop(collection.name)  # a server keeps collections between runs
     store.ensure_collection(collection.name, {"text": vectors.shape[1]})
     bm25 = Bm25Terms(settings.bm25)  # the product's own BM25 terms
     rng = np.random.default_rng(0)
@@ -409,7 +433,8 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
         content = "\n".join(lines) + "\n"
         path.write_text(content, encoding="utf-8")
         st = path.stat()
-        file_hash = hashlib.sha256(content.encode("utf-8")).hexdigest()
+        # the hash the pipeline gives this content (chunking version included), so the daemon finds it current
+        file_hash = index_hash(hashlib.sha256(content.encode("utf-8")).hexdigest())
         rel = f"memory/{path.name}"
         for i, text in enumerate(lines):
             n = f * BIG_CHUNKS_PER_FILE + i
@@ -437,7 +462,18 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray, scifact: Pa
                    f"dimension, L2-normalised"}
 
 
-def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Sequence[str]) -> dict[str, Any]:
+def release_state_lock(state_dir: Path) -> None:
+    """Let a daemon subprocess open ``state_dir`` after this process did: ``Indexer.open`` locks a state dir for
+    the life of the process (``indexer.daemon._STATE_LOCKS``); a benchmark that hands it on releases it here."""
+    from indexer import daemon
+
+    fd = daemon._STATE_LOCKS.pop(state_dir.resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Sequence[str],
+                    qdrant_url: str = "") -> dict[str, Any]:
     """Per query, medians in ms in this process: embedding the query, each prefetch by ids and scores (as the
     searcher runs them) and with every candidate's payload (as the first version did), fusion, the payload read of
     the k kept hits, snippets, and the whole ``retrieve`` (query embedding cached)."""
@@ -445,7 +481,7 @@ def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Se
     from indexer.points import Filter, Hit, Query
     from indexer.search import SearchParams, fuse, to_hit
 
-    indexer = Indexer.open(settings_for(workspace, state_dir, agent="big"), registry=registry)
+    indexer = Indexer.open(settings_for(workspace, state_dir, agent="big", qdrant_url=qdrant_url), registry=registry)
     searcher = indexer.searcher()
     embed_ms, dense_ms, sparse_ms, fuse_ms, total_ms = [], [], [], [], []
     dense_payload_ms, sparse_payload_ms, payload_ms, snippet_ms = [], [], [], []
@@ -478,6 +514,7 @@ def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Se
         total_ms.append(t5 - t4), payload_ms.append(t6 - t5), snippet_ms.append(t7 - t6)
         dense_payload_ms.append(t8 - t7), sparse_payload_ms.append(t9 - t8)
     indexer.close()
+    release_state_lock(state_dir)
     med = lambda xs: round(1000 * statistics.median(xs), 2)  # noqa: E731
     return {"embed_query_ms": med(embed_ms), "dense_search_ms": med(dense_ms), "bm25_search_ms": med(sparse_ms),
             "dense_with_payloads_ms": med(dense_payload_ms), "bm25_with_payloads_ms": med(sparse_payload_ms),
@@ -485,56 +522,102 @@ def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Se
             "fuse_ms": med(fuse_ms), "retrieve_ms": med(total_ms)}
 
 
-def optimize_shard(state_dir: Path, collection: str) -> float:
-    """Seconds ``EdgeShard.optimize()`` takes on the shard (builds HNSW; holds the GIL)."""
-    import qdrant_edge as qe
-
-    shard = qe.EdgeShard.load(str(state_dir / "qdrant" / collection))
-    started = time.perf_counter()
-    shard.optimize()
-    seconds = time.perf_counter() - started
-    shard.flush()
-    shard.close()
-    return seconds
-
-
-def bench_big(out: Path, vectors: np.ndarray, scifact: Path, registry: Any, queries: Sequence[str]) -> dict[str, Any]:
+def wait_server_indexed(url: str, collection: str, timeout_s: float = 900) -> float:
+    """Seconds until the server's collection is ``green`` (its optimizer finished: HNSW built for every segment
+    over the indexing threshold, Qdrant's default 10,000 KB). Raises ``TimeoutError``."""
     import httpx
 
-    workspace, state_dir = out / "big" / "workspace", out / "big" / "state"
-    log(f"6. building {BIG_POINTS} chunks ...")
-    built = build_big(workspace, state_dir, vectors, scifact, registry)
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout_s:
+        info = httpx.get(f"{url}/collections/{collection}", timeout=10).json()["result"]
+        if info["status"] == "green":
+            return time.perf_counter() - started
+        time.sleep(0.5)
+    raise TimeoutError(f"{collection} on {url} not green after {timeout_s} s")
+
+
+def bench_big(out: Path, vectors: np.ndarray, scifact: Path, registry: Any, queries: Sequence[str],
+              qdrant_url: str = "", other_queries: Sequence[str] = ()) -> dict[str, Any]:
+    """Step 7 on Edge (``qdrant_url`` empty: exact scan, then the daemon's own HNSW build) or on that server (after
+    its optimizer built HNSW). ``other_queries`` are searched while the daemon builds HNSW: distinct from
+    ``queries``, so that the query embeddings cached then (the searcher keeps the last 256) do not speed up the
+    measurement after the build."""
+    import httpx
+
+    backend = "server" if qdrant_url else "edge"
+    workspace, state_dir = out / "big" / "workspace", out / "big" / f"state-{backend}"
+    log(f"7. [{backend}] building {BIG_POINTS} chunks ...")
+    built = build_big(workspace, state_dir, vectors, scifact, registry, qdrant_url)
     log(f"   {built['how']} ({built['build_s']} s)")
     result: dict[str, Any] = {"collection": built}
 
-    def through_api(label: str) -> dict[str, Any]:
-        daemon = Daemon(workspace, state_dir, "big", out / f"daemon-big-{label}.log")
+    def through_api(label: str, env: dict[str, str], hnsw: bool = False) -> dict[str, Any]:
+        """API search latency on a fresh daemon; with ``hnsw`` (Edge), once while the daemon builds its HNSW index
+        (``<label>_during_build``) and once after it swapped it in, with the build's figures."""
+        daemon = Daemon(workspace, state_dir, "big", out / f"daemon-big-{backend}-{label}.log",
+                        {**server_env(qdrant_url), **env})
         client = httpx.Client(timeout=60)
+        extra: dict[str, Any] = {}
         try:
             ready_s = daemon.wait_ready(client)
             status = client.get(f"{daemon.url}/status").json()
+            if hnsw:
+                during = search_latency(client, daemon.url, other_queries or [f"{q} now" for q in queries])
+                extra["during_build"] = {"p50_ms": round(1000 * pct(during, 50), 1),
+                                         "p95_ms": round(1000 * pct(during, 95), 1),
+                                         "state_after": dict(client.get(f"{daemon.url}/status").json()["hnsw"])}
+                log(f"   {backend} while the daemon builds HNSW: API hybrid p50 {extra['during_build']['p50_ms']} ms, "
+                    f"p95 {extra['during_build']['p95_ms']} ms; {extra['during_build']['state_after']}")
+                waited = time.perf_counter()
+                while time.perf_counter() - waited < 1800:
+                    build = client.get(f"{daemon.url}/status").json()["hnsw"].get(built["collection"], {})
+                    if build.get("state") not in (None, "building") or (
+                            build.get("state") is None and time.perf_counter() - waited > 60):
+                        break
+                    time.sleep(1)
+                extra["build"] = build
+                log(f"   {backend} HNSW build: {build}")
+            cpu = daemon.ps.cpu_times()
             lat = search_latency(client, daemon.url, queries)
+            cpu_after = daemon.ps.cpu_times()
+            # the same queries again: their embeddings are cached now, so this is the search without the model
+            # (less sensitive to other load on the machine, and what an index changes)
+            cached = search_latency(client, daemon.url, queries)
             rss = daemon.rss_peak()
         finally:
             client.close()
             daemon.stop()
+        cpu_ms = 1000 * (cpu_after.user + cpu_after.system - cpu.user - cpu.system) / (len(queries) + 3)
         r = {"p50_ms": round(1000 * pct(lat, 50), 1), "p95_ms": round(1000 * pct(lat, 95), 1),
+             "cached_embedding_p50_ms": round(1000 * pct(cached, 50), 1),
+             "cached_embedding_p95_ms": round(1000 * pct(cached, 95), 1), "daemon_cpu_ms_per_search": round(cpu_ms, 1),
              "ready_s": round(ready_s, 1), "embedded_at_start": status["chunks_embedded"],
-             "chunks": sum(c["chunks"] for c in status["collections"].values()), "peak_rss_mib": round(rss / 2**20)}
-        log(f"   {label}: API hybrid p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms; {r['chunks']} chunks, "
-            f"{r['embedded_at_start']} embedded at start, ready in {r['ready_s']} s")
+             "chunks": sum(c["chunks"] for c in status["collections"].values()), "peak_rss_mib": round(rss / 2**20),
+             "load_average": round(os.getloadavg()[0], 2), **extra}
+        log(f"   {backend} {label}: API hybrid p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms (query embedding cached: "
+            f"p50 {r['cached_embedding_p50_ms']} ms, p95 {r['cached_embedding_p95_ms']} ms; daemon CPU "
+            f"{r['daemon_cpu_ms_per_search']} ms a search); {r['chunks']} chunks, "
+            f"{r['embedded_at_start']} embedded at start, ready in {r['ready_s']} s; load average "
+            f"{r['load_average']}")
         return r
 
-    result["exact"] = through_api("exact")
-    result["exact_split"] = inprocess_split(state_dir, workspace, registry, queries[:50])
-    log(f"   in-process split (exact): {result['exact_split']}")
-    seconds = optimize_shard(state_dir, built["collection"])
-    result["optimize_s"] = round(seconds, 1)
-    log(f"   EdgeShard.optimize(): {seconds:.1f} s (holds the GIL)")
-    result["hnsw"] = through_api("hnsw")
-    result["hnsw_split"] = inprocess_split(state_dir, workspace, registry, queries[:50])
-    log(f"   in-process split (hnsw): {result['hnsw_split']}")
-    return result
+    def split(label: str) -> dict[str, Any]:
+        result[f"{label}_split"] = inprocess_split(state_dir, workspace, registry, queries[:50], qdrant_url)
+        log(f"   in-process split ({backend} {label}): {result[f'{label}_split']}")
+        return result
+
+    if qdrant_url:
+        seconds = wait_server_indexed(qdrant_url, built["collection"])
+        result["optimize_s"] = round(built["build_s"] + seconds, 1)
+        log(f"   server optimizer: green {seconds:.1f} s after the last upsert (HNSW built in its own threads)")
+        result["hnsw"] = through_api("hnsw", {})
+        return split("hnsw")
+    # before: exact scan only (no HNSW build); after: the daemon builds HNSW in a child process and swaps it in
+    result["exact"] = through_api("exact", {"QMD_INDEXER_EDGE_HNSW_MIN_POINTS": "0"})
+    split("exact")
+    result["hnsw"] = through_api("hnsw", {}, hnsw=True)
+    result["optimize_s"] = result["hnsw"].get("build", {}).get("seconds")
+    return split("hnsw")
 
 
 # -- command line --------------------------------------------------------------------------------------------------
@@ -543,17 +626,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vault", type=Path, default=DEFAULT_VAULT, help="markdown vault to index [%(default)s]")
     parser.add_argument("--scifact", type=Path, default=DEFAULT_SCIFACT, help="SciFact, for step 7 [%(default)s]")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="work folder and results [%(default)s]")
+    parser.add_argument("--backend", choices=("both", "edge", "server"), default="both",
+                        help="Qdrant Edge, a real Qdrant server (`make qdrant` installs it), or both [%(default)s]")
     parser.add_argument("--skip-big", action="store_true", help="skip step 7 (100,000 chunks)")
+    parser.add_argument("--big-points", type=int, default=BIG_POINTS, help="chunks of step 7 [%(default)s]")
+    parser.add_argument("--skip-daemon", action="store_true", help="skip steps 3-6 (edits, vault search, MCP, RSS)")
+    parser.add_argument("--only-big", action="store_true",
+                        help="step 7 alone, its dense vectors from the embedding cache an earlier run left in --out")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not args.vault.is_dir() or not any(args.vault.rglob("*.md")):
         print(f"bench: vault not found (or holds no markdown): {args.vault}\nThe benchmark indexes a copy of "
-              f"../shared/data/vault (or --vault DIR).", file=sys.stderr)
+              f"../shared/data/vault (the project's shared data, beside the repository; or --vault DIR). "
+              f"Nothing was measured.", file=sys.stderr)
         return 2
     big = not args.skip_big
+    globals()["BIG_POINTS"] = args.big_points
     if big and not args.scifact.is_dir():
-        print(f"bench: SciFact not found at {args.scifact}: step 7 (100,000 chunks) needs it; pass --scifact DIR "
-              f"or --skip-big.", file=sys.stderr)
+        print(f"bench: SciFact not found at {args.scifact}: step 7 (100,000 chunks) builds its text from "
+              f"../shared/data/scifact; pass --scifact DIR or --skip-big. Nothing was measured.", file=sys.stderr)
+        return 2
+    backends = ("edge", "server") if args.backend == "both" else (args.backend,)
+    sys.path.insert(0, str(REPO / "tests"))  # the Qdrant node starter the tests use (no pytest in it)
+    from qdrant import nodes
+
+    if "server" in backends and nodes.missing():
+        print(f"bench: {nodes.missing()}; or run with --backend edge. Nothing was measured.", file=sys.stderr)
         return 2
     import structlog
 
@@ -562,15 +660,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     workspace = out / "vault" / "workspace"
     notes = copy_vault(args.vault.resolve(), workspace)
-    log(f"vault {args.vault} copied to {workspace / 'memory'} ({notes} notes)")
+    log(f"vault {args.vault} copied to {workspace / 'memory'} ({notes} notes); backends: {', '.join(backends)}")
     results: dict[str, Any] = {"vault": str(args.vault), "notes": notes, "cpus": os.cpu_count(),
+                               "cpu": cpu_model(), "backends": list(backends),
                                "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    part, registry, vectors = bench_index(workspace, out / "vault" / "state-inprocess")
-    results.update(part)
-    copy_vault(args.vault.resolve(), workspace)  # the daemon indexes the pristine copy
-    results["daemon"] = bench_daemon(workspace, out / "vault" / "state-daemon", out)
-    if big:
-        results["big"] = bench_big(out, vectors, args.scifact.resolve(), registry, headings(workspace, QUERIES))
+    with contextlib.ExitStack() as stack:
+        url = ""
+        if "server" in backends:
+            shutil.rmtree(out / "qdrant-node", ignore_errors=True)
+            node = stack.enter_context(nodes.running(nodes.make_node(out / "qdrant-node")))
+            url = node.url
+            log(f"Qdrant server {nodes.BINARY} on {url} (storage {out / 'qdrant-node'})")
+        registry, vectors = None, None
+        cached = out / "vault" / "state-inprocess-edge" / "embeddings.sqlite3"
+        if args.only_big:
+            if not cached.exists():
+                print(f"bench: --only-big needs {cached} from an earlier run", file=sys.stderr)
+                return 2
+            from indexer.plugins import load_registry, plugin_configs
+
+            settings = settings_for(workspace, out / "vault" / "unused")
+            registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer)
+            vectors = real_vectors(cached)
+            backends_first: tuple[str, ...] = ()
+        else:
+            backends_first = backends
+        for backend in backends_first:
+            on = url if backend == "server" else ""
+            log(f"1-2. [{backend}] first index and no-op rescans")
+            part, registry, vectors = bench_index(workspace, out / "vault" / f"state-inprocess-{backend}", on,
+                                                  registry)
+            (results if backend == "edge" else results.setdefault("server", {})).update(part)
+        if "edge" in backends and not args.skip_daemon and not args.only_big:
+            copy_vault(args.vault.resolve(), workspace)  # the daemon indexes the pristine copy
+            results["daemon"] = bench_daemon(workspace, out / "vault" / "state-daemon", out)
+        if big:
+            queries = headings(workspace, 2 * QUERIES)
+            for backend in backends:
+                on = url if backend == "server" else ""
+                part = bench_big(out, vectors, args.scifact.resolve(), registry, queries[:QUERIES], on,
+                                 queries[QUERIES:])
+                (results if backend == "edge" else results.setdefault("server", {}))["big"] = part
+    results["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     path = out / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -578,44 +709,113 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def cpu_model() -> str:
+    """The CPU's model name and whether it has AVX2 / AVX-512 / bf16 (from ``/proc/cpuinfo``)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    model = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    flags = set((re.search(r"^flags\s*:\s*(.+)$", info, re.M) or re.match("(.*)", "")).group(1).split())
+    has = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{model.group(1).strip() if model else 'unknown'} ({' '.join(has) or 'no avx2'})"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
+
+
 def print_table(r: dict[str, Any]) -> None:
-    f, n, d = r["first_index"], r["noop_rescan"], r["daemon"]
-    rows = [
-        ("first index, chunks/s", f"{f['chunks_per_s']:.1f}", f"raw encode {f['raw_encode_chunks_per_s']:.1f}/s",
-         f"wall ratio {f['ratio_to_raw']:.3f} (aim >= 0.9)"),
-        ("  per CPU second", f"ratio {f['ratio_to_raw_cpu']:.3f}",
-         f"CPU s: index {f['cpu_s']}, raw {f['raw_encode_cpu_s']}", f"load avg {f['load_average'][0]}"),
-        ("  chunks / seconds", f"{f['chunks_embedded']} / {f['seconds']:.1f} s", f["model_id"],
-         f"batch {f['batch_size']}"),
-        ("no-op rescan (same process)", f"{n['same_process_s']:.3f} s", f"{n['same_process_embedded']} embedded",
-         "aim 0, < 1 s"),
-        ("no-op after restart", f"{n['restart_open_and_scan_s']:.3f} s", f"{n['restart_embedded']} embedded",
-         "open + scan"),
-        ("save-to-searchable", f"p50 {d['save_to_searchable_s']['p50']:.2f} s",
-         f"p95 {d['save_to_searchable_s']['p95']:.2f} s", f"{d['save_to_searchable_s']['n']} edits; aim p95 < 2 s"),
-        ("API search (hybrid, k=6)", f"p50 {d['search_ms']['p50']:.1f} ms", f"p95 {d['search_ms']['p95']:.1f} ms",
-         f"{d['search_ms']['chunks']} chunks; aim p50 < 30 ms"),
-        ("MCP stdio start to 1st search", f"{d['mcp']['mcp_first_answer_s']:.2f} s",
-         f"CLI search {d['mcp']['cli_search_s']:.2f} s", f"ratio {d['mcp']['ratio_to_cli']:.2f} (median of "
-         f"{d['mcp']['n']})"),
-        ("daemon peak RSS", f"{d['peak_rss_mib']:.0f} MiB", f"sampled {d['peak_rss_sampled_mib']:.0f} MiB",
-         "VmHWM, incl. first index"),
-    ]
+    rows: list[tuple[str, str, str, str]] = []
+    f, n, d = r.get("first_index"), r.get("noop_rescan"), r.get("daemon")
     b = r.get("big")
+    if f and n:
+        rows += [
+            ("first index, chunks/s", f"{f['chunks_per_s']:.1f}", f"raw encode {f['raw_encode_chunks_per_s']:.1f}/s",
+             f"wall ratio {f['ratio_to_raw']:.3f} (aim >= 0.9)"),
+            ("  per CPU second", f"ratio {f['ratio_to_raw_cpu']:.3f}",
+             f"CPU s: index {f['cpu_s']}, raw {f['raw_encode_cpu_s']}", f"load avg {f['load_average'][0]}"),
+            ("  chunks / seconds", f"{f['chunks_embedded']} / {f['seconds']:.1f} s", f["model_id"],
+             f"batch {f['batch_size']}"),
+            ("no-op rescan (same process)", f"{n['same_process_s']:.3f} s", f"{n['same_process_embedded']} embedded",
+             "aim 0, < 1 s"),
+            ("no-op after restart", f"{n['restart_open_and_scan_s']:.3f} s", f"{n['restart_embedded']} embedded",
+             "open + scan"),
+        ]
+    if d:
+        rows += [
+            ("save-to-searchable", f"p50 {d['save_to_searchable_s']['p50']:.2f} s",
+             f"p95 {d['save_to_searchable_s']['p95']:.2f} s", f"{d['save_to_searchable_s']['n']} edits; aim p95 < 2 s"),
+            ("API search (hybrid, k=6)", f"p50 {d['search_ms']['p50']:.1f} ms", f"p95 {d['search_ms']['p95']:.1f} ms",
+             f"{d['search_ms']['chunks']} chunks; aim p50 < 30 ms"),
+            ("MCP stdio start to 1st search", f"{d['mcp']['mcp_first_answer_s']:.2f} s",
+             f"CLI search {d['mcp']['cli_search_s']:.2f} s", f"ratio {d['mcp']['ratio_to_cli']:.2f} (median of "
+             f"{d['mcp']['n']})"),
+            ("daemon peak RSS", f"{d['peak_rss_mib']:.0f} MiB", f"sampled {d['peak_rss_sampled_mib']:.0f} MiB",
+             "VmHWM, incl. first index"),
+        ]
     if b:
         rows += [
             ("100k API hybrid, exact scan", f"p50 {b['exact']['p50_ms']:.1f} ms", f"p95 {b['exact']['p95_ms']:.1f} ms",
-             f"{b['exact']['chunks']} chunks; aim p50 < 30 ms"),
-            ("100k optimize() (HNSW)", f"{b['optimize_s']:.1f} s", "holds the GIL", ""),
-            ("100k API hybrid, HNSW", f"p50 {b['hnsw']['p50_ms']:.1f} ms", f"p95 {b['hnsw']['p95_ms']:.1f} ms", ""),
-            ("100k split exact (ms)", f"embed {b['exact_split']['embed_query_ms']}",
-             f"dense {b['exact_split']['dense_search_ms']} bm25 {b['exact_split']['bm25_search_ms']}",
-             f"fuse {b['exact_split']['fuse_ms']} retrieve {b['exact_split']['retrieve_ms']}"),
-            ("100k split HNSW (ms)", f"embed {b['hnsw_split']['embed_query_ms']}",
-             f"dense {b['hnsw_split']['dense_search_ms']} bm25 {b['hnsw_split']['bm25_search_ms']}",
-             f"fuse {b['hnsw_split']['fuse_ms']} retrieve {b['hnsw_split']['retrieve_ms']}"),
+             f"{b['exact']['chunks']} chunks; aim p50 < 15 ms"),
+            ("100k API hybrid, HNSW building", f"p50 {b['hnsw'].get('during_build', {}).get('p50_ms', '-')} ms",
+             f"p95 {b['hnsw'].get('during_build', {}).get('p95_ms', '-')} ms", "child process builds, daemon serves"),
+            ("100k HNSW build (child, swap)", f"{b['optimize_s'] or '-'} s",
+             f"state {b['hnsw'].get('build', {}).get('state')}",
+             f"indexed {b['hnsw'].get('build', {}).get('indexed')} of {b['hnsw'].get('build', {}).get('points')}"),
+            ("100k API hybrid, HNSW", f"p50 {b['hnsw']['p50_ms']:.1f} ms", f"p95 {b['hnsw']['p95_ms']:.1f} ms",
+             f"ratio to exact p50 {_ratio(b['hnsw']['p50_ms'], b['exact']['p50_ms'])}, p95 "
+             f"{_ratio(b['hnsw']['p95_ms'], b['exact']['p95_ms'])}"),
         ]
-    print()
+        for kind in ("exact", "hnsw"):
+            x = b[kind]
+            if "cached_embedding_p50_ms" in x:
+                rows.append((f"  {kind}: query embedding cached", f"p50 {x['cached_embedding_p50_ms']:.1f} ms",
+                             f"p95 {x['cached_embedding_p95_ms']:.1f} ms",
+                             f"daemon CPU {x['daemon_cpu_ms_per_search']} ms a search (embedding included)"))
+    for label, part in (("edge", b), ("server", r.get("server", {}).get("big"))):
+        for kind in ("exact", "hnsw"):
+            sp = (part or {}).get(f"{kind}_split")
+            if sp:
+                rows.append((f"100k split {label} {kind} (ms)", f"embed {sp['embed_query_ms']}",
+                             f"dense {sp['dense_search_ms']} bm25 {sp['bm25_search_ms']} fuse {sp['fuse_ms']}",
+                             f"payloads(k) {sp['payloads_k_ms']} snippets {sp['snippets_ms']} retrieve "
+                             f"{sp['retrieve_ms']}"))
+    sv = r.get("server")
+    if sv:
+        sf, sb = sv.get("first_index"), sv.get("big")
+        rows += [("", "", "", ""), ("SERVER vs EDGE (same run)", "server", "edge", "ratio server/edge")]
+        if sf:
+            rows.append(("first index, chunks/s", f"{sf['chunks_per_s']:.1f}",
+                         f"{f['chunks_per_s']:.1f}" if f else "-",
+                         _ratio(sf["chunks_per_s"], f["chunks_per_s"] if f else None)))
+            rows.append(("  ratio to raw encode (wall)", f"{sf['ratio_to_raw']:.3f}",
+                         f"{f['ratio_to_raw']:.3f}" if f else "-", ""))
+            rows.append(("no-op rescan (same process)", f"{sv['noop_rescan']['same_process_s']:.3f} s",
+                         f"{n['same_process_s']:.3f} s" if n else "-",
+                         _ratio(sv["noop_rescan"]["same_process_s"], n["same_process_s"] if n else None)))
+        if sb:
+            sh = sb["hnsw"]
+            for stat in ("p50_ms", "p95_ms"):
+                for kind in ("exact", "hnsw"):
+                    e = (b or {}).get(kind, {}).get(stat)
+                    rows.append((f"100k API hybrid {stat[:3]} vs edge {kind}", f"{sh[stat]:.1f} ms",
+                                 f"{e:.1f} ms" if e else "-", _ratio(sh[stat], e)))
+            for kind in ("exact", "hnsw"):
+                e = (b or {}).get(kind, {})
+                if "daemon_cpu_ms_per_search" in sh and "daemon_cpu_ms_per_search" in e:
+                    rows.append((f"  embedding cached p50 vs edge {kind}", f"{sh['cached_embedding_p50_ms']:.1f} ms",
+                                 f"{e['cached_embedding_p50_ms']:.1f} ms",
+                                 _ratio(sh["cached_embedding_p50_ms"], e["cached_embedding_p50_ms"])))
+                    rows.append((f"  daemon CPU a search vs edge {kind}", f"{sh['daemon_cpu_ms_per_search']:.1f} ms",
+                                 f"{e['daemon_cpu_ms_per_search']:.1f} ms",
+                                 _ratio(sh["daemon_cpu_ms_per_search"], e["daemon_cpu_ms_per_search"])))
+            rows.append(("100k HNSW build", f"{sb['optimize_s']:.1f} s", f"{b['optimize_s'] or '-'} s" if b else "-",
+                         "server: first upsert to green; edge: child process + swap"))
+            rows.append(("100k daemon ready / peak RSS", f"{sh['ready_s']} s / {sh['peak_rss_mib']} MiB",
+                         f"{b['hnsw']['ready_s']} s / {b['hnsw']['peak_rss_mib']} MiB" if b else "-",
+                         "daemon only (server process not counted)"))
+    print(f"\nCPU: {r.get('cpu')}; {r.get('cpus')} CPUs; load average at the end {r.get('load_average_end')}")
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

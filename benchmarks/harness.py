@@ -263,8 +263,7 @@ class Truth:
 
     def __init__(self, out: Path) -> None:
         from indexer.config import Settings, Workspace
-        from indexer.daemon import plugin_configs
-        from indexer.plugins import load_registry
+        from indexer.plugins import load_registry, plugin_configs
         from indexer.terminal import configure_logging
 
         configure_logging("json", "error")

@@ -133,6 +133,9 @@ class Settings(BaseSettings):
     qdrant_write_consistency_factor: int | None = Field(default=None, ge=1)
     qdrant_on_disk_vectors: bool = False
     qdrant_quantization: Literal["none", "int8"] = "none"  # scalar int8 quantization of dense vectors (kept in RAM)
+    # Qdrant Edge: a collection of at least this many points that has no HNSW index gets one, built by a child
+    # process on a copy and swapped in (see indexer.store.edge); below it, or with 0, searches scan exactly.
+    edge_hnsw_min_points: int = Field(default=20_000, ge=0)
     # Prepended to every collection name: daemons on several machines sharing one server keep apart even when
     # their agent ids are the same (e.g. "laptop-" -> "laptop-memory-root-main").
     collection_prefix: str = Field(default="", pattern=r"^[a-z0-9-]*$")

@@ -119,6 +119,8 @@ class Indexer:
         self.rebuild_requested = threading.Event()  # the worker rebuilds every collection when it is set
         self.rerank_stats = RerankStats()  # shared by this daemon's searchers; ``status`` reports it
         self.rebuilding = False
+        # HNSW builds of Edge collections (``worker.build_indexes``): name -> {"state", "points", "seconds"|"error"}
+        self.hnsw: dict[str, dict[str, Any]] = {}
         if reindex:
             self.rebuild_requested.set()
 

@@ -88,6 +88,7 @@ def status(indexer: Indexer) -> dict[str, Any]:
         "uptime_s": round(time.time() - indexer.started_at, 1),
         "queue_depth": len(indexer.settler) + indexer.in_hand,
         "rebuilding": indexer.rebuilding or indexer.rebuild_requested.is_set(),
+        "hnsw": {name: dict(build) for name, build in list(indexer.hnsw.items())},
         "models": {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
                               "precision": getattr(e, "precision", None)}
                    for modality, e in embedders.items()},

@@ -13,6 +13,9 @@ them to ``Indexer.process``; nothing else calls it while it runs.
 - Reload (``SIGHUP``, ``indexer.reload``): applied between batches; new collections are watched and scanned, then
   ``READY=1`` goes out again.
 - Metrics: the index lag of each path an event queued is observed when its batch is done (``indexer.metrics``).
+- HNSW: once ready, and after each rescan, a thread (``build_indexes``) gives each Qdrant Edge collection of at
+  least ``edge_hnsw_min_points`` points without an index one (``EdgeStore.build_index``: built by a child process
+  on a copy, swapped in); ``run`` stops and joins it before it returns.
 - Progress: ``drain`` reports to an optional ``progress(total)`` context manager that yields an ``advance(n)``
   callable (the CLI draws a bar on a terminal); the worker itself never draws.
 """
@@ -32,6 +35,7 @@ import structlog
 from indexer.daemon import RETRY_AFTER_S, Indexer
 from indexer.errors import StateDirFull, StoreUnavailable
 from indexer.rebuild import rebuild
+from indexer.store import EdgeStore
 from indexer.systemd import Supervisor
 from indexer.watcher import Watcher
 
@@ -117,6 +121,50 @@ def index_once(indexer: Indexer, progress: Progress | None = None) -> dict[str, 
     return indexer.status()
 
 
+def build_indexes(indexer: Indexer, stop: threading.Event) -> None:
+    """Give each Edge collection of at least ``edge_hnsw_min_points`` points with fewer than half of them indexed an
+    HNSW index (``EdgeStore.build_index``), one collection at a time, recording each in ``indexer.hnsw``. A failed
+    build is logged and not tried again by this process; one given up (``stop``, or a rebuild meanwhile) is tried
+    at the next call."""
+    store, minimum = indexer.store, indexer.settings.edge_hnsw_min_points
+    if not minimum or not isinstance(store, EdgeStore):
+        return
+    for collection in indexer.collections:
+        name = collection.name
+        if stop.is_set() or indexer.hnsw.get(name, {}).get("state") == "failed":
+            continue
+        try:
+            points, indexed = store.index_state(name)
+        except Exception:  # not created yet
+            continue
+        if points < minimum or indexed >= points // 2:
+            continue
+        indexer.hnsw[name] = {"state": "building", "points": points}
+        log.info("hnsw_build_started", collection=name, points=points, indexed=indexed)
+        try:
+            seconds = store.build_index(name, stop)
+        except Exception as exc:
+            indexer.hnsw[name] = {"state": "failed", "points": points, "error": str(exc)[:500]}
+            log.error("hnsw_build_failed", collection=name, error=str(exc)[:500])
+            continue
+        if seconds is None:
+            indexer.hnsw[name] = {"state": "given_up", "points": points}
+            log.info("hnsw_build_given_up", collection=name)
+        else:
+            points, indexed = store.index_state(name)
+            indexer.hnsw[name] = {"state": "built", "points": points, "indexed": indexed, "seconds": round(seconds, 1)}
+            log.info("hnsw_build_finished", collection=name, points=points, indexed=indexed, seconds=round(seconds, 1))
+
+
+def _index_builder(indexer: Indexer, stop: threading.Event, running: threading.Thread | None) -> threading.Thread:
+    """``running`` while it is alive, else a new ``build_indexes`` thread, started."""
+    if running is not None and running.is_alive():
+        return running
+    thread = threading.Thread(target=build_indexes, args=(indexer, stop), name="hnsw-builder", daemon=True)
+    thread.start()
+    return thread
+
+
 def _rebuild(indexer: Indexer) -> None:
     """``rebuild(indexer)``; a failure is logged and leaves the old collections serving."""
     try:
@@ -171,7 +219,7 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
         indexer.beat = supervisor.beat
     if not indexer.connected.is_set() and not connect_until(indexer, stop):
         return
-    watcher = _watch(indexer)
+    _watch(indexer)
     for embedder in indexer.registry.embedders.values():  # load models now, not on the first search
         try:
             embedder.embed_query("warm-up")
@@ -197,48 +245,61 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
         supervisor.ready(len(settler), len(indexer.indexed))
     next_scan = time.monotonic() + indexer.settings.rescan_interval_s
     next_refresh = time.monotonic() + REFRESH_S
-    while not stop.is_set():
-        indexer.beat()
-        if supervisor is not None:
-            supervisor.status(len(settler) + indexer.in_hand, len(indexer.indexed))
-        if indexer.rebuild_requested.is_set():
-            _rebuild(indexer)
-            settler.add_many(indexer.scan("rebuild"))
-            continue
-        if reloader is not None and reloader.requested.is_set():
-            if reloader.apply():
-                watcher = _watch(indexer)
-                settler.add_many(indexer.scan("reload", reconcile=False))  # a new workspace's files are not drift
+    _loop(indexer, stop, supervisor, reloader, next_scan, next_refresh)
+
+
+def _loop(indexer: Indexer, stop: threading.Event, supervisor: Supervisor | None, reloader: Reloader | None,
+          next_scan: float, next_refresh: float) -> None:
+    """``run``'s loop once ready, until ``stop`` is set; joins the HNSW builder thread before it returns."""
+    settler, watcher = indexer.settler, indexer.watcher
+    assert watcher is not None
+    builder = _index_builder(indexer, stop, None)
+    try:
+        while not stop.is_set():
+            indexer.beat()
             if supervisor is not None:
-                supervisor.ready(len(settler) + indexer.in_hand, len(indexer.indexed))
-            continue
-        if time.monotonic() >= next_refresh:
-            next_refresh = time.monotonic() + REFRESH_S
-            if watcher.check():
-                settler.add_many(indexer.scan("watcher_restarted"))
-            renewed = watcher.refresh()
-            if renewed:
-                log.info("watch_renewed", roots=[str(p) for p in renewed])
-                settler.add_many(indexer.scan("watch_renewed"))
-        lost = watcher.take_lost()
-        if lost:
-            reason = ",".join(sorted(set(lost.values())))
-            log.info("reconcile_started", reason=reason, roots=sorted(lost))
-            try:
-                settler.add_many(indexer.scan(reason))
-            except StoreUnavailable as exc:
-                log.error("store_unavailable", error=str(exc))
-            continue
-        batch = settler.take_ready(BATCH_FILES)
-        if batch:
-            process_guarded(indexer, batch)
-            continue
-        if time.monotonic() >= next_scan:
-            try:
-                settler.add_many(indexer.scan())
-            except StoreUnavailable as exc:
-                indexer.metrics.error("store_unavailable")
-                log.error("store_unavailable", error=str(exc))
-            next_scan = time.monotonic() + indexer.settings.rescan_interval_s
-            continue
-        settler.wait(min(1.0, max(0.0, next_scan - time.monotonic()), max(0.0, next_refresh - time.monotonic())))
+                supervisor.status(len(settler) + indexer.in_hand, len(indexer.indexed))
+            if indexer.rebuild_requested.is_set():
+                _rebuild(indexer)
+                settler.add_many(indexer.scan("rebuild"))
+                continue
+            if reloader is not None and reloader.requested.is_set():
+                if reloader.apply():
+                    watcher = _watch(indexer)
+                    settler.add_many(indexer.scan("reload", reconcile=False))  # a new workspace's files are not drift
+                if supervisor is not None:
+                    supervisor.ready(len(settler) + indexer.in_hand, len(indexer.indexed))
+                continue
+            if time.monotonic() >= next_refresh:
+                next_refresh = time.monotonic() + REFRESH_S
+                if watcher.check():
+                    settler.add_many(indexer.scan("watcher_restarted"))
+                renewed = watcher.refresh()
+                if renewed:
+                    log.info("watch_renewed", roots=[str(p) for p in renewed])
+                    settler.add_many(indexer.scan("watch_renewed"))
+            lost = watcher.take_lost()
+            if lost:
+                reason = ",".join(sorted(set(lost.values())))
+                log.info("reconcile_started", reason=reason, roots=sorted(lost))
+                try:
+                    settler.add_many(indexer.scan(reason))
+                except StoreUnavailable as exc:
+                    log.error("store_unavailable", error=str(exc))
+                continue
+            batch = settler.take_ready(BATCH_FILES)
+            if batch:
+                process_guarded(indexer, batch)
+                continue
+            if time.monotonic() >= next_scan:
+                try:
+                    settler.add_many(indexer.scan())
+                except StoreUnavailable as exc:
+                    indexer.metrics.error("store_unavailable")
+                    log.error("store_unavailable", error=str(exc))
+                next_scan = time.monotonic() + indexer.settings.rescan_interval_s
+                builder = _index_builder(indexer, stop, builder)
+                continue
+            settler.wait(min(1.0, max(0.0, next_scan - time.monotonic()), max(0.0, next_refresh - time.monotonic())))
+    finally:
+        builder.join()  # ``stop`` is set: a build in progress kills its child and gives up

