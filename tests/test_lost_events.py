@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,18 +111,45 @@ def _inotify_queue_of(events: int) -> Iterator[None]:
         path.write_text(old)
 
 
+# writes 1,000 notes into the folder argv[1] as fast as it can
+_BURST_SCRIPT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    for n in range(1000):
+        text = f"# Burst {n}\\n\\nBURST{n:04d} written in a burst of a thousand.\\n"
+        Path(sys.argv[1], f"burst-{n:04d}.md").write_text(text)
+""")
+
+
+def _keep_this_process_busy_while(proc: subprocess.Popen) -> None:
+    """Hold this process's GIL in turns of 0.2 s until ``proc`` ends, as a daemon busy embedding would: watchdog's
+    reader thread then reads the inotify queue only between turns, so a burst overflows it. (Without this, whether
+    128 queued events overflow depends on how the machine schedules the reader: on an idle machine it kept up.)"""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.2)
+    try:
+        while proc.poll() is None:
+            end = time.perf_counter() + 0.2
+            while time.perf_counter() < end:  # pure Python: never lets the GIL go by itself
+                pass
+    finally:
+        sys.setswitchinterval(old)
+
+
 def test_an_event_queue_overflow_reconciles_at_once(workspace: Path, make_indexer) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}], rescan_interval_s=3600)
     running = Running(indexer)
     with _inotify_queue_of(128):
         running.thread.start()
-        wait_for(lambda: indexer.watcher is not None, timeout_s=30)
+        # the watcher object exists before it watches: wait until memory/ has its watch (its own inotify instance)
+        memory = str(workspace / "memory")
+        wait_for(lambda: indexer.watcher is not None and memory in indexer.watcher.modes(), timeout_s=30)
     try:
         assert indexer.ready.wait(60)
         with capture_logs() as logs:
-            for n in range(1000):
-                with open(workspace / "memory" / f"burst-{n:04d}.md", "w") as handle:
-                    handle.write(f"# Burst {n}\n\nBURST{n:04d} written in a burst of a thousand.\n")
+            burst = subprocess.Popen([sys.executable, "-c", _BURST_SCRIPT, str(workspace / "memory")])
+            _keep_this_process_busy_while(burst)
+            assert burst.wait(60) == 0
             wait_for(lambda: sum(p.startswith(str(workspace / "memory" / "burst-")) for p in indexer.indexed) == 1000,
                      timeout_s=240, interval_s=0.5)
         status = indexer.status()
