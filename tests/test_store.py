@@ -3,6 +3,7 @@ and qdrant-client's in-process mode as a fast extra (see ``conftest.backend_stor
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -200,4 +201,34 @@ def test_edge_index_build_gives_up_on_stop_and_leaves_no_copy(tmp_path: Path, mo
     assert store.build_index("c", stop) is None
     assert sorted(p.name for p in (tmp_path / "qdrant").iterdir() if p.is_dir()) == ["c"]
     assert store.count("c") == 1
+    store.close()
+
+
+def test_edge_on_disk_vectors_and_int8_copy_keep_search_exact(tmp_path: Path) -> None:
+    """``qdrant_on_disk_vectors`` + ``qdrant_quantization = "int8"`` on Edge: the shard is created with its original
+    vectors memory-mapped (cold) and an int8 copy pinned in RAM; searches find the same nearest points before and
+    after the HNSW build (which builds the int8 copy), rescored with the originals (cosine scores kept). 7,000 x 384:
+    Qdrant optimizes a segment (and so quantizes it) from 10,000 KB of vectors (its default indexing threshold)."""
+    rng = np.random.default_rng(1)
+    vectors = rng.normal(size=(7000, 384)).astype(np.float32)
+    store = EdgeStore(tmp_path / "q", on_disk_vectors=True, quantization="int8")
+    store.ensure_collection("c", {"text": 384})
+    store.upsert("c", [_point("c", f"/w/{i}.md", 0, "h", list(v), 1) for i, v in enumerate(vectors)])
+    config = json.loads((tmp_path / "q" / "c" / "edge_config.json").read_text())
+    assert config["vectors"]["text"]["memory"] == "cold"
+    assert config["quantization_config"] == {"scalar": {"type": "int8", "memory": "pinned"}}
+    query = vectors[7] + 0.01
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    expected = [f"w/{i}.md" for i in np.argsort(-(unit @ (query / np.linalg.norm(query))))[:3]]
+
+    def top() -> tuple[list[str], float]:
+        hits = store.search("c", Query(limit=3, dense={"text": query}))["text"]
+        return [h.payload.path for h in hits], hits[0].score
+
+    before = top()
+    assert before[0] == expected
+    assert store.build_index("c") is not None
+    assert any((tmp_path / "q").rglob("*quantized*"))
+    after = top()
+    assert after[0] == expected and abs(after[1] - before[1]) < 1e-4  # rescored: the exact cosine
     store.close()
