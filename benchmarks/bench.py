@@ -484,10 +484,10 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray | None, scif
 
 def release_state_lock(state_dir: Path) -> None:
     """Let a daemon subprocess open ``state_dir`` after this process did: ``Indexer.open`` locks a state dir for
-    the life of the process (``indexer.daemon._STATE_LOCKS``); a benchmark that hands it on releases it here."""
-    from indexer import daemon
+    the life of the process (``indexer.rebuild._STATE_LOCKS``); a benchmark that hands it on releases it here."""
+    from indexer import rebuild
 
-    fd = daemon._STATE_LOCKS.pop(state_dir.resolve(), None)
+    fd = rebuild._STATE_LOCKS.pop(state_dir.resolve(), None)
     if fd is not None:
         os.close(fd)
 
