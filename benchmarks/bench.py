@@ -470,7 +470,7 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray | None, scif
     count = store.count(collection.name)
     store.close()
     text = ("distinct windows of 2-6 consecutive SciFact abstract sentences" if BIG_POINTS <= 150_000 else
-            "distinct windows of 2-6 consecutive SciFact abstract sentences, then of 32-128 consecutive words at "
+            "distinct windows of 2-6 consecutive SciFact abstract sentences, then of 24-128 consecutive words at "
             "every 4th word")
     dense = (f"{BIG_ANCHORS} real embeddings of anchor passages spread evenly, each other passage's vector the "
              f"mix of the anchors before and after it by position + N(0, 0.02) noise, L2-normalised"
