@@ -12,7 +12,7 @@ from conftest import BACKENDS, backend_store
 
 from indexer.errors import CollectionMismatch
 from indexer.points import Filter, Payload, Point, Query, point_id
-from indexer.store import EdgeStore
+from indexer.store import EdgeStore, Store
 
 
 @pytest.fixture(name="store", params=BACKENDS)
@@ -232,3 +232,36 @@ def test_edge_on_disk_vectors_and_int8_copy_keep_search_exact(tmp_path: Path) ->
     after = top()
     assert after[0] == expected and abs(after[1] - before[1]) < 1e-4  # rescored: the exact cosine
     store.close()
+
+
+def test_edge_file_states_from_payload_indexes_match_the_scroll(tmp_path: Path) -> None:
+    """Edge reads file states from facet counts and each file's chunk 0 (a restart at 1M points); it must say what
+    the scroll over every payload says: complete files, too few points, two versions mixed at the right count, no
+    chunk 0; also on a collection made before the ``file_hash`` index (added when it is opened)."""
+    store = EdgeStore(tmp_path / "q")
+    store.ensure_collection("c", {"text": 3})
+    v = [1.0, 0.0, 0.0]
+    store.upsert("c", [_point("c", "/w/a.md", i, "h1", v, 3) for i in range(3)])
+    store.upsert("c", [_point("c", "/w/twin.md", i, "h1", v, 3) for i in range(3)])  # same content as a.md
+    store.upsert("c", [_point("c", "/w/b.md", i, "h2", v, 4) for i in range(3)])  # one point short
+    store.upsert("c", [_point("c", "/w/mixed.md", 0, "h4", v, 2), _point("c", "/w/mixed.md", 1, "h3", v, 2)])
+    store.upsert("c", [_point("c", "/w/nofirst.md", 1, "h5", v, 2)])
+    store.upsert("c", [_point("c", "/w/ok.md", i, "h6", v, 2) for i in range(2)])
+    expected = Store.file_states(store, "c")  # the scroll
+    assert {p for p, s in expected.items() if s.complete} == {"/w/a.md", "/w/twin.md", "/w/ok.md"}
+
+    def summary(states: dict) -> dict:  # a mixed file's hash is whichever point came first: not compared
+        return {p: (s.points, s.complete) + ((s.file_hash, s.mtime_ns) if s.complete else ())
+                for p, s in states.items()}
+
+    assert summary(store.file_states("c")) == summary(expected)
+    store.close()
+    meta = tmp_path / "q" / "c" / "qmd-collection.json"
+    record = json.loads(meta.read_text())
+    del record["keyword_indexes"]
+    meta.write_text(json.dumps(record))
+    again = EdgeStore(tmp_path / "q")
+    again.ensure_collection("c", {"text": 3})
+    assert summary(again.file_states("c")) == summary(expected)
+    assert "file_hash" in json.loads(meta.read_text())["keyword_indexes"]
+    again.close()

@@ -33,8 +33,9 @@ from typing import Any
 import structlog
 
 from indexer.errors import StateDirFull, StoreLocked
-from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
+from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, FileState, Filter, Point, Query
 from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
+from indexer.store.edge_states import HASH_FIELD, file_states_by_facets
 
 log = structlog.get_logger("qmd_indexer.store")
 
@@ -50,6 +51,7 @@ _OPTIMIZE = ("import os, sys, qdrant_edge as qe\nos.nice(int(sys.argv[2]))\n"
              "shard = qe.EdgeShard.load(sys.argv[1])\nshard.optimize()\nshard.flush()\nshard.close()\n")
 
 
+_KEYWORDS = (*KEYWORD_FIELDS, HASH_FIELD)  # keyword payload indexes of an Edge collection (file_hash: file_states)
 _HNSW_RECORD = "qmd-hnsw.json"  # in a shard's folder: {"points": n}, its point count when its index was built
 
 
@@ -179,9 +181,13 @@ class EdgeStore(Store):
             return None
         shard = self._shard(name)
         record = json.loads(meta.read_text())
-        if record.get("integer_indexes") != list(INTEGER_FIELDS):  # made before range filters existed
-            for key in INTEGER_FIELDS:
+        integer_missing = record.get("integer_indexes") != list(INTEGER_FIELDS)  # made before range filters
+        keyword_missing = [k for k in _KEYWORDS if k not in record.get("keyword_indexes", KEYWORD_FIELDS)]
+        if integer_missing or keyword_missing:  # made before those indexes existed: add them, once
+            for key in INTEGER_FIELDS if integer_missing else ():
                 shard.update(self._qe.UpdateOperation.create_field_index(key, self._qe.PayloadSchemaType.Integer))
+            for key in keyword_missing:
+                shard.update(self._qe.UpdateOperation.create_field_index(key, self._qe.PayloadSchemaType.Keyword))
             self._write_meta(name, record["dense"])
         self._report_settings(name)
         return {k: int(v) for k, v in record["dense"].items()}
@@ -235,7 +241,7 @@ class EdgeStore(Store):
         )
         self._rescored.pop(name, None)
         shard = qe.EdgeShard.create(str(path), config)
-        for key in KEYWORD_FIELDS:
+        for key in _KEYWORDS:
             shard.update(qe.UpdateOperation.create_field_index(key, qe.PayloadSchemaType.Keyword))
         for key in INTEGER_FIELDS:
             shard.update(qe.UpdateOperation.create_field_index(key, qe.PayloadSchemaType.Integer))
@@ -244,7 +250,8 @@ class EdgeStore(Store):
 
     def _write_meta(self, name: str, dense: dict[str, int]) -> None:
         tmp = self._meta_path(name).with_suffix(".tmp")
-        tmp.write_text(json.dumps({"dense": dense, "sparse": [SPARSE], "integer_indexes": list(INTEGER_FIELDS)}))
+        tmp.write_text(json.dumps({"dense": dense, "sparse": [SPARSE], "integer_indexes": list(INTEGER_FIELDS),
+                                   "keyword_indexes": list(_KEYWORDS)}))
         tmp.replace(self._meta_path(name))
 
     def _add_vector(self, name: str, vector: str, size: int) -> None:
@@ -357,6 +364,13 @@ class EdgeStore(Store):
                 yield dict(record.payload or {})
             if offset is None:
                 return
+
+    def file_states(self, name: str) -> dict[str, FileState]:
+        """``abs_path -> FileState`` of collection ``name`` from its payload indexes, not a scroll over every point
+        (``indexer.store.edge_states``: a restart at a million points)."""
+        with self._lock:
+            physical = self._target(name)
+            return file_states_by_facets(self._shard(physical), self._qe, self.dialect, name, self._count(physical))
 
     def _names(self) -> list[str]:
         self._hold()
