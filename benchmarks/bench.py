@@ -608,9 +608,13 @@ def bench_big(out: Path, vectors: np.ndarray | None, scifact: Path, registry: An
                                          "state_after": dict(client.get(f"{daemon.url}/status").json()["hnsw"])}
                 log(f"   {backend} while the daemon builds HNSW: API hybrid p50 {extra['during_build']['p50_ms']} ms, "
                     f"p95 {extra['during_build']['p95_ms']} ms; {extra['during_build']['state_after']}")
-                waited = time.perf_counter()
+                waited, build = time.perf_counter(), {}
                 while time.perf_counter() - waited < BIG_HNSW_WAIT_S:
-                    build = client.get(f"{daemon.url}/status").json()["hnsw"].get(built["collection"], {})
+                    try:
+                        build = client.get(f"{daemon.url}/status").json()["hnsw"].get(built["collection"], {})
+                    except httpx.TransportError:  # a kept-alive connection closed by the daemon as it is reused
+                        time.sleep(1)  # (seen once, right after a 1M swap held the daemon's GIL for seconds)
+                        continue
                     if build.get("state") not in (None, "building") or (
                             build.get("state") is None and time.perf_counter() - waited > 60):
                         break

@@ -1,10 +1,10 @@
 """Text and dense vectors of the large chunk sets of ``make bench`` step 7 (100,000 by default, up to 1,000,000).
 
 Text (``scifact_passages``): real SciFact abstracts cut into windows, no invented words. First pass: windows of
-2, 3, 4 and 6 consecutive sentences at every start (the 100k set; ~150k distinct windows in all). SciFact has 5,183
-abstracts and 48,089 sentences, so every contiguous sentence span gives at most ~270k distinct texts; larger sets
-add passes of word windows: 32, 48, 64, 96, 128 and then 24 consecutive words of an abstract (title excluded), starting at
-every 4th word, one pass per width, each window kept once (~979k texts without the last pass, ~1.2M with it).
+2, 3, 4 and 6 consecutive sentences at every start (the 100k set). SciFact has 5,183 abstracts and 48,089
+sentences, so even every contiguous sentence span gives only ~270k distinct texts; larger sets add passes of word
+windows of an abstract (title excluded): 32, 48, 64, 96, 128, then 24 consecutive words, starting at every 4th
+word, one pass per width, each distinct window kept once (978,681 texts before the 24-word pass).
 
 Dense vectors (``anchored_vectors``): embedding 1M texts with all-MiniLM-L6-v2 on 2 CPU cores takes hours, so only
 ``k`` anchors are embedded for real by the product's embedder: passages ``round(linspace(0, n - 1, k))``, evenly
