@@ -131,6 +131,9 @@ class Settings(BaseSettings):
     qdrant_shard_number: int | None = Field(default=None, ge=1)
     qdrant_replication_factor: int | None = Field(default=None, ge=1)
     qdrant_write_consistency_factor: int | None = Field(default=None, ge=1)
+    # These two also apply to the embedded Qdrant Edge store (new collections only; see indexer.store.edge): the
+    # original dense vectors on disk (memory-mapped), an int8 copy in RAM that searches use, rescored with the
+    # originals. For large collections (issue 14's 1M chunks: `make bench` step 7 with --big-points).
     qdrant_on_disk_vectors: bool = False
     qdrant_quantization: Literal["none", "int8"] = "none"  # scalar int8 quantization of dense vectors (kept in RAM)
     # Qdrant Edge: a collection of at least this many points that has no HNSW index gets one, built by a child

@@ -3,6 +3,7 @@ and qdrant-client's in-process mode as a fast extra (see ``conftest.backend_stor
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from conftest import BACKENDS, backend_store
 
 from indexer.errors import CollectionMismatch
 from indexer.points import Filter, Payload, Point, Query, point_id
-from indexer.store import EdgeStore
+from indexer.store import EdgeStore, Store
 
 
 @pytest.fixture(name="store", params=BACKENDS)
@@ -201,3 +202,66 @@ def test_edge_index_build_gives_up_on_stop_and_leaves_no_copy(tmp_path: Path, mo
     assert sorted(p.name for p in (tmp_path / "qdrant").iterdir() if p.is_dir()) == ["c"]
     assert store.count("c") == 1
     store.close()
+
+
+def test_edge_on_disk_vectors_and_int8_copy_keep_search_exact(tmp_path: Path) -> None:
+    """``qdrant_on_disk_vectors`` + ``qdrant_quantization = "int8"`` on Edge: the shard is created with its original
+    vectors memory-mapped (cold) and an int8 copy pinned in RAM; searches find the same nearest points before and
+    after the HNSW build (which builds the int8 copy), rescored with the originals (cosine scores kept). 7,000 x 384:
+    Qdrant optimizes a segment (and so quantizes it) from 10,000 KB of vectors (its default indexing threshold)."""
+    rng = np.random.default_rng(1)
+    vectors = rng.normal(size=(7000, 384)).astype(np.float32)
+    store = EdgeStore(tmp_path / "q", on_disk_vectors=True, quantization="int8")
+    store.ensure_collection("c", {"text": 384})
+    store.upsert("c", [_point("c", f"/w/{i}.md", 0, "h", list(v), 1) for i, v in enumerate(vectors)])
+    config = json.loads((tmp_path / "q" / "c" / "edge_config.json").read_text())
+    assert config["vectors"]["text"]["memory"] == "cold"
+    assert config["quantization_config"] == {"scalar": {"type": "int8", "memory": "pinned"}}
+    query = vectors[7] + 0.01
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    expected = [f"w/{i}.md" for i in np.argsort(-(unit @ (query / np.linalg.norm(query))))[:3]]
+
+    def top() -> tuple[list[str], float]:
+        hits = store.search("c", Query(limit=3, dense={"text": query}))["text"]
+        return [h.payload.path for h in hits], hits[0].score
+
+    before = top()
+    assert before[0] == expected
+    assert store.build_index("c") is not None
+    assert any((tmp_path / "q").rglob("*quantized*"))
+    after = top()
+    assert after[0] == expected and abs(after[1] - before[1]) < 1e-4  # rescored: the exact cosine
+    store.close()
+
+
+def test_edge_file_states_from_payload_indexes_match_the_scroll(tmp_path: Path) -> None:
+    """Edge reads file states from facet counts and each file's chunk 0 (a restart at 1M points); it must say what
+    the scroll over every payload says: complete files, too few points, two versions mixed at the right count, no
+    chunk 0; also on a collection made before the ``file_hash`` index (added when it is opened)."""
+    store = EdgeStore(tmp_path / "q")
+    store.ensure_collection("c", {"text": 3})
+    v = [1.0, 0.0, 0.0]
+    store.upsert("c", [_point("c", "/w/a.md", i, "h1", v, 3) for i in range(3)])
+    store.upsert("c", [_point("c", "/w/twin.md", i, "h1", v, 3) for i in range(3)])  # same content as a.md
+    store.upsert("c", [_point("c", "/w/b.md", i, "h2", v, 4) for i in range(3)])  # one point short
+    store.upsert("c", [_point("c", "/w/mixed.md", 0, "h4", v, 2), _point("c", "/w/mixed.md", 1, "h3", v, 2)])
+    store.upsert("c", [_point("c", "/w/nofirst.md", 1, "h5", v, 2)])
+    store.upsert("c", [_point("c", "/w/ok.md", i, "h6", v, 2) for i in range(2)])
+    expected = Store.file_states(store, "c")  # the scroll
+    assert {p for p, s in expected.items() if s.complete} == {"/w/a.md", "/w/twin.md", "/w/ok.md"}
+
+    def summary(states: dict) -> dict:  # a mixed file's hash is whichever point came first: not compared
+        return {p: (s.points, s.complete) + ((s.file_hash, s.mtime_ns) if s.complete else ())
+                for p, s in states.items()}
+
+    assert summary(store.file_states("c")) == summary(expected)
+    store.close()
+    meta = tmp_path / "q" / "c" / "qmd-collection.json"
+    record = json.loads(meta.read_text())
+    del record["keyword_indexes"]
+    meta.write_text(json.dumps(record))
+    again = EdgeStore(tmp_path / "q")
+    again.ensure_collection("c", {"text": 3})
+    assert summary(again.file_states("c")) == summary(expected)
+    assert "file_hash" in json.loads(meta.read_text())["keyword_indexes"]
+    again.close()

@@ -7,6 +7,12 @@ HNSW index: ``EdgeShard.optimize()`` builds it, but holds the GIL for its whole 
 cores), which would freeze the watcher and the API. ``build_index`` runs it in a child process on a copy of the shard
 instead and swaps the indexed copy in (``Store.swap``, the rebuild's alias swap), replaying the writes made
 meanwhile; the daemon calls it for a collection of at least ``edge_hnsw_min_points`` points that has none.
+
+Large collections (``qdrant_on_disk_vectors``, ``qdrant_quantization``, applied when a collection is created): the
+original dense vectors memory-mapped without pre-warming (Qdrant's ``Memory.Cold`` tier) and a scalar int8 copy
+pinned in RAM (``ScalarQuantizationConfig``, ``Memory.Pinned``), which dense searches use and rescore with the
+originals (``QuantizationSearchParams(rescore=True)``). Qdrant builds the quantized copy when it optimizes a
+segment, so it takes effect once ``build_index`` ran; before, searches scan the originals.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ from typing import Any
 import structlog
 
 from indexer.errors import StateDirFull, StoreLocked
-from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
+from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, FileState, Filter, Point, Query
 from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
+from indexer.store.edge_states import HASH_FIELD, file_states_by_facets
 
 log = structlog.get_logger("qmd_indexer.store")
 
@@ -44,6 +51,7 @@ _OPTIMIZE = ("import os, sys, qdrant_edge as qe\nos.nice(int(sys.argv[2]))\n"
              "shard = qe.EdgeShard.load(sys.argv[1])\nshard.optimize()\nshard.flush()\nshard.close()\n")
 
 
+_KEYWORDS = (*KEYWORD_FIELDS, HASH_FIELD)  # keyword payload indexes of an Edge collection (file_hash: file_states)
 _HNSW_RECORD = "qmd-hnsw.json"  # in a shard's folder: {"points": n}, its point count when its index was built
 
 
@@ -65,13 +73,17 @@ class EdgeStore(Store):
 
     kind = "edge"
 
-    def __init__(self, root: Path, min_free_bytes: int = 0) -> None:
+    def __init__(self, root: Path, min_free_bytes: int = 0, on_disk_vectors: bool = False,
+                 quantization: str = "none") -> None:
         import qdrant_edge as qe
 
         super().__init__(Dialect(qe, qe.RangeFloat))
         self._qe = qe
         self.root = root
         self.min_free_bytes = min_free_bytes
+        self.on_disk_vectors = on_disk_vectors  # for new collections (see the module docstring)
+        self.quantization = quantization  # "none" or "int8", for new collections
+        self._rescored: dict[str, Any] = {}  # physical collection -> its dense search params (quantized: rescore)
         self.root.mkdir(parents=True, exist_ok=True)
         self._shards: dict[str, Any] = {}
         self._lock_fd: int | None = None
@@ -169,11 +181,46 @@ class EdgeStore(Store):
             return None
         shard = self._shard(name)
         record = json.loads(meta.read_text())
-        if record.get("integer_indexes") != list(INTEGER_FIELDS):  # made before range filters existed
-            for key in INTEGER_FIELDS:
+        integer_missing = record.get("integer_indexes") != list(INTEGER_FIELDS)  # made before range filters
+        keyword_missing = [k for k in _KEYWORDS if k not in record.get("keyword_indexes", KEYWORD_FIELDS)]
+        if integer_missing or keyword_missing:  # made before those indexes existed: add them, once
+            for key in INTEGER_FIELDS if integer_missing else ():
                 shard.update(self._qe.UpdateOperation.create_field_index(key, self._qe.PayloadSchemaType.Integer))
+            for key in keyword_missing:
+                shard.update(self._qe.UpdateOperation.create_field_index(key, self._qe.PayloadSchemaType.Keyword))
             self._write_meta(name, record["dense"])
+        self._report_settings(name)
         return {k: int(v) for k, v in record["dense"].items()}
+
+    def _edge_config(self, name: str) -> dict[str, Any]:
+        """The shard's own record of how it was created (``edge_config.json``, written by Qdrant Edge)."""
+        try:
+            return dict(json.loads((self.root / name / "edge_config.json").read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def _report_settings(self, name: str) -> None:
+        """One log line when ``name`` was created with other vector settings than the configured ones."""
+        config = self._edge_config(name)
+        vectors = config.get("vectors") or {}
+        on_disk = bool(vectors) and all(v.get("memory") == "cold" or v.get("on_disk") for v in vectors.values())
+        quantized = "int8" if (config.get("quantization_config") or {}).get("scalar") else "none"
+        differ = {key: {"collection": have, "configured": want}
+                  for key, have, want in (("on_disk_vectors", on_disk, self.on_disk_vectors),
+                                          ("quantization", quantized, self.quantization)) if have != want}
+        if differ:
+            log.warning("collection_settings_differ", collection=name, differ=differ,
+                        hint="settings apply when a collection is created; it is used as it is. To apply them, "
+                             "rebuild it with `qmd-indexer index --once --reindex`")
+
+    def _search_params(self, name: str) -> Any:
+        """Dense search params of ``name``: with its int8 copy, rescore the candidates with the original vectors."""
+        if name not in self._rescored:
+            quantized = bool((self._edge_config(name).get("quantization_config") or {}).get("scalar"))
+            qe = self._qe
+            self._rescored[name] = qe.SearchParams(quantization=qe.QuantizationSearchParams(rescore=True)) \
+                if quantized else None
+        return self._rescored[name]
 
     def _create(self, name: str, dense: dict[str, int]) -> None:
         self._hold()
@@ -183,12 +230,18 @@ class EdgeStore(Store):
         path = self.root / name
         if path.exists():  # a shard without our metadata: an interrupted create; start it over
             shutil.rmtree(path)
+        memory = qe.Memory.Cold if self.on_disk_vectors else None  # None: Edge's default (Cached)
+        quantization = qe.ScalarQuantizationConfig(type=qe.ScalarType.Int8, memory=qe.Memory.Pinned) \
+            if self.quantization == "int8" else None
         config = qe.EdgeConfig(
-            vectors={v: qe.EdgeVectorParams(size=s, distance=qe.Distance.Cosine) for v, s in dense.items()},
+            vectors={v: qe.EdgeVectorParams(size=s, distance=qe.Distance.Cosine, memory=memory)
+                     for v, s in dense.items()},
             sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+            quantization_config=quantization,
         )
+        self._rescored.pop(name, None)
         shard = qe.EdgeShard.create(str(path), config)
-        for key in KEYWORD_FIELDS:
+        for key in _KEYWORDS:
             shard.update(qe.UpdateOperation.create_field_index(key, qe.PayloadSchemaType.Keyword))
         for key in INTEGER_FIELDS:
             shard.update(qe.UpdateOperation.create_field_index(key, qe.PayloadSchemaType.Integer))
@@ -197,7 +250,8 @@ class EdgeStore(Store):
 
     def _write_meta(self, name: str, dense: dict[str, int]) -> None:
         tmp = self._meta_path(name).with_suffix(".tmp")
-        tmp.write_text(json.dumps({"dense": dense, "sparse": [SPARSE], "integer_indexes": list(INTEGER_FIELDS)}))
+        tmp.write_text(json.dumps({"dense": dense, "sparse": [SPARSE], "integer_indexes": list(INTEGER_FIELDS),
+                                   "keyword_indexes": list(_KEYWORDS)}))
         tmp.replace(self._meta_path(name))
 
     def _add_vector(self, name: str, vector: str, size: int) -> None:
@@ -311,6 +365,13 @@ class EdgeStore(Store):
             if offset is None:
                 return
 
+    def file_states(self, name: str) -> dict[str, FileState]:
+        """``abs_path -> FileState`` of collection ``name`` from its payload indexes, not a scroll over every point
+        (``indexer.store.edge_states``: a restart at a million points)."""
+        with self._lock:
+            physical = self._target(name)
+            return file_states_by_facets(self._shard(physical), self._qe, self.dialect, name, self._count(physical))
+
     def _names(self) -> list[str]:
         self._hold()
         return sorted(path.name for path in self.root.iterdir() if path.is_dir())  # a dir without metadata: cut short
@@ -323,8 +384,10 @@ class EdgeStore(Store):
     def _query(self, name: str, searches: dict[str, Any], flt: Any, query: Query,
                with_payload: bool) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
         qe = self._qe
+        params = self._search_params(name)
         requests = [qe.QueryRequest(limit=query.limit, query=qe.Query.Nearest(vector, using=using), filter=flt,
-                                    with_payload=with_payload, score_threshold=query.thresholds.get(using))
+                                    with_payload=with_payload, score_threshold=query.thresholds.get(using),
+                                    params=None if using == SPARSE else params)
                     for using, vector in searches.items()]
         answers = self._shard(name).query_batch(qe.QueryBatchRequest(requests))
         return {using: [(p.id, p.score, p.payload) for p in points] for using, points in zip(searches, answers)}
@@ -339,6 +402,7 @@ class EdgeStore(Store):
     def _drop(self, name: str) -> None:
         self._hold()
         self._abandon(name)
+        self._rescored.pop(name, None)
         shard = self._shards.pop(name, None)
         if shard is not None:
             shard.close()
