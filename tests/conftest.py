@@ -6,6 +6,7 @@ Nothing here reads ../shared: every file a test needs is written into ``tmp_path
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -152,6 +153,17 @@ class Running:
         self.stop.set()
         self.indexer.settler.wake()
         self.thread.join(30)
+
+
+@pytest.fixture(name="listener")
+def listener_fixture(tmp_path: Path) -> Iterator[socket.socket]:
+    """A systemd-compatible notify socket (``$NOTIFY_SOCKET`` = ``tmp_path/notify.sock``): a datagram listener whose
+    ``recv`` gives up after 120 s (long enough for a daemon's first index on a loaded machine)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    sock.settimeout(120)
+    yield sock
+    sock.close()
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float = 20.0, interval_s: float = 0.05) -> Any:

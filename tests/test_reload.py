@@ -12,19 +12,9 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 from conftest import wait_for, write
 
 from indexer.store import open_store
-
-
-@pytest.fixture(name="listener")
-def listener_fixture(tmp_path: Path):
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(tmp_path / "notify.sock"))
-    sock.settimeout(120)
-    yield sock
-    sock.close()
 
 
 def _config(tmp_path: Path, port: int, workspaces: dict[str, Path], **extra: object) -> str:

@@ -17,15 +17,6 @@ from indexer.systemd import Notifier, journal_priority, watchdog_interval_s
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(name="listener")
-def listener_fixture(tmp_path: Path):
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(tmp_path / "notify.sock"))
-    sock.settimeout(5)
-    yield sock
-    sock.close()
-
-
 def test_notifier_sends_the_sd_notify_datagrams(listener: socket.socket, tmp_path: Path) -> None:
     notifier = Notifier(str(tmp_path / "notify.sock"))
     assert notifier.ready("indexed 3 files")
