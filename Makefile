@@ -4,6 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PORT   ?= 8743
 STATE  ?= .state/demo
+MMR_LAMBDA ?= 0.7
 
 .PHONY: install qdrant demo lint test fuzz bench cluster-kill faults load eval clean
 
@@ -49,8 +50,9 @@ load: install ## 16 search clients for 60 s while a note is saved every 0.5 s: l
 cluster-kill: install qdrant ## a node SIGKILLed mid first index of ../shared/data/vault on a 3-node cluster; end state
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.cluster_kill
 
-eval: install ## retrieval quality on BEIR SciFact from ../shared/data/scifact (nDCG@10, recall@100)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.eval
+eval: install ## retrieval quality, one run: SciFact test (nDCG@10, recall@100) and the devvault dev set (nDCG@10, hit@5, unanswerable separation), each with plain baselines
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.eval --mmr $(MMR_LAMBDA) --json .eval/scifact.json
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.devvault_eval --mmr $(MMR_LAMBDA) --vault ../shared/data/vault --json .devvault/devvault.json
 
 clean:
 	rm -rf .state .bench .eval .faults .load .pytest_cache

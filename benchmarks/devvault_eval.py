@@ -308,6 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override a constant of indexer.chunking for this run (e.g. MERGE_TOKENS=64); give the "
                              "run its own --variant")
+    parser.add_argument("--bm25", default="default", help="BM25 variant as in benchmarks.eval: default, word, "
+                        "nostem, avglen<N>; give the run its own --variant")
     parser.add_argument("--mmr", type=float, action="append", default=[], metavar="LAMBDA",
                         help="also hybrid dbsf with MMR at this lambda (repeatable)")
     parser.add_argument("--no-baselines", action="store_true", help="skip the bm25s and script baselines")
@@ -358,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"devvault: {len(dev.queries)} queries; {write_workspace(notes, workspace)} notes written to {workspace}")
 
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    indexer, facts = open_indexed(state, workspace, args.variant, "default", None, registry, log)
+    indexer, facts = open_indexed(state, workspace, args.variant, args.bm25, None, registry, log)
     try:
         started = time.monotonic()
         methods = [("product dense", "dense", defaults.fusion), ("product keyword", "keyword", defaults.fusion),

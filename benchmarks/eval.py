@@ -255,13 +255,15 @@ def open_indexed(state: Path, workspace: Path, variant: str, bm25: str, overlap:
 
 
 def run_product(indexer: Any, data: SciFact, methods: Sequence[tuple[str, str, str]], prefetch: int, rrf_k: int,
-                log: Any) -> dict[str, Scores]:
-    """``methods``: (label, mode, fusion). Every query through ``Searcher.retrieve``; returns label -> Scores."""
+                log: Any, mmr_lambda: float | None = None) -> dict[str, Scores]:
+    """``methods``: (label, mode, fusion). Every query through ``Searcher.retrieve`` (with MMR at ``mmr_lambda``
+    when given); returns label -> Scores."""
     from indexer.search import SearchParams
 
     out: dict[str, Scores] = {}
     for label, mode, fusion in methods:
-        searcher = indexer.searcher(mode=mode, fusion=fusion, rrf_k=rrf_k, prefetch_limit=prefetch)
+        searcher = indexer.searcher(mode=mode, fusion=fusion, rrf_k=rrf_k, prefetch_limit=prefetch,
+                                    mmr_lambda=mmr_lambda)
         scores = Scores()
         for qid, text in data.queries.items():
             searcher.warm(text)  # the query's embedding is not part of the ranking under test
@@ -339,13 +341,13 @@ def run_bm25s(data: SciFact, stem: bool) -> Scores | None:
 
 def evaluate(data: SciFact, state: Path, registry: Any, prefetch: int = 100, rrf_k: int = 60,
              bm25: str = "default", overlap: float | None = None, experiments: bool = False,
-             log: Any = lambda message: None) -> dict[str, Any]:
+             mmr: Sequence[float] = (), log: Any = lambda message: None) -> dict[str, Any]:
     """Index ``data`` under ``state`` with ``registry``'s embedder and score every method.
 
     Returns ``{"variant", "index": {seconds, chunks, chunks_embedded, cache_hits, files}, "results": {label:
     {"ndcg@10", "recall@100", "ms_per_query", "queries"}}}``; labels: ``dense``, ``keyword (Qdrant BM25)``,
-    ``hybrid rrf``, ``hybrid dbsf``, ``bm25s`` and ``bm25s + stemmer`` (when PyStemmer is installed), and with
-    ``experiments`` the doc-collapsed fusions."""
+    ``hybrid rrf``, ``hybrid dbsf``, ``hybrid dbsf + mmr<lambda>`` for each of ``mmr``, ``bm25s`` and
+    ``bm25s + stemmer`` (when PyStemmer is installed), and with ``experiments`` the doc-collapsed fusions."""
     from indexer.config import Settings
 
     fusion = Settings(state_dir=state).fusion
@@ -360,6 +362,9 @@ def evaluate(data: SciFact, state: Path, registry: Any, prefetch: int = 100, rrf
                    ("hybrid rrf", "hybrid", "rrf"), ("hybrid dbsf", "hybrid", "dbsf")]
         log(f"searching (prefetch_limit {prefetch}, rrf_k {rrf_k}, default fusion {fusion}) ...")
         results = run_product(indexer, data, methods, prefetch, rrf_k, log)
+        for lam in mmr:
+            results.update(run_product(indexer, data, [(f"hybrid dbsf + mmr{lam:g}", "hybrid", "dbsf")], prefetch,
+                                       rrf_k, log, mmr_lambda=lam))
         if experiments:
             for name in ("rrf", "dbsf"):
                 results[f"[exp] collapsed {name}"] = run_collapsed(indexer, data, name, prefetch, rrf_k)
@@ -384,6 +389,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bm25", default="default", help="BM25 variant: default, word, nostem, avglen<N>")
     parser.add_argument("--overlap", type=float, default=None, help="chunk overlap ratio (default: the product's)")
     parser.add_argument("--experiments", action="store_true", help="also doc-collapsed fusion (not the product path)")
+    parser.add_argument("--mmr", type=float, action="append", default=[], metavar="LAMBDA",
+                        help="also hybrid dbsf with MMR at this lambda (repeatable)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--sample", type=int, default=None, metavar="N",
                         help="smoke test: only N queries and a matching slice of the corpus (figures not comparable)")
@@ -415,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rrf_k = args.rrf_k or defaults.rrf_k
     registry = load_registry(defaults.plugins, plugin_configs(defaults), defaults.prefer)
     run = evaluate(data, args.state, registry, prefetch=prefetch, rrf_k=rrf_k, bm25=args.bm25, overlap=args.overlap,
-                   experiments=args.experiments, log=log)
+                   experiments=args.experiments, mmr=args.mmr, log=log)
     facts, table, variant = run["index"], run["results"], run["variant"]
     embedder = registry.embedders["text"]
     print(f"\nSciFact {args.split}: {len(data.queries)} queries, {len(data.corpus)} documents -> {facts['chunks']} "

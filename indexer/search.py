@@ -296,13 +296,13 @@ def mmr(hits: Sequence[Hit], lam: float, k: int) -> list[Hit]:
     words = [_terms(str(h.payload.get("text", ""))) for h in hits]
     left = list(range(len(hits)))
     picked: list[int] = []
+    similar = [0.0] * len(hits)  # each hit's max similarity to the picks so far, updated per pick: O(k * n) pairs
     while left and len(picked) < k:
-        def gain(i: int) -> float:
-            similar = max((len(words[i] & words[j]) / (len(words[i] | words[j]) or 1) for j in picked), default=0.0)
-            return lam * (hits[i].score - bottom) / span - (1 - lam) * similar
-        best = max(left, key=gain)
+        best = max(left, key=lambda i: lam * (hits[i].score - bottom) / span - (1 - lam) * similar[i])
         picked.append(best)
         left.remove(best)
+        for i in left:
+            similar[i] = max(similar[i], len(words[i] & words[best]) / (len(words[i] | words[best]) or 1))
     return [hits[i] for i in picked] + [hits[i] for i in left]
 
 
