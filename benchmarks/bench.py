@@ -924,6 +924,7 @@ def print_table(r: dict[str, Any]) -> None:
                 (f"  nDCG@10 {name} - fp32", f"{x['ndcg_vs_fp32']:+.4f}",
                  f"{x['ndcg_at_10']:.4f} vs {fp32['ndcg_at_10']:.4f}", f"aim loss <= 0.005; {where}"),
             ]
+        rows.append(("  step 2c took", f"{p.get('step_s', '-')} s", "", "--precision-docs N: quicker, not SciFact's"))
         if len(p["precisions"]) == 1:
             rows.append(("embedding precision", "fp32 only", "int8 unavailable", "see the step's output"))
     if d:
