@@ -13,6 +13,13 @@ Measured, in order:
    index (the mean of the two is the baseline).
 2. **No-op rescan**: ``index_once`` again in the same process, and once more after a restart (a new ``Indexer`` on
    the same state): seconds and embeddings (expected 0).
+2b. **No-op rescan of 10,000 files** (Edge, ``bench_noop_many``; ``--skip-noop-many``): 10,000 one-sentence notes
+   (real SciFact sentences under ``--scifact``), indexed once (the embedding cache of the first run is reused by
+   later ones, kept under ``.bench/noop-many``), then step 2's two rescans; aim <= 2 s each, 0 embeddings.
+2c. **Embedding precision** (``benchmarks.embed_precision.run``; ``--skip-precision``): chunks/s of int8 (ONNX
+   Runtime) and bf16 (where the CPU has it) against torch fp32 in the same run, and each one's SciFact test
+   nDCG@10 over the whole corpus (``--precision-docs N``: the first N abstracts only, a quicker run whose nDCG@10
+   is then not SciFact's and is marked so); aim >= 2x and a loss <= 0.005.
 3. **Save-to-searchable** (``qmd-indexer run`` as a subprocess on a free port, its own fresh state, so it does a
    full first index too): 20 edits, each appending a line with a unique token to a note; the time from the write
    to the first ``POST /search`` (keyword mode, polled every 20 ms) that returns that note. Includes the 1 s
@@ -63,13 +70,18 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_VAULT = REPO.parent / "shared" / "data" / "vault"
-DEFAULT_SCIFACT = REPO.parent / "shared" / "data" / "scifact"
+# the shared data folder beside the checkout, or beside the folder of worktrees
+_DATA = next((p for p in (REPO.parent / "shared" / "data", REPO.parent.parent / "shared" / "data") if p.is_dir()),
+             REPO.parent / "shared" / "data")
+DEFAULT_VAULT = _DATA / "vault"
+DEFAULT_SCIFACT = _DATA / "scifact"
 DEFAULT_OUT = REPO / ".bench"
 BIG_POINTS = 100_000
 BIG_CHUNKS_PER_FILE = 20
 BIG_ANCHORS = 0  # 0: step 7's dense vectors from step 1's vault embeddings; k: from k real SciFact embeddings
 BIG_HNSW_WAIT_S = 1800.0  # how long step 7 waits for the Edge daemon's HNSW build
+NOOP_FILES = 10_000  # notes of step 2b (issue 14: no-op rescan <= 2 s for 10,000 files)
+NOOP_FILES_TARGET_S = 2.0
 EDITS = 20
 QUERIES = 100
 
@@ -174,23 +186,77 @@ def bench_index(workspace: Path, state_dir: Path, qdrant_url: str = "",
         f"{cpu_rate / raw_cpu_rate:.3f}; load average {os.getloadavg()[0]:.1f}")
 
     log("2. no-op rescans ...")
+    noop = noop_rescans(indexer, settings, registry)
+    vectors = real_vectors(state_dir / "embeddings.sqlite3")
+    return {"first_index": first, "noop_rescan": noop}, registry, vectors
+
+
+def noop_rescans(indexer: Any, settings: Any, registry: Any) -> dict[str, Any]:
+    """``index_once`` on an ``indexer`` whose index is current, then (closed) once more on a new ``Indexer`` of the
+    same ``settings`` (a restart, model loaded: ``Indexer.open`` + the scan): seconds and chunks embedded
+    (expected 0). Closes both."""
+    from indexer.daemon import Indexer
+    from indexer.worker import index_once
+
     before = indexer.pipeline.stats.chunks_embedded
     started = time.perf_counter()
     index_once(indexer)
     same_s = time.perf_counter() - started
     same_embedded = indexer.pipeline.stats.chunks_embedded - before
     indexer.close()
-    vectors = real_vectors(state_dir / "embeddings.sqlite3")
     started = time.perf_counter()
     again = Indexer.open(settings, registry=registry)
+    opened = time.perf_counter()
     status = index_once(again)
-    restart_s = time.perf_counter() - started
+    done = time.perf_counter()
     again.close()
+    release_state_lock(settings.state_dir)
     noop = {"same_process_s": round(same_s, 3), "same_process_embedded": same_embedded,
-            "restart_open_and_scan_s": round(restart_s, 3), "restart_embedded": status["chunks_embedded"]}
-    log(f"   same process {same_s:.3f} s, {same_embedded} embedded; after restart (open + scan) {restart_s:.3f} s, "
-        f"{status['chunks_embedded']} embedded")
-    return {"first_index": first, "noop_rescan": noop}, registry, vectors
+            "restart_open_and_scan_s": round(done - started, 3), "restart_open_s": round(opened - started, 3),
+            "restart_scan_s": round(done - opened, 3), "restart_embedded": status["chunks_embedded"]}
+    log(f"   same process {same_s:.3f} s, {same_embedded} embedded; after restart (open + scan) {done - started:.3f} "
+        f"s (open {opened - started:.3f} s), {status['chunks_embedded']} embedded")
+    return noop
+
+
+# -- 2b: no-op rescan of 10,000 files ------------------------------------------------------------------------------
+def bench_noop_many(out: Path, scifact: Path, registry: Any, files: int = NOOP_FILES) -> dict[str, Any]:
+    """Step 2b on Edge: ``files`` short notes (one real SciFact sentence each, ``benchmarks.bigset.
+    scifact_sentences``; 100 notes a folder) indexed once, then the no-op rescans of ``noop_rescans``. The
+    embedding cache of the first run is kept in ``<out>/noop-many/embeddings-cache.sqlite3`` and copied into each
+    later run's fresh state, so only the first run embeds the notes (the first index is not what this step
+    measures)."""
+    from benchmarks.bigset import scifact_sentences
+    from indexer.daemon import Indexer
+    from indexer.worker import index_once
+
+    root = out / "noop-many"
+    workspace, state_dir, kept = root / "workspace", root / "state", root / "embeddings-cache.sqlite3"
+    shutil.rmtree(workspace, ignore_errors=True)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    started = time.perf_counter()
+    for n, sentence in enumerate(scifact_sentences(scifact, files)):
+        folder = workspace / "memory" / f"d{n // 100:03d}"
+        if n % 100 == 0:
+            folder.mkdir(parents=True)
+        (folder / f"note-{n:05d}.md").write_text(sentence + "\n", encoding="utf-8")
+    state_dir.mkdir(parents=True)
+    cached = kept.exists()
+    if cached:
+        shutil.copyfile(kept, state_dir / "embeddings.sqlite3")
+    settings = settings_for(workspace, state_dir)
+    indexer = Indexer.open(settings, registry=registry)
+    t = time.perf_counter()
+    status = index_once(indexer)
+    first_s = time.perf_counter() - t
+    log(f"   {files} notes indexed in {first_s:.1f} s ({status['chunks_embedded']} chunks embedded, embedding cache "
+        f"{'reused' if cached else 'new'})")
+    noop = noop_rescans(indexer, settings, registry)
+    shutil.copyfile(state_dir / "embeddings.sqlite3", kept)
+    return {"files": sum(c["files"] for c in status["collections"].values()),
+            "chunks": sum(c["chunks"] for c in status["collections"].values()),
+            "first_index_s": round(first_s, 1), "first_index_embedded": status["chunks_embedded"],
+            "embedding_cache_reused": cached, "step_s": round(time.perf_counter() - started, 1), **noop}
 
 
 def real_vectors(cache_path: Path) -> np.ndarray:
@@ -678,6 +744,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-big", action="store_true", help="skip step 7 (100,000 chunks)")
     parser.add_argument("--big-points", type=int, default=BIG_POINTS, help="chunks of step 7 [%(default)s]")
     parser.add_argument("--skip-daemon", action="store_true", help="skip steps 3-6 (edits, vault search, MCP, RSS)")
+    parser.add_argument("--skip-noop-many", action="store_true", help="skip step 2b (no-op rescan of 10,000 files)")
+    parser.add_argument("--skip-precision", action="store_true", help="skip step 2c (int8/bf16 vs fp32 embedding)")
+    parser.add_argument("--precision-docs", type=int, default=None,
+                        help="step 2c on the first N SciFact abstracts only (its nDCG@10 then not SciFact's) [all]")
     parser.add_argument("--only-big", action="store_true",
                         help="step 7 alone, its dense vectors from the embedding cache an earlier run left in --out "
                              "(none needed with --big-anchors)")
@@ -710,9 +780,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     big = not args.skip_big
     globals()["BIG_POINTS"] = args.big_points
-    if big and not args.scifact.is_dir():
-        print(f"bench: SciFact not found at {args.scifact}: step 7 (100,000 chunks) builds its text from "
-              f"../shared/data/scifact; pass --scifact DIR or --skip-big. Nothing was measured.", file=sys.stderr)
+    noop_many = not args.skip_noop_many and not args.only_big and args.backend != "server"
+    precision = not args.skip_precision and not args.only_big
+    needs = [step for step, on in (("step 2b (10,000 notes)", noop_many), ("step 2c (embedding precision)",
+                                   precision), ("step 7 (100,000 chunks)", big)) if on]
+    if needs and not args.scifact.is_dir():
+        print(f"bench: SciFact not found at {args.scifact}: {', '.join(needs)} read ../shared/data/scifact; pass "
+              f"--scifact DIR, or skip them (--skip-noop-many, --skip-precision, --skip-big). Nothing was measured.",
+              file=sys.stderr)
         return 2
     backends = ("edge", "server") if args.backend == "both" else (args.backend,)
     sys.path.insert(0, str(REPO / "tests"))  # the Qdrant node starter the tests use (no pytest in it)
@@ -759,6 +834,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             part, registry, vectors = bench_index(workspace, out / "vault" / f"state-inprocess-{backend}", on,
                                                   registry)
             (results if backend == "edge" else results.setdefault("server", {})).update(part)
+        if noop_many:
+            log(f"2b. [edge] no-op rescan of {NOOP_FILES} files")
+            results["noop_many"] = bench_noop_many(out, args.scifact.resolve(), registry)
+            log(f"   step 2b took {results['noop_many']['step_s']} s")
+        if precision:
+            from benchmarks import embed_precision
+
+            log("2c. embedding precision: rate against torch fp32, SciFact nDCG@10")
+            started = time.perf_counter()
+            results["precision"] = embed_precision.run(args.scifact.resolve(), docs=args.precision_docs)
+            results["precision"]["step_s"] = round(time.perf_counter() - started, 1)
+            log(f"   step 2c took {results['precision']['step_s']} s")
         if "edge" in backends and not args.skip_daemon and not args.only_big:
             copy_vault(args.vault.resolve(), workspace)  # the daemon indexes the pristine copy
             results["daemon"] = bench_daemon(workspace, out / "vault" / "state-daemon", out)
@@ -812,6 +899,34 @@ def print_table(r: dict[str, Any]) -> None:
             ("no-op after restart", f"{n['restart_open_and_scan_s']:.3f} s", f"{n['restart_embedded']} embedded",
              "open + scan"),
         ]
+    m = r.get("noop_many")
+    if m:
+        rows += [
+            (f"no-op rescan, {m['files']} files", f"{m['same_process_s']:.3f} s", f"{m['same_process_embedded']} "
+             f"embedded", f"aim <= {NOOP_FILES_TARGET_S:g} s, 0 embedded; same process"),
+            ("  after restart", f"{m['restart_open_and_scan_s']:.3f} s", f"{m['restart_embedded']} embedded",
+             f"open {m['restart_open_s']:.3f} s + scan {m['restart_scan_s']:.3f} s"),
+            ("  first index (not the aim)", f"{m['first_index_s']} s", f"{m['first_index_embedded']} embedded",
+             f"cache {'reused' if m['embedding_cache_reused'] else 'new'}; step {m['step_s']} s"),
+        ]
+    p = r.get("precision")
+    if p:
+        fp32 = p["precisions"]["fp32"]
+        where = (f"first {p['docs']} abstracts: NOT SciFact's nDCG@10" if p["subset"] else
+                 f"SciFact test, {p['queries']} queries, {p['docs']} abstracts")
+        for name, x in p["precisions"].items():
+            if name == "fp32":
+                continue
+            rows += [
+                (f"embedding {name} vs torch fp32", f"x{x['x_fp32']:.2f}",
+                 f"{x['best_per_s']:.1f} vs {fp32['best_per_s']:.1f} chunks/s",
+                 f"aim >= 2x; best of {p['rounds']} rounds of {p['sample']} abstracts"),
+                (f"  nDCG@10 {name} - fp32", f"{x['ndcg_vs_fp32']:+.4f}",
+                 f"{x['ndcg_at_10']:.4f} vs {fp32['ndcg_at_10']:.4f}", f"aim loss <= 0.005; {where}"),
+            ]
+        rows.append(("  step 2c took", f"{p.get('step_s', '-')} s", "", "--precision-docs N: quicker, not SciFact's"))
+        if len(p["precisions"]) == 1:
+            rows.append(("embedding precision", "fp32 only", "int8 unavailable", "see the step's output"))
     if d:
         rows += [
             ("save-to-searchable", f"p50 {d['save_to_searchable_s']['p50']:.2f} s",

@@ -63,6 +63,19 @@ def scifact_passages(scifact: Path, n: int) -> list[str]:
     raise RuntimeError(f"only {len(passages)} distinct SciFact passages (asked for {n})")
 
 
+def scifact_sentences(scifact: Path, n: int, min_words: int = 6) -> list[str]:
+    """The first ``n`` distinct real SciFact abstract sentences of at least ``min_words`` words, in corpus order
+    (short notes for the 10,000-file rescan of ``make bench``). Raises ``RuntimeError`` when there are fewer."""
+    sentences: dict[str, None] = {}
+    for abstract in _abstracts(scifact):
+        for sentence in abstract:
+            if len(sentence.split()) >= min_words:
+                sentences.setdefault(sentence.strip(), None)
+        if len(sentences) >= n:
+            return list(sentences)[:n]
+    raise RuntimeError(f"only {len(sentences)} distinct SciFact sentences (asked for {n})")
+
+
 def anchored_vectors(passages: list[str], k: int, embedder: Any, cache: Path | None = None,
                      seed: int = 0) -> Iterator[np.ndarray]:
     """Row by row, the dense vector of each passage (``(dim,)`` float32, L2-normalised), from ``k`` real

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -112,15 +113,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="smoke run: only the first N abstracts (nDCG@10 then not SciFact's) [all]")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
     try:
-        doc_ids, doc_texts, query_ids, query_texts, qrels = load_scifact(args.data)
+        run(args.data, args.sample, args.rounds, args.batch_size, args.docs)
     except FileNotFoundError as exc:
         print(f"SciFact data missing: {exc}. Put BEIR SciFact (corpus.jsonl.gz, queries.jsonl, qrels/test.tsv) "
               f"there or pass --data.", file=sys.stderr)
         return 2
-    if args.docs:
-        doc_ids, doc_texts = doc_ids[: args.docs], doc_texts[: args.docs]
+    return 0
+
+
+def run(data: Path, sample: int = 256, rounds: int = 3, batch_size: int = 32,
+        docs: int | None = None) -> dict[str, Any]:
+    """Measure every precision the CPU and the installed packages allow (see the module docstring) on SciFact at
+    ``data`` and print the table; returns the figures (``measure``). ``docs``: only the first N abstracts (a smoke
+    run: its nDCG@10 is not SciFact's). Raises ``FileNotFoundError`` when SciFact is missing."""
+    doc_ids, doc_texts, query_ids, query_texts, qrels = load_scifact(data)
+    if docs:
+        doc_ids, doc_texts = doc_ids[:docs], doc_texts[:docs]
 
     import torch
 
@@ -141,17 +150,22 @@ def main(argv: list[str] | None = None) -> int:
 
     cache = Path(tempfile.mkdtemp(prefix="embed-precision-"))
     try:
-        return measure(args, precisions, cache, doc_ids, doc_texts, query_ids, query_texts, qrels)
+        result = measure(argparse.Namespace(sample=sample, rounds=rounds, batch_size=batch_size), precisions, cache,
+                         doc_ids, doc_texts, query_ids, query_texts, qrels)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+    return {"cpu": model_name, "cpu_flags": flags, "subset": bool(docs), **result}
 
 
 def measure(args: argparse.Namespace, precisions: list[str], cache: Path, doc_ids: list[str], doc_texts: list[str],
-            query_ids: list[str], query_texts: list[str], qrels: dict[str, dict[str, int]]) -> int:
-    """Load each precision's embedder (int8 exported into ``cache``), then print rates and nDCG@10."""
+            query_ids: list[str], query_texts: list[str], qrels: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """Load each precision's embedder (int8 exported into ``cache``), then print rates and nDCG@10; returns
+    ``{"precisions": {name: {best_per_s, median_per_s, x_fp32, corpus_per_s, ndcg_at_10, ndcg_vs_fp32}}, "sample",
+    "rounds", "batch_size", "docs", "queries", "int8_export_s"}`` (rates in chunks/s)."""
     from indexer.embedding import SentenceTransformerEmbedder
 
     embedders = {}
+    export_s = None
     for precision in precisions:
         embedder = SentenceTransformerEmbedder({"precision": precision, "batch_size": args.batch_size,
                                                "cache_dir": str(cache)})
@@ -163,6 +177,7 @@ def measure(args: argparse.Namespace, precisions: list[str], cache: Path, doc_id
             continue
         note = ""
         if precision == "int8":
+            export_s = round(loaded, 1)
             quality = json.loads(next(cache.glob("*/quality.json")).read_text())
             note = (f"; export + quality check {loaded:.1f} s: mean cosine to fp32 {quality['mean_cosine']}, "
                     f"worst {quality['min_cosine']} over {quality['sentences']} probe sentences")
@@ -199,7 +214,15 @@ def measure(args: argparse.Namespace, precisions: list[str], cache: Path, doc_id
               f"{ndcg - results['fp32'][0]:>+8.4f}")
     print("(x fp32: best round against fp32's best round in this run; corpus/s: the whole-corpus pass, run once "
           "per precision one after another)")
-    return 0
+    figures = {precision: {"best_per_s": round(max(rates[precision]), 1),
+                           "median_per_s": round(statistics.median(rates[precision]), 1),
+                           "x_fp32": round(max(rates[precision]) / base, 2),
+                           "corpus_per_s": round(results[precision][1], 1),
+                           "ndcg_at_10": round(results[precision][0], 4),
+                           "ndcg_vs_fp32": round(results[precision][0] - results["fp32"][0], 4)}
+               for precision in embedders}
+    return {"precisions": figures, "sample": len(sample), "rounds": args.rounds, "batch_size": args.batch_size,
+            "docs": len(doc_texts), "queries": len(query_ids), "int8_export_s": export_s}
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pytest
 from conftest import BACKENDS, backend_store
 
 from indexer.errors import CollectionMismatch
-from indexer.points import Filter, Payload, Point, Query, point_id
+from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, Filter, Payload, Point, Query, point_id
 from indexer.store import EdgeStore, Store
 
 
@@ -206,9 +206,11 @@ def test_edge_index_build_gives_up_on_stop_and_leaves_no_copy(tmp_path: Path, mo
 
 def test_edge_on_disk_vectors_and_int8_copy_keep_search_exact(tmp_path: Path) -> None:
     """``qdrant_on_disk_vectors`` + ``qdrant_quantization = "int8"`` on Edge: the shard is created with its original
-    vectors memory-mapped (cold) and an int8 copy pinned in RAM; searches find the same nearest points before and
-    after the HNSW build (which builds the int8 copy), rescored with the originals (cosine scores kept). 7,000 x 384:
-    Qdrant optimizes a segment (and so quantizes it) from 10,000 KB of vectors (its default indexing threshold)."""
+    vectors, its int8 copy, its HNSW graph and its payload indexes memory-mapped cold (nothing of them read into RAM
+    when the shard is loaded: a restart at a million points); searches find the same nearest points before and
+    after the HNSW build (which builds the int8 copy), rescored with the originals (cosine scores kept), also after
+    a restart. 7,000 x 384: Qdrant optimizes a segment (and so quantizes it) from 10,000 KB of vectors (its default
+    indexing threshold)."""
     rng = np.random.default_rng(1)
     vectors = rng.normal(size=(7000, 384)).astype(np.float32)
     store = EdgeStore(tmp_path / "q", on_disk_vectors=True, quantization="int8")
@@ -216,7 +218,11 @@ def test_edge_on_disk_vectors_and_int8_copy_keep_search_exact(tmp_path: Path) ->
     store.upsert("c", [_point("c", f"/w/{i}.md", 0, "h", list(v), 1) for i, v in enumerate(vectors)])
     config = json.loads((tmp_path / "q" / "c" / "edge_config.json").read_text())
     assert config["vectors"]["text"]["memory"] == "cold"
-    assert config["quantization_config"] == {"scalar": {"type": "int8", "memory": "pinned"}}
+    assert config["quantization_config"] == {"scalar": {"type": "int8", "memory": "cold"}}
+    assert config["hnsw_config"]["memory"] == "cold"
+    indexes = json.loads(next((tmp_path / "q" / "c" / "segments").glob("*/payload_index/config.json")).read_text())
+    assert {k: v["memory"] for k, v in indexes["indexed_fields"].items()} == {
+        k: "cold" for k in (*KEYWORD_FIELDS, "file_hash", *INTEGER_FIELDS)}
     query = vectors[7] + 0.01
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     expected = [f"w/{i}.md" for i in np.argsort(-(unit @ (query / np.linalg.norm(query))))[:3]]
@@ -229,8 +235,15 @@ def test_edge_on_disk_vectors_and_int8_copy_keep_search_exact(tmp_path: Path) ->
     assert before[0] == expected
     assert store.build_index("c") is not None
     assert any((tmp_path / "q").rglob("*quantized*"))
+    built = [json.loads(f.read_text())["config"]["vector_data"]["text"] for f in (tmp_path / "q").rglob("segment.json")]
+    assert {"hnsw": "cold", "int8": "cold"} in [{"hnsw": b["index"]["options"]["memory"],
+                                                 "int8": b["quantization_config"]["scalar"]["memory"]}
+                                                for b in built if b["index"]["type"] == "hnsw"]
     after = top()
     assert after[0] == expected and abs(after[1] - before[1]) < 1e-4  # rescored: the exact cosine
+    store.close()
+    store = EdgeStore(tmp_path / "q", on_disk_vectors=True, quantization="int8")
+    assert top() == after
     store.close()
 
 

@@ -9,8 +9,10 @@ instead and swaps the indexed copy in (``Store.swap``, the rebuild's alias swap)
 meanwhile; the daemon calls it for a collection of at least ``edge_hnsw_min_points`` points that has none.
 
 Large collections (``qdrant_on_disk_vectors``, ``qdrant_quantization``, applied when a collection is created): the
-original dense vectors memory-mapped without pre-warming (Qdrant's ``Memory.Cold`` tier) and a scalar int8 copy
-pinned in RAM (``ScalarQuantizationConfig``, ``Memory.Pinned``), which dense searches use and rescore with the
+original dense vectors, the scalar int8 copy (``ScalarQuantizationConfig``), the HNSW graph and the payload indexes
+memory-mapped without pre-warming (Qdrant's ``Memory.Cold`` tier: read on first use, then served from the page
+cache), so that loading a shard of a million points reads almost nothing (see ``edge_config``). Without
+``qdrant_on_disk_vectors`` the int8 copy is pinned in RAM. Dense searches use the int8 copy and rescore with the
 originals (``QuantizationSearchParams(rescore=True)``). Qdrant builds the quantized copy when it optimizes a
 segment, so it takes effect once ``build_index`` ran; before, searches scan the originals.
 """
@@ -35,6 +37,7 @@ import structlog
 from indexer.errors import StateDirFull, StoreLocked
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, FileState, Filter, Point, Query
 from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
+from indexer.store.edge_config import edge_config, field_index
 from indexer.store.edge_states import HASH_FIELD, file_states_by_facets
 
 log = structlog.get_logger("qmd_indexer.store")
@@ -185,9 +188,9 @@ class EdgeStore(Store):
         keyword_missing = [k for k in _KEYWORDS if k not in record.get("keyword_indexes", KEYWORD_FIELDS)]
         if integer_missing or keyword_missing:  # made before those indexes existed: add them, once
             for key in INTEGER_FIELDS if integer_missing else ():
-                shard.update(self._qe.UpdateOperation.create_field_index(key, self._qe.PayloadSchemaType.Integer))
+                shard.update(field_index(self._qe, key, True, self.on_disk_vectors))
             for key in keyword_missing:
-                shard.update(self._qe.UpdateOperation.create_field_index(key, self._qe.PayloadSchemaType.Keyword))
+                shard.update(field_index(self._qe, key, False, self.on_disk_vectors))
             self._write_meta(name, record["dense"])
         self._report_settings(name)
         return {k: int(v) for k, v in record["dense"].items()}
@@ -230,21 +233,12 @@ class EdgeStore(Store):
         path = self.root / name
         if path.exists():  # a shard without our metadata: an interrupted create; start it over
             shutil.rmtree(path)
-        memory = qe.Memory.Cold if self.on_disk_vectors else None  # None: Edge's default (Cached)
-        quantization = qe.ScalarQuantizationConfig(type=qe.ScalarType.Int8, memory=qe.Memory.Pinned) \
-            if self.quantization == "int8" else None
-        config = qe.EdgeConfig(
-            vectors={v: qe.EdgeVectorParams(size=s, distance=qe.Distance.Cosine, memory=memory)
-                     for v, s in dense.items()},
-            sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
-            quantization_config=quantization,
-        )
         self._rescored.pop(name, None)
-        shard = qe.EdgeShard.create(str(path), config)
+        shard = qe.EdgeShard.create(str(path), edge_config(qe, dense, self.on_disk_vectors, self.quantization))
         for key in _KEYWORDS:
-            shard.update(qe.UpdateOperation.create_field_index(key, qe.PayloadSchemaType.Keyword))
+            shard.update(field_index(qe, key, False, self.on_disk_vectors))
         for key in INTEGER_FIELDS:
-            shard.update(qe.UpdateOperation.create_field_index(key, qe.PayloadSchemaType.Integer))
+            shard.update(field_index(qe, key, True, self.on_disk_vectors))
         self._shards[name] = shard
         self._write_meta(name, dense)
 
