@@ -21,9 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import structlog
 
 from indexer.errors import CollectionMismatch
 from indexer.points import SPARSE, STATE_FIELDS, FileState, Filter, Hit, Payload, Point, Query
+
+log = structlog.get_logger("qmd_indexer.store")
 
 SCROLL_PAGE = 1024  # payloads per scroll request
 _NO_PAYLOAD = Payload()  # a hit searched without its payload
@@ -114,6 +117,16 @@ class Store:
         self._lock = threading.RLock()
         self.dialect = dialect
         self._alias_map: dict[str, str] | None = None
+        self._settings_reported: set[str] = set()  # collections whose settings difference was logged
+
+    def _settings_differ(self, name: str, differ: dict[str, dict[str, Any]]) -> None:
+        """Log ``collection_settings_differ`` for ``name`` once per store (the check runs at every open and
+        reconcile): ``differ`` maps a setting to ``{"collection": as created, "configured": as configured}``."""
+        if differ and name not in self._settings_reported:
+            self._settings_reported.add(name)
+            log.warning("collection_settings_differ", collection=name, differ=differ,
+                        hint="settings apply when a collection is created; it is used as it is. To apply them, "
+                             "rebuild it with `qmd-indexer index --once --reindex`")
 
     # names and rebuilds ----------------------------------------------------------------------------------------
     def _target(self, name: str) -> str:

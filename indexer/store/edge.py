@@ -211,10 +211,7 @@ class EdgeStore(Store):
         differ = {key: {"collection": have, "configured": want}
                   for key, have, want in (("on_disk_vectors", on_disk, self.on_disk_vectors),
                                           ("quantization", quantized, self.quantization)) if have != want}
-        if differ:
-            log.warning("collection_settings_differ", collection=name, differ=differ,
-                        hint="settings apply when a collection is created; it is used as it is. To apply them, "
-                             "rebuild it with `qmd-indexer index --once --reindex`")
+        self._settings_differ(name, differ)
 
     def _search_params(self, name: str) -> Any:
         """Dense search params of ``name``: with its int8 copy, rescore the candidates with the original vectors."""

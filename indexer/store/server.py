@@ -177,10 +177,7 @@ class ServerStore(Store):
         quantized = "int8" if info.config.quantization_config is not None else "none"
         if quantized != o.quantization:
             differ["quantization"] = {"collection": quantized, "configured": o.quantization}
-        if differ:
-            log.warning("collection_settings_differ", collection=name, differ=differ,
-                        hint="settings apply when a collection is created; it is used as it is. To apply them, "
-                             "rebuild it with `qmd-indexer index --once --reindex`")
+        self._settings_differ(name, differ)
 
     def _create(self, name: str, dense: dict[str, int]) -> None:
         m, o = self._m, self.options
