@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ import structlog
 from indexer import chunking
 from indexer.errors import CollectionMismatch, ExtractError, FileSkipped, StateReadOnly, StoreLocked
 from indexer.pipeline import Prepared
+from indexer.safeio import lock_exclusive
 from indexer.workspace import walk
 
 if TYPE_CHECKING:
@@ -49,25 +49,20 @@ def hold_state_lock(state_dir: Path) -> None:
     Raises ``StoreLocked`` when another process holds it, ``StateReadOnly`` when the lock file cannot be created
     because the state dir is read-only (or not writable by this user)."""
     import errno
-    import fcntl
 
     state_dir = state_dir.resolve()
     if state_dir in _STATE_LOCKS:
         return
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(state_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = lock_exclusive(state_dir / "daemon.lock", f"the state directory {state_dir}")
+    except StoreLocked:
+        raise
     except OSError as exc:
         if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             raise StateReadOnly(f"the state directory {state_dir} is read-only ({exc.strerror}); make it "
                                 f"writable or choose another with --state-dir") from None
         raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreLocked(f"the state directory {state_dir} is in use by another process (a running daemon?); "
-                          f"query it with `qmd-indexer search`, or stop it first") from None
     _STATE_LOCKS[state_dir] = fd
 
 

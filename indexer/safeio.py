@@ -143,3 +143,21 @@ def _has_link(root_fd: int, parts: list[str]) -> bool:
     finally:
         if current != root_fd:
             os.close(current)
+
+
+def lock_exclusive(path: Path, holder: str) -> int:
+    """Open (create, mode 0644) ``path`` and take an exclusive, non-blocking ``flock`` on it; returns the open
+    descriptor, which holds the lock until it is closed. Raises ``indexer.errors.StoreLocked`` naming ``holder``
+    (e.g. "the state directory /x") when another process holds it, and ``OSError`` when ``path`` cannot be opened."""
+    import fcntl
+
+    from indexer.errors import StoreLocked
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLocked(f"{holder} is in use by another process (a running daemon?); query it with "
+                          f"`qmd-indexer search`, or stop it first") from None
+    return fd

@@ -19,7 +19,6 @@ segment, so it takes effect once ``build_index`` ran; before, searches scan the 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -36,6 +35,7 @@ import structlog
 
 from indexer.errors import StateDirFull, StoreLocked
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, FileState, Filter, Point, Query
+from indexer.safeio import lock_exclusive
 from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
 from indexer.store.edge_config import edge_config, field_index
 from indexer.store.edge_states import HASH_FIELD, file_states_by_facets
@@ -98,14 +98,7 @@ class EdgeStore(Store):
         if self._lock_fd is not None:
             return
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreLocked(f"the embedded store {self.root} is in use by another process (a running daemon?); "
-                              f"query it with `qmd-indexer search`, or stop it first") from None
-        self._lock_fd = fd
+        self._lock_fd = lock_exclusive(self.root / ".lock", f"the embedded store {self.root}")
 
     def free_bytes(self) -> int:
         """Bytes available to this process on ``root``'s file system (``statvfs``: ``f_bavail * f_frsize``)."""
