@@ -70,11 +70,8 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-# the shared data folder beside the checkout, or beside the folder of worktrees
-_DATA = next((p for p in (REPO.parent / "shared" / "data", REPO.parent.parent / "shared" / "data") if p.is_dir()),
-             REPO.parent / "shared" / "data")
-DEFAULT_VAULT = _DATA / "vault"
-DEFAULT_SCIFACT = _DATA / "scifact"
+DEFAULT_VAULT = REPO.parent / "shared" / "data" / "vault"
+DEFAULT_SCIFACT = REPO.parent / "shared" / "data" / "scifact"
 DEFAULT_OUT = REPO / ".bench"
 BIG_POINTS = 100_000
 BIG_CHUNKS_PER_FILE = 20
