@@ -117,7 +117,7 @@ def test_answers_during_the_debounce_say_what_is_pending_and_search_can_wait(wor
         assert http.post("/search", json={"query": "flat white"}).json()["pending"] == []
         write(workspace / "memory" / "fresh.md", "# Fresh\n\nPENDINGAAA1 just written.\n")
         (workspace / "memory" / "travel.md").unlink()
-        wait_for(lambda: indexer.pending(), timeout_s=5)  # the watcher saw both
+        wait_for(lambda: len(indexer.pending()) == 2, timeout_s=5)  # the watcher saw both (not only the first)
         answer = http.post("/search", json={"query": "PENDINGAAA1", "mode": "keyword"}).json()
         assert answer["pending"] == ["memory/fresh.md", "memory/travel.md"]
         assert http.post("/recall", json={"query": "*"}).json()["pending"] == answer["pending"]
