@@ -278,3 +278,31 @@ def test_edge_file_states_from_payload_indexes_match_the_scroll(tmp_path: Path) 
     assert summary(again.file_states("c")) == summary(expected)
     assert "file_hash" in json.loads(meta.read_text())["keyword_indexes"]
     again.close()
+
+
+def test_edge_file_states_take_the_fast_way_only_when_the_counts_add_up(tmp_path: Path) -> None:
+    """On a clean shard the file states come from chunk 0s and approximate counts (``way="fast"``) and say what the
+    scroll says; after what a crash between a file's upsert and its delete leaves (an old version's tail) the
+    counts no longer add up and the exact way marks that file incomplete."""
+    from structlog.testing import capture_logs
+
+    store = EdgeStore(tmp_path / "q")
+    store.ensure_collection("c", {"text": 3})
+    v = [1.0, 0.0, 0.0]
+    for name, n in (("a", 3), ("b", 1), ("twin", 3)):
+        store.replace_file("c", f"/w/{name}.md", "h1" if n == 3 else "h2",
+                           [_point("c", f"/w/{name}.md", i, "h1" if n == 3 else "h2", v, n) for i in range(n)])
+    store.replace_file("c", "/w/a.md", "h3", [_point("c", "/w/a.md", 0, "h3", v, 2), _point("c", "/w/a.md", 1, "h3",
+                                                                                              v, 2)])
+    with capture_logs() as logs:
+        states = store.file_states("c")
+    assert [e["way"] for e in logs if e["event"] == "file_states_read"] == ["fast"]
+    assert states == Store.file_states(store, "c")
+    assert all(s.complete for s in states.values()) and states["/w/a.md"].points == 2
+    store.upsert("c", [_point("c", "/w/b.md", i, "h4", v, 1) for i in range(1)])  # b.md's new version: same size
+    store.upsert("c", [_point("c", "/w/twin.md", 0, "h5", v, 1)])  # twin.md shrank: chunks 1-2 of h1 not yet deleted
+    with capture_logs() as logs:
+        states = store.file_states("c")
+    assert [e["way"] for e in logs if e["event"] == "file_states_read"] == ["exact"]
+    assert not states["/w/twin.md"].complete and states["/w/b.md"].complete and states["/w/b.md"].file_hash == "h4"
+    store.close()

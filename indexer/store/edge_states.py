@@ -1,34 +1,57 @@
 """The indexed state of every file of an Edge collection without reading every point's payload.
 
 ``Store.file_states`` scrolls the payload of every point (one page of 1,024 at a time): at a million points that is
-most of a restart (measured on Edge, 2 cores: 21 us a point in the scroll, 30k points 0.95 s). Here, from payload
-indexes instead: Qdrant's exact facet counts of ``abs_path`` (points per file) and of ``file_hash`` (points per
-content hash), and the payload of each file's chunk 0 (its id is ``point_id(collection, abs_path, 0)``; one
-``retrieve`` per 1,024 files). A file is ``complete`` when its points number its chunk 0's ``chunk_count`` and the
-points of its hash add up: the points of all files whose chunk 0 has hash ``h`` equal the facet count of ``h`` (a
-file left with points of two versions breaks that sum, as the scroll's "one hash per file" check would; files of
-identical content share the sum, so such a file also marks its twins incomplete: they are re-indexed, no harm).
-A file without a chunk 0 is read by the scroll, filtered to it.
+most of a restart (measured on Edge, 2 cores: 21 us a point in the scroll, 30k points 0.95 s). Here, from each
+file's chunk 0 instead (its id is ``point_id(collection, abs_path, 0)``; one ``retrieve`` per 1,024 files), in one of
+two ways:
+
+- Fast (a clean shard): Qdrant's approximate facet of ``abs_path`` (per-value counts read off the keyword index,
+  not checked point by point) lists the files and their points. The shard is taken as consistent when every
+  listed file has a chunk 0 whose ``chunk_count`` equals its count and the exact point count equals the sum of
+  the counts: every file is then complete. Why that suffices on Edge: a file is written by ``replace_file`` as one
+  upsert of all its points (one write-ahead-log record, applied whole or not at all after a crash) and then one
+  delete of its other versions, so a file is never short of points; what a crash can leave is extra points (an
+  old version's tail, points of a file without a chunk 0), which make a file's count or the total exceed what
+  the chunk 0s say. Anything else takes the exact way. Measured at 1,000,000 points in 10,000 files (2 cores):
+  facet 0.09 s, count 0.2 s, ``retrieve`` 0.1-0.15 s, against 0.6-0.95 s for each exact facet.
+- Exact (otherwise): Qdrant's exact facet counts of ``abs_path`` (points per file) and of ``file_hash`` (points per
+  content hash). A file is ``complete`` when its points number its chunk 0's ``chunk_count`` and the points of its
+  hash add up: the points of all files whose chunk 0 has hash ``h`` equal the facet count of ``h`` (a file left with
+  points of two versions breaks that sum, as the scroll's "one hash per file" check would; files of identical
+  content share the sum, so such a file also marks its twins incomplete: they are re-indexed, no harm). A file
+  without a chunk 0 is read by the scroll, filtered to it.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+import structlog
 
 from indexer.points import STATE_FIELDS, FileState, Filter, Payload, point_id
 from indexer.store.base import SCROLL_PAGE, Dialect, file_states
 
 HASH_FIELD = "file_hash"  # keyword-indexed on Edge collections, for the facet
 
+log = structlog.get_logger("qmd_indexer.store")
+
 
 def file_states_by_facets(shard: Any, qe: Any, dialect: Dialect, collection: str, points: int,
-                          page: int = SCROLL_PAGE) -> dict[str, FileState]:
+                          page: int = SCROLL_PAGE, fast: bool = True) -> dict[str, FileState]:
     """``abs_path -> FileState`` of the Edge ``shard`` (``qe``: the ``qdrant_edge`` module; ``dialect``: its
-    filter translation) of logical collection ``collection``, which holds ``points`` points (see the module
-    docstring). Needs the keyword indexes of ``abs_path`` and ``file_hash``."""
+    filter translation) of logical collection ``collection``, which holds exactly ``points`` points (see the module
+    docstring; ``fast=False``: the exact way only). Needs the keyword indexes of ``abs_path`` and ``file_hash``.
+    Logs ``file_states_read`` with the way taken (``fast`` or ``exact``) and its seconds."""
+    started = time.perf_counter()
+
+    def done(states: dict[str, FileState], way: str) -> dict[str, FileState]:
+        log.info("file_states_read", collection=collection, files=len(states), points=points, way=way,
+                 seconds=round(time.perf_counter() - started, 3))
+        return states
 
     def scroll_file(abs_path: str) -> Iterator[Mapping[str, Any]]:
         flt, offset = dialect.filter(Filter(abs_path=abs_path)), None
@@ -39,18 +62,32 @@ def file_states_by_facets(shard: Any, qe: Any, dialect: Dialect, collection: str
             if offset is None:
                 return
 
-    def facet(key: str) -> dict[str, int]:
-        hits = shard.facet(qe.FacetRequest(key=key, limit=max(1, points), exact=True)).hits
-        return {str(hit.value): int(hit.count) for hit in hits}
+    def facet(key: str, exact: bool = True) -> dict[str, int]:
+        hits = shard.facet(qe.FacetRequest(key=key, limit=max(1, points), exact=exact)).hits
+        return {str(hit.value): int(hit.count) for hit in hits if hit.count}
 
+    def chunk_zeros(paths: list[str]) -> dict[str, Payload]:
+        firsts: dict[str, Payload] = {}
+        for start in range(0, len(paths), page):
+            ids = [uuid.UUID(point_id(collection, path, 0)) for path in paths[start : start + page]]
+            for record in shard.retrieve(ids, with_payload=list(STATE_FIELDS), with_vector=False):
+                payload = Payload.from_payload(dict(record.payload or {}))
+                firsts[payload.abs_path] = payload
+        return firsts
+
+    def state(first: Payload, n: int, complete: bool) -> FileState:
+        return FileState(first.file_hash, first.size_bytes, first.mtime_ns, n, complete, first.ctime_ns,
+                         first.inode, first.device)
+
+    if fast:
+        approximate = facet("abs_path", exact=False)
+        firsts = chunk_zeros(list(approximate))
+        if len(firsts) == len(approximate) and sum(approximate.values()) == points and all(
+                first.chunk_count == approximate[path] for path, first in firsts.items()):
+            return done({path: state(first, first.chunk_count, True) for path, first in firsts.items()}, "fast")
     counts, by_hash = facet("abs_path"), facet(HASH_FIELD)
     paths = list(counts)
-    firsts: dict[str, Payload] = {}
-    for start in range(0, len(paths), page):
-        ids = [uuid.UUID(point_id(collection, path, 0)) for path in paths[start : start + page]]
-        for record in shard.retrieve(ids, with_payload=list(STATE_FIELDS), with_vector=False):
-            payload = Payload.from_payload(dict(record.payload or {}))
-            firsts[payload.abs_path] = payload
+    firsts = chunk_zeros(paths)
     states: dict[str, FileState] = {}
     for path in paths:
         if path not in firsts:  # no chunk 0 (an interrupted write): read its points
@@ -60,7 +97,6 @@ def file_states_by_facets(shard: Any, qe: Any, dialect: Dialect, collection: str
         summed[first.file_hash] += counts.get(path, 0)
     for path, first in firsts.items():
         n = counts.get(path, 0)
-        complete = n == first.chunk_count and summed[first.file_hash] == by_hash.get(first.file_hash, 0)
-        states[path] = FileState(first.file_hash, first.size_bytes, first.mtime_ns, n, complete,
-                                 first.ctime_ns, first.inode, first.device)
-    return states
+        states[path] = state(first, n, n == first.chunk_count and summed[first.file_hash] == by_hash.get(
+            first.file_hash, 0))
+    return done(states, "exact")
