@@ -231,20 +231,28 @@ def walk(collections: Sequence[Collection]) -> tuple[list[tuple[Collection, Path
 
 
 def _symlink_on_way(collection: Collection, path: Path) -> bool:
-    """Whether ``path`` or any directory between the workspace (or the extra root) and it is a symlink."""
+    """Whether ``path`` or any directory between the workspace (or the extra root) and it is a symlink (one
+    ``lstat`` per level; string operations, not ``pathlib``: this runs for every file of every scan)."""
     base = collection.workspace.path if collection.role != "extra" else collection.root
-    try:
-        parts = path.relative_to(base).parts
-    except ValueError:
+    if collection.role == "extra" and os.path.islink(base):
         return True
-    current = base
-    if collection.role == "extra" and current.is_symlink():
-        return True
-    for part in parts:
-        current = current / part
-        if current.is_symlink():
+    rest = _below(base, path)
+    if rest is None:
+        return str(path) != str(base)
+    current = str(base).rstrip("/")
+    for part in rest:
+        current = f"{current}/{part}"
+        if os.path.islink(current):
             return True
     return False
+
+
+def _below(root: Path, path: Path) -> list[str] | None:
+    """The names from ``root`` down to ``path`` (both absolute), or ``None`` when ``path`` is not under ``root``
+    (``path == root`` included)."""
+    prefix = str(root).rstrip("/") + "/"
+    path_s = str(path)
+    return path_s[len(prefix):].split("/") if path_s.startswith(prefix) and len(path_s) > len(prefix) else None
 
 
 def route(collections: Sequence[Collection], path: Path) -> tuple[Collection | None, str | None]:
@@ -278,7 +286,7 @@ def _claim(collection: Collection, path: Path) -> tuple[str, str | None]:
     (not under this collection's root)."""
     ws = collection.workspace
     if collection.role == "root":
-        if path.parent != ws.path:
+        if os.path.dirname(str(path)) != str(ws.path):
             return "pass", None
         for canonical, legacy in ROOT_NAMES:
             if path.name == canonical:
@@ -294,11 +302,8 @@ def _claim(collection: Collection, path: Path) -> tuple[str, str | None]:
     root = collection.root
     if collection.role == "extra" and path == root:
         return ("refuse", "symlink") if path.is_symlink() else ("own", None)
-    try:
-        parts = path.relative_to(root).parts
-    except ValueError:
-        return "pass", None
-    if not parts:
+    parts = _below(root, path)
+    if parts is None:
         return "pass", None
     if any(_skipped_name(part) for part in parts):
         return "refuse", "hidden"
