@@ -312,6 +312,27 @@ class Daemon:
             time.sleep(0.1)
         raise TimeoutError("daemon not ready in time")
 
+    def search_until_ready(self, client: Any, queries: Sequence[str], timeout_s: float = 1800) -> list[float]:
+        """Seconds per hybrid ``POST /search`` (k 6) answered while the daemon is up but not ready (its first
+        index running), one query after another, until ``/health`` says ready."""
+        out: list[float] = []
+        deadline, n = time.perf_counter() + timeout_s, 0
+        while time.perf_counter() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}; see {self.log_file.name}")
+            try:
+                if client.get(f"{self.url}/health", timeout=2).json().get("ready"):
+                    return out
+                started = time.perf_counter()
+                answer = client.post(f"{self.url}/search", json={"query": queries[n % len(queries)], "k": 6,
+                                                                 "mode": "hybrid"})
+                if answer.status_code == 200:
+                    out.append(time.perf_counter() - started)
+                n += 1
+            except Exception:  # not listening yet
+                time.sleep(0.1)
+        raise TimeoutError("daemon not ready in time")
+
     def rss_peak(self) -> int:
         """Peak resident set (bytes): the kernel's high-water mark, else the sampled maximum."""
         try:
@@ -347,10 +368,15 @@ class Daemon:
         self.log_file.close()
 
 
-def search_latency(client: Any, url: str, queries: Sequence[str], mode: str = "hybrid", k: int = 6) -> list[float]:
-    """Seconds per ``POST /search`` (one client, keep-alive), one per query, after 3 warm-up queries."""
+def search_latency(client: Any, url: str, queries: Sequence[str], mode: str = "hybrid", k: int = 6,
+                   warm_up: list[float] | None = None) -> list[float]:
+    """Seconds per ``POST /search`` (one client, keep-alive), one per query, after 3 warm-up queries (their seconds
+    appended to ``warm_up`` when given: the first searches of a daemon)."""
     for q in queries[:3]:
+        started = time.perf_counter()
         client.post(f"{url}/search", json={"query": q + " warm", "k": k, "mode": mode}).raise_for_status()
+        if warm_up is not None:
+            warm_up.append(time.perf_counter() - started)
     out = []
     for q in queries:
         started = time.perf_counter()
@@ -410,9 +436,12 @@ def bench_daemon(workspace: Path, state_dir: Path, out: Path) -> dict[str, Any]:
     daemon = Daemon(workspace, state_dir, "bench", out / "daemon.log")
     client = httpx.Client(timeout=30)
     try:
+        during = daemon.search_until_ready(client, headings(workspace, QUERIES))
         ready_s = daemon.wait_ready(client)
         status = client.get(f"{daemon.url}/status").json()
-        log(f"   ready after {ready_s:.1f} s (model load + first index of {status['chunks_embedded']} chunks)")
+        log(f"   ready after {ready_s:.1f} s (model load + first index of {status['chunks_embedded']} chunks); "
+            f"API search meanwhile p50 {1000 * pct(during, 50):.1f} ms, p95 {1000 * pct(during, 95):.1f} ms "
+            f"({len(during)} searches)")
         notes = sorted((workspace / "memory").rglob("*.md"))
         latencies = []
         for n in range(EDITS):
@@ -448,6 +477,9 @@ def bench_daemon(workspace: Path, state_dir: Path, out: Path) -> dict[str, Any]:
                                      "max": round(max(latencies), 3), "n": len(latencies)},
             "search_ms": {"p50": round(1000 * pct(lat, 50), 1), "p95": round(1000 * pct(lat, 95), 1), "n": len(lat),
                           "chunks": chunks},
+            "search_during_first_index_ms": {"p50": round(1000 * pct(during, 50), 1) if during else None,
+                                             "p95": round(1000 * pct(during, 95), 1) if during else None,
+                                             "n": len(during)},
             "mcp": mcp,
             "peak_rss_mib": round(rss / 2**20, 1), "peak_rss_sampled_mib": round(daemon.sampled_peak / 2**20, 1)}
 
@@ -518,7 +550,8 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray | None, scif
             terms = bm25.document(text) or ([], [])
             payload = {"agent": "big", "collection": collection.name, "path": rel, "abs_path": str(path),
                        "dirs": ancestor_dirs(rel), "file_hash": file_hash, "size_bytes": st.st_size,
-                       "mtime_ns": st.st_mtime_ns, "chunk_index": i, "chunk_count": len(lines),
+                       "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
+                       "device": st.st_dev, "chunk_index": i, "chunk_count": len(lines),
                        "start_line": i + 1, "end_line": i + 1, "text": text, "kind": "markdown",
                        "modality": "text", "model_id": registry.embedders["text"].model_id}
             batch.append(Point(point_id(collection.name, str(path), i), {"text": vec},
@@ -684,8 +717,8 @@ def bench_big(out: Path, vectors: np.ndarray | None, scifact: Path, registry: An
                     time.sleep(1)
                 extra["build"] = build
                 log(f"   {backend} HNSW build: {build}")
-            cpu = daemon.ps.cpu_times()
-            lat = search_latency(client, daemon.url, queries)
+            cpu, first = daemon.ps.cpu_times(), list[float]()
+            lat = search_latency(client, daemon.url, queries, warm_up=first)
             cpu_after = daemon.ps.cpu_times()
             # the same queries again: their embeddings are cached now, so this is the search without the model
             # (less sensitive to other load on the machine, and what an index changes)
@@ -699,6 +732,7 @@ def bench_big(out: Path, vectors: np.ndarray | None, scifact: Path, registry: An
         r = {"p50_ms": round(1000 * pct(lat, 50), 1), "p95_ms": round(1000 * pct(lat, 95), 1),
              "cached_embedding_p50_ms": round(1000 * pct(cached, 50), 1),
              "cached_embedding_p95_ms": round(1000 * pct(cached, 95), 1), "daemon_cpu_ms_per_search": round(cpu_ms, 1),
+             "first_searches_ms": [round(1000 * x, 1) for x in first],
              "ready_s": round(ready_s, 1), "embedded_at_start": status["chunks_embedded"],
              "chunks": sum(c["chunks"] for c in status["collections"].values()), "peak_rss_mib": round(rss / 2**20),
              "rss_end_mib": rss_now, "load_average": round(os.getloadavg()[0], 2), **extra}
@@ -727,7 +761,11 @@ def bench_big(out: Path, vectors: np.ndarray | None, scifact: Path, registry: An
     split("exact")
     result["hnsw"] = through_api("hnsw", {}, hnsw=True)
     result["optimize_s"] = result["hnsw"].get("build", {}).get("seconds")
-    return split("hnsw")
+    split("hnsw")
+    # a restart on the built index: the daemon's first searches read what Edge keeps cold (memory-mapped, not
+    # loaded by ``EdgeShard.load``); the page cache still holds what the last process read, as after a restart
+    result["restarted"] = through_api("restarted", {})
+    return result
 
 
 # -- command line --------------------------------------------------------------------------------------------------
@@ -927,9 +965,12 @@ def print_table(r: dict[str, Any]) -> None:
     if d:
         rows += [
             ("save-to-searchable", f"p50 {d['save_to_searchable_s']['p50']:.2f} s",
-             f"p95 {d['save_to_searchable_s']['p95']:.2f} s", f"{d['save_to_searchable_s']['n']} edits; aim p95 < 2 s"),
+             f"p95 {d['save_to_searchable_s']['p95']:.2f} s", f"{d['save_to_searchable_s']['n']} edits; p95 aim 0.5 s"),
             ("API search (hybrid, k=6)", f"p50 {d['search_ms']['p50']:.1f} ms", f"p95 {d['search_ms']['p95']:.1f} ms",
              f"{d['search_ms']['chunks']} chunks; aim p50 < 30 ms"),
+            ("  while the first index runs", f"p50 {(d.get('search_during_first_index_ms') or {}).get('p50')} ms",
+             f"p95 {(d.get('search_during_first_index_ms') or {}).get('p95')} ms",
+             f"{(d.get('search_during_first_index_ms') or {}).get('n')} searches before ready"),
             ("MCP stdio start to 1st search", f"{d['mcp']['mcp_first_answer_s']:.2f} s",
              f"CLI search {d['mcp']['cli_search_s']:.2f} s", f"ratio {d['mcp']['ratio_to_cli']:.2f} (median of "
              f"{d['mcp']['n']})"),
@@ -950,6 +991,11 @@ def print_table(r: dict[str, Any]) -> None:
              f"ratio to exact p50 {_ratio(b['hnsw']['p50_ms'], b['exact']['p50_ms'])}, p95 "
              f"{_ratio(b['hnsw']['p95_ms'], b['exact']['p95_ms'])}"),
         ]
+        if "restarted" in b:
+            x = b["restarted"]
+            rows.append((f"{big} API hybrid, after a restart", f"p50 {x['p50_ms']:.1f} ms", f"p95 {x['p95_ms']:.1f} ms",
+                         f"first 3 searches {x['first_searches_ms']} ms; ready incl. model {x['ready_s']} s; peak "
+                         f"RSS {x['peak_rss_mib']} MiB"))
         for kind in ("exact", "hnsw"):
             x, restart = b[kind], b.get(f"{kind}_restart")
             rows.append((f"{big} {kind}: daemon peak RSS", f"{x['peak_rss_mib']} MiB",
