@@ -45,7 +45,7 @@ from indexer.errors import (
 )
 from indexer.ledger import FAILURES, Ledger
 from indexer.metrics import Metrics
-from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
+from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged, unchanged_by_stat
 from indexer.plugins import Registry, load_registry, plugin_configs
 from indexer.points import FileState
 from indexer.rebuild import check_identity, hold_state_lock
@@ -214,7 +214,8 @@ class Indexer:
         """Walk every collection's roots; delete points of files no longer memory; return the paths to check. Once
         ready, a scan is a reconcile, for ``reason`` (``periodic``, ``queue_overflow``...), unless ``reconcile`` is
         false (after a config reload): ``drift`` counts what it found the watcher had missed (files not indexed,
-        indexed files gone, files changed since indexed; a path still pending behind the debounce is not missed)."""
+        indexed files gone, files changed since indexed; a path still pending behind the debounce is not missed).
+        Files indexed whole whose ``lstat`` is what they were indexed at are not returned."""
         started = time.monotonic()
         if self._attest() and self.watcher is not None:  # the old watches follow the old directory
             self.watcher.refresh()
@@ -235,8 +236,20 @@ class Indexer:
         for abs_path in [p for p in self.indexed if p not in on_disk]:
             self._remove(abs_path, reason="gone")
         self.ledger.keep_only(on_disk | {str(s.path) for s in skips})  # gone, or no longer a candidate
+        to_check = [path for collection, path in found if not self._unchanged(collection.name, path)]
         self.last_scan_s = time.monotonic() - started
-        return [path for _, path in found]
+        return to_check
+
+    def _unchanged(self, collection: str, path: Path) -> bool:
+        """Whether ``path``, found by the walk for ``collection``, is indexed there whole with the stat it has now:
+        then nothing is queued for it (the walk never enters a symlink, so the path is as safe as when indexed)."""
+        entry = self.indexed.get(str(path))
+        if entry is None or entry.collection != collection:
+            return False
+        try:
+            return unchanged_by_stat(entry.state, os.lstat(path))
+        except OSError:
+            return False
 
     def _report_skips(self, skips: list[Skip]) -> None:
         for skip in skips:

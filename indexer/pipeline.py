@@ -51,6 +51,12 @@ def _current(known: FileState | None) -> bool:
     return bool(known and known.complete and known.file_hash.endswith(index_hash("")))
 
 
+def unchanged_by_stat(known: FileState | None, st: os.stat_result) -> bool:
+    """Whether a file indexed as ``known`` (whole, by this chunking version) still has the ``lstat`` result ``st``
+    it was indexed at (``stat_identity``): it needs no reading."""
+    return known is not None and _current(known) and known.identity() == stat_identity(st)
+
+
 class Interrupted(Exception):
     """Embedding stopped between slices because a shutdown was requested."""
 
@@ -173,7 +179,7 @@ class Pipeline:
             raise FileSkipped("symlink", "symlinks are never followed")
         if not stat.S_ISREG(st.st_mode):
             raise FileSkipped("not_regular_file", "a FIFO, socket or device")
-        if known is not None and _current(known) and known.identity() == stat_identity(st):
+        if unchanged_by_stat(known, st):
             return Unchanged(path)
         multimodal = collection.workspace.multimodal
         cap = max(self.max_file_bytes, multimodal.max_file_bytes if multimodal.enabled else 0)

@@ -241,3 +241,22 @@ def test_stop_during_a_huge_file_is_prompt_and_resumes_from_the_cache(tmp_path: 
     status = index_once(indexer)
     assert str(ws / "memory" / "huge.md") in indexer.indexed
     assert status["cache_hits"] >= embedded_before - 1  # the finished slices came from the cache
+
+
+def test_a_scan_queues_only_files_whose_stat_moved_or_whose_index_is_not_whole(workspace: Path, make_indexer) -> None:
+    """A rescan reads nothing it need not: a file indexed whole at its current ``lstat`` is not queued (at 10,000
+    files routing and re-stat'ing each made up most of a restart's scan); a touched file, a new one and one whose
+    points are incomplete are."""
+    from dataclasses import replace
+
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    embedded = index_once(indexer)["chunks_embedded"]
+    assert indexer.scan() == []
+    touched, new = workspace / "memory" / "travel.md", workspace / "memory" / "new.md"
+    os.utime(touched, ns=(1, 1))
+    write(new, "# New\n\nA note made while the daemon was down.\n")
+    entry = indexer.indexed[str(workspace / "MEMORY.md")]
+    entry.state = replace(entry.state, complete=False)
+    assert sorted(indexer.scan()) == sorted([touched, new, workspace / "MEMORY.md"])
+    status = index_once(indexer)
+    assert status["chunks_embedded"] == embedded + 1 and indexer.scan() == []  # new.md; the others from the cache
