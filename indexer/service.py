@@ -15,6 +15,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -92,8 +93,8 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
 
     from indexer.server import create_app
 
-    stop = threading.Event()
-    supervisor = Supervisor(Notifier(), watchdog_interval_s())
+    stop, listening = threading.Event(), threading.Event()
+    supervisor = Supervisor(Notifier(), watchdog_interval_s(), listening=listening)
     reloader = Reloader(indexer, reload or (lambda: settings), supervisor.notifier)
     # the handler runs on the main thread between bytecodes: it takes no lock itself (the notifier's and the
     # queue's are taken on a thread of its own)
@@ -101,8 +102,13 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
     worker = threading.Thread(target=run, args=(indexer, stop, progress, supervisor, reloader), name="indexer-worker",
                               daemon=True)
     worker.start()
-    server = uvicorn.Server(uvicorn.Config(create_app(indexer), host=settings.host, port=settings.port,
-                                           log_config=None, access_log=False, lifespan="on"))
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            listening.set()  # bound and serving: READY=1 may go out
+
+    server = Server(uvicorn.Config(create_app(indexer), host=settings.host, port=settings.port,
+                                   log_config=None, access_log=False, lifespan="on"))
     log.info("api_listening", url=f"http://{settings.host}:{settings.port}")
     # uvicorn handles SIGTERM/SIGINT while serving, then re-raises the signal to the handler that was installed
     # before it; with the default handler that would kill the process before the store is flushed.
@@ -120,6 +126,7 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
     finally:
         supervisor.stopping()  # STOPPING=1 (uvicorn took SIGTERM while serving, and returned)
         stop.set()
+        listening.set()  # a worker waiting to say READY=1 must not wait for a server that is gone
         indexer.settler.wake()
         worker.join()
         indexer.close()

@@ -109,11 +109,14 @@ class Supervisor:
     progress (each loop turn, each file, each embedded slice) sends ``WATCHDOG=1`` at most every quarter of
     ``watchdog_s`` (so a worker stuck on one file longer than ``watchdog_s`` sends none and systemd restarts it);
     ``status(queue_depth, files)`` sends ``STATUS=`` when the text changed, at most once per ``status_every_s``
-    seconds (a change held back goes out on a later call); ``ready``/``stopping`` once each."""
+    seconds (a change held back goes out on a later call); ``ready``/``stopping`` once each. ``listening``: set
+    once the HTTP API accepts connections (or will not): ``ready`` waits for it, so ``READY=1`` never precedes the
+    API (a first index of a few files can end before uvicorn has bound its port)."""
 
     def __init__(self, notifier: Notifier, watchdog_s: float | None, status_every_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, listening: threading.Event | None = None) -> None:
         self.notifier, self.watchdog_s, self.status_every_s, self.clock = notifier, watchdog_s, status_every_s, clock
+        self.listening = listening
         self._last_ping = self._last_status_at = float("-inf")
         self._last_status = ""
         self._stopping = False
@@ -130,6 +133,8 @@ class Supervisor:
             self.notifier.status(text)
 
     def ready(self, queue_depth: int, files: int) -> None:
+        if self.listening is not None:
+            self.listening.wait()
         self._last_status, self._last_status_at = f"{files} files indexed, queue {queue_depth}", self.clock()
         self.notifier.ready(self._last_status)
 

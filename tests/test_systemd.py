@@ -126,3 +126,24 @@ def test_daemon_notifies_ready_status_watchdog_and_stopping_in_order(workspace: 
     assert "STATUS=4 files indexed, queue 0" in messages[ready], messages
     assert any(m == "WATCHDOG=1" for m in messages[ready:]), messages
     assert messages[-1] == "STOPPING=1" and messages.count("STOPPING=1") == 1, messages
+
+
+def test_ready_waits_until_the_api_listens(listener: socket.socket, tmp_path: Path) -> None:
+    """``READY=1`` goes out only once the HTTP API is listening: a first index of a few files used to end before
+    uvicorn had bound its port, and a client told "ready" was refused (seen in CI as a connection refused)."""
+    import threading
+
+    from indexer.systemd import Supervisor
+
+    listening = threading.Event()
+    supervisor = Supervisor(Notifier(str(tmp_path / "notify.sock")), None, listening=listening)
+    said = threading.Thread(target=supervisor.ready, args=(0, 2))
+    said.start()
+    listener.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        listener.recv(4096)
+    listening.set()
+    said.join(timeout=5)
+    listener.settimeout(5)
+    assert listener.recv(4096).decode().startswith("READY=1")
+    supervisor.notifier.close()
