@@ -150,7 +150,8 @@ def test_an_event_queue_overflow_reconciles_at_once(workspace: Path, make_indexe
             burst = subprocess.Popen([sys.executable, "-c", _BURST_SCRIPT, str(workspace / "memory")])
             _keep_this_process_busy_while(burst)
             assert burst.wait(60) == 0
-            wait_for(lambda: sum(p.startswith(str(workspace / "memory" / "burst-")) for p in indexer.indexed) == 1000,
+            burst_prefix = str(workspace / "memory" / "burst-")  # list(): the worker adds to indexed meanwhile
+            wait_for(lambda: sum(p.startswith(burst_prefix) for p in list(indexer.indexed)) == 1000,
                      timeout_s=240, interval_s=0.5)
         status = indexer.status()
         assert [e for e in logs if e["event"] == "watch_queue_overflow"]

@@ -108,14 +108,19 @@ def test_fusion_ranks_like_qdrants_own_fusion(indexed, method: str) -> None:
     from indexer.points import Query
 
     lists = indexer.store.search("memory-dir-main", Query(limit=100, dense={"text": dense}, sparse=terms))
-    ours = [h.payload.path for h in fuse(list(lists.values()), method, 60, 10)]
+    fused = fuse(list(lists.values()), method, 60, 10)
+    ours = [h.payload.path for h in fused]
     shard = indexer.store._shard("memory-dir-main")
     native = shard.query(qe.QueryRequest(
         limit=10, with_payload=True, query=qe.Fusion.Rrf(k=60) if method == "rrf" else qe.Fusion.Dbsf(),
         prefetches=[qe.Prefetch(limit=100, query=qe.Query.Nearest(dense.tolist(), using="text")),
                     qe.Prefetch(limit=100, query=qe.Query.Nearest(qe.SparseVector(indices=terms[0], values=terms[1]),
                                                                   using="bm25"))]))
-    assert ours[:3] == [p.payload["path"] for p in native][:3]
+    # items of equal fused score (with RRF: one first in the dense list, another first in BM25) may come in either
+    # order; the int8 query embedding varies in its last bits between runs, so such ties come and go
+    tied = {h.payload.path for h in fused if sum(abs(h.score - o.score) < 1e-9 for o in fused) > 1}
+    assert [p if p not in tied else "tie" for p in ours[:3]] == [
+        p if p not in tied else "tie" for p in [p.payload["path"] for p in native][:3]]
 
 
 # -- agent-side reads through the API ---------------------------------------------------------------------------
