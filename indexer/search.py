@@ -306,6 +306,12 @@ def mmr(hits: Sequence[Hit], lam: float, k: int) -> list[Hit]:
     return [hits[i] for i in picked] + [hits[i] for i in left]
 
 
+def load_fusion() -> None:
+    """Import the fusion code ``fuse`` uses (qdrant-client: its pydantic models take ~2 s to import on 2 cores).
+    The daemon calls this before it reports ready, so the first search does not pay for it."""
+    import qdrant_client.hybrid.fusion  # noqa: F401
+
+
 def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) -> list[Hit]:
     """Fuse ranked lists with Qdrant's own algorithms, as qdrant-client implements them for its local mode:
     RRF (score of a point = sum over lists of ``1 / (rank + k - 1)``, rank 1-based; Cormack et al. 2009 with

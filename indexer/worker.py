@@ -3,8 +3,8 @@ them to ``Indexer.process``; nothing else calls it while it runs.
 
 - ``index_once(indexer)``: rebuild if asked (``--reindex``), scan, process everything queued, return ``status()``
   (``qmd-indexer index --once``).
-- ``run(indexer, stop)``: wait for the store, start the watcher, warm the embedders and reranker, scan and drain
-  (``ready`` is set then), and keep processing settled paths until ``stop`` is set, rescanning every
+- ``run(indexer, stop)``: wait for the store, start the watcher, warm the embedders, reranker and fusion code,
+  scan and drain (``ready`` is set then), and keep processing settled paths until ``stop`` is set, rescanning every
   ``rescan_interval_s`` and re-watching roots made again every ``REFRESH_S``, and reconciling at once a root whose
   events were lost (a kernel queue overflow, a watch refused below it: ``Watcher.take_lost``). A requested rebuild
   (``--reindex`` or ``POST /reindex``) runs here too, between batches, followed by a scan.
@@ -35,6 +35,7 @@ import structlog
 from indexer.daemon import RETRY_AFTER_S, Indexer
 from indexer.errors import StateDirFull, StoreUnavailable
 from indexer.rebuild import rebuild
+from indexer.search import load_fusion
 from indexer.store import EdgeStore
 from indexer.systemd import Supervisor
 from indexer.watcher import Watcher
@@ -232,6 +233,7 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
             reranker.score("warm-up", ["warm-up"])
         except Exception as exc:  # searches keep the fused order meanwhile (indexer.rerank fails open)
             log.error("reranker_failed", model_id=reranker.model_id, error=f"{type(exc).__name__}: {exc}")
+    load_fusion()  # not inside the first search either
     settler = indexer.settler
     if indexer.rebuild_requested.is_set():
         _rebuild(indexer)

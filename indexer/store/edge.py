@@ -10,8 +10,9 @@ meanwhile; the daemon calls it for a collection of at least ``edge_hnsw_min_poin
 
 Large collections (``qdrant_on_disk_vectors``, ``qdrant_quantization``, applied when a collection is created): the
 original dense vectors, the scalar int8 copy (``ScalarQuantizationConfig``), the HNSW graph and the payload indexes
-memory-mapped without pre-warming (Qdrant's ``Memory.Cold`` tier: read on first use, then served from the page
-cache), so that loading a shard of a million points reads almost nothing (see ``edge_config``). Without
+memory-mapped without pre-warming (Qdrant's ``Memory.Cold`` tier: read on first use), so that loading a shard of a
+million points reads almost nothing (see ``edge_config``); the files searches read are then brought into the page
+cache by a background thread (``edge_warm``: Qdrant drops them from it when a shard closes). Without
 ``qdrant_on_disk_vectors`` the int8 copy is pinned in RAM. Dense searches use the int8 copy and rescore with the
 originals (``QuantizationSearchParams(rescore=True)``). Qdrant builds the quantized copy when it optimizes a
 segment, so it takes effect once ``build_index`` ran; before, searches scan the originals.
@@ -39,6 +40,7 @@ from indexer.safeio import lock_exclusive
 from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
 from indexer.store.edge_config import edge_config, field_index
 from indexer.store.edge_states import HASH_FIELD, file_states_by_facets
+from indexer.store.edge_warm import Warmer
 
 log = structlog.get_logger("qmd_indexer.store")
 
@@ -92,6 +94,7 @@ class EdgeStore(Store):
         self._lock_fd: int | None = None
         # while ``build_index`` runs: (physical collection copied, the writes made to it since, in order)
         self._journal: tuple[str, list[tuple[str, Any]]] | None = None
+        self.warmer = Warmer()  # reads a cold shard's search files into the page cache after it loads
 
     def _hold(self) -> None:
         """Take the store's process lock if not yet held. Raises ``StoreLocked`` when another process holds it."""
@@ -168,6 +171,8 @@ class EdgeStore(Store):
                         f"query it with `qmd-indexer search`, or stop it first") from None
                 raise
             self._shards[name] = shard
+            if any(v.get("memory") == "cold" for v in self._edge_config(name).get("vectors", {}).values()):
+                self.warmer.warm(name, self.root / name)
         return shard
 
     def _dense_config(self, name: str) -> dict[str, int] | None:
@@ -398,6 +403,7 @@ class EdgeStore(Store):
                 shard.flush()
 
     def close(self) -> None:
+        self.warmer.close()
         with self._lock:
             for shard in self._shards.values():
                 shard.flush()
