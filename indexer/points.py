@@ -5,11 +5,13 @@ This is the one place that knows the collection schema (the README's "Collection
 - named dense vectors, one per modality (``"text"``, ``"image"``), cosine distance;
 - ``SPARSE`` (``"bm25"``): BM25 term weights of the chunk text, with Qdrant's IDF modifier;
 - the payload (``Payload``), written by ``Payload.to_payload`` and read back by ``Payload.from_payload`` only;
-- payload indexes: keyword on ``KEYWORD_FIELDS``, integer on ``INTEGER_FIELDS``.
+- payload indexes: keyword on ``KEYWORD_FIELDS``, integer on ``INTEGER_FIELDS`` (Edge also indexes ``file_hash``
+  and ``file_state``, chunk 0's ``state_key``, for reading file states by facets).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -86,6 +88,8 @@ class Payload:
             if value is not None:
                 out[f] = value
         out["dirs"] = ancestor_dirs(self.path)
+        if self.chunk_index == 0:
+            out[STATE_KEY] = state_key(self)
         return out
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -107,7 +111,28 @@ class Payload:
 _FIELDS = tuple(f.name for f in fields(Payload) if f.name != "extra")
 _INTS = ("size_bytes", "mtime_ns", "ctime_ns", "inode", "device", "chunk_index", "chunk_count", "start_line",
          "end_line", "chunking_version")
-_OWN = frozenset(_FIELDS) | {"dirs"}
+_OWN = frozenset(_FIELDS) | {"dirs", "file_state"}
+STATE_KEY = "file_state"  # on chunk 0 only: ``state_key`` of its file
+
+
+def state_key(payload: Payload) -> str:
+    """The file's indexed state in one string, stored on its chunk 0 (``STATE_KEY``) so that a facet over it reads
+    every file's state off a keyword index, without reading each chunk 0's payload (``store.edge_states``):
+    the JSON array ``[abs_path, file_hash, size_bytes, mtime_ns, ctime_ns, inode, device, chunk_count]``."""
+    return json.dumps([payload.abs_path, payload.file_hash, payload.size_bytes, payload.mtime_ns, payload.ctime_ns,
+                       payload.inode, payload.device, payload.chunk_count], ensure_ascii=False, separators=(",", ":"))
+
+
+def parse_state_key(value: str) -> tuple[str, FileState]:
+    """``(abs_path, FileState)`` of a ``state_key`` value, ``complete`` and with ``points`` = its ``chunk_count``
+    (what the file's points are when it is whole: the caller checks that). Raises ``ValueError`` on a malformed
+    value."""
+    try:
+        path, file_hash, size, mtime, ctime, inode, device, count = json.loads(value)
+        return str(path), FileState(str(file_hash), int(size), int(mtime), int(count), True, int(ctime), int(inode),
+                                    int(device))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not a file state key: {value[:200]!r}") from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ store unreachable after opening is not fatal: the worker retries, the API answer
 
 from __future__ import annotations
 
+import gc
 import signal
 import socket
 import sys
@@ -80,6 +81,9 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
     try:
         check_port(settings.host, settings.port)
         indexer = open_indexer(settings, reindex, connect=False)
+        # the models and modules loaded by now live as long as the process: the cyclic garbage collector need not
+        # walk them again (~460k objects; a full collection took 0.5 s here, at random moments: a restart, a search)
+        gc.freeze()
         try:
             indexer.connect()
         except (CollectionMismatch, StoreLocked) as exc:  # not transient: a config mistake, so say it and stop

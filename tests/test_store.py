@@ -223,7 +223,7 @@ def test_edge_on_disk_vectors_and_int8_copy_keep_search_exact(tmp_path: Path) ->
     assert config["hnsw_config"]["memory"] == "cold"
     indexes = json.loads(next((tmp_path / "q" / "c" / "segments").glob("*/payload_index/config.json")).read_text())
     assert {k: v["memory"] for k, v in indexes["indexed_fields"].items()} == {
-        k: "cold" for k in (*KEYWORD_FIELDS, "file_hash", *INTEGER_FIELDS)}
+        k: "cold" for k in (*KEYWORD_FIELDS, "file_hash", "file_state", *INTEGER_FIELDS)}
     query = vectors[7] + 0.01
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     expected = [f"w/{i}.md" for i in np.argsort(-(unit @ (query / np.linalg.norm(query))))[:3]]
@@ -331,9 +331,12 @@ def test_edge_file_states_from_payload_indexes_match_the_scroll(tmp_path: Path) 
 
 
 def test_edge_file_states_take_the_fast_way_only_when_the_counts_add_up(tmp_path: Path) -> None:
-    """On a clean shard the file states come from chunk 0s and approximate counts (``way="fast"``) and say what the
-    scroll says; after what a crash between a file's upsert and its delete leaves (an old version's tail) the
-    counts no longer add up and the exact way marks that file incomplete."""
+    """On a clean shard the file states come from the ``file_state`` keys of chunk 0s and approximate counts
+    (``way="keys"``), or, where a chunk 0 has no key (written before keys existed), from chunk 0s read by id
+    (``way="fast"``), and say what the scroll says; after what a crash between a file's upsert and its delete
+    leaves (an old version's tail) the counts no longer add up and the exact way marks that file incomplete."""
+    import uuid
+
     from structlog.testing import capture_logs
 
     store = EdgeStore(tmp_path / "q")
@@ -346,9 +349,15 @@ def test_edge_file_states_take_the_fast_way_only_when_the_counts_add_up(tmp_path
                                                                                               v, 2)])
     with capture_logs() as logs:
         states = store.file_states("c")
-    assert [e["way"] for e in logs if e["event"] == "file_states_read"] == ["fast"]
+    assert [e["way"] for e in logs if e["event"] == "file_states_read"] == ["keys"]
     assert states == Store.file_states(store, "c")
     assert all(s.complete for s in states.values()) and states["/w/a.md"].points == 2
+    store._shard("c").update(  # a chunk 0 without its key, as written before keys existed
+                             store._qe.UpdateOperation.delete_payload([uuid.UUID(point_id("c", "/w/b.md", 0))],
+                                                                      ["file_state"]))
+    with capture_logs() as logs:
+        assert store.file_states("c") == states
+    assert [e["way"] for e in logs if e["event"] == "file_states_read"] == ["fast"]
     store.upsert("c", [_point("c", "/w/b.md", i, "h4", v, 1) for i in range(1)])  # b.md's new version: same size
     store.upsert("c", [_point("c", "/w/twin.md", 0, "h5", v, 1)])  # twin.md shrank: chunks 1-2 of h1 not yet deleted
     with capture_logs() as logs:

@@ -35,7 +35,7 @@ from typing import Any
 import structlog
 
 from indexer.errors import StateDirFull, StoreLocked
-from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, FileState, Filter, Point, Query
+from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, STATE_KEY, FileState, Filter, Point, Query
 from indexer.safeio import lock_exclusive
 from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
 from indexer.store.edge_config import edge_config, field_index
@@ -56,7 +56,8 @@ _OPTIMIZE = ("import os, sys, qdrant_edge as qe\nos.nice(int(sys.argv[2]))\n"
              "shard = qe.EdgeShard.load(sys.argv[1])\nshard.optimize()\nshard.flush()\nshard.close()\n")
 
 
-_KEYWORDS = (*KEYWORD_FIELDS, HASH_FIELD)  # keyword payload indexes of an Edge collection (file_hash: file_states)
+_KEYWORDS = (*KEYWORD_FIELDS, HASH_FIELD, STATE_KEY)  # keyword payload indexes of an Edge collection (the last two:
+# file_states)
 _HNSW_RECORD = "qmd-hnsw.json"  # in a shard's folder: {"points": n}, its point count when its index was built
 
 
