@@ -404,16 +404,25 @@ class SentenceTransformerEmbedder:
         return [tuple(pair) for pair in encoded["offset_mapping"]]
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """``(len(texts), dim)`` float32, L2-normalised."""
+        """``(len(texts), dim)`` float32, L2-normalised, in the order of ``texts``.
+
+        Batches of ``batch_size`` texts of similar length, longest first, as ``SentenceTransformer.encode`` makes
+        them for one call (a batch is padded to its longest text): in document order, a batch of short chunks
+        padded to one long one spent ~20% more CPU a chunk (first index of the dev vault, int8 ONNX on an AVX2
+        CPU: 0.83 of the raw ``encode`` rate). One model call per batch, so a query waits for one batch at most."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         model, texts = self.model, list(texts)
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         parts = []
         for start in range(0, len(texts), self.batch_size):
+            batch = [texts[i] for i in order[start : start + self.batch_size]]
             with self._use:
-                parts.append(model.encode(texts[start : start + self.batch_size], batch_size=self.batch_size,
-                                          normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False))
-        return l2_normalise(np.concatenate([np.asarray(p, dtype=np.float32) for p in parts]))
+                parts.append(model.encode(batch, batch_size=self.batch_size, normalize_embeddings=True,
+                                          convert_to_numpy=True, show_progress_bar=False))
+        vectors = np.empty((len(texts), self.dim), dtype=np.float32)
+        vectors[order] = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts])
+        return l2_normalise(vectors)
 
     def embed(self, chunks: Sequence[Chunk]) -> np.ndarray:
         """``(len(chunks), dim)`` float32, L2-normalised: the chunks' ``embed_text`` (context and text)."""

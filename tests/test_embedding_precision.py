@@ -123,3 +123,24 @@ def test_status_says_which_precision(make_indexer, workspace: Path) -> None:
     text = indexer.registry.embedders["text"]
     assert embedding == {"model_id": text.model_id, "precision": text.precision}
     assert embedding["precision"] in PRECISIONS and embedding["precision"] != "auto"
+
+
+def test_encode_batches_texts_of_similar_length_and_keeps_their_order(registry, monkeypatch) -> None:
+    """The model gets batches of similar length, longest first (a batch is padded to its longest text: in document
+    order, short chunks padded to a long one cost ~20% more CPU a chunk), and the vectors come back in the order of
+    the texts: each is the text's own embedding (the nearest of those embedded alone)."""
+    embedder = registry.embedders["text"]
+    texts = ["short one", "a much longer text " * 12, "mid length text here " * 3, "tiny", "another long text " * 10,
+             "medium sized text " * 4]
+    alone = np.stack([embedder.encode([t])[0] for t in texts])
+    batches: list[list[str]] = []
+    model_encode = embedder.model.encode
+    monkeypatch.setattr(embedder.model, "encode", lambda batch, **kw: batches.append(list(batch)) or
+                        model_encode(batch, **kw))
+    monkeypatch.setattr(embedder, "batch_size", 2)
+    together = embedder.encode(texts)
+    lengths = [[len(t) for t in batch] for batch in batches]
+    assert lengths == [sorted((len(t) for t in texts), reverse=True)[i : i + 2] for i in range(0, 6, 2)]
+    assert together.shape == (6, embedder.dim)
+    similarity = together @ alone.T  # int8 quantizes activations per batch: a text's vector moves with its batch
+    assert list(similarity.argmax(axis=1)) == list(range(6)) and similarity.diagonal().min() > 0.98
