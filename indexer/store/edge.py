@@ -56,8 +56,8 @@ _OPTIMIZE = ("import os, sys, qdrant_edge as qe\nos.nice(int(sys.argv[2]))\n"
              "shard = qe.EdgeShard.load(sys.argv[1])\nshard.optimize()\nshard.flush()\nshard.close()\n")
 
 
-_KEYWORDS = (*KEYWORD_FIELDS, HASH_FIELD, STATE_KEY)  # keyword payload indexes of an Edge collection (the last two:
-# file_states)
+# keyword payload indexes of an Edge collection (file_hash and file_state: for ``file_states``)
+_KEYWORDS = (*KEYWORD_FIELDS, HASH_FIELD, STATE_KEY)
 _HNSW_RECORD = "qmd-hnsw.json"  # in a shard's folder: {"points": n}, its point count when its index was built
 
 
