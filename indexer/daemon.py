@@ -219,7 +219,8 @@ class Indexer:
         started = time.monotonic()
         if self._attest() and self.watcher is not None:  # the old watches follow the old directory
             self.watcher.refresh()
-        found, skips = walk(self.collections)
+        stats: dict[Path, os.stat_result] = {}
+        found, skips = walk(self.collections, stats)
         self._report_skips(skips)
         self.problems = report.problems(self, skips)
         on_disk = {str(path) for _, path in found}
@@ -236,20 +237,16 @@ class Indexer:
         for abs_path in [p for p in self.indexed if p not in on_disk]:
             self._remove(abs_path, reason="gone")
         self.ledger.keep_only(on_disk | {str(s.path) for s in skips})  # gone, or no longer a candidate
-        to_check = [path for collection, path in found if not self._unchanged(collection.name, path)]
+        to_check = [path for collection, path in found if not self._unchanged(collection.name, path, stats[path])]
         self.last_scan_s = time.monotonic() - started
         return to_check
 
-    def _unchanged(self, collection: str, path: Path) -> bool:
-        """Whether ``path``, found by the walk for ``collection``, is indexed there whole with the stat it has now:
-        then nothing is queued for it (the walk never enters a symlink, so the path is as safe as when indexed)."""
+    def _unchanged(self, collection: str, path: Path, st: os.stat_result) -> bool:
+        """Whether ``path``, found by the walk for ``collection`` with ``lstat`` result ``st``, is indexed there
+        whole at that stat: then nothing is queued for it (the walk never enters a symlink, so the path is as safe
+        as when indexed)."""
         entry = self.indexed.get(str(path))
-        if entry is None or entry.collection != collection:
-            return False
-        try:
-            return unchanged_by_stat(entry.state, os.lstat(path))
-        except OSError:
-            return False
+        return entry is not None and entry.collection == collection and unchanged_by_stat(entry.state, st)
 
     def _report_skips(self, skips: list[Skip]) -> None:
         for skip in skips:

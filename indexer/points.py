@@ -117,20 +117,16 @@ STATE_KEY = "file_state"  # on chunk 0 only: ``state_key`` of its file
 
 def state_key(payload: Payload) -> str:
     """The file's indexed state in one string, stored on its chunk 0 (``STATE_KEY``) so that a facet over it reads
-    every file's state off a keyword index, without reading each chunk 0's payload (``store.edge_states``):
-    the JSON array ``[abs_path, file_hash, size_bytes, mtime_ns, ctime_ns, inode, device, chunk_count]``."""
-    return json.dumps([payload.abs_path, payload.file_hash, payload.size_bytes, payload.mtime_ns, payload.ctime_ns,
-                       payload.inode, payload.device, payload.chunk_count], ensure_ascii=False, separators=(",", ":"))
+    every file's state off a keyword index, without reading each chunk 0's payload (``store.edge_states``): the
+    JSON array of its ``STATE_FIELDS`` values, in that order."""
+    return json.dumps([getattr(payload, f) for f in STATE_FIELDS], ensure_ascii=False, separators=(",", ":"))
 
 
-def parse_state_key(value: str) -> tuple[str, FileState]:
-    """``(abs_path, FileState)`` of a ``state_key`` value, ``complete`` and with ``points`` = its ``chunk_count``
-    (what the file's points are when it is whole: the caller checks that). Raises ``ValueError`` on a malformed
-    value."""
+def parse_state_key(value: str) -> Payload:
+    """The partial payload (``STATE_FIELDS`` only) a ``state_key`` value holds. Raises ``ValueError`` on a
+    malformed value."""
     try:
-        path, file_hash, size, mtime, ctime, inode, device, count = json.loads(value)
-        return str(path), FileState(str(file_hash), int(size), int(mtime), int(count), True, int(ctime), int(inode),
-                                    int(device))
+        return Payload.from_payload(dict(zip(STATE_FIELDS, json.loads(value), strict=True)))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"not a file state key: {value[:200]!r}") from exc
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from indexer.points import stat_identity
 from indexer.rerank import rerank_status
 from indexer.workspace import Problem, Skip, path_problems
 
@@ -120,8 +121,7 @@ def changed(indexer: Indexer, abs_path: str) -> bool:
         st = os.lstat(abs_path)
     except OSError:
         return False
-    now = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-    return any(was not in (-1, got) for was, got in zip(indexer.indexed[abs_path].state.identity(), now))
+    return any(was not in (-1, got) for was, got in zip(indexer.indexed[abs_path].state.identity(), stat_identity(st)))
 
 
 def problems(indexer: Indexer, skips: list[Skip]) -> list[Problem]:

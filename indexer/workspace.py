@@ -182,10 +182,12 @@ def walk_dir(root: Path, skips: list[Skip]) -> Iterator[Path]:
             yield path
 
 
-def walk(collections: Sequence[Collection]) -> tuple[list[tuple[Collection, Path]], list[Skip]]:
+def walk(collections: Sequence[Collection], stats: dict[Path, os.stat_result] | None = None
+         ) -> tuple[list[tuple[Collection, Path]], list[Skip]]:
     """Every candidate file of ``collections`` on disk, each once, and the skips. A file reached through several
     collections of one workspace belongs to the first; through several workspaces, to the innermost that contains
-    it (a workspace nested in another's ``memory/`` owns its files; see ``overlaps``).
+    it (a workspace nested in another's ``memory/`` owns its files; see ``overlaps``). ``stats``, if given, gets
+    each candidate's ``lstat`` result (the walk takes it anyway, to meet each file once).
 
     A candidate is not yet known to be memory: the classifiers decide its kind, and the pipeline the rest.
     """
@@ -207,6 +209,8 @@ def walk(collections: Sequence[Collection]) -> tuple[list[tuple[Collection, Path
             return
         if key in seen_inodes:
             return
+        if stats is not None:
+            stats[path] = st
         seen_paths[path] = len(found)
         seen_inodes.add(key)
         found.append((collection, path))

@@ -85,21 +85,26 @@ def file_states_by_facets(shard: Any, qe: Any, dialect: Dialect, collection: str
         return FileState(first.file_hash, first.size_bytes, first.mtime_ns, n, complete, first.ctime_ns,
                          first.inode, first.device)
 
-    if fast:
-        approximate = facet("abs_path", exact=False)
-        if sum(approximate.values()) == points:
-            try:
-                keyed = [parse_state_key(value) for value, n in facet(STATE_KEY, exact=False).items() if n == 1]
-            except ValueError:  # not written by us: the other ways
-                keyed = []
-            by_key = dict(keyed)
-            if len(by_key) == len(keyed) == len(approximate) and all(
-                    approximate.get(path) == state.points for path, state in by_key.items()):
-                return done(by_key, "keys")
+    def whole(firsts: dict[str, Payload]) -> dict[str, FileState]:
+        return {path: state(first, first.chunk_count, True) for path, first in firsts.items()}
+
+    approximate = facet("abs_path", exact=False) if fast else {}
+    if fast and sum(approximate.values()) == points:  # else points beyond whole files somewhere: the exact way
+
+        def consistent(firsts: dict[str, Payload]) -> bool:  # the check of the fast ways (module docstring)
+            return len(firsts) == len(approximate) and all(
+                first.chunk_count == approximate.get(path) for path, first in firsts.items())
+
+        try:
+            keyed = [parse_state_key(value) for value, n in facet(STATE_KEY, exact=False).items() if n == 1]
+        except ValueError:  # not written by us: the other ways
+            keyed = []
+        by_key = {first.abs_path: first for first in keyed}
+        if len(by_key) == len(keyed) and consistent(by_key):
+            return done(whole(by_key), "keys")
         firsts = chunk_zeros(list(approximate))
-        if len(firsts) == len(approximate) and sum(approximate.values()) == points and all(
-                first.chunk_count == approximate[path] for path, first in firsts.items()):
-            return done({path: state(first, first.chunk_count, True) for path, first in firsts.items()}, "fast")
+        if consistent(firsts):
+            return done(whole(firsts), "fast")
     counts, by_hash = facet("abs_path"), facet(HASH_FIELD)
     paths = list(counts)
     firsts = chunk_zeros(paths)
