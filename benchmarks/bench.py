@@ -9,8 +9,8 @@ Measured, in order:
 
 1. **First index** (in this process, ``worker.index_once`` on an empty state and an empty embedding cache):
    chunks/s, and its ratio to the raw baseline: ``SentenceTransformer.encode`` (the same model object, same
-   precision, same batch size) on exactly the chunk texts the index holds, in one call, timed before and after the
-   index (the mean of the two is the baseline).
+   precision, same batch size) on exactly the texts the index embeds (each distinct chunk's ``embed_text``: its
+   context line and text), in one call, timed before and after the index (the mean of the two is the baseline).
 2. **No-op rescan**: ``index_once`` again in the same process, and once more after a restart (a new ``Indexer`` on
    the same state): seconds and embeddings (expected 0).
 2b. **No-op rescan of 10,000 files** (Edge, ``bench_noop_many``; ``--skip-noop-many``): 10,000 one-sentence notes
@@ -22,8 +22,8 @@ Measured, in order:
    is then not SciFact's and is marked so); aim >= 2x and a loss <= 0.005.
 3. **Save-to-searchable** (``qmd-indexer run`` as a subprocess on a free port, its own fresh state, so it does a
    full first index too): 20 edits, each appending a line with a unique token to a note; the time from the write
-   to the first ``POST /search`` (keyword mode, polled every 20 ms) that returns that note. Includes the 1 s
-   debounce.
+   to the first ``POST /search`` (keyword mode, polled every 20 ms) that returns that note. Includes the settle
+   time (a file closed after writing settles at once: ``indexer.watcher.settle_for``).
 4. **Search latency through the API**: 100 distinct queries (the vault's headings), hybrid mode, k=6.
 5. **MCP stdio start to first answer**: ``qmd-indexer mcp`` spawned by the MCP SDK's stdio client against the
    daemon of step 3, timed from the spawn to the first answered ``memory_search`` (handshake included), 5 times;
@@ -155,7 +155,8 @@ def bench_index(workspace: Path, state_dir: Path, qdrant_url: str = "",
             prepared = indexer.pipeline.prepare(collection, path, None)
         except Exception:
             continue
-        texts.extend(c.text for c in getattr(prepared, "chunks", []) if c.modality == "text")
+        # what the embedder sees: context line and text (``c.text`` alone is ~6% fewer tokens on the vault)
+        texts.extend(c.embed_text for c in getattr(prepared, "chunks", []) if c.modality == "text")
     unique_texts = list(dict.fromkeys(texts))
     log(f"1. first index: {len(found)} files, {len(texts)} chunks ({len(unique_texts)} distinct texts) ...")
     (raw_before, raw_cpu_before) = raw_encode(unique_texts)
@@ -927,7 +928,7 @@ def print_table(r: dict[str, Any]) -> None:
     if f and n:
         rows += [
             ("first index, chunks/s", f"{f['chunks_per_s']:.1f}", f"raw encode {f['raw_encode_chunks_per_s']:.1f}/s",
-             f"wall ratio {f['ratio_to_raw']:.3f} (aim >= 0.9)"),
+             f"wall ratio {f['ratio_to_raw']:.3f} (aim >= 0.95)"),
             ("  per CPU second", f"ratio {f['ratio_to_raw_cpu']:.3f}",
              f"CPU s: index {f['cpu_s']}, raw {f['raw_encode_cpu_s']}", f"load avg {f['load_average'][0]}"),
             ("  chunks / seconds", f"{f['chunks_embedded']} / {f['seconds']:.1f} s", f["model_id"],
