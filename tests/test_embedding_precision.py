@@ -11,11 +11,15 @@ from structlog.testing import capture_logs
 
 from indexer.config import Settings, load_settings
 from indexer.embedding import (
+    DEFAULT_MODEL,
     PRECISIONS,
     SentenceTransformerEmbedder,
     choose_precision,
     cpu_flags,
+    export_int8,
     int8_available,
+    load_sentence_transformer,
+    resolve_model,
 )
 from indexer.errors import ConfigError
 
@@ -144,3 +148,17 @@ def test_encode_batches_texts_of_similar_length_and_keeps_their_order(registry, 
     assert together.shape == (6, embedder.dim)
     similarity = together @ alone.T  # int8 quantizes activations per batch: a text's vector moves with its batch
     assert list(similarity.argmax(axis=1)) == list(range(6)) and similarity.diagonal().min() > 0.98
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not int8_available(), reason="onnxruntime/onnx (the int8 extra) not installed")
+def test_int8_export_traces_eager_attention_and_leaves_the_fp32_model_as_it_was(tmp_path: Path) -> None:
+    import onnx
+
+    model = load_sentence_transformer(resolve_model(DEFAULT_MODEL)[1], "cpu")
+    attention = model[0].model.config._attn_implementation
+    export_int8(model, tmp_path / "int8")
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "int8" / "model.onnx")).graph.node}
+    # an SDPA trace guards fully masked rows with IsNaN + Where over every attention matrix: a quarter of the time
+    assert "Softmax" in ops and "IsNaN" not in ops
+    assert model[0].model.config._attn_implementation == attention
