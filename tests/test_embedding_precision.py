@@ -4,6 +4,7 @@ cached export, and the fallback to fp32 when the export fails. Real model, real 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -162,3 +163,32 @@ def test_int8_export_traces_eager_attention_and_leaves_the_fp32_model_as_it_was(
     # an SDPA trace guards fully masked rows with IsNaN + Where over every attention matrix: a quarter of the time
     assert "Softmax" in ops and "IsNaN" not in ops
     assert model[0].model.config._attn_implementation == attention
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not int8_available(), reason="onnxruntime/onnx (the int8 extra) not installed")
+def test_int8_runs_a_query_on_threads_that_do_not_spin_and_batches_on_ones_that_do(tmp_path: Path) -> None:
+    embedder = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(tmp_path / "models")})
+    onnx = embedder.model[0].model
+    spin = {name: getattr(onnx, name).get_session_options().get_session_config_entry(
+        "session.intra_op.allow_spinning") for name in ("session", "single")}
+    assert spin == {"session": "1", "single": "0"}
+    calls: list[tuple[str, int]] = []
+    for name in ("session", "single"):
+        real = getattr(onnx, name)
+
+        class Recording:
+            def __init__(self, name: str, real: Any) -> None:
+                self.name, self.real = name, real
+
+            def run(self, outputs: Any, feed: dict[str, Any]) -> Any:
+                calls.append((self.name, len(next(iter(feed.values())))))
+                return self.real.run(outputs, feed)
+
+        setattr(onnx, name, Recording(name, real))
+    query = embedder.embed_query(SENTENCES[0])
+    batch = embedder.encode(SENTENCES[:3])
+    alone = embedder.encode(SENTENCES[:1])[0]
+    assert calls == [("single", 1), ("session", 3), ("single", 1)]
+    np.testing.assert_allclose(query, alone, atol=1e-6)
+    assert float(query @ batch[0]) > 0.99
