@@ -188,8 +188,8 @@ def _onnx_transformer(onnx_path: Path, config: Any, threads: int) -> Any:
     Two sessions of the same model: batches run on one whose threads spin-wait for the next call (ONNX Runtime's
     default; without it a first index ran at 0.74 of raw ``encode``), a single text (a query) on one whose threads
     sleep at once, since a search goes on to its Qdrant calls on the same cores. Measured at 1M chunks through the
-    API (AMD EPYC, 2 CPUs, AVX2): daemon CPU 51-56 ms a search with spinning threads, 25 ms without; p95 35.5 ->
-    28.7 ms. Both give the same vectors."""
+    API (AMD EPYC, 2 CPUs, AVX2): daemon CPU 51-56 ms a search with one spinning session, 26 ms with the two; p95
+    35.5-41.7 -> 30.6 ms. Both give the same vectors."""
     import onnxruntime as ort
     import torch
 

@@ -174,18 +174,17 @@ def test_int8_runs_a_query_on_threads_that_do_not_spin_and_batches_on_ones_that_
         "session.intra_op.allow_spinning") for name in ("session", "single")}
     assert spin == {"session": "1", "single": "0"}
     calls: list[tuple[str, int]] = []
+
+    class Recording:  # the real session, noting which one ran a batch of how many texts
+        def __init__(self, name: str, real: Any) -> None:
+            self.name, self.real = name, real
+
+        def run(self, outputs: Any, feed: dict[str, Any]) -> Any:
+            calls.append((self.name, len(next(iter(feed.values())))))
+            return self.real.run(outputs, feed)
+
     for name in ("session", "single"):
-        real = getattr(onnx, name)
-
-        class Recording:
-            def __init__(self, name: str, real: Any) -> None:
-                self.name, self.real = name, real
-
-            def run(self, outputs: Any, feed: dict[str, Any]) -> Any:
-                calls.append((self.name, len(next(iter(feed.values())))))
-                return self.real.run(outputs, feed)
-
-        setattr(onnx, name, Recording(name, real))
+        setattr(onnx, name, Recording(name, getattr(onnx, name)))
     query = embedder.embed_query(SENTENCES[0])
     batch = embedder.encode(SENTENCES[:3])
     alone = embedder.encode(SENTENCES[:1])[0]
