@@ -189,7 +189,8 @@ def _onnx_transformer(onnx_path: Path, config: Any, threads: int) -> Any:
     default; without it a first index ran at 0.74 of raw ``encode``), a single text (a query) on one whose threads
     sleep at once, since a search goes on to its Qdrant calls on the same cores. Measured at 1M chunks through the
     API (AMD EPYC, 2 CPUs, AVX2): daemon CPU 51-56 ms a search with one spinning session, 26 ms with the two; p95
-    35.5-41.7 -> 30.6 ms. Both give the same vectors."""
+    35.5-41.7 -> 30.6 ms. Both give the same vectors; the second holds its own copy of the weights (about 80 MiB
+    RSS)."""
     import onnxruntime as ort
     import torch
 
