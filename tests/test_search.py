@@ -96,6 +96,28 @@ def test_snippet_is_centred_on_the_best_lines_and_capped() -> None:
 
 
 @pytest.mark.parametrize("method", ["rrf", "dbsf"])
+def test_fusion_gives_qdrant_clients_own_answer_on_its_own_point_type(method: str) -> None:
+    """``fuse`` hands qdrant-client's fusion light stand-ins for ``ScoredPoint``; the ids, scores and order must be
+    what the library gives for real ``ScoredPoint``s: overlapping lists, ties, a one-item list, an empty list."""
+    import random
+    import uuid
+
+    from qdrant_client.http import models
+    from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
+
+    rng = random.Random(7)
+    ids = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(150)]
+    dense = sorted(((i, rng.random()) for i in ids[:100]), key=lambda x: -x[1])
+    keyword = sorted(((i, round(rng.uniform(0, 9), 1)) for i in ids[50:]), key=lambda x: -x[1])  # ties
+    for lists in ([dense, keyword], [dense, keyword[:1]], [dense, []]):
+        hits = [[Hit(i, s, Payload()) for i, s in scored] for scored in lists]
+        points = [[models.ScoredPoint(id=i, version=0, score=s) for i, s in scored] for scored in lists]
+        expected = (reciprocal_rank_fusion(points, limit=120, ranking_constant_k=60) if method == "rrf"
+                    else distribution_based_score_fusion(points, limit=120))
+        assert [(h.id, h.score) for h in fuse(hits, method, 60, 120)] == [(str(p.id), p.score) for p in expected]
+
+
+@pytest.mark.parametrize("method", ["rrf", "dbsf"])
 def test_fusion_ranks_like_qdrants_own_fusion(indexed, method: str) -> None:
     """Our pooled fusion (qdrant-client's implementation) orders a single collection as Qdrant Edge fuses it."""
     import qdrant_edge as qe
