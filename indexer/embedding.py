@@ -454,6 +454,21 @@ class SentenceTransformerEmbedder:
         return self.encode([chunk.embed_text for chunk in chunks])
 
     def embed_query(self, text: str) -> np.ndarray:
-        """``(dim,)`` float32, L2-normalised."""
-        vector: np.ndarray = self.encode([text])[0]
-        return vector
+        """``(dim,)`` float32, L2-normalised: the same vector as ``encode([text])[0]``.
+
+        A query runs the model's own modules directly (its tokenizer, transformer, pooling and normalisation), not
+        through ``SentenceTransformer.encode``, whose bookkeeping per call (device lookup, ``eval()`` over every
+        module, length sort, output stacking): p50 9.6-10.0 -> 8.6-8.8 ms with int8, 28.0-28.2 -> 24.7-25.3 ms with
+        torch fp32 (AMD EPYC, 2 CPUs, AVX2; 280 short queries each way, interleaved, two runs). A model with a
+        default prompt or a ``truncate_dim``, or on another device, goes through ``encode``, which applies them."""
+        model = self.model
+        if (getattr(model, "default_prompt_name", None) or getattr(model, "truncate_dim", None)
+                or self.device != "cpu"):
+            vector: np.ndarray = self.encode([text])[0]
+            return vector
+        import torch
+
+        preprocess = getattr(model, "preprocess", None) or model.tokenize  # ``tokenize`` before sentence-transformers 6
+        with self._use, torch.inference_mode():
+            embedding = model(preprocess([text]))["sentence_embedding"][0]
+        return l2_normalise(embedding.float().numpy())

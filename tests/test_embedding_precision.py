@@ -151,6 +151,22 @@ def test_encode_batches_texts_of_similar_length_and_keeps_their_order(registry, 
     assert list(similarity.argmax(axis=1)) == list(range(6)) and similarity.diagonal().min() > 0.98
 
 
+def test_a_query_embeds_to_the_vector_encode_gives_it(registry, monkeypatch) -> None:
+    """``embed_query`` runs the model's modules without ``encode``'s bookkeeping: same vector, truncation included;
+    a model with a default prompt goes through ``encode``, which prepends it."""
+    embedder = registry.embedders["text"]
+    for text in (SENTENCES[0], "ok", "deploy window " * 300):  # the last is past the model's 256 word pieces
+        query = embedder.embed_query(text)
+        assert query.shape == (embedder.dim,) and query.dtype == np.float32
+        np.testing.assert_allclose(query, embedder.encode([text])[0], atol=1e-6)
+    plain = embedder.embed_query(SENTENCES[0])
+    monkeypatch.setattr(embedder.model, "prompts", {"query": "query: "})
+    monkeypatch.setattr(embedder.model, "default_prompt_name", "query")
+    prompted = embedder.embed_query(SENTENCES[0])
+    np.testing.assert_allclose(prompted, embedder.encode([SENTENCES[0]])[0], atol=1e-6)
+    assert float(prompted @ plain) < 0.999  # the prompt was applied
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not int8_available(), reason="onnxruntime/onnx (the int8 extra) not installed")
 def test_int8_export_traces_eager_attention_and_leaves_the_fp32_model_as_it_was(tmp_path: Path) -> None:
