@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 import structlog
 from fastapi import FastAPI, HTTPException, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from indexer import __version__
 from indexer.daemon import Indexer
@@ -209,15 +210,20 @@ def create_app(indexer: Indexer) -> FastAPI:
     def status() -> Status:
         return memory.status()
 
+    # async, the search itself in the thread pool: FastAPI validates a sync endpoint's answer in a second thread-pool
+    # hop, an async one's on the event loop. Client minus server time of a search, daemon at 100k, 2 CPUs: 4.5 -> 4.0 ms
     @app.post("/search", responses=_errors(400, 404, 503))
-    def search(body: SearchRequest) -> SearchResponse:
-        request = body.model_dump()
-        wait_s = request.pop("wait_s")
-        if wait_s:
-            wait_pending(indexer, body.agent, wait_s)
-        hits = _answer(lambda: memory.search(**request))
-        return {"hits": hits, "relevant": relevant(hits, indexer.settings.relevance_floor),  # type: ignore[arg-type]
-                "pending": indexer.pending(body.agent)}
+    async def search(body: SearchRequest) -> SearchResponse:
+        def answer() -> SearchResponse:
+            request = body.model_dump()
+            wait_s = request.pop("wait_s")
+            if wait_s:
+                wait_pending(indexer, body.agent, wait_s)
+            hits = _answer(lambda: memory.search(**request))
+            return {"hits": hits, "relevant": relevant(hits, indexer.settings.relevance_floor),  # type: ignore[arg-type]
+                    "pending": indexer.pending(body.agent)}
+
+        return await run_in_threadpool(answer)
 
     @app.post("/recall", responses=_errors(404, 503))
     def recall_(body: RecallRequest) -> SearchResponse:
