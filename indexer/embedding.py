@@ -457,10 +457,11 @@ class SentenceTransformerEmbedder:
         """``(dim,)`` float32, L2-normalised: the same vector as ``encode([text])[0]``.
 
         A query runs the model's own modules directly (its tokenizer, transformer, pooling and normalisation), not
-        through ``SentenceTransformer.encode``, whose bookkeeping per call (device lookup, ``eval()`` over every
-        module, length sort, output stacking): p50 9.6-10.0 -> 8.6-8.8 ms with int8, 28.0-28.2 -> 24.7-25.3 ms with
-        torch fp32 (AMD EPYC, 2 CPUs, AVX2; 280 short queries each way, interleaved, two runs). A model with a
-        default prompt or a ``truncate_dim``, or on another device, goes through ``encode``, which applies them."""
+        through ``SentenceTransformer.encode`` and its bookkeeping per call (device lookup, ``eval()`` over every
+        module, length sort, output stacking). Query p50, AMD EPYC with 2 CPUs (AVX2), 280 short queries each way,
+        interleaved, two runs: 9.6-10.0 -> 8.6-8.8 ms with int8, 28.0-28.2 -> 24.7-25.3 ms with torch fp32. A model
+        with a default prompt or a ``truncate_dim``, or on another device, goes through ``encode``, which applies
+        them."""
         model = self.model
         if (getattr(model, "default_prompt_name", None) or getattr(model, "truncate_dim", None)
                 or self.device != "cpu"):
