@@ -8,8 +8,9 @@ installed), with the product's embedder (``indexer.embedding.SentenceTransformer
    turn, so a busy shared CPU weighs on all of them alike. A precision's rate is its best round; the ratio is that
    against fp32's best round in the same run (medians are printed as well).
 2. **Quality**: BEIR SciFact test nDCG@10 of dense retrieval over the whole corpus (5,183 abstracts embedded with
-   that precision; the 300 test queries likewise; exact cosine search with numpy; a document's gain from the
-   qrels; trec_eval's nDCG@10). Every precision embeds the same texts.
+   that precision; the 300 test queries one at a time with ``embed_query``, as the daemon embeds a search, so with
+   int8 they run on the query model; exact cosine search with numpy; a document's gain from the qrels; trec_eval's
+   nDCG@10). Every precision embeds the same texts. The median time of those queries is printed too.
 
 int8 is exported from the packaged weights into a fresh temporary cache at the start (its export seconds and the
 quality record are printed), so the run measures first use too. Prints the CPU model and flags, exits 2 when the
@@ -160,7 +161,8 @@ def run(data: Path, sample: int = 256, rounds: int = 3, batch_size: int = 32,
 def measure(args: argparse.Namespace, precisions: list[str], cache: Path, doc_ids: list[str], doc_texts: list[str],
             query_ids: list[str], query_texts: list[str], qrels: dict[str, dict[str, int]]) -> dict[str, Any]:
     """Load each precision's embedder (int8 exported into ``cache``), then print rates and nDCG@10; returns
-    ``{"precisions": {name: {best_per_s, median_per_s, x_fp32, corpus_per_s, ndcg_at_10, ndcg_vs_fp32}}, "sample",
+    ``{"precisions": {name: {best_per_s, median_per_s, x_fp32, corpus_per_s, query_p50_ms, ndcg_at_10,
+    ndcg_vs_fp32}}, "sample",
     "rounds", "batch_size", "docs", "queries", "int8_export_s"}`` (rates in chunks/s)."""
     from indexer.embedding import SentenceTransformerEmbedder
 
@@ -198,26 +200,33 @@ def measure(args: argparse.Namespace, precisions: list[str], cache: Path, doc_id
         started = time.perf_counter()
         docs = embedder.encode(doc_texts)
         corpus_s = time.perf_counter() - started
-        queries = embedder.encode(query_texts)
+        vectors, query_s = [], []
+        for text in query_texts:
+            started = time.perf_counter()
+            vectors.append(embedder.embed_query(text))
+            query_s.append(time.perf_counter() - started)
+        queries = np.stack(vectors)
         assert docs.shape == (len(doc_texts), embedder.dim) and docs.dtype == np.float32
-        results[precision] = (ndcg_at_10(docs, doc_ids, queries, query_ids, qrels), len(doc_texts) / corpus_s)
+        results[precision] = (ndcg_at_10(docs, doc_ids, queries, query_ids, qrels), len(doc_texts) / corpus_s,
+                              1000 * statistics.median(query_s))
 
     base = max(rates["fp32"])
     print(f"\nrate: {len(sample)} SciFact abstracts per round, {args.rounds} rounds in turn, batch {args.batch_size}; "
           f"nDCG@10: SciFact test, {len(query_ids)} queries, {len(doc_texts)} abstracts, exact cosine")
-    header = ("precision", "best/s", "median/s", "x fp32", "corpus/s", "nDCG@10", "vs fp32")
+    header = ("precision", "best/s", "median/s", "x fp32", "corpus/s", "query ms", "nDCG@10", "vs fp32")
     print(f"{header[0]:<10} " + " ".join(f"{h:>8}" for h in header[1:]))
     for precision in embedders:
-        ndcg, corpus_rate = results[precision]
+        ndcg, corpus_rate, query_ms = results[precision]
         print(f"{precision:<10} {max(rates[precision]):>8.1f} {statistics.median(rates[precision]):>9.1f} "
-              f"{max(rates[precision]) / base:>7.2f} {corpus_rate:>9.1f} {ndcg:>8.4f} "
+              f"{max(rates[precision]) / base:>7.2f} {corpus_rate:>9.1f} {query_ms:>9.2f} {ndcg:>8.4f} "
               f"{ndcg - results['fp32'][0]:>+8.4f}")
     print("(x fp32: best round against fp32's best round in this run; corpus/s: the whole-corpus pass, run once "
-          "per precision one after another)")
+          "per precision one after another; query ms: median of the test queries, one at a time)")
     figures = {precision: {"best_per_s": round(max(rates[precision]), 1),
                            "median_per_s": round(statistics.median(rates[precision]), 1),
                            "x_fp32": round(max(rates[precision]) / base, 2),
                            "corpus_per_s": round(results[precision][1], 1),
+                           "query_p50_ms": round(results[precision][2], 2),
                            "ndcg_at_10": round(results[precision][0], 4),
                            "ndcg_vs_fp32": round(results[precision][0] - results["fp32"][0], 4)}
                for precision in embedders}

@@ -29,7 +29,11 @@ and in a batch of four: cosine 0.996).
 The export happens once, at first use, into ``<cache_dir>/<model>-<hash>-onnx-int8/`` (written to a temporary
 directory, then renamed), together with ``quality.json``: the cosine between int8 and fp32 vectors of a fixed set
 of sentences. An export that fails, or whose mean cosine is under ``INT8_MIN_COSINE``, leaves the embedder on
-fp32 with one log line. sentence-transformers' own ``backend="onnx"`` needs ``optimum-onnx``, whose only release
+fp32 with one log line. Queries run on a second export beside it, ``query-v<format>.onnx``: the same quantization
+in a graph fused for one short text (``export_query_int8``), with its own quality record, tokenizer and session
+(``OnnxQueryEncoder``); where it is unavailable they run on ``model.onnx``.
+
+sentence-transformers' own ``backend="onnx"`` needs ``optimum-onnx``, whose only release
 pins ``transformers<4.58`` while sentence-transformers 6 needs ``transformers>=5``, so the ONNX session is wired in
 here instead.
 """
@@ -42,6 +46,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -66,6 +71,9 @@ INT8_FORMAT = 2  # bump when the export recipe changes: part of the export's dir
 # abstracts, batch 32 (``benchmarks/embed_precision.py`` for the whole comparison): torch fp32 (SDPA) 12.2
 # chunks/s, int8 traced with SDPA 13.1, int8 traced with eager attention 17.3; mean cosine to fp32 0.9966 for both.
 EXPORT_ATTENTION = "eager"
+# bump when the query model's recipe changes (``export_query_int8``): part of its file name. Queries are never
+# stored, so a new recipe needs no re-embedding and is not part of ``model_id``.
+QUERY_FORMAT = 1
 _PACKAGED = {DEFAULT_MODEL, "sentence-transformers/all-MiniLM-L6-v2"}
 # all-MiniLM-L6-v2's published facts: 384 dimensions, 256 word pieces per input (including [CLS] and [SEP]).
 _KNOWN_DIMS = {"sentence-transformers/all-MiniLM-L6-v2": 384}
@@ -179,42 +187,92 @@ def choose_precision(requested: str, device: str, flags: Iterable[str], int8_ok:
 
 
 # -- int8: ONNX export, dynamic quantization, ONNX Runtime in place of the torch transformer ---------------------------
+def _onnx_session(onnx_path: Path, threads: int, spin: bool) -> Any:
+    """An ONNX Runtime CPU session on ``threads`` threads; with ``spin`` its threads spin-wait for the next call
+    (ONNX Runtime's default), else they sleep as soon as a run ends."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+
+
 def _onnx_transformer(onnx_path: Path, config: Any, threads: int) -> Any:
     """A ``torch.nn.Module`` that stands in for the Hugging Face model inside sentence-transformers' ``Transformer``
     module: it takes the tokenizer's tensors and returns ``{"last_hidden_state": (batch, tokens, hidden) float32}``
     from an ONNX Runtime session on ``threads`` threads. ``config`` is the original model's (read by
-    sentence-transformers).
-
-    Two sessions of the same model: batches run on one whose threads spin-wait for the next call (ONNX Runtime's
-    default; without it a first index ran at 0.74 of raw ``encode``), a single text (a query) on one whose threads
-    sleep at once, since a search goes on to its Qdrant calls on the same cores. Measured at 1M chunks through the
-    API (AMD EPYC, 2 CPUs, AVX2): daemon CPU 51-56 ms a search with one spinning session, 26 ms with the two; p95
-    35.5-41.7 -> 30.6 ms. Both give the same vectors; the second holds its own copy of the weights (about 80 MiB
-    RSS)."""
-    import onnxruntime as ort
+    sentence-transformers). Its threads spin-wait for the next batch (ONNX Runtime's default; without it a first
+    index ran at 0.74 of raw ``encode``); queries run on ``OnnxQueryEncoder``'s session, whose threads sleep."""
     import torch
-
-    def session(spin: bool) -> Any:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.log_severity_level = 3
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-        return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
 
     class OnnxTransformer(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.session, self.single = session(spin=True), session(spin=False)
+            self.session = _onnx_session(onnx_path, threads, spin=True)
             self.input_names = [i.name for i in self.session.get_inputs()]
             self.config = config
 
         def forward(self, **features: Any) -> dict[str, Any]:
             feed = {name: features[name].cpu().numpy().astype(np.int64) for name in self.input_names}
-            run = self.single if len(feed[self.input_names[0]]) == 1 else self.session
-            (hidden,) = run.run(["last_hidden_state"], feed)
+            (hidden,) = self.session.run(["last_hidden_state"], feed)
             return {"last_hidden_state": torch.from_numpy(hidden)}
 
     return OnnxTransformer()
+
+
+class OnnxQueryEncoder:
+    """One query to its ``(dim,)`` float32 L2-normalised embedding, without sentence-transformers' per-call
+    machinery: a copy of the model's fast tokenizer (truncating at ``max_seq_length`` word pieces, special tokens
+    included, as the model's ``Transformer`` module does), an ONNX Runtime session, and the model's pooling (mean
+    over the tokens, or the first token's state). Its tokenizer and session are its own, so a query does not wait
+    for a batch of chunks being embedded.
+
+    The session's threads sleep as soon as a run ends, since a search goes on to its Qdrant calls on the same
+    cores: at 1M chunks through the API (AMD EPYC, 2 CPUs, AVX2) the daemon spent 51-56 ms of CPU a search with
+    queries on a spinning session, 26 ms on a sleeping one (p95 35.5-41.7 -> 30.6 ms).
+
+    Same vector as ``encode([text])[0]`` on the same ONNX file (``tests/test_embedding_precision.py``). A query on
+    the same AMD EPYC, 300 short queries: 8.0 ms through the model's modules, 6.0 ms here, same model file. Build
+    it only for a model ``supports`` accepts. Thread-safe."""
+
+    _FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+
+    def __init__(self, onnx_path: Path, model: Any, threads: int) -> None:
+        from tokenizers import Tokenizer
+
+        self.path = onnx_path
+        self.session = _onnx_session(onnx_path, threads, spin=False)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.tokenizer = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+        self.tokenizer.enable_truncation(int(model.max_seq_length))
+        self.tokenizer.no_padding()
+        self.cls = model[1].pooling_mode == "cls"
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def supports(model: Any) -> bool:
+        """Whether ``model`` is a plain text encoder this class reproduces exactly: a ``Transformer`` (fast
+        tokenizer, no lower-casing, no per-task lengths), ``Pooling`` by mean or first token, maybe ``Normalize``."""
+        modules = list(model)
+        kinds = [type(m).__name__ for m in modules]
+        if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+            return False
+        transformer, pooling = modules[0], modules[1]
+        return (getattr(pooling, "pooling_mode", None) in ("mean", "cls")
+                and not getattr(transformer, "do_lower_case", True)
+                and getattr(transformer, "query_length", None) is None
+                and getattr(transformer, "document_length", None) is None
+                and hasattr(getattr(model, "tokenizer", None), "backend_tokenizer"))
+
+    def __call__(self, text: str) -> np.ndarray:
+        with self._lock:  # the Rust tokenizer refuses concurrent use
+            encoding = self.tokenizer.encode(text)
+        feed = {name: np.array([getattr(encoding, self._FIELDS[name])], dtype=np.int64) for name in self.input_names}
+        (hidden,) = self.session.run(["last_hidden_state"], feed)
+        pooled = hidden[0, 0] if self.cls else hidden[0].mean(axis=0)  # one text: no padding to mask out
+        return l2_normalise(pooled.astype(np.float32))
 
 
 def int8_dir(cache_dir: Path, base_id: str) -> Path:
@@ -223,12 +281,57 @@ def int8_dir(cache_dir: Path, base_id: str) -> Path:
     return cache_dir / f"{Path(base_id).name}-{digest}-onnx-int8-v{INT8_FORMAT}"
 
 
+def trace_fp32(model: Any, path: Path) -> None:
+    """Export the Hugging Face transformer of ``model`` (a loaded fp32 ``SentenceTransformer``) to the ONNX file
+    ``path``: inputs the tokenizer's (``input_ids``, ``attention_mask``, ``token_type_ids`` where the model has
+    them), output ``last_hidden_state`` ``(batch, tokens, hidden)`` float32, both axes dynamic, opset 17, traced
+    with ``EXPORT_ATTENTION``. ``model`` is left as it was. Raises whatever ``torch.onnx.export`` raises."""
+    import torch
+
+    hf = model[0].model
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in model.tokenizer.model_input_names]
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hf = hf
+
+        def forward(self, *tensors: Any) -> Any:
+            return self.hf(**dict(zip(names, tensors))).last_hidden_state
+
+    sample = model.tokenizer(["an example sentence", "a second, longer example sentence"], padding=True,
+                             return_tensors="pt")
+    axes = {name: {0: "batch", 1: "tokens"} for name in [*names, "last_hidden_state"]}
+    # traced with eager attention: the SDPA trace adds an IsNaN and a Where over every attention matrix (its
+    # guard for fully masked rows) and 90 shape nodes, a quarter of an int8 batch's time (EXPORT_ATTENTION)
+    attention = hf.config._attn_implementation
+    hf.set_attn_implementation(EXPORT_ATTENTION)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+            torch.onnx.export(Hidden().eval(), tuple(sample[n] for n in names), str(path),
+                              input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
+                              opset_version=17, dynamo=False)
+    finally:
+        hf.set_attn_implementation(attention)  # the fp32 model keeps its own (faster in torch)
+
+
+def _down_projections(onnx_path: Path) -> list[str]:
+    """Names of the ``MatMul`` nodes of ``onnx_path`` whose weight has more inputs than outputs (a feed-forward
+    block's output projection, after the GELU), in graph order (first layer first)."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path)).graph
+    weights = {w.name: tuple(w.dims) for w in graph.initializer}
+    return [node.name for node in graph.node if node.op_type == "MatMul"
+            and any(len(weights.get(i, ())) == 2 and weights[i][0] > weights[i][1] for i in node.input)]
+
+
 def export_int8(model: Any, target: Path) -> dict[str, Any]:
     """Export ``model`` (a loaded fp32 ``SentenceTransformer`` whose first module is a Hugging Face transformer)
     to ``target/model.onnx``, int8-quantized, with ``target/quality.json``; returns the quality record
     ``{"min_cosine", "mean_cosine", "passed", ...}``. Written to a temporary directory beside ``target`` and
     renamed, so ``target`` is either complete or absent. Raises whatever the export or quantization raises."""
-    import onnx
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -237,36 +340,9 @@ def export_int8(model: Any, target: Path) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         hf = model[0].model
-        names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in model.tokenizer.model_input_names]
-
-        class Hidden(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.hf = hf
-
-            def forward(self, *tensors: Any) -> Any:
-                return self.hf(**dict(zip(names, tensors))).last_hidden_state
-
-        sample = model.tokenizer(["an example sentence", "a second, longer example sentence"], padding=True,
-                                 return_tensors="pt")
-        axes = {name: {0: "batch", 1: "tokens"} for name in [*names, "last_hidden_state"]}
-        # traced with eager attention: the SDPA trace adds an IsNaN and a Where over every attention matrix (its
-        # guard for fully masked rows) and 90 shape nodes, a quarter of an int8 batch's time (EXPORT_ATTENTION)
-        attention = hf.config._attn_implementation
-        hf.set_attn_implementation(EXPORT_ATTENTION)
-        try:
-            with warnings.catch_warnings(), torch.no_grad():
-                warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
-                torch.onnx.export(Hidden().eval(), tuple(sample[n] for n in names), str(tmp / "fp32.onnx"),
-                                  input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
-                                  opset_version=17, dynamo=False)
-        finally:
-            hf.set_attn_implementation(attention)  # the fp32 model keeps its own (faster in torch)
+        trace_fp32(model, tmp / "fp32.onnx")
         quant_pre_process(str(tmp / "fp32.onnx"), str(tmp / "prepared.onnx"), skip_symbolic_shape=True)
-        graph = onnx.load(str(tmp / "prepared.onnx")).graph
-        weights = {w.name: tuple(w.dims) for w in graph.initializer}
-        down = [node.name for node in graph.node if node.op_type == "MatMul"
-                and any(len(weights.get(i, ())) == 2 and weights[i][0] > weights[i][1] for i in node.input)]
+        down = _down_projections(tmp / "prepared.onnx")
         quantize_dynamic(str(tmp / "prepared.onnx"), str(tmp / "model.onnx"), op_types_to_quantize=["MatMul"],
                          per_channel=True, weight_type=QuantType.QInt8, nodes_to_exclude=down)
         (tmp / "fp32.onnx").unlink()
@@ -296,11 +372,94 @@ def export_int8(model: Any, target: Path) -> dict[str, Any]:
         raise
 
 
-def use_int8(model: Any, cache_dir: Path, base_id: str) -> dict[str, Any]:
+def export_query_int8(model: Any, path: Path) -> dict[str, Any]:
+    """Export the query model of ``model`` (a loaded fp32 ``SentenceTransformer`` that ``OnnxQueryEncoder``
+    supports) to ``path``, with its quality record beside it (``path`` with ``.json``); returns the record
+    ``{"min_cosine", "mean_cosine", "passed", ...}``. Each file is written under a temporary name and renamed.
+    Raises whatever the export, optimisation or quantization raises.
+
+    The recipe (``QUERY_FORMAT``): the fp32 trace, ONNX Runtime's transformer optimizer (BERT fusions: attention,
+    embedding and skip layer norms, bias GELU; 224 nodes -> 46 for all-MiniLM-L6-v2), then the chunks' model's
+    quantization (``export_int8``: weight matrices int8 per output channel, attention included, down-projections
+    fp32). One short text runs through 46 nodes instead of 224; a batch of long ones ran slower fused (1,750
+    against 1,619 ms for 32 abstracts), so chunks keep the plain graph. Measured on AMD EPYC with 2 CPUs (AVX2),
+    400 SciFact queries one at a time, interleaved with the chunks' model on the same path: p50 7.8 -> 7.0 ms.
+    Quality: mean cosine to fp32 of ``PROBE_SENTENCES`` one at a time 0.9941, as the chunks' model's; SciFact test
+    nDCG@10 with these queries and the chunks' int8 vectors 0.6514, with the chunks' model for queries 0.6511.
+    Not kept: the down-projections int8 too, but the first layer's (9 MB of weights read per query instead of 21):
+    p50 -1.1 ms more, but SciFact nDCG@10 0.6475 and the dev vault's hybrid nDCG@10 0.876 -> 0.867."""
+    import onnx
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    config = model[0].model.config
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=path.parent))
+    try:
+        trace_fp32(model, tmp / "fp32.onnx")
+        fused = optimize_model(str(tmp / "fp32.onnx"), model_type="bert", opt_level=0,
+                               num_heads=int(getattr(config, "num_attention_heads", 0)),
+                               hidden_size=int(getattr(config, "hidden_size", 0)))
+        fused.save_model_to_file(str(tmp / "fused.onnx"))
+        fusions = {name: n for name, n in fused.get_fused_operator_statistics().items() if n}
+        quant_pre_process(str(tmp / "fused.onnx"), str(tmp / "prepared.onnx"), skip_symbolic_shape=True)
+        quantize_dynamic(str(tmp / "prepared.onnx"), str(tmp / "query.onnx"),
+                         op_types_to_quantize=["MatMul", "Attention"], per_channel=True, weight_type=QuantType.QInt8,
+                         nodes_to_exclude=_down_projections(tmp / "prepared.onnx"),
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        reference = model.encode(list(PROBE_SENTENCES), normalize_embeddings=True, convert_to_numpy=True)
+        encoder = OnnxQueryEncoder(tmp / "query.onnx", model, torch.get_num_threads())
+        cosines = np.array([float(encoder(text) @ ref) for text, ref in zip(PROBE_SENTENCES, reference)])
+        quality = {"min_cosine": round(float(cosines.min()), 5), "mean_cosine": round(float(cosines.mean()), 5),
+                   "threshold": INT8_MIN_COSINE, "passed": bool(cosines.mean() >= INT8_MIN_COSINE),
+                   "sentences": len(PROBE_SENTENCES), "fusions": fusions, "format": QUERY_FORMAT}
+        (tmp / "query.json").write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp / "query.onnx", path)
+        os.replace(tmp / "query.json", path.with_suffix(".json"))
+        return quality
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def query_model(model: Any, target: Path) -> Path:
+    """The ONNX file queries run on, for ``model`` whose int8 export is ``target``: ``target/query-v<format>.onnx``
+    (exported on first use, ``export_query_int8``) when its quality record passes ``INT8_MIN_COSINE``, else the
+    chunks' own ``target/model.onnx``, with one log line saying why. An export that raised is recorded as failed
+    and not retried for this ``QUERY_FORMAT``."""
+    path = target / f"query-v{QUERY_FORMAT}.onnx"
+    record = path.with_suffix(".json")
+    if record.exists():
+        quality = json.loads(record.read_text(encoding="utf-8"))
+    else:
+        started = time.monotonic()
+        try:
+            quality = export_query_int8(model, path)
+        except Exception as exc:  # the chunks' model still serves queries
+            quality = {"passed": False, "error": f"{type(exc).__name__}: {exc}", "format": QUERY_FORMAT}
+            try:
+                record.write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
+            except OSError:
+                pass
+        else:
+            log.info("int8_query_exported", path=str(path), mean_cosine=quality["mean_cosine"],
+                     seconds=round(time.monotonic() - started, 1))
+    if "error" in quality:
+        log.warning("int8_query_model_unavailable", fallback="model.onnx", error=quality["error"])
+    elif quality["mean_cosine"] < INT8_MIN_COSINE:
+        log.warning("int8_query_model_unavailable", fallback="model.onnx",
+                    error=f"quality check failed: mean cosine {quality['mean_cosine']} < {INT8_MIN_COSINE}")
+    elif path.exists():
+        return path
+    return target / "model.onnx"
+
+
+def use_int8(model: Any, cache_dir: Path, base_id: str) -> tuple[dict[str, Any], OnnxQueryEncoder | None]:
     """Swap ``model``'s transformer for the int8 ONNX one, exporting it first unless ``cache_dir`` has it.
 
-    Returns the quality record; when it did not pass, ``model`` is left unchanged. Raises what ``export_int8``
-    raises (then ``model`` is unchanged too).
+    Returns the quality record and, for a model ``OnnxQueryEncoder`` supports, the encoder queries run on
+    (``query_model``'s file); when the record did not pass, ``model`` is left unchanged and no encoder is built.
+    Raises what ``export_int8`` raises (then ``model`` is unchanged too).
     """
     import torch
 
@@ -311,9 +470,14 @@ def use_int8(model: Any, cache_dir: Path, base_id: str) -> dict[str, Any]:
         quality = export_int8(model, target)
         log.info("int8_exported", path=str(target), mean_cosine=quality["mean_cosine"], passed=quality["passed"])
     quality["passed"] = quality["mean_cosine"] >= INT8_MIN_COSINE  # judged now, so a changed threshold applies
-    if quality["passed"]:
-        model[0].model = _onnx_transformer(target / "model.onnx", model[0].model.config, torch.get_num_threads())
-    return quality
+    if not quality["passed"]:
+        return quality, None
+    threads = torch.get_num_threads()
+    queries = None
+    if OnnxQueryEncoder.supports(model):  # before the swap: the query export traces the torch model
+        queries = OnnxQueryEncoder(query_model(model, target), model, threads)
+    model[0].model = _onnx_transformer(target / "model.onnx", model[0].model.config, threads)
+    return quality, queries
 
 
 class SentenceTransformerEmbedder:
@@ -345,8 +509,10 @@ class SentenceTransformerEmbedder:
         # is not thread-safe: each call resets its padding/truncation state (a concurrent token_offsets call turned
         # a padded batch ragged: "expected sequence of length 16 at dim 1 (got 17)"), and the Rust side refuses
         # concurrent use ("Already borrowed"). Calls take turns, one model batch at a time, so a query waits for at
-        # most one batch of ``batch_size`` chunks, not for a whole file.
+        # most one batch of ``batch_size`` chunks, not for a whole file. With int8, queries have their own tokenizer
+        # and session (``OnnxQueryEncoder``) and wait for nothing.
         self._use = threading.Lock()
+        self._query_encoder: OnnxQueryEncoder | None = None
         self._identity: str | None = None
         self._dim: int | None = _KNOWN_DIMS.get(self.base_id)
         self._max_tokens: int | None = 254 if self.base_id in _KNOWN_DIMS else None
@@ -393,7 +559,7 @@ class SentenceTransformerEmbedder:
 
     def _switch_to_int8(self, model: Any) -> None:
         try:
-            quality = use_int8(model, self.cache_dir, self.base_id)
+            quality, self._query_encoder = use_int8(model, self.cache_dir, self.base_id)
         except Exception as exc:  # any export failure leaves a working fp32 model
             log.warning("int8_unavailable", model=self.base_id, fallback="fp32", error=f"{type(exc).__name__}: {exc}")
             self.precision = "fp32"
@@ -454,19 +620,23 @@ class SentenceTransformerEmbedder:
         return self.encode([chunk.embed_text for chunk in chunks])
 
     def embed_query(self, text: str) -> np.ndarray:
-        """``(dim,)`` float32, L2-normalised: the same vector as ``encode([text])[0]``.
+        """``(dim,)`` float32, L2-normalised.
 
-        A query runs the model's own modules directly (its tokenizer, transformer, pooling and normalisation), not
-        through ``SentenceTransformer.encode`` and its bookkeeping per call (device lookup, ``eval()`` over every
-        module, length sort, output stacking). Query p50, AMD EPYC with 2 CPUs (AVX2), 280 short queries each way,
-        interleaved, two runs: 9.6-10.0 -> 8.6-8.8 ms with int8, 28.0-28.2 -> 24.7-25.3 ms with torch fp32. A model
-        with a default prompt or a ``truncate_dim``, or on another device, goes through ``encode``, which applies
-        them."""
+        With int8, ``OnnxQueryEncoder`` on the query model (``export_query_int8``: within cosine 0.99 of the fp32
+        vector, not equal to ``encode([text])[0]``), or on the chunks' model where the query model is unavailable.
+        Otherwise the same vector as ``encode([text])[0]``, from the model's own modules (its tokenizer,
+        transformer, pooling and normalisation) without ``SentenceTransformer.encode``'s bookkeeping per call
+        (device lookup, ``eval()`` over every module, length sort, output stacking): query p50 on AMD EPYC with 2
+        CPUs (AVX2), 280 short queries each way, interleaved, two runs: 28.0-28.2 -> 24.7-25.3 ms with torch fp32.
+        A model with a default prompt or a ``truncate_dim``, or on another device, goes through ``encode``, which
+        applies them."""
         model = self.model
         if (getattr(model, "default_prompt_name", None) or getattr(model, "truncate_dim", None)
                 or self.device != "cpu"):
             vector: np.ndarray = self.encode([text])[0]
             return vector
+        if self._query_encoder is not None:
+            return self._query_encoder(text)
         import torch
 
         preprocess = getattr(model, "preprocess", None) or model.tokenize  # ``tokenize`` before sentence-transformers 6

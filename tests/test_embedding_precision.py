@@ -3,6 +3,8 @@ cached export, and the fallback to fp32 when the export fails. Real model, real 
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,15 +12,19 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
+import indexer.embedding
 from indexer.config import Settings, load_settings
 from indexer.embedding import (
     DEFAULT_MODEL,
     PRECISIONS,
+    QUERY_FORMAT,
+    OnnxQueryEncoder,
     SentenceTransformerEmbedder,
     choose_precision,
     cpu_flags,
     export_int8,
     int8_available,
+    int8_dir,
     load_sentence_transformer,
     resolve_model,
 )
@@ -83,29 +89,34 @@ def test_int8_close_to_fp32_and_export_reused(tmp_path: Path) -> None:
         int8 = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         vectors = int8.embed_query(SENTENCES[0]), int8.encode(SENTENCES)
     assert int8.precision == "int8"
-    assert [e["event"] for e in first_logs] == ["int8_exported"]
+    assert [e["event"] for e in first_logs] == ["int8_exported", "int8_query_exported"]
     query, batch = vectors
     assert batch.shape == (len(SENTENCES), 384) and batch.dtype == np.float32
     assert query.shape == (384,) and query.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
     cosines = np.sum(batch * fp32.encode(SENTENCES), axis=1)
     assert cosines.min() > 0.98, cosines
-    # activation scales are set per batch, so a text embedded alone and in a batch differ a little
-    assert float(query @ batch[0]) > 0.99
+    # queries run on their own model (fused, more of it int8): close to the chunk's vector, not equal
+    assert float(query @ batch[0]) > 0.98
+    assert float(query @ fp32.embed_query(SENTENCES[0])) > 0.98
 
     ids = {fp32.model_id, int8.model_id, SentenceTransformerEmbedder({"precision": "bf16"}).model_id}
     assert len(ids) == 3  # int8 vectors never share an embedding-cache key with fp32 or bf16 ones
 
     (export,) = cache.iterdir()  # one finished export, no temporary folder left behind
-    assert sorted(p.name for p in export.iterdir()) == ["model.onnx", "quality.json"]
+    query_file = f"query-v{QUERY_FORMAT}.onnx"
+    assert sorted(p.name for p in export.iterdir()) == ["model.onnx", "quality.json", f"query-v{QUERY_FORMAT}.json",
+                                                        query_file]
     before = (export / "model.onnx").stat()
     with capture_logs() as second_logs:
         again = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         np.testing.assert_allclose(again.encode(SENTENCES), batch, atol=1e-6)
+        np.testing.assert_allclose(again.embed_query(SENTENCES[0]), query, atol=1e-6)
     assert second_logs == []  # loaded from the cache: no second export
     assert again.model_id == int8.model_id
     assert [p.name for p in cache.iterdir()] == [export.name]
     assert (export / "model.onnx").stat().st_mtime_ns == before.st_mtime_ns
+    assert again._query_encoder is not None and again._query_encoder.path == export / query_file
 
 
 @pytest.mark.slow
@@ -152,9 +163,10 @@ def test_encode_batches_texts_of_similar_length_and_keeps_their_order(registry, 
 
 
 def test_a_query_embeds_to_the_vector_encode_gives_it(registry, monkeypatch) -> None:
-    """``embed_query`` runs the model's modules without ``encode``'s bookkeeping: same vector, truncation included;
-    a model with a default prompt goes through ``encode``, which prepends it."""
+    """Without a query model, ``embed_query`` runs the model's modules without ``encode``'s bookkeeping: same
+    vector, truncation included; a model with a default prompt goes through ``encode``, which prepends it."""
     embedder = registry.embedders["text"]
+    monkeypatch.setattr(embedder, "_query_encoder", None)
     for text in (SENTENCES[0], "ok", "deploy window " * 300):  # the last is past the model's 256 word pieces
         query = embedder.embed_query(text)
         assert query.shape == (embedder.dim,) and query.dtype == np.float32
@@ -165,6 +177,100 @@ def test_a_query_embeds_to_the_vector_encode_gives_it(registry, monkeypatch) -> 
     prompted = embedder.embed_query(SENTENCES[0])
     np.testing.assert_allclose(prompted, embedder.encode([SENTENCES[0]])[0], atol=1e-6)
     assert float(prompted @ plain) < 0.999  # the prompt was applied
+
+
+@pytest.fixture(scope="module")
+def int8_embedder(tmp_path_factory: pytest.TempPathFactory) -> SentenceTransformerEmbedder:
+    """An int8 embedder whatever this CPU's ``auto`` would pick, exported into a temporary folder."""
+    if not int8_available():
+        pytest.skip("onnxruntime/onnx (the int8 extra) not installed")
+    embedder = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(tmp_path_factory.mktemp("models"))})
+    assert embedder.precision == "int8"
+    return embedder
+
+
+QUERIES = [SENTENCES[0], "ok", "  leading and trailing spaces  ", "Grüße aus Köln: 東京の天気は?",
+           "deploy window " * 300]  # the last is past the model's 256 word pieces
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_the_query_encoder_gives_the_vector_encode_gives_on_the_same_onnx_file(int8_embedder, pooling: str,
+                                                                                 monkeypatch) -> None:
+    """``OnnxQueryEncoder`` reproduces the model's tokenizer, truncation and pooling: on the chunks' own ONNX file
+    it gives ``encode``'s vector."""
+    model = int8_embedder.model
+    monkeypatch.setattr(model[1], "pooling_mode", pooling)
+    chunks_model = int8_dir(int8_embedder.cache_dir, int8_embedder.base_id) / "model.onnx"
+    encoder = OnnxQueryEncoder(chunks_model, model, threads=1)
+    vectors = [encoder(text) for text in QUERIES]
+    for text, vector in zip(QUERIES, vectors):
+        assert vector.shape == (384,) and vector.dtype == np.float32
+        np.testing.assert_allclose(vector, int8_embedder.encode([text])[0], atol=1e-5)
+    if pooling == "cls":  # the pooling was applied: the first token's state is not the mean
+        monkeypatch.setattr(model[1], "pooling_mode", "mean")
+        assert float(vectors[0] @ OnnxQueryEncoder(chunks_model, model, threads=1)(QUERIES[0])) < 0.99
+
+
+def test_the_query_encoder_takes_only_models_it_reproduces(registry, monkeypatch) -> None:
+    model = registry.embedders["text"].model
+    assert OnnxQueryEncoder.supports(model)
+    monkeypatch.setattr(model[1], "pooling_mode", "max")
+    assert not OnnxQueryEncoder.supports(model)
+    monkeypatch.setattr(model[1], "pooling_mode", "mean")
+    monkeypatch.setattr(model[0], "do_lower_case", True)
+    assert not OnnxQueryEncoder.supports(model)
+
+
+@pytest.mark.slow
+def test_int8_queries_run_on_their_own_model_and_wait_for_no_batch(int8_embedder) -> None:
+    """The query model (``export_query_int8``) gives vectors near the chunks': each query's nearest chunk is its
+    own text. Its tokenizer and session are its own, so a query completes while a batch holds the model."""
+    encoder = int8_embedder._query_encoder
+    assert encoder is not None and encoder.path.name == f"query-v{QUERY_FORMAT}.onnx"
+    chunks = int8_embedder.encode(QUERIES)
+    queries = np.stack([int8_embedder.embed_query(text) for text in QUERIES])
+    similarity = queries @ chunks.T
+    assert list(similarity.argmax(axis=1)) == list(range(len(QUERIES)))
+    assert similarity.diagonal().min() > 0.94, similarity.diagonal()  # "ok" is the farthest: 0.95
+    with int8_embedder._use:  # as a batch of chunks does while it runs
+        done = concurrent.futures.ThreadPoolExecutor(1).submit(int8_embedder.embed_query, "deploy windows")
+        np.testing.assert_allclose(done.result(timeout=30), int8_embedder.embed_query("deploy windows"), atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(int8_embedder, monkeypatch) -> None:
+    """A query model whose probe cosine is under ``INT8_MIN_COSINE`` is not used (one warning); nor is one whose
+    export raised, and that failure is recorded, not retried at every start."""
+    cache = int8_embedder.cache_dir
+    export = int8_dir(cache, int8_embedder.base_id)
+    record = export / f"query-v{QUERY_FORMAT}.json"
+    quality = json.loads(record.read_text())
+    assert quality["passed"] and quality["mean_cosine"] >= indexer.embedding.INT8_MIN_COSINE
+    record.write_text(json.dumps({**quality, "mean_cosine": 0.95}))  # as an export under the bar would leave it
+    with capture_logs() as logs:
+        strict = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
+        assert strict.model_id == int8_embedder.model_id  # loads the model: the chunks' int8 passed
+    assert strict._query_encoder is not None and strict._query_encoder.path == export / "model.onnx"
+    assert [(e["event"], e["log_level"]) for e in logs] == [("int8_query_model_unavailable", "warning")]
+    assert "quality check failed" in logs[0]["error"]
+
+    for name in (f"query-v{QUERY_FORMAT}.onnx", f"query-v{QUERY_FORMAT}.json"):
+        (export / name).unlink()
+
+    def trace_fails(model: Any, path: Path) -> None:
+        raise RuntimeError("no space left for the trace")
+
+    monkeypatch.setattr(indexer.embedding, "trace_fp32", trace_fails)
+    for _ in range(2):  # the second start reads the recorded failure
+        with capture_logs() as logs:
+            fallback = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
+            np.testing.assert_allclose(fallback.embed_query(SENTENCES[0]), fallback.encode(SENTENCES[:1])[0],
+                                       atol=1e-5)
+        assert fallback._query_encoder is not None and fallback._query_encoder.path == export / "model.onnx"
+        assert [(e["event"], e["error"]) for e in logs] == [
+            ("int8_query_model_unavailable", "RuntimeError: no space left for the trace")]
+    assert sorted(p.name for p in export.iterdir()) == ["model.onnx", "quality.json", f"query-v{QUERY_FORMAT}.json"]
 
 
 @pytest.mark.slow
@@ -182,13 +288,13 @@ def test_int8_export_traces_eager_attention_and_leaves_the_fp32_model_as_it_was(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not int8_available(), reason="onnxruntime/onnx (the int8 extra) not installed")
-def test_int8_runs_a_query_on_threads_that_do_not_spin_and_batches_on_ones_that_do(tmp_path: Path) -> None:
-    embedder = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(tmp_path / "models")})
-    onnx = embedder.model[0].model
-    spin = {name: getattr(onnx, name).get_session_options().get_session_config_entry(
-        "session.intra_op.allow_spinning") for name in ("session", "single")}
-    assert spin == {"session": "1", "single": "0"}
+def test_int8_runs_a_query_on_threads_that_do_not_spin_and_batches_on_ones_that_do(int8_embedder,
+                                                                                      monkeypatch) -> None:
+    onnx = int8_embedder.model[0].model
+    encoder = int8_embedder._query_encoder
+    spin = {name: session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+            for name, session in (("batches", onnx.session), ("queries", encoder.session))}
+    assert spin == {"batches": "1", "queries": "0"}
     calls: list[tuple[str, int]] = []
 
     class Recording:  # the real session, noting which one ran a batch of how many texts
@@ -199,11 +305,9 @@ def test_int8_runs_a_query_on_threads_that_do_not_spin_and_batches_on_ones_that_
             calls.append((self.name, len(next(iter(feed.values())))))
             return self.real.run(outputs, feed)
 
-    for name in ("session", "single"):
-        setattr(onnx, name, Recording(name, getattr(onnx, name)))
-    query = embedder.embed_query(SENTENCES[0])
-    batch = embedder.encode(SENTENCES[:3])
-    alone = embedder.encode(SENTENCES[:1])[0]
-    assert calls == [("single", 1), ("session", 3), ("single", 1)]
-    np.testing.assert_allclose(query, alone, atol=1e-6)
-    assert float(query @ batch[0]) > 0.99
+    monkeypatch.setattr(onnx, "session", Recording("batches", onnx.session))
+    monkeypatch.setattr(encoder, "session", Recording("queries", encoder.session))
+    int8_embedder.embed_query(SENTENCES[0])
+    int8_embedder.encode(SENTENCES[:3])
+    int8_embedder.encode(SENTENCES[:1])  # a file of one chunk is a batch too: the chunks' model embeds it
+    assert calls == [("queries", 1), ("batches", 3), ("batches", 1)]
