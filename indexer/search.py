@@ -36,6 +36,7 @@ from indexer.workspace import Collection
 
 SNIPPET_CHARS = 700  # the reference agent's snippet cap
 _WORD = re.compile(r"\w+", re.UNICODE)
+_NO_PAYLOAD = Payload()  # a candidate before its payload is read (``Searcher._with_payloads``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,28 +224,37 @@ class Searcher:
         query = Query(limit=depth, dense=dense, sparse=sparse, thresholds=self.min_scores,
                       filter=Filter(path_prefix=params.path_prefix, kinds=tuple(params.kinds),
                                     since_ns=params.since_ns))
-        pools: dict[str, list[Hit]] = {}
-        owner: dict[str, str] = {}  # point id -> its collection
+        pools: dict[str, list[tuple[Any, float]]] = {}  # vector name -> (point id, score) over every collection
+        owner: dict[Any, str] = {}  # point id -> its collection
         for collection in targets:
-            for using, hits in self.store.search(collection.name, query, with_payload=False).items():
-                pools.setdefault(using, []).extend(hits)
-                owner.update((h.id, collection.name) for h in hits)
-        lists = [sorted(hits, key=lambda h: -h.score)[:depth] for hits in pools.values() if hits]
+            for using, pairs in self.store.scores(collection.name, query).items():
+                pools.setdefault(using, []).extend(pairs)
+                owner.update((pid, collection.name) for pid, _ in pairs)
+        lists = [sorted(pairs, key=lambda p: -p[1])[:depth] for pairs in pools.values() if pairs]
         if not lists:
             return []
-        fused = lists[0] if len(lists) == 1 else fuse(lists, self.fusion, self.rrf_k, depth)
+        fused = lists[0] if len(lists) == 1 else fuse_scores(lists, self.fusion, self.rrf_k, depth)
+        staged = bool(self.half_life_days) or self.reranker is not None or self.mmr_lambda is not None
+        if not staged:  # the default: only the k kept become Hits with string ids and payloads
+            if params.min_score is not None:
+                fused = [p for p in fused if p[1] >= params.min_score]
+            fused = fused[: params.k]
+        ids = {str(pid): pid for pid, _ in fused}  # Hit id -> the backend's point id
+        where = {key: owner[pid] for key, pid in ids.items()}
+        hits = [Hit(key, score, _NO_PAYLOAD) for key, (_, score) in zip(ids, fused)]
         if self.half_life_days:  # dates come from the paths: those stages read payloads of every candidate
-            fused = decay(self._with_payloads(fused, owner), self.half_life_days, self.now())
-        if params.min_score is not None:
-            fused = [h for h in fused if h.score >= params.min_score]
+            hits = decay(self._with_payloads(hits, where), self.half_life_days, self.now())
+        if staged and params.min_score is not None:
+            hits = [h for h in hits if h.score >= params.min_score]
         if self.reranker is not None:
-            fused = rerank(self._with_payloads(fused[: self.rerank_top_n], owner) + fused[self.rerank_top_n :],
-                           params.query, self.reranker, self.rerank_top_n, self.rerank_budget_s, self.rerank_stats)
+            hits = rerank(self._with_payloads(hits[: self.rerank_top_n], where) + hits[self.rerank_top_n :],
+                          params.query, self.reranker, self.rerank_top_n, self.rerank_budget_s, self.rerank_stats)
         if self.mmr_lambda is not None:
-            fused = mmr(self._with_payloads(fused, owner), self.mmr_lambda, params.k)
-        raw = {using: {h.id: h.score for h in hits} for using, hits in pools.items()}
-        return [replace(h, dense_score=raw.get("text", {}).get(h.id), keyword_score=raw.get(SPARSE, {}).get(h.id))
-                for h in self._with_payloads(fused[: params.k], owner)]
+            hits = mmr(self._with_payloads(hits, where), self.mmr_lambda, params.k)
+        raw = {using: dict(pairs) for using, pairs in pools.items()}
+        return [replace(h, dense_score=raw.get("text", {}).get(ids[h.id]),
+                        keyword_score=raw.get(SPARSE, {}).get(ids[h.id]))
+                for h in self._with_payloads(hits[: params.k], where)]
 
     def _with_payloads(self, hits: Sequence[Hit], owner: Mapping[str, str]) -> list[Hit]:
         """``hits`` with their payloads read by id (one request per collection; ``owner``: point id -> collection);
@@ -318,25 +328,32 @@ class _Scored:
     pydantic ``ScoredPoint``s for two lists of 100 candidates cost 0.85 of the 1.04 ms a DBSF took (AMD EPYC,
     AVX2); with these it takes 0.19 ms, same order, same scores."""
 
-    id: str
+    id: Any
     score: float
 
 
-def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) -> list[Hit]:
-    """Fuse ranked lists with Qdrant's own algorithms, as qdrant-client implements them for its local mode:
-    RRF (score of a point = sum over lists of ``1 / (rank + k - 1)``, rank 1-based; Cormack et al. 2009 with
-    Qdrant's offset) or DBSF (each list's scores normalised by mean +/- 3 standard deviations, then summed)."""
+def fuse_scores(lists: Sequence[Sequence[tuple[Any, float]]], method: str, rrf_k: int,
+                limit: int) -> list[tuple[Any, float]]:
+    """Fuse ranked ``(point id, score)`` lists, best first, with Qdrant's own algorithms, as qdrant-client implements
+    them for its local mode: RRF (score of a point = sum over lists of ``1 / (rank + k - 1)``, rank 1-based; Cormack
+    et al. 2009 with Qdrant's offset) or DBSF (each list's scores normalised by mean +/- 3 standard deviations, then
+    summed). Returns at most ``limit`` ``(point id, fused score)`` pairs, best first."""
     from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
 
-    by_id: dict[str, Hit] = {}
-    responses: list[Any] = []
-    for hits in lists:
-        responses.append([_Scored(h.id, h.score) for h in hits])
-        for h in hits:
-            by_id.setdefault(h.id, h)
+    responses: list[Any] = [[_Scored(pid, score) for pid, score in pairs] for pairs in lists]
     if method == "rrf":
         fused = reciprocal_rank_fusion(responses, limit=limit, ranking_constant_k=rrf_k)
     else:
         fused = distribution_based_score_fusion(responses, limit=limit)
     # the library returns the objects it was given (its annotations say ScoredPoint)
-    return [Hit(p.id, float(p.score), by_id[p.id].payload) for p in cast(list[_Scored], fused)]
+    return [(p.id, float(p.score)) for p in cast(list[_Scored], fused)]
+
+
+def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) -> list[Hit]:
+    """``fuse_scores`` over lists of ``Hit``s: the fused hits keep their payloads, with the fused score."""
+    by_id: dict[str, Hit] = {}
+    for hits in lists:
+        for h in hits:
+            by_id.setdefault(h.id, h)
+    fused = fuse_scores([[(h.id, h.score) for h in hits] for hits in lists], method, rrf_k, limit)
+    return [Hit(pid, score, by_id[pid].payload) for pid, score in fused]

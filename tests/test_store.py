@@ -72,6 +72,11 @@ def test_search_returns_a_ranked_list_per_vector_with_filters(store) -> None:
     assert [h.payload.path for h in store.search("c", under_x)["text"]] == ["w/memory/x/a.md"]
     assert store.search("c", Query(limit=5, dense={"text": np.asarray([1, 0, 0], np.float32)},
                                    filter=Filter(kinds=("image",))))["text"] == []
+    # the candidates' form: the same lists as (the backend's point id, score) pairs, no payloads
+    pairs = store.scores("c", query)
+    assert {using: [(str(pid), score) for pid, score in answer] for using, answer in pairs.items()} == {
+        using: [(h.id, h.score) for h in hits] for using, hits in lists.items()}
+    assert store.scores("c", under_x)["text"][0][0] in {pid for pid, _ in pairs["text"]}
 
 
 def test_vector_size_mismatch_says_how_to_reindex(store) -> None:
