@@ -597,7 +597,7 @@ def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Se
     the k kept hits, snippets, and the whole ``retrieve`` (query embedding cached)."""
     from indexer.daemon import Indexer
     from indexer.points import Filter, Hit, Query
-    from indexer.search import SearchParams, fuse, to_hit
+    from indexer.search import SearchParams, fuse_scores, to_hit
 
     indexer = Indexer.open(settings_for(workspace, state_dir, agent="big", qdrant_url=qdrant_url), registry=registry)
     searcher = indexer.searcher()
@@ -609,19 +609,18 @@ def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Se
         dense = dict(searcher.embed_query(q))
         t1 = time.perf_counter()
         terms = indexer.terms.query(q)
-        lists = indexer.store.search(name, Query(limit=searcher.prefetch_limit, dense=dense, filter=Filter()),
-                                     with_payload=False)
+        lists = indexer.store.scores(name, Query(limit=searcher.prefetch_limit, dense=dense, filter=Filter()))
         t2 = time.perf_counter()
-        lists.update(indexer.store.search(name, Query(limit=searcher.prefetch_limit, sparse=terms),
-                                          with_payload=False))
+        lists.update(indexer.store.scores(name, Query(limit=searcher.prefetch_limit, sparse=terms)))
         t3 = time.perf_counter()
-        fused = fuse(list(lists.values()), searcher.fusion, searcher.rrf_k, searcher.prefetch_limit)
+        fused = fuse_scores(list(lists.values()), searcher.fusion, searcher.rrf_k, searcher.prefetch_limit)
         t4 = time.perf_counter()
         searcher.retrieve(SearchParams(q + " ", k=6))
         t5 = time.perf_counter()
-        payloads = indexer.store.payloads(name, [h.id for h in fused[:6]])
+        kept = [(str(pid), score) for pid, score in fused[:6]]
+        payloads = indexer.store.payloads(name, [pid for pid, _ in kept])
         t6 = time.perf_counter()
-        [to_hit(Hit(h.id, h.score, payloads[h.id]), q) for h in fused[:6] if h.id in payloads]
+        [to_hit(Hit(pid, score, payloads[pid]), q) for pid, score in kept if pid in payloads]
         t7 = time.perf_counter()
         # the first version's prefetches: every candidate's payload read with it
         indexer.store.search(name, Query(limit=searcher.prefetch_limit, dense=dense))
