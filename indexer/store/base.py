@@ -210,28 +210,26 @@ class Store:
         """Run ``query`` on ``name``: vector name (``"text"``, ``"image"``, ``"bm25"``) -> hits, best first.
         ``with_payload=False`` leaves every hit's payload empty (``Payload()``); fetch the few that are kept with
         ``payloads`` (reading a payload per candidate costs more than the vector search at 100k points)."""
-        searches = self.dialect.searches(query)
-        if not searches:
-            return {}
-        flt = self.dialect.filter(query.filter)
-        with self._lock:
-            answers = self._query(self._target(name), searches, flt, query, with_payload)
         return {using: [Hit(str(pid), float(score), Payload.from_payload(payload) if payload else _NO_PAYLOAD)
                         for pid, score, payload in answer]
-                for using, answer in answers.items()}
+                for using, answer in self._answers(name, query, with_payload).items()}
 
     def scores(self, name: str, query: Query) -> dict[str, list[tuple[Any, float]]]:
         """Run ``query`` on ``name`` without payloads: vector name -> ``(point id, score)`` pairs, best first. Ids are
         the backend's own (``uuid.UUID`` from Qdrant Edge, ``str`` from a server), ``str()`` of one is the ``Hit`` id.
         A search's candidates: 2 x 100 at the default prefetch depth, of which it keeps ``k``; a ``Hit`` with a
         string id for each (``search``) took about a third of a search's Python time at 100k points."""
+        return {using: [(pid, score) for pid, score, _ in answer]
+                for using, answer in self._answers(name, query, False).items()}
+
+    def _answers(self, name: str, query: Query,
+                 with_payload: bool) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
         searches = self.dialect.searches(query)
         if not searches:
             return {}
         flt = self.dialect.filter(query.filter)
         with self._lock:
-            answers = self._query(self._target(name), searches, flt, query, False)
-        return {using: [(pid, score) for pid, score, _ in answer] for using, answer in answers.items()}
+            return self._query(self._target(name), searches, flt, query, with_payload)
 
     def payloads(self, name: str, ids: Sequence[str]) -> dict[str, Payload]:
         """Point id -> payload for those of ``ids`` present in ``name`` (one request); absent ids are left out."""
