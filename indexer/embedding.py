@@ -318,7 +318,7 @@ def trace_fp32(model: Any, path: Path) -> None:
 
 def _down_projections(onnx_path: Path) -> list[str]:
     """Names of the ``MatMul`` nodes of ``onnx_path`` whose weight has more inputs than outputs (a feed-forward
-    block's output projection, after the GELU), in graph order (first layer first)."""
+    block's output projection, after the GELU)."""
     import onnx
 
     graph = onnx.load(str(onnx_path)).graph

@@ -234,18 +234,17 @@ class Searcher:
         if not lists:
             return []
         fused = lists[0] if len(lists) == 1 else fuse_scores(lists, self.fusion, self.rrf_k, depth)
-        staged = bool(self.half_life_days) or self.reranker is not None or self.mmr_lambda is not None
-        if not staged:  # the default: only the k kept become Hits with string ids and payloads
-            if params.min_score is not None:
-                fused = [p for p in fused if p[1] >= params.min_score]
-            fused = fused[: params.k]
+        if params.min_score is not None and not self.half_life_days:  # with decay: on the decayed scores
+            fused = [p for p in fused if p[1] >= params.min_score]
+        if not (self.half_life_days or self.reranker is not None or self.mmr_lambda is not None):
+            fused = fused[: params.k]  # the default: only the k kept become Hits with string ids and payloads
         ids = {str(pid): pid for pid, _ in fused}  # Hit id -> the backend's point id
         where = {key: owner[pid] for key, pid in ids.items()}
         hits = [Hit(key, score, _NO_PAYLOAD) for key, (_, score) in zip(ids, fused)]
         if self.half_life_days:  # dates come from the paths: those stages read payloads of every candidate
             hits = decay(self._with_payloads(hits, where), self.half_life_days, self.now())
-        if staged and params.min_score is not None:
-            hits = [h for h in hits if h.score >= params.min_score]
+            if params.min_score is not None:
+                hits = [h for h in hits if h.score >= params.min_score]
         if self.reranker is not None:
             hits = rerank(self._with_payloads(hits[: self.rerank_top_n], where) + hits[self.rerank_top_n :],
                           params.query, self.reranker, self.rerank_top_n, self.rerank_budget_s, self.rerank_stats)
