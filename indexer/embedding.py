@@ -426,12 +426,15 @@ def query_model(model: Any, target: Path) -> Path:
     """The ONNX file queries run on, for ``model`` whose int8 export is ``target``: ``target/query-v<format>.onnx``
     (exported on first use, ``export_query_int8``) when its quality record passes ``INT8_MIN_COSINE``, else the
     chunks' own ``target/model.onnx``, with one log line saying why. An export that raised is recorded as failed
-    and not retried for this ``QUERY_FORMAT``."""
+    and not retried for this ``QUERY_FORMAT``; a passing record whose file has gone (deleted by hand) is exported
+    again."""
     path = target / f"query-v{QUERY_FORMAT}.onnx"
     record = path.with_suffix(".json")
-    if record.exists():
-        quality = json.loads(record.read_text(encoding="utf-8"))
-    else:
+    quality = json.loads(record.read_text(encoding="utf-8")) if record.exists() else None
+    if quality is not None and quality.get("mean_cosine", 0) >= INT8_MIN_COSINE and not path.exists():
+        log.warning("int8_query_model_missing", path=str(path), action="export again")
+        quality = None
+    if quality is None:
         started = time.monotonic()
         try:
             quality = export_query_int8(model, path)
@@ -568,6 +571,13 @@ class SentenceTransformerEmbedder:
             log.warning("int8_unavailable", model=self.base_id, fallback="fp32",
                         error=f"quality check failed: mean cosine {quality['mean_cosine']} < {INT8_MIN_COSINE}")
             self.precision = "fp32"
+
+    @property
+    def query_file(self) -> str | None:
+        """The ONNX file single queries run on with int8 (``query-v<format>.onnx``, or ``model.onnx`` where the
+        query model is unavailable); ``None`` before the model is loaded and at other precisions (the model's own
+        modules)."""
+        return self._query_encoder.path.name if self._query_encoder is not None else None
 
     @property
     def dim(self) -> int:

@@ -98,7 +98,9 @@ def status(indexer: Indexer) -> dict[str, Any]:
         "files_failed": indexer.ledger.files_failed,
         "last_scan_s": indexer.last_scan_s,
         # the precision the text embedder runs at (``precision = "auto"`` resolves per CPU), and its model_id
-        "embedding": {"model_id": text.model_id, "precision": getattr(text, "precision", None)} if text else None,
+        # and, with int8, the ONNX file single queries run on (``query-v1.onnx``; ``model.onnx`` if unavailable)
+        "embedding": {"model_id": text.model_id, "precision": getattr(text, "precision", None),
+                      "query_file": getattr(text, "query_file", None)} if text else None,
         "watch": watcher.modes() if watcher is not None else {},
         "watch_polled": dict(watcher.poll_reasons) if watcher is not None else {},
         "last_reconcile": indexer.last_reconcile,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -135,10 +136,13 @@ def test_failed_export_falls_back_to_fp32(tmp_path: Path) -> None:
 
 def test_status_says_which_precision(make_indexer, workspace: Path) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}])
-    embedding = indexer.status()["embedding"]
     text = indexer.registry.embedders["text"]
-    assert embedding == {"model_id": text.model_id, "precision": text.precision}
+    assert text.model is not None  # loaded, as the daemon's worker does before it is ready
+    embedding = indexer.status()["embedding"]
+    assert embedding == {"model_id": text.model_id, "precision": text.precision, "query_file": text.query_file}
     assert embedding["precision"] in PRECISIONS and embedding["precision"] != "auto"
+    # int8 names the ONNX file single queries run on (query-v1.onnx, or model.onnx where it is unavailable)
+    assert (embedding["query_file"] is None) == (text.precision != "int8" or not OnnxQueryEncoder.supports(text.model))
 
 
 def test_encode_batches_texts_of_similar_length_and_keeps_their_order(registry, monkeypatch) -> None:
@@ -236,6 +240,23 @@ def test_int8_queries_run_on_their_own_model_and_wait_for_no_batch(int8_embedder
     with int8_embedder._use:  # as a batch of chunks does while it runs
         done = concurrent.futures.ThreadPoolExecutor(1).submit(int8_embedder.embed_query, "deploy windows")
         np.testing.assert_allclose(done.result(timeout=30), int8_embedder.embed_query("deploy windows"), atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_query_model_deleted_by_hand_is_exported_again(int8_embedder, tmp_path: Path) -> None:
+    """A passing record whose ``query-v<format>.onnx`` is gone does not leave queries on the chunks' model
+    silently: the file is exported again, with a warning saying so."""
+    assert int8_embedder.model is not None  # exported by now
+    cache = tmp_path / "models"
+    shutil.copytree(int8_embedder.cache_dir, cache)
+    query_file = int8_dir(cache, int8_embedder.base_id) / f"query-v{QUERY_FORMAT}.onnx"
+    query_file.unlink()
+    with capture_logs() as logs:
+        again = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
+        vector = again.embed_query(SENTENCES[0])
+    assert [e["event"] for e in logs] == ["int8_query_model_missing", "int8_query_exported"]
+    assert query_file.exists() and again._query_encoder is not None and again._query_encoder.path == query_file
+    assert float(vector @ int8_embedder.embed_query(SENTENCES[0])) > 0.9999
 
 
 @pytest.mark.slow
