@@ -12,7 +12,18 @@ import pytest
 from conftest import BACKENDS, backend_store
 
 from indexer.errors import CollectionMismatch
-from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, Filter, Payload, Point, Query, point_id
+from indexer.points import (
+    INTEGER_FIELDS,
+    KEYWORD_FIELDS,
+    FileState,
+    Filter,
+    Payload,
+    Point,
+    Query,
+    parse_state_keys,
+    point_id,
+    state_key,
+)
 from indexer.store import EdgeStore, Store
 
 
@@ -333,6 +344,22 @@ def test_edge_file_states_from_payload_indexes_match_the_scroll(tmp_path: Path) 
     assert summary(again.file_states("c")) == summary(expected)
     assert "file_hash" in json.loads(meta.read_text())["keyword_indexes"]
     again.close()
+
+
+def test_state_keys_parse_in_one_document_and_refuse_what_they_cannot_vouch_for() -> None:
+    """``parse_state_keys`` gives each key's file state (whole, ``points`` = ``chunk_count``), and refuses values
+    that would make the one JSON document mean something else: two arrays in one value, a value that is no array,
+    wrong types, and two states of one file."""
+    payloads = [Payload(abs_path=f"/w/ö {i}.md", file_hash=f"h{i}", size_bytes=10 + i, mtime_ns=5 + i, ctime_ns=6,
+                        inode=100 + i, device=7, chunk_count=i + 1) for i in range(3)]
+    keys = [state_key(p) for p in payloads]
+    assert parse_state_keys(keys) == {p.abs_path: FileState(p.file_hash, p.size_bytes, p.mtime_ns, p.chunk_count, True,
+                                                            p.ctime_ns, p.inode, p.device) for p in payloads}
+    assert parse_state_keys([]) == {}
+    for bad in ([keys[0] + "," + keys[1]], [keys[0], "7"], [keys[0], ""], ['[1,"h",1,1,1,1,1,1]'],
+                [keys[0], keys[0].replace('"h0"', '"h9"')], ['["/w/a.md","h",1,1,1,1,1]']):
+        with pytest.raises(ValueError):
+            parse_state_keys(bad)
 
 
 def test_edge_file_states_take_the_fast_way_only_when_the_counts_add_up(tmp_path: Path) -> None:

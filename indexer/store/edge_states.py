@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from indexer.points import STATE_FIELDS, STATE_KEY, FileState, Filter, Payload, parse_state_key, point_id
+from indexer.points import STATE_FIELDS, STATE_KEY, FileState, Filter, Payload, parse_state_keys, point_id
 from indexer.store.base import SCROLL_PAGE, Dialect, file_states
 
 HASH_FIELD = "file_hash"  # keyword-indexed on Edge collections, for the facet
@@ -96,12 +96,11 @@ def file_states_by_facets(shard: Any, qe: Any, dialect: Dialect, collection: str
                 first.chunk_count == approximate.get(path) for path, first in firsts.items())
 
         try:
-            keyed = [parse_state_key(value) for value, n in facet(STATE_KEY, exact=False).items() if n == 1]
-        except ValueError:  # not written by us: the other ways
-            keyed = []
-        by_key = {first.abs_path: first for first in keyed}
-        if len(by_key) == len(keyed) and consistent(by_key):
-            return done(whole(by_key), "keys")
+            keyed = parse_state_keys([value for value, n in facet(STATE_KEY, exact=False).items() if n == 1])
+        except ValueError:  # not written by us, or a file with two states: the other ways
+            keyed = {}
+        if len(keyed) == len(approximate) and all(s.points == approximate.get(p) for p, s in keyed.items()):
+            return done(keyed, "keys")
         firsts = chunk_zeros(list(approximate))
         if consistent(firsts):
             return done(whole(firsts), "fast")
