@@ -61,8 +61,8 @@ from indexer.workspace import (
     overlaps,
     plan_collections,
     route,
-    walk,
     walk_dir,
+    walk_paths,
 )
 
 log = structlog.get_logger("qmd_indexer.daemon")
@@ -219,11 +219,10 @@ class Indexer:
         started = time.monotonic()
         if self._attest() and self.watcher is not None:  # the old watches follow the old directory
             self.watcher.refresh()
-        stats: dict[Path, os.stat_result] = {}
-        found, skips = walk(self.collections, stats)
+        found, skips, stats = walk_paths(self.collections)
         self._report_skips(skips)
         self.problems = report.problems(self, skips)
-        on_disk = {str(path) for _, path in found}
+        on_disk = {path for _, path in found}
         if reconcile and self.ready.is_set():  # a reconcile: what it finds is what the watcher missed
             pending = {str(p) for p in [*self.settler.paths(), *self.hand]}
             self.drift = {"not_indexed": len(on_disk - self.indexed.keys() - self.ledger.marks.keys() - pending),
@@ -237,15 +236,16 @@ class Indexer:
         for abs_path in [p for p in self.indexed if p not in on_disk]:
             self._remove(abs_path, reason="gone")
         self.ledger.keep_only(on_disk | {str(s.path) for s in skips})  # gone, or no longer a candidate
-        to_check = [path for collection, path in found if not self._unchanged(collection.name, path, stats[path])]
+        to_check = [Path(path) for collection, path in found
+                    if not self._unchanged(collection.name, path, stats[path])]
         self.last_scan_s = time.monotonic() - started
         return to_check
 
-    def _unchanged(self, collection: str, path: Path, st: os.stat_result) -> bool:
+    def _unchanged(self, collection: str, path: str, st: os.stat_result) -> bool:
         """Whether ``path``, found by the walk for ``collection`` with ``lstat`` result ``st``, is indexed there
         whole at that stat: then nothing is queued for it (the walk never enters a symlink, so the path is as safe
         as when indexed)."""
-        entry = self.indexed.get(str(path))
+        entry = self.indexed.get(path)
         return entry is not None and entry.collection == collection and unchanged_by_stat(entry.state, st)
 
     def _report_skips(self, skips: list[Skip]) -> None:

@@ -163,23 +163,27 @@ def _skipped_name(name: str) -> bool:
 def walk_dir(root: Path, skips: list[Skip]) -> Iterator[Path]:
     """Regular files under directory ``root``, depth first, never entering a symlink or a hidden directory. A
     directory that cannot be listed (permissions, I/O error) is a ``Skip`` with reason ``unreadable_directory``."""
+    return map(Path, _walk_dir(str(root), skips))
+
+
+def _walk_dir(root: str, skips: list[Skip]) -> Iterator[str]:
+    """``walk_dir`` on strings: a ``Path`` and its first hash cost ~10 us a file, a tenth of a scan's time."""
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except (FileNotFoundError, NotADirectoryError):
         return  # gone meanwhile
     except OSError:
-        skips.append(Skip(root, "unreadable_directory"))
+        skips.append(Skip(Path(root), "unreadable_directory"))
         return
     for entry in entries:
         if _skipped_name(entry.name):
             continue
-        path = Path(entry.path)
         if entry.is_symlink():
-            skips.append(Skip(path, "symlink"))
+            skips.append(Skip(Path(entry.path), "symlink"))
         elif entry.is_dir(follow_symlinks=False):
-            yield from walk_dir(path, skips)
+            yield from _walk_dir(entry.path, skips)
         else:
-            yield path
+            yield entry.path
 
 
 def walk(collections: Sequence[Collection], stats: dict[Path, os.stat_result] | None = None
@@ -191,12 +195,24 @@ def walk(collections: Sequence[Collection], stats: dict[Path, os.stat_result] | 
 
     A candidate is not yet known to be memory: the classifiers decide its kind, and the pipeline the rest.
     """
-    found: list[tuple[Collection, Path]] = []
+    found, skips, by_path = walk_paths(collections)
+    if stats is not None:
+        stats.update((Path(path), st) for path, st in by_path.items())
+    return [(collection, Path(path)) for collection, path in found], skips
+
+
+def walk_paths(collections: Sequence[Collection]
+               ) -> tuple[list[tuple[Collection, str]], list[Skip], dict[str, os.stat_result]]:
+    """``walk`` with absolute path strings, and each candidate's ``lstat`` result by path: what a scan needs,
+    without a ``Path`` for each of its files (at 10,000 files the walk took 0.30-0.48 s with them on AMD EPYC,
+    2 CPUs; ``scandir`` and ``lstat`` alone 0.11 s)."""
+    found: list[tuple[Collection, str]] = []
     skips: list[Skip] = []
-    seen_paths: dict[Path, int] = {}  # path -> its index in found
+    stats: dict[str, os.stat_result] = {}
+    seen_paths: dict[str, int] = {}  # path -> its index in found
     seen_inodes: set[tuple[int, int]] = set()
 
-    def take(collection: Collection, path: Path) -> None:
+    def take(collection: Collection, path: str) -> None:
         try:
             st = os.lstat(path)
         except OSError:
@@ -204,13 +220,12 @@ def walk(collections: Sequence[Collection], stats: dict[Path, os.stat_result] | 
         key = (st.st_dev, st.st_ino)
         if path in seen_paths:  # reached again through another workspace: the innermost one owns it
             index = seen_paths[path]
-            if _rank(collection, path) > _rank(found[index][0], path):
+            if _rank(collection, Path(path)) > _rank(found[index][0], Path(path)):
                 found[index] = (collection, path)
             return
         if key in seen_inodes:
             return
-        if stats is not None:
-            stats[path] = st
+        stats[path] = st
         seen_paths[path] = len(found)
         seen_inodes.add(key)
         found.append((collection, path))
@@ -219,19 +234,19 @@ def walk(collections: Sequence[Collection], stats: dict[Path, os.stat_result] | 
         if collection.role == "root":
             files, root_skips = root_files(collection.workspace)
             skips.extend(root_skips)
-            for path in files:
-                take(collection, path)
+            for file in files:
+                take(collection, str(file))
             continue
         root = collection.root
         if _symlink_on_way(collection, root):
             skips.append(Skip(root, "symlink"))
             continue
         if root.is_dir():
-            for path in walk_dir(root, skips):
+            for path in _walk_dir(str(root), skips):
                 take(collection, path)
         elif root.is_file():
-            take(collection, root)
-    return found, skips
+            take(collection, str(root))
+    return found, skips, stats
 
 
 def _symlink_on_way(collection: Collection, path: Path) -> bool:
