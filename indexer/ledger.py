@@ -17,16 +17,19 @@ log = structlog.get_logger("qmd_indexer.daemon")
 
 # reasons worth a warning (the user may want to act); the rest are routine and logged at info level
 LOUD = frozenset({"symlink", "too_large", "split_root_memory", "not_regular_file", "permission_denied",
-                  "unreadable", "no_extractor", "no_embedder", "silent", "no_speech", "unreadable_directory"})
+                  "unreadable", "no_extractor", "no_embedder", "silent", "no_speech", "unreadable_directory",
+                  "undecodable_name"})
 DETAILS = {
     "split_root_memory": "MEMORY.md and memory.md are distinct files; MEMORY.md is indexed. Run `qmd-indexer doctor`.",
     "symlink": "symlinks are never followed",
     "hidden": "hidden names are not memory",
     "unreadable_directory": "the daemon's user cannot list this directory, so its files are not indexed; fix its "
                             "permissions (chmod/chown)",
+    "undecodable_name": "the file's path is not valid UTF-8, which the index cannot store; rename it (e.g. "
+                        "`convmv -f latin1 -t utf8`)",
 }
 # reasons that are failures (the file is memory but could not be indexed), counted in files_failed
-FAILURES = frozenset({"permission_denied", "unreadable", "unreadable_directory"})
+FAILURES = frozenset({"permission_denied", "unreadable", "unreadable_directory", "undecodable_name"})
 
 Mark = tuple[int, int, int, str, bool]  # (size, mtime_ns, ctime_ns, reason, failed)
 

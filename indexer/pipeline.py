@@ -145,6 +145,17 @@ def open_file_beneath(collection: Collection, path: Path) -> BinaryIO:
     return os.fdopen(open_beneath(base, rel, follow_root=follow), "rb")
 
 
+def _utf8(path: str) -> bool:
+    """Whether ``path`` is valid UTF-8 on disk. Python decodes a name that is not with lone surrogates (PEP 383),
+    which neither a Qdrant payload string nor a point id (``points.point_id``, a UUID5 of the UTF-8 path) can
+    carry."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class Pipeline:
     """Turns files into points with the loaded plugins. ``max_file_bytes`` caps text files; media use the
     workspace's multimodal cap. ``terms`` builds the BM25 vectors (``None``: the product's ``Bm25Terms()``)."""
@@ -199,6 +210,8 @@ class Pipeline:
             raise FileSkipped("too_large", f"{st.st_size} bytes > limit {self.max_file_bytes}")
         if known is not None and _current(known) and known.file_hash == file_hash:
             return Unchanged(path, stat_identity(st))
+        if not _utf8(str(path)):  # memory, but its name cannot be stored: the ledger's detail says to rename it
+            raise FileSkipped("undecodable_name")
         extractor = self.registry.extractors.get(kind)
         if extractor is None:
             raise FileSkipped("no_extractor", f"no extractor plugin handles kind {kind!r}")

@@ -51,6 +51,9 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                     structlog.processors.format_exc_info, renderer],
         foreign_pre_chain=shared))
+    # libraries that log on the root logger itself below warning are chatter, not events: ONNX Runtime's
+    # quantization wrote ~60 INFO lines there at the first int8 export. Named loggers keep their levels.
+    handler.addFilter(lambda record: record.name != "root" or record.levelno >= logging.WARNING)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -68,6 +68,29 @@ def test_bad_files_are_logged_and_the_rest_indexed(bad_workspace: Path, make_ind
     assert not [e for e in logs if e["event"] in ("file_failed", "file_skipped")]
 
 
+@pytest.mark.skipif(sys.platform == "darwin", reason="APFS refuses names that are not UTF-8")
+def test_a_file_name_that_is_not_utf8_fails_alone_and_converges_once_renamed(workspace: Path, make_indexer) -> None:
+    """A memory file whose name is not valid UTF-8 (Python decodes it with lone surrogates, which no payload string
+    or point id can carry) is one ``file_failed`` line; the rest of its batch is indexed, and renamed it is."""
+    mem = workspace / "memory"
+    bad = Path(os.fsdecode(bytes(mem) + b"/caf\xe9-deploys.md"))
+    bad.write_bytes(b"# Deploys\n\nDeploy windows are Tuesday mornings.\n")
+    write(mem / "fresh.md", "# Fresh\n\nA note written with it.\n")
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    status, logs = _run(indexer)
+    assert str(mem / "fresh.md") in indexer.indexed and str(bad) not in indexer.indexed
+    [failed] = [e for e in logs if e["event"] == "file_failed"]
+    assert failed["reason"] == "undecodable_name" and failed["path"] == str(bad) and "rename" in failed["detail"]
+    assert status["files_failed"] == 1
+    with capture_logs() as logs:  # an event for it (the watcher's path) is the same quiet failure, not a crash
+        indexer.process([bad, mem / "fresh.md"])
+    assert not [e for e in logs if e["event"] == "file_failed"]  # logged once per file state
+    good = mem / "cafe-deploys.md"
+    bad.rename(good)
+    status, _ = _run(indexer)
+    assert str(good) in indexer.indexed and status["files_failed"] == 0
+
+
 def test_file_fixed_later_converges(bad_workspace: Path, make_indexer) -> None:
     indexer = make_indexer([{"agent": "main", "path": bad_workspace}])
     _run(indexer)

@@ -3,6 +3,7 @@ the unit file checked by systemd-analyze."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -66,6 +67,17 @@ def test_journald_lines_carry_their_priority(tmp_path: Path) -> None:
                            env={k: v for k, v in os.environ.items() if k != "JOURNAL_STREAM"})
     assert all(line.startswith("{") for line in plain.stderr.splitlines())
     assert journal_priority("critical") == 2 and journal_priority("debug") == 7
+
+
+def test_root_logger_chatter_below_warning_is_dropped() -> None:
+    """A library logging INFO on the root logger itself (ONNX Runtime's quantization does, ~60 lines at the first
+    int8 export) prints nothing; its warnings and named loggers' INFO lines still print."""
+    code = ("import logging; from indexer.cli import configure_logging; configure_logging('json');"
+            "logging.info('chatter'); logging.warning('root warning'); logging.getLogger('lib').info('named info')")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "JOURNAL_STREAM"})
+    events = [json.loads(line)["event"] for line in run.stderr.splitlines()]
+    assert events == ["root warning", "named info"], run.stderr
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed "
