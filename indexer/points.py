@@ -108,6 +108,7 @@ class Payload:
         return cls(**known, extra=extra)
 
 
+NO_PAYLOAD = Payload()  # a hit or candidate whose payload was not read
 _FIELDS = tuple(f.name for f in fields(Payload) if f.name != "extra")
 _INTS = ("size_bytes", "mtime_ns", "ctime_ns", "inode", "device", "chunk_index", "chunk_count", "start_line",
          "end_line", "chunking_version")

@@ -29,14 +29,13 @@ from indexer.bm25 import Bm25Terms
 from indexer.chunking import split_lines
 from indexer.config import Settings
 from indexer.plugins import Registry
-from indexer.points import SPARSE, Filter, Hit, Payload, Query
+from indexer.points import NO_PAYLOAD, SPARSE, Filter, Hit, Payload, Query
 from indexer.rerank import Reranker, RerankStats, rerank
 from indexer.store import Store
 from indexer.workspace import Collection
 
 SNIPPET_CHARS = 700  # the reference agent's snippet cap
 _WORD = re.compile(r"\w+", re.UNICODE)
-_NO_PAYLOAD = Payload()  # a candidate before its payload is read (``Searcher._with_payloads``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +239,7 @@ class Searcher:
             fused = fused[: params.k]  # the default: only the k kept become Hits with string ids and payloads
         ids = {str(pid): pid for pid, _ in fused}  # Hit id -> the backend's point id
         where = {key: owner[pid] for key, pid in ids.items()}
-        hits = [Hit(key, score, _NO_PAYLOAD) for key, (_, score) in zip(ids, fused)]
+        hits = [Hit(key, score, NO_PAYLOAD) for key, (_, score) in zip(ids, fused)]
         if self.half_life_days:  # dates come from the paths: those stages read payloads of every candidate
             hits = decay(self._with_payloads(hits, where), self.half_life_days, self.now())
             if params.min_score is not None:

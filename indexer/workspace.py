@@ -186,18 +186,15 @@ def _walk_dir(root: str, skips: list[Skip]) -> Iterator[str]:
             yield entry.path
 
 
-def walk(collections: Sequence[Collection], stats: dict[Path, os.stat_result] | None = None
-         ) -> tuple[list[tuple[Collection, Path]], list[Skip]]:
+def walk(collections: Sequence[Collection]) -> tuple[list[tuple[Collection, Path]], list[Skip]]:
     """Every candidate file of ``collections`` on disk, each once, and the skips. A file reached through several
     collections of one workspace belongs to the first; through several workspaces, to the innermost that contains
-    it (a workspace nested in another's ``memory/`` owns its files; see ``overlaps``). ``stats``, if given, gets
+    it (a workspace nested in another's ``memory/`` owns its files; see ``overlaps``). ``walk_paths`` also gives
     each candidate's ``lstat`` result (the walk takes it anyway, to meet each file once).
 
     A candidate is not yet known to be memory: the classifiers decide its kind, and the pipeline the rest.
     """
-    found, skips, by_path = walk_paths(collections)
-    if stats is not None:
-        stats.update((Path(path), st) for path, st in by_path.items())
+    found, skips, _ = walk_paths(collections)
     return [(collection, Path(path)) for collection, path in found], skips
 
 

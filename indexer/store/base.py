@@ -24,12 +24,11 @@ import numpy as np
 import structlog
 
 from indexer.errors import CollectionMismatch
-from indexer.points import SPARSE, STATE_FIELDS, FileState, Filter, Hit, Payload, Point, Query
+from indexer.points import NO_PAYLOAD, SPARSE, STATE_FIELDS, FileState, Filter, Hit, Payload, Point, Query
 
 log = structlog.get_logger("qmd_indexer.store")
 
 SCROLL_PAGE = 1024  # payloads per scroll request
-_NO_PAYLOAD = Payload()  # a hit searched without its payload
 REBUILD = "--rebuild-"  # physical collections of a rebuild are named <name>--rebuild-<n>
 
 
@@ -210,7 +209,7 @@ class Store:
         """Run ``query`` on ``name``: vector name (``"text"``, ``"image"``, ``"bm25"``) -> hits, best first.
         ``with_payload=False`` leaves every hit's payload empty (``Payload()``); fetch the few that are kept with
         ``payloads`` (reading a payload per candidate costs more than the vector search at 100k points)."""
-        return {using: [Hit(str(pid), float(score), Payload.from_payload(payload) if payload else _NO_PAYLOAD)
+        return {using: [Hit(str(pid), float(score), Payload.from_payload(payload) if payload else NO_PAYLOAD)
                         for pid, score, payload in answer]
                 for using, answer in self._answers(name, query, with_payload).items()}
 

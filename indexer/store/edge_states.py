@@ -91,18 +91,18 @@ def file_states_by_facets(shard: Any, qe: Any, dialect: Dialect, collection: str
     approximate = facet("abs_path", exact=False) if fast else {}
     if fast and sum(approximate.values()) == points:  # else points beyond whole files somewhere: the exact way
 
-        def consistent(firsts: dict[str, Payload]) -> bool:  # the check of the fast ways (module docstring)
-            return len(firsts) == len(approximate) and all(
-                first.chunk_count == approximate.get(path) for path, first in firsts.items())
+        def consistent(chunk_counts: dict[str, int]) -> bool:  # the check of the fast ways (module docstring)
+            return len(chunk_counts) == len(approximate) and all(
+                n == approximate.get(path) for path, n in chunk_counts.items())
 
         try:
             keyed = parse_state_keys([value for value, n in facet(STATE_KEY, exact=False).items() if n == 1])
         except ValueError:  # not written by us, or a file with two states: the other ways
             keyed = {}
-        if len(keyed) == len(approximate) and all(s.points == approximate.get(p) for p, s in keyed.items()):
+        if consistent({path: s.points for path, s in keyed.items()}):
             return done(keyed, "keys")
         firsts = chunk_zeros(list(approximate))
-        if consistent(firsts):
+        if consistent({path: first.chunk_count for path, first in firsts.items()}):
             return done(whole(firsts), "fast")
     counts, by_hash = facet("abs_path"), facet(HASH_FIELD)
     paths = list(counts)
