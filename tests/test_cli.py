@@ -173,6 +173,50 @@ def test_search_without_a_daemon_exits_1_with_a_hint() -> None:
     assert "no qmd-indexer daemon answers" in result.stderr and "qmd-indexer run" in result.stderr
 
 
+def test_the_client_replaces_a_closed_connection_and_reports_a_silent_port() -> None:
+    """A kept-alive connection the server has closed (uvicorn drops idle ones after 5 s; a restarted daemon drops
+    all) is replaced before the next request; a port that accepts and never answers is ``DaemonUnavailable`` once
+    ``timeout_s`` has passed. The HTTP server is a stand-in from the standard library: what is tested is the
+    client's transport."""
+    import http.server
+    import threading
+
+    from indexer.client import Client, DaemonUnavailable
+
+    class ClosesAfterEachAnswer(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # no "Connection: close": the client keeps the connection for reuse
+
+        def do_GET(self) -> None:
+            body = b'{"status": "ok", "ready": true}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ClosesAfterEachAnswer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    silent = socket.socket()
+    try:
+        with Client(port=server.server_address[1]) as client:
+            for _ in range(3):
+                assert client.health() == {"status": "ok", "ready": True}
+                time.sleep(0.05)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        started = time.monotonic()
+        with pytest.raises(DaemonUnavailable, match="ReadTimeoutError"):
+            Client(port=silent.getsockname()[1], timeout_s=0.3).search("anything")
+        assert time.monotonic() - started >= 0.3
+    finally:
+        server.shutdown()
+        server.server_close()
+        silent.close()
+
+
 def test_a_bad_since_is_a_usage_error_before_the_daemon_is_asked() -> None:
     result = _cli("search", "anything", "--since", "last week", "--port", str(_free_port()))
     assert result.returncode == 2 and "7d" in result.stderr and "daemon" not in result.stderr

@@ -109,9 +109,9 @@ def test_old_argument_names_are_still_accepted(daemon: Served) -> None:
         listed = client.recall("*", top_k=2)  # the former keyword
         assert [h["path"] for h in listed] == ["MEMORY.md", "memory/food/coffee.md"]
         assert client.recall("*", k=2) == listed
-        raw = client._http.post("/recall", json={"query": "*", "top_k": 1}).json()["hits"]
+        raw = client._call("POST", "/recall", json={"query": "*", "top_k": 1})["hits"]
         assert raw == listed[:1]
-        hits = client._http.post("/search", json={"q": "ACME-4471", "limit": 1, "mode": "keyword"}).json()["hits"]
+        hits = client._call("POST", "/search", json={"q": "ACME-4471", "limit": 1, "mode": "keyword"})["hits"]
         assert [h["path"] for h in hits] == ["memory/incidents.md"]
 
 
