@@ -314,25 +314,27 @@ class Daemon:
             time.sleep(0.1)
         raise TimeoutError("daemon not ready in time")
 
-    def search_until_ready(self, client: Any, queries: Sequence[str], timeout_s: float = 1800) -> list[float]:
-        """Seconds per hybrid ``POST /search`` (k 6) answered while the daemon is up but not ready (its first
-        index running), one query after another, until ``/health`` says ready."""
+    def search_until_ready(self, queries: Sequence[str], timeout_s: float = 1800) -> list[float]:
+        """Seconds per hybrid search (k 6, through ``indexer.client.Client`` as ``search_latency``) answered while
+        the daemon is up but not ready (its first index running), one query after another, until ``/health`` says
+        ready."""
+        from indexer.client import Client, ClientError
+
         out: list[float] = []
         deadline, n = time.perf_counter() + timeout_s, 0
-        while time.perf_counter() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}; see {self.log_file.name}")
-            try:
-                if client.get(f"{self.url}/health", timeout=2).json().get("ready"):
-                    return out
-                started = time.perf_counter()
-                answer = client.post(f"{self.url}/search", json={"query": queries[n % len(queries)], "k": 6,
-                                                                 "mode": "hybrid"})
-                if answer.status_code == 200:
+        with Client(port=self.port, timeout_s=30) as client:
+            while time.perf_counter() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"daemon exited with {self.proc.returncode}; see {self.log_file.name}")
+                try:
+                    if client.health().get("ready"):
+                        return out
+                    started = time.perf_counter()
+                    client.search(queries[n % len(queries)], k=6, mode="hybrid")
                     out.append(time.perf_counter() - started)
-                n += 1
-            except Exception:  # not listening yet
-                time.sleep(0.1)
+                    n += 1
+                except ClientError:  # not listening yet, or an error answer while it starts
+                    time.sleep(0.1)
         raise TimeoutError("daemon not ready in time")
 
     def rss_peak(self) -> int:
@@ -370,20 +372,24 @@ class Daemon:
         self.log_file.close()
 
 
-def search_latency(client: Any, url: str, queries: Sequence[str], mode: str = "hybrid", k: int = 6,
+def search_latency(port: int, queries: Sequence[str], mode: str = "hybrid", k: int = 6,
                    warm_up: list[float] | None = None) -> list[float]:
-    """Seconds per ``POST /search`` (one client, keep-alive), one per query, after 3 warm-up queries (their seconds
-    appended to ``warm_up`` when given: the first searches of a daemon)."""
-    for q in queries[:3]:
-        started = time.perf_counter()
-        client.post(f"{url}/search", json={"query": q + " warm", "k": k, "mode": mode}).raise_for_status()
-        if warm_up is not None:
-            warm_up.append(time.perf_counter() - started)
-    out = []
-    for q in queries:
-        started = time.perf_counter()
-        client.post(f"{url}/search", json={"query": q, "k": k, "mode": mode}).raise_for_status()
-        out.append(time.perf_counter() - started)
+    """Seconds per search through the product's Python client (``indexer.client.Client``, one keep-alive
+    connection to the daemon on ``port``), one per query, after 3 warm-up queries (their seconds appended to
+    ``warm_up`` when given: the first searches of a daemon)."""
+    from indexer.client import Client
+
+    with Client(port=port, timeout_s=60) as client:
+        for q in queries[:3]:
+            started = time.perf_counter()
+            client.search(q + " warm", k=k, mode=mode)
+            if warm_up is not None:
+                warm_up.append(time.perf_counter() - started)
+        out = []
+        for q in queries:
+            started = time.perf_counter()
+            client.search(q, k=k, mode=mode)
+            out.append(time.perf_counter() - started)
     return out
 
 
@@ -438,7 +444,7 @@ def bench_daemon(workspace: Path, state_dir: Path, out: Path) -> dict[str, Any]:
     daemon = Daemon(workspace, state_dir, "bench", out / "daemon.log")
     client = httpx.Client(timeout=30)
     try:
-        during = daemon.search_until_ready(client, headings(workspace, QUERIES))
+        during = daemon.search_until_ready(headings(workspace, QUERIES))
         ready_s = daemon.wait_ready(client)
         status = client.get(f"{daemon.url}/status").json()
         log(f"   ready after {ready_s:.1f} s (model load + first index of {status['chunks_embedded']} chunks); "
@@ -464,7 +470,7 @@ def bench_daemon(workspace: Path, state_dir: Path, out: Path) -> dict[str, Any]:
                 time.sleep(0.02)
         log(f"   save-to-searchable p50 {pct(latencies, 50):.3f} s, p95 {pct(latencies, 95):.3f} s")
         queries = headings(workspace, QUERIES)
-        lat = search_latency(client, daemon.url, queries)
+        lat = search_latency(daemon.port, queries)
         log(f"   search p50 {1000 * pct(lat, 50):.1f} ms, p95 {1000 * pct(lat, 95):.1f} ms ({len(lat)} queries)")
         mcp = mcp_first_answer(daemon.port, queries)
         log(f"   MCP stdio start to first memory_search {mcp['mcp_first_answer_s']:.2f} s "
@@ -700,7 +706,7 @@ def bench_big(out: Path, vectors: np.ndarray | None, scifact: Path, registry: An
             ready_s = daemon.wait_ready(client)
             status = client.get(f"{daemon.url}/status").json()
             if hnsw:
-                during = search_latency(client, daemon.url, other_queries or [f"{q} now" for q in queries])
+                during = search_latency(daemon.port, other_queries or [f"{q} now" for q in queries])
                 extra["during_build"] = {"p50_ms": round(1000 * pct(during, 50), 1),
                                          "p95_ms": round(1000 * pct(during, 95), 1),
                                          "state_after": dict(client.get(f"{daemon.url}/status").json()["hnsw"])}
@@ -720,11 +726,11 @@ def bench_big(out: Path, vectors: np.ndarray | None, scifact: Path, registry: An
                 extra["build"] = build
                 log(f"   {backend} HNSW build: {build}")
             cpu, first = daemon.ps.cpu_times(), list[float]()
-            lat = search_latency(client, daemon.url, queries, warm_up=first)
+            lat = search_latency(daemon.port, queries, warm_up=first)
             cpu_after = daemon.ps.cpu_times()
             # the same queries again: their embeddings are cached now, so this is the search without the model
             # (less sensitive to other load on the machine, and what an index changes)
-            cached = search_latency(client, daemon.url, queries)
+            cached = search_latency(daemon.port, queries)
             rss = daemon.rss_peak()
             rss_now = daemon.rss_parts()
         finally:
