@@ -48,7 +48,7 @@ class Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # keep-alive connections (a dropped one is replaced before use), no retries: a refused connection is
         # reported at once; no proxy from the environment (the daemon is local)
-        self._http = urllib3.HTTPConnectionPool(host, port, timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
+        self._http = urllib3.HTTPConnectionPool(host, port, timeout=urllib3.Timeout(total=timeout_s),
                                                 maxsize=4, retries=False, headers=headers)
         self.pending: list[str] = []  # the last search/recall/boot answer's ``pending`` (files not yet indexed)
 
