@@ -32,30 +32,38 @@ def test_a_garbage_cache_file_is_set_aside_and_replaced(tmp_path: Path) -> None:
     assert list(tmp_path.glob("embeddings.sqlite3.corrupt-*")), "the damaged file is kept for inspection"
 
 
+@pytest.mark.parametrize("pages", ["cached", "uncached"])
 @pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete"])
-def test_damage_while_running_never_raises_and_is_repaired_at_the_next_open(tmp_path: Path, damage: str) -> None:
+def test_damage_while_running_never_raises_and_is_repaired_by_the_next_open(tmp_path: Path, damage: str,
+                                                                            pages: str) -> None:
+    """SQLite finds the damage while running when it reads the file again ("uncached": a one-page cache), else at
+    the next open; either way the cache is reset exactly once and keeps working. (Under CI the "cached" case once
+    found it while running too: a test that expected the reset at the next open failed.)"""
     path = tmp_path / "embeddings.sqlite3"
-    cache = EmbeddingCache(path)
-    items = _items(2000, dim=64)
-    cache.put_many(items)
-    cache._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    if damage == "overwrite":  # a stray write or a bad restore
-        path.write_bytes(os.urandom(path.stat().st_size))
-    elif damage == "truncate":
-        os.truncate(path, 100)
-    else:
-        path.unlink()
-    cache.get_many([k for k, _ in items], 64)  # whatever it finds, it must not raise
-    cache.put_many(items[:5])
-    assert set(cache.get_many([k for k, _ in items[:5]], 64)) == {k for k, _ in items[:5]}
-    cache.close()
     with structlog.testing.capture_logs() as logs:
+        cache = EmbeddingCache(path)
+        if pages == "uncached":
+            cache._db.execute("PRAGMA cache_size=1")
+        items = _items(2000, dim=64)
+        cache.put_many(items)
+        cache._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if damage == "overwrite":  # a stray write or a bad restore
+            path.write_bytes(os.urandom(path.stat().st_size))
+        elif damage == "truncate":
+            os.truncate(path, 100)
+        else:
+            path.unlink()
+        cache.get_many([k for k, _ in items], 64)  # whatever it finds, it must not raise
+        cache.put_many(items[:5])
+        assert set(cache.get_many([k for k, _ in items[:5]], 64)) == {k for k, _ in items[:5]}
+        cache.close()
         reopened = EmbeddingCache(path)
-    reopened.put_many(items[:5])
-    assert set(reopened.get_many([k for k, _ in items[:5]], 64)) == {k for k, _ in items[:5]}
-    reopened.close()
-    if damage != "delete":  # a deleted cache is simply a new, empty one
-        assert [e["event"] for e in logs] == ["cache_reset"], logs
+        reopened.put_many(items[:5])
+        assert set(reopened.get_many([k for k, _ in items[:5]], 64)) == {k for k, _ in items[:5]}
+        reopened.close()
+    resets = [e for e in logs if e["event"] == "cache_reset"]
+    # a deleted cache is simply a new, empty one at the next open
+    assert len(resets) == (0 if damage == "delete" else 1), logs
 
 
 def test_a_daemon_starts_and_indexes_over_a_garbage_cache(tmp_path: Path, workspace: Path, make_indexer) -> None:
