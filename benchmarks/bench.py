@@ -23,7 +23,7 @@ Measured, in order:
 3. **Save-to-searchable** (``qmd-indexer run`` as a subprocess on a free port, its own fresh state, so it does a
    full first index too): 20 edits, each appending a line with a unique token to a note; the time from the write
    to the first ``POST /search`` (keyword mode, polled every 20 ms) that returns that note. Includes the settle
-   time (a file closed after writing settles at once: ``indexer.watcher.settle_for``).
+   time (a file closed after writing settles at once: ``indexer.state.watcher.settle_for``).
 4. **Search latency through the API**: 100 distinct queries (the vault's headings), hybrid mode, k=6.
 5. **MCP stdio start to first answer**: ``qmd-indexer mcp`` spawned by the MCP SDK's stdio client against the
    daemon of step 3, timed from the spawn to the first answered ``memory_search`` (handshake included), 5 times;
@@ -606,7 +606,7 @@ def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Se
     from indexer.search import SearchParams, fuse_scores, to_hit
 
     indexer = Indexer.open(settings_for(workspace, state_dir, agent="big", qdrant_url=qdrant_url), registry=registry)
-    searcher = indexer.searcher()
+    searcher = indexer.view.searcher()
     embed_ms, dense_ms, sparse_ms, fuse_ms, total_ms = [], [], [], [], []
     dense_payload_ms, sparse_payload_ms, payload_ms, snippet_ms = [], [], [], []
     name = indexer.collections[1].name
@@ -662,7 +662,7 @@ def restart_ready(state_dir: Path, workspace: Path, registry: Any, qdrant_url: s
     indexer.close()
     release_state_lock(state_dir)
     return {"open_connect_s": round(opened - started, 2), "scan_s": round(done - opened, 2),
-            "ready_s": round(done - started, 2), "files": len(indexer.indexed),
+            "ready_s": round(done - started, 2), "files": len(indexer.state.indexed),
             "embedded": status.get("chunks_embedded"), "load_average": round(os.getloadavg()[0], 2)}
 
 

@@ -58,7 +58,7 @@ def converged(indexer: Any, stable_s: float = 5.0, timeout_s: float = 600) -> fl
     started = time.monotonic()
     calm_since: float | None = None
     while time.monotonic() - started < timeout_s:
-        s = indexer.status()
+        s = indexer.view.status()
         calm = s["ready"] and s["queue_depth"] == 0 and not s["store_degraded"]
         if not calm:
             calm_since = None
@@ -67,7 +67,7 @@ def converged(indexer: Any, stable_s: float = 5.0, timeout_s: float = 600) -> fl
         elif time.monotonic() - calm_since >= stable_s:
             return calm_since - started
         time.sleep(0.2)
-    raise TimeoutError(f"daemon did not converge within {timeout_s} s: {indexer.status()}")
+    raise TimeoutError(f"daemon did not converge within {timeout_s} s: {indexer.view.status()}")
 
 
 def points_of(store: Any, name: str) -> dict[str, Any]:
@@ -147,15 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         thread.start()
         try:
-            wait_until(lambda: len(indexer.indexed) >= args.kill_at * total, 900, "files indexed before the kill")
+            wait_until(lambda: len(indexer.state.indexed) >= args.kill_at * total, 900, "files indexed before the kill")
             victim.kill()
             killed_at = time.monotonic()
-            at_kill = len(indexer.indexed)
+            at_kill = len(indexer.state.indexed)
             log(f"SIGKILL node 1 (pid gone) after {at_kill} of {total} files, {killed_at - started:.1f} s in")
-            degraded_s = wait_until(lambda: indexer.status()["store_degraded"], 120, "daemon reports degraded")
+            degraded_s = wait_until(lambda: indexer.view.status()["store_degraded"], 120, "daemon reports degraded")
             log(f"daemon degraded {degraded_s:.1f} s after the kill")
             time.sleep(max(0.0, args.down_s - (time.monotonic() - killed_at)))
-            while_down = len(indexer.indexed) - at_kill
+            while_down = len(indexer.state.indexed) - at_kill
             victim.start()
             log(f"node 1 restarted {time.monotonic() - killed_at:.1f} s after the kill; {while_down} files indexed "
                 f"while it was down")
@@ -165,13 +165,13 @@ def main(argv: list[str] | None = None) -> int:
             stop.set()
             indexer.settler.wake()
             thread.join(60)
-            if indexer.watcher is not None:
-                indexer.watcher.stop()
-        log(f"daemon converged {converged_s:.1f} s after the kill: {indexer.status()['collections']}")
+            if indexer.state.watcher is not None:
+                indexer.state.watcher.stop()
+        log(f"daemon converged {converged_s:.1f} s after the kill: {indexer.view.status()['collections']}")
         names = [c.name for c in indexer.collections]
         for name in names:
             cluster.wait_replicas_active(name)
-        report.update({"files_found": total, "files_indexed": len(indexer.indexed),
+        report.update({"files_found": total, "files_indexed": len(indexer.state.indexed),
                        "files_at_kill": at_kill, "files_indexed_while_down": while_down,
                        "degraded_after_kill_s": round(degraded_s, 1), "converged_after_kill_s": round(converged_s, 1),
                        "first_index_s": round(time.monotonic() - started, 1)})

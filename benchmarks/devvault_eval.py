@@ -236,7 +236,7 @@ def run_product(dev: DevSet, indexer: Any, methods: Sequence[tuple[str, str, str
 
     runs = {}
     for label, mode, fusion in methods:
-        searcher = indexer.searcher(mode=mode, fusion=fusion, prefetch_limit=prefetch, mmr_lambda=mmr_lambda)
+        searcher = indexer.view.searcher(mode=mode, fusion=fusion, prefetch_limit=prefetch, mmr_lambda=mmr_lambda)
         run = {}
         for q in dev.queries:
             hits = searcher.search(SearchParams(q["query"], k=K, mode=mode))

@@ -262,7 +262,7 @@ def run_product(indexer: Any, data: SciFact, methods: Sequence[tuple[str, str, s
 
     out: dict[str, Scores] = {}
     for label, mode, fusion in methods:
-        searcher = indexer.searcher(mode=mode, fusion=fusion, rrf_k=rrf_k, prefetch_limit=prefetch,
+        searcher = indexer.view.searcher(mode=mode, fusion=fusion, rrf_k=rrf_k, prefetch_limit=prefetch,
                                     mmr_lambda=mmr_lambda)
         scores = Scores()
         for qid, text in data.queries.items():
@@ -286,7 +286,7 @@ def run_collapsed(indexer: Any, data: SciFact, fusion: str, prefetch: int, rrf_k
     from indexer.search import fuse
     from indexer.store import Filter, Hit, Query
 
-    searcher = indexer.searcher()
+    searcher = indexer.view.searcher()
     scores = Scores()
     for qid, text in data.queries.items():
         dense = dict(searcher.embed_query(text))

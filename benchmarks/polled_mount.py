@@ -52,9 +52,9 @@ def main() -> int:
             stop = threading.Event()
             worker = threading.Thread(target=run, args=(indexer, stop), daemon=True)
             worker.start()
-            indexer.ready.wait(120)
-            print("watch:", indexer.status()["watch"], indexer.status()["watch_polled"])
-            searcher = indexer.searcher()
+            indexer.state.ready.wait(120)
+            print("watch:", indexer.view.status()["watch"], indexer.view.status()["watch_polled"])
+            searcher = indexer.view.searcher()
             times = []
             for n in range(args.changes):
                 token = f"POLLTOKEN{n:03d}X"

@@ -1,8 +1,8 @@
 """Prometheus metrics of one daemon, served at ``GET /metrics`` through ``prometheus-client``.
 
-Each ``Indexer`` owns a ``Metrics`` with its own ``CollectorRegistry`` (not the library's global one), so several
-daemons in one process (the tests) never clash. What the daemon already knows (``Indexer.status()``, the ledger,
-the watcher, the pipeline's counters) is read at scrape time by ``IndexerCollector``; only what nothing else keeps
+Each daemon owns a ``Metrics`` with its own ``CollectorRegistry`` (not the library's global one), so several
+daemons in one process (the tests) never clash. What the daemon already knows (``StatusView.status()``, the ledger,
+the watcher, the pipeline's counters) is read at scrape time by ``StatusCollector``; only what nothing else keeps
 is recorded as it happens: three histograms and the error counts.
 
 =================================================  =========  ==========================================================
@@ -37,7 +37,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, StateSetMetricFamily
@@ -45,9 +45,6 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from indexer import __version__
-
-if TYPE_CHECKING:
-    from indexer.daemon import Indexer
 
 # seconds; a change settles in 0.05-1 s (``settle_s``), then is embedded and written
 LAG_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -57,11 +54,22 @@ WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 WATCH_STATES = ("native", "poll", "dead")  # ``Watcher.modes()``
 
 
-class Metrics:
-    """The metric objects of one daemon (``indexer``), in ``registry``. Thread-safe: the worker records the lag,
-    writes and errors, API threads record searches, a scrape reads everything."""
+class Source(Protocol):
+    """What the daemon's own numbers are read from at scrape time (``indexer.report.StatusView``)."""
 
-    def __init__(self, indexer: Indexer) -> None:
+    def status(self) -> dict[str, Any]: ...
+
+    def pending(self, agent: str | None = None) -> list[str]: ...
+
+    def failures(self) -> dict[str, int]: ...
+
+
+class Metrics:
+    """The metric objects of one daemon, in ``registry``. Thread-safe: the worker records the lag, writes and
+    errors, API threads record searches, a scrape reads everything (and, once ``read_from`` is called, the daemon's
+    own numbers through its ``Source``)."""
+
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.index_lag = Histogram("qmd_indexer_index_lag_seconds", "Seconds from a file's first watcher event to "
                                    "the index reflecting it", buckets=LAG_BUCKETS, registry=self.registry)
@@ -71,8 +79,11 @@ class Metrics:
                                              buckets=WRITE_BUCKETS, registry=self.registry)
         self._errors: Tally[str] = Tally()
         self._lock = threading.Lock()
-        self.registry.register(IndexerCollector(indexer, self))
         ProcessCollector(registry=self.registry)
+
+    def read_from(self, view: Source) -> None:
+        """Read the daemon's own numbers (status, pending, failures) from ``view`` at each scrape."""
+        self.registry.register(StatusCollector(view, self))
 
     def error(self, kind: str) -> None:
         """Count one error of ``kind`` (a snake_case word, the event name it was logged with)."""
@@ -113,18 +124,18 @@ class SearchTimer:
             self.histogram.labels(self.mode).observe(time.perf_counter() - self._started)
 
 
-class IndexerCollector(Collector):
-    """Reads ``indexer``'s own numbers at scrape time (see the module's table)."""
+class StatusCollector(Collector):
+    """Reads the daemon's own numbers through ``view`` at scrape time (see the module's table)."""
 
-    def __init__(self, indexer: Indexer, metrics: Metrics) -> None:
-        self.indexer, self.metrics = indexer, metrics
+    def __init__(self, view: Source, metrics: Metrics) -> None:
+        self.view, self.metrics = view, metrics
 
     def describe(self) -> list[Metric]:
         return []  # names are fixed here and unique in this registry: no registration-time check needed
 
     def collect(self) -> Iterator[Metric]:
-        indexer = self.indexer
-        status = indexer.status()
+        view = self.view
+        status = view.status()
         files = GaugeMetricFamily("qmd_indexer_files", "Files with points in the collection",
                                   labels=["collection", "agent"])
         chunks = GaugeMetricFamily("qmd_indexer_chunks", "Points (chunks) in the collection",
@@ -140,11 +151,11 @@ class IndexerCollector(Collector):
                                   "embedding cache since start", value=status["cache_hits"])
         yield GaugeMetricFamily("qmd_indexer_queue_depth", "Paths queued or in hand", value=status["queue_depth"])
         yield GaugeMetricFamily("qmd_indexer_pending_files", "Memory files changed and not yet indexed",
-                                value=len(indexer.pending()))
+                                value=len(view.pending()))
         yield GaugeMetricFamily("qmd_indexer_files_failed", "Files failing in their current state",
                                 value=status["files_failed"])
         errors = CounterMetricFamily("qmd_indexer_errors", "Errors logged since start, by kind", labels=["kind"])
-        for kind, count in sorted((Tally(dict(indexer.ledger.failures)) + Tally(self.metrics.errors())).items()):
+        for kind, count in sorted((Tally(view.failures()) + Tally(self.metrics.errors())).items()):
             errors.add_metric([kind], count)
         yield errors
         watch = StateSetMetricFamily("qmd_indexer_watch_state", "How each root is watched", labels=["root"])

@@ -1,4 +1,4 @@
-"""Safe rebuilds: one process per state dir, each collection's model identity, and rebuilding beside the live index.
+"""What makes rebuilds safe: one process per state dir, and each collection's model identity.
 
 - ``hold_state_lock(state_dir)``: ``Indexer.open`` takes ``<state_dir>/daemon.lock`` before anything else under the
   state dir is created or opened, so two daemons never build, sweep or swap the same store.
@@ -6,36 +6,29 @@
   version). ``<state_dir>/collection-identity.json`` records it per collection (``record_identity``); at every
   ``Indexer.connect``, ``check_identity`` compares it with the configured one and, on a change, asks for a rebuild
   (``on_model_change = "rebuild"``) or refuses to start (``"refuse"``).
-- ``rebuild(indexer)`` (run by the worker, ``indexer.worker``) fills a new collection beside each live one from the
-  files on disk (vectors from the embedding cache, so only what is not cached is embedded), then ``Store.swap``s
-  them in; searches answer from the old collections meanwhile. A crash mid-rebuild leaves the old ones serving, and
-  ``Indexer.connect`` sweeps the leftovers at the next start. ``request_rebuild(indexer)`` (``POST /reindex``) asks
-  the worker for one.
+
+The rebuild itself is ``Indexer.rebuild`` (``indexer.daemon``): it fills a new collection beside each live one and
+swaps them in; ``StatusView.request_rebuild`` (``POST /reindex``) asks the worker for one.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from indexer import chunking
-from indexer.errors import CollectionMismatch, ExtractError, FileSkipped, StateReadOnly, StoreLocked
-from indexer.pipeline import Prepared
+from indexer.config import Settings
+from indexer.errors import CollectionMismatch, StateReadOnly, StoreLocked
 from indexer.safeio import lock_exclusive
-from indexer.workspace import walk
-
-if TYPE_CHECKING:
-    from indexer.daemon import Indexer
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
 IDENTITY_FILE = "collection-identity.json"  # under the state dir: collection name -> model_identity()
-REBUILD_BATCH_FILES = 32  # files prepared before each write of a rebuild (as the worker's BATCH_FILES)
 
 _STATE_LOCKS: dict[Path, int] = {}  # state dir -> fd of its daemon.lock, held until this process exits
 
@@ -93,70 +86,23 @@ def record_identity(state_dir: Path, names: Iterable[str], identity: str) -> Non
     tmp.replace(path)
 
 
-def check_identity(indexer: Indexer) -> None:
-    """Compare each collection's recorded identity with the configured one: on a change, ask for a rebuild (or
-    raise ``CollectionMismatch`` with ``on_model_change = "refuse"``), naming both. Unrecorded ones are recorded."""
-    state_dir = indexer.settings.state_dir
+def check_identity(settings: Settings, names: Sequence[str], embedders: Mapping[str, Any],
+                   rebuild_requested: threading.Event) -> None:
+    """Compare the recorded identity of each collection of ``names`` with ``embedders``' (``model_identity``): on a
+    change, set ``rebuild_requested`` (or raise ``CollectionMismatch`` with ``on_model_change = "refuse"``), naming
+    both. Unrecorded ones are recorded under ``settings.state_dir``."""
+    state_dir = settings.state_dir
     record = _read_identities(state_dir)
-    current = model_identity(indexer.registry.embedders)
-    names = [c.name for c in indexer.collections]
+    current = model_identity(embedders)
     changed = {name: record[name] for name in names if name in record and record[name] != current}
-    if changed and not indexer.rebuild_requested.is_set():
+    if changed and not rebuild_requested.is_set():
         indexed_with = sorted(set(changed.values()))
-        if indexer.settings.on_model_change == "refuse":
+        if settings.on_model_change == "refuse":
             raise CollectionMismatch(
                 f"collections {sorted(changed)} were built with {'; '.join(indexed_with)}, but the configuration "
                 f"says {current}; rebuild them with `qmd-indexer index --once --reindex` (or `run --reindex`), "
                 f"or set on_model_change = \"rebuild\"")
         log.warning("model_changed", collections=sorted(changed), indexed_with=indexed_with, configured=current,
                     action="rebuild")
-        indexer.rebuild_requested.set()
+        rebuild_requested.set()
     record_identity(state_dir, [name for name in names if name not in record], current)
-
-
-# -- rebuilding ------------------------------------------------------------------------------------------------------
-def request_rebuild(indexer: Indexer) -> None:
-    """Ask the worker for a ``rebuild(indexer)`` (``POST /reindex``); returns at once."""
-    indexer.rebuild_requested.set()
-    indexer.settler.wake()
-
-
-def rebuild(indexer: Indexer) -> bool:
-    """Rebuild every collection beside the live one and swap the new ones in when all are complete (the worker
-    calls it; searches meanwhile answer from the old collections). Vectors come from the embedding cache where
-    it has them. Returns False, leaving the old collections serving and the new ones for ``connect()`` to sweep,
-    when a stop was requested or the store failed; raises ``StoreUnavailable`` from the store's own calls."""
-    indexer.rebuild_requested.clear()
-    indexer.rebuilding = True
-    pipeline, store = indexer.pipeline, indexer.store
-    started, before = time.monotonic(), pipeline.stats.chunks_embedded
-    try:
-        dims = pipeline.dense_dims()
-        into = {c.name: store.rebuild_target(c.name) for c in indexer.collections}
-        log.info("rebuild_started", collections=into)
-        for target in into.values():
-            store.ensure_collection(target, dims)
-        found, _ = walk(indexer.collections)  # skips are logged by the scan that follows
-        batch: list[Prepared] = []
-        for n, (collection, path) in enumerate(found, 1):
-            try:
-                result = pipeline.prepare(collection, path, None)
-                if isinstance(result, Prepared):
-                    batch.append(result)
-            except (OSError, FileSkipped, ExtractError):
-                pass  # gone, skipped or failing: the scan after the swap logs it as usual
-            if len(batch) >= REBUILD_BATCH_FILES or n == len(found):
-                if indexer.write(batch, into) or indexer.stopping.is_set():
-                    log.warning("rebuild_abandoned", reason="stop requested or store unavailable",
-                                hint="the old collections keep serving; the next start sweeps the new ones")
-                    return False
-                batch = []
-        for collection in indexer.collections:
-            store.swap(collection.name, into[collection.name])
-        record_identity(indexer.settings.state_dir, list(into), model_identity(indexer.registry.embedders))
-        indexer.connect()
-        log.info("rebuild_finished", files=len(indexer.indexed), seconds=round(time.monotonic() - started, 2),
-                 chunks_embedded=pipeline.stats.chunks_embedded - before)
-        return True
-    finally:
-        indexer.rebuilding = False

@@ -27,7 +27,8 @@ import structlog
 
 from indexer.config import Settings
 from indexer.errors import CollectionMismatch, ConfigError, StoreUnavailable
-from indexer.workspace import overlaps, plan_collections
+from indexer.state import Plan
+from indexer.workspace import overlaps
 
 if TYPE_CHECKING:
     from indexer.daemon import Indexer
@@ -73,26 +74,24 @@ class Reloader:
         if restart:
             log.warning("config_reload_needs_restart", settings=restart,
                         hint="these settings are read at start; restart the daemon to apply them")
-        applied = old.model_copy(update={key: getattr(new, key) for key in LIVE})
-        collections = plan_collections(applied.workspace, applied.collection_prefix)
+        plan = Plan.of(old.model_copy(update={key: getattr(new, key) for key in LIVE}))
         before_agents = {w.agent: w for w in old.workspace}
-        after_agents = {w.agent: w for w in applied.workspace}
-        changed = collections != indexer.collections
-        previous = indexer.settings, indexer.collections
-        indexer.settings, indexer.collections = applied, collections
+        after_agents = {w.agent: w for w in plan.settings.workspace}
+        changed = plan.collections != indexer.collections
+        previous = indexer.state.swap_plan(plan)  # readers see the old plan or the new one, whole
         if changed:
             try:
                 indexer.connect()  # creates the new collections, records their identity, reads what is indexed
             except (CollectionMismatch, StoreUnavailable) as exc:
-                indexer.settings, indexer.collections = previous
+                indexer.state.swap_plan(previous)
                 return self._failed(str(exc))
-            for overlap in overlaps(collections):
+            for overlap in overlaps(plan.collections):
                 log.warning("workspaces_overlap", detail=overlap)
         log.info("config_reloaded", added=sorted(after_agents.keys() - before_agents.keys()),
                  removed=sorted(before_agents.keys() - after_agents.keys()),
                  changed=sorted(a for a in after_agents.keys() & before_agents.keys()
                                 if after_agents[a] != before_agents[a]),
-                 collections=[c.name for c in collections], needs_restart=restart)
+                 collections=[c.name for c in plan.collections], needs_restart=restart)
         return changed
 
     def _failed(self, error: str) -> bool:

@@ -1,146 +1,188 @@
-"""What an ``Indexer`` reports: its counters (``GET /status``, ``qmd-indexer status``), its health (``GET /health``),
-the files changed on disk and not yet indexed (``pending`` in every search answer; ``search --wait``), and what a
-reconcile finds (``changed`` stat identities, the configured paths' ``problems``).
+"""What a daemon reports, read-only: ``StatusView`` is what the HTTP API, the MCP tools, ``/metrics`` and
+``qmd-indexer status`` see of it: its counters (``GET /status``), health (``GET /health``), the files changed on disk
+and not yet indexed (``pending`` in every search answer; ``search --wait``), a ``Searcher`` over the current plan,
+and the one request a reader may make of the worker (``request_rebuild``, ``POST /reindex``).
 
-Each function reads the indexer's state and changes nothing (``problems`` logs what is new); ``Indexer.status``,
-``health``, ``pending`` and ``scan`` call them.
+It reads the ``IndexState`` (``indexer.state``) and the parts of the daemon; it changes nothing. ``changed`` and
+``problems`` are what a reconcile reads (``Indexer.scan``).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import structlog
 
+from indexer.bm25 import Bm25Terms
+from indexer.metrics import Metrics
+from indexer.pipeline import Stats
+from indexer.plugins import Registry
 from indexer.points import stat_identity
-from indexer.rerank import rerank_status
+from indexer.rerank import RerankStats, rerank_status
+from indexer.search import Searcher
+from indexer.state import IndexState, Plan
+from indexer.store import Store
+from indexer.watcher import Settler
 from indexer.workspace import Problem, Skip, path_problems
-
-if TYPE_CHECKING:
-    from indexer.daemon import Indexer
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
 MAX_WAIT_S = 10.0  # the longest a search waits for pending changes (``search --wait``)
 
 
-def health(indexer: Indexer) -> str:
-    """``"degraded"`` while the watcher is dead, the last reconcile found drift or store writes fail (a full state
-    dir), else ``"ok"``."""
-    watcher = indexer.watcher
-    dead = watcher is not None and (watcher.dead or not watcher.alive())
-    return "degraded" if dead or any(indexer.drift.values()) or indexer.store.degraded else "ok"
+class StatusView:
+    """A read-only view of one daemon (see the module). ``stats``: the pipeline's counters since start;
+    ``metrics``: the daemon's metrics (a reader records its searches there and serves the scrape)."""
+
+    def __init__(self, state: IndexState, settler: Settler, store: Store, registry: Registry, stats: Stats,
+                 terms: Bm25Terms, metrics: Metrics) -> None:
+        self.state, self.settler, self.store, self.registry = state, settler, store, registry
+        self.stats, self.terms, self.metrics = stats, terms, metrics
+        self.rerank_stats = RerankStats()  # shared by the searchers made here; ``status`` reports it
+        metrics.read_from(self)
+
+    @property
+    def plan(self) -> Plan:
+        """The plan the daemon runs now (a reload swaps it whole)."""
+        return self.state.plan
+
+    def ready(self) -> bool:
+        """Whether the first full index has finished."""
+        return self.state.ready.is_set()
+
+    def searcher(self, plan: Plan | None = None, **overrides: Any) -> Searcher:
+        """A ``Searcher`` over ``plan``'s collections (the current plan's by default) with the configured defaults
+        (``Searcher.from_settings``; ``overrides`` replace any)."""
+        plan = plan or self.plan
+        return Searcher.from_settings(plan.settings, plan.collections, self.store, self.registry, self.terms,
+                                      **{"rerank_stats": self.rerank_stats, **overrides})
+
+    def failures(self) -> dict[str, int]:
+        """Files failed since start, by reason (the ledger's tally)."""
+        return dict(self.state.ledger.failures)
+
+    def request_rebuild(self) -> None:
+        """Ask the worker to rebuild every collection beside the live one (``POST /reindex``); returns at once."""
+        self.state.rebuild_requested.set()
+        self.settler.wake()
+
+    def health(self) -> str:
+        """``"degraded"`` while the watcher is dead, the last reconcile found drift or store writes fail (a full state
+        dir), else ``"ok"``."""
+        watcher = self.state.watcher
+        dead = watcher is not None and (watcher.dead or not watcher.alive())
+        return "degraded" if dead or any(self.state.reconcile.drift.values()) or self.store.degraded else "ok"
+
+    def pending(self, agent: str | None = None) -> list[str]:
+        """Workspace-relative paths (sorted, ``/`` separators) of ``agent``'s collections (every agent's when
+        ``None``) changed on disk and not yet indexed: queued behind the debounce or in hand. A path that is not
+        memory (outside every root) is left out; a deleted file still counts (its points are still served)."""
+        out: set[str] = set()
+        collections = self.plan.collections
+        for path in [*self.settler.paths(), *self.state.hand]:
+            for collection in collections:
+                if agent is not None and collection.agent != agent:
+                    continue
+                ws = collection.workspace.path
+                inside = path.parent == ws if collection.role == "root" else (
+                    path == collection.root or collection.root in path.parents)
+                if inside:
+                    try:
+                        out.add(path.relative_to(ws).as_posix())
+                    except ValueError:
+                        out.add(str(path))
+                    break
+        return sorted(out)
+
+    def wait_pending(self, agent: str | None, timeout_s: float) -> list[str]:
+        """Wait up to ``timeout_s`` seconds (capped at ``MAX_WAIT_S``) until ``pending(agent)`` is empty; returns
+        what is still pending."""
+        deadline = time.monotonic() + min(max(timeout_s, 0.0), MAX_WAIT_S)
+        still = self.pending(agent)
+        while still and time.monotonic() < deadline:
+            time.sleep(0.05)
+            still = self.pending(agent)
+        return still
+
+    def status(self) -> dict[str, Any]:
+        """Counters for ``qmd-indexer status``: per-collection files and chunks, queue, embeddings since start."""
+        state, plan = self.state, self.plan
+        per: dict[str, dict[str, Any]] = {
+            c.name: {"agent": c.agent, "role": c.role, "root": str(c.root), "files": 0, "chunks": 0}
+            for c in plan.collections
+        }
+        for entry in list(state.indexed.values()):
+            if entry.collection in per:
+                per[entry.collection]["files"] += 1
+                per[entry.collection]["chunks"] += entry.state.points
+        embedders = self.registry.embedders
+        text = embedders.get("text")
+        watcher, store, settings, reconcile = state.watcher, self.store, plan.settings, state.reconcile
+        return {
+            "ready": state.ready.is_set(),
+            "store_connected": state.connected.is_set(),
+            "store_degraded": store.degraded,  # writes failing (being retried)
+            "backend": store.kind,
+            "state_dir": str(settings.state_dir),
+            "uptime_s": round(time.time() - state.started_at, 1),
+            "queue_depth": len(self.settler) + len(state.hand),
+            "rebuilding": state.rebuilding,
+            "hnsw": {name: dict(build) for name, build in list(state.hnsw.items())},
+            "models": {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
+                                  "precision": getattr(e, "precision", None)}
+                       for modality, e in embedders.items()},
+            "chunks_embedded": self.stats.chunks_embedded,
+            "cache_hits": self.stats.cache_hits,
+            "files_failed": state.ledger.files_failed,
+            "last_scan_s": state.last_scan_s,
+            # the precision the text embedder runs at (``precision = "auto"`` resolves per CPU), and its model_id
+            # and, with int8, the ONNX file single queries run on (``query-v1.onnx``; ``model.onnx`` if unavailable)
+            "embedding": {"model_id": text.model_id, "precision": getattr(text, "precision", None),
+                          "query_file": getattr(text, "query_file", None)} if text else None,
+            "watch": watcher.modes() if watcher is not None else {},
+            "watch_polled": dict(watcher.poll_reasons) if watcher is not None else {},
+            "last_reconcile": reconcile.at,
+            "last_reconcile_reason": reconcile.reason,
+            "recovered": sum(reconcile.drift.values()),  # files the last reconcile found missed, indexed since
+            "recovered_total": reconcile.recovered_total,
+            "drift": dict(reconcile.drift),
+            "rerank": rerank_status(settings.reranker, self.registry.configured_reranker(settings.reranker),
+                                    settings.rerank_top_n, settings.rerank_budget_s, self.rerank_stats),
+            "problems": [{"kind": p.kind, "agent": p.agent, "path": str(p.path), "detail": p.detail}
+                         for p in state.problems],
+            "collections": per,
+        }
 
 
-def pending(indexer: Indexer, agent: str | None = None) -> list[str]:
-    """Workspace-relative paths (sorted, ``/`` separators) of ``agent``'s collections (every agent's when ``None``)
-    changed on disk and not yet indexed: queued behind the debounce or in hand. A path that is not memory (outside
-    every root) is left out; a deleted file still counts (its points are still served)."""
-    out: set[str] = set()
-    for path in [*indexer.settler.paths(), *indexer.hand]:
-        for collection in indexer.collections:
-            if agent is not None and collection.agent != agent:
-                continue
-            ws = collection.workspace.path
-            inside = path.parent == ws if collection.role == "root" else (
-                path == collection.root or collection.root in path.parents)
-            if inside:
-                try:
-                    out.add(path.relative_to(ws).as_posix())
-                except ValueError:
-                    out.add(str(path))
-                break
-    return sorted(out)
-
-
-def wait_pending(indexer: Indexer, agent: str | None, timeout_s: float) -> list[str]:
-    """Wait up to ``timeout_s`` seconds (capped at ``MAX_WAIT_S``) until ``pending(indexer, agent)`` is empty;
-    returns what is still pending."""
-    deadline = time.monotonic() + min(max(timeout_s, 0.0), MAX_WAIT_S)
-    still = pending(indexer, agent)
-    while still and time.monotonic() < deadline:
-        time.sleep(0.05)
-        still = pending(indexer, agent)
-    return still
-
-
-def status(indexer: Indexer) -> dict[str, Any]:
-    """Counters for ``qmd-indexer status``: per-collection files and chunks, queue, embeddings since start."""
-    per: dict[str, dict[str, Any]] = {
-        c.name: {"agent": c.agent, "role": c.role, "root": str(c.root), "files": 0, "chunks": 0}
-        for c in indexer.collections
-    }
-    for entry in list(indexer.indexed.values()):
-        if entry.collection in per:
-            per[entry.collection]["files"] += 1
-            per[entry.collection]["chunks"] += entry.state.points
-    stats = indexer.pipeline.stats
-    embedders = indexer.registry.embedders
-    text = embedders.get("text")
-    watcher, store, settings = indexer.watcher, indexer.store, indexer.settings
-    return {
-        "ready": indexer.ready.is_set(),
-        "store_connected": indexer.connected.is_set(),
-        "store_degraded": store.degraded,  # writes failing (being retried)
-        "backend": store.kind,
-        "state_dir": str(indexer.settings.state_dir),
-        "uptime_s": round(time.time() - indexer.started_at, 1),
-        "queue_depth": len(indexer.settler) + indexer.in_hand,
-        "rebuilding": indexer.rebuilding or indexer.rebuild_requested.is_set(),
-        "hnsw": {name: dict(build) for name, build in list(indexer.hnsw.items())},
-        "models": {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
-                              "precision": getattr(e, "precision", None)}
-                   for modality, e in embedders.items()},
-        "chunks_embedded": stats.chunks_embedded,
-        "cache_hits": stats.cache_hits,
-        "files_failed": indexer.ledger.files_failed,
-        "last_scan_s": indexer.last_scan_s,
-        # the precision the text embedder runs at (``precision = "auto"`` resolves per CPU), and its model_id
-        # and, with int8, the ONNX file single queries run on (``query-v1.onnx``; ``model.onnx`` if unavailable)
-        "embedding": {"model_id": text.model_id, "precision": getattr(text, "precision", None),
-                      "query_file": getattr(text, "query_file", None)} if text else None,
-        "watch": watcher.modes() if watcher is not None else {},
-        "watch_polled": dict(watcher.poll_reasons) if watcher is not None else {},
-        "last_reconcile": indexer.last_reconcile,
-        "last_reconcile_reason": indexer.last_reconcile_reason,
-        "recovered": sum(indexer.drift.values()),  # files the last reconcile found missed, indexed since
-        "recovered_total": indexer.recovered_total,
-        "drift": dict(indexer.drift),
-        "rerank": rerank_status(settings.reranker, indexer.registry.configured_reranker(settings.reranker),
-                                settings.rerank_top_n, settings.rerank_budget_s, indexer.rerank_stats),
-        "problems": [{"kind": p.kind, "agent": p.agent, "path": str(p.path), "detail": p.detail}
-                     for p in indexer.problems],
-        "collections": per,
-    }
-
-
-def changed(indexer: Indexer, abs_path: str) -> bool:
+def changed(state: IndexState, abs_path: str) -> bool:
     """Whether the stat identity of indexed ``abs_path`` differs from the one it was indexed at (-1: unknown);
     ``False`` when the file cannot be stat'ed (a reconcile counts it as gone instead)."""
     try:
         st = os.lstat(abs_path)
     except OSError:
         return False
-    return any(was not in (-1, got) for was, got in zip(indexer.indexed[abs_path].state.identity(), stat_identity(st)))
+    return any(was not in (-1, got) for was, got in zip(state.indexed[abs_path].state.identity(), stat_identity(st)))
 
 
-def problems(indexer: Indexer, skips: list[Skip]) -> list[Problem]:
+def problems(state: IndexState, skips: Sequence[Skip]) -> list[Problem]:
     """The configured paths not usable as meant, for ``status``: the extra paths' (``workspace.path_problems``; each
     logged once when it appears, and a missing one that appears is logged as ``extra_path_found``) and the
     directories the scan could not list (``skips``; logged by the ledger)."""
-    current = path_problems(indexer.collections)
+    collections, known = state.plan.collections, state.problems
+    current = path_problems(collections)
     for problem in current:
-        if problem not in indexer.problems:
+        if problem not in known:
             log.warning(problem.kind, agent=problem.agent, path=str(problem.path), detail=problem.detail)
-    for problem in indexer.problems:
+    for problem in known:
         if problem.kind == "extra_path_missing" and problem not in current:
             log.info("extra_path_found", agent=problem.agent, path=str(problem.path))
     unreadable = []
     for skip in skips:
         if skip.reason == "unreadable_directory":
-            agent = next((c.agent for c in indexer.collections if c.role != "root" and (
+            agent = next((c.agent for c in collections if c.role != "root" and (
                 skip.path == c.root or c.root in skip.path.parents)), "")
-            unreadable.append(Problem(skip.reason, agent, skip.path, indexer.ledger.explain(skip.reason)))
+            unreadable.append(Problem(skip.reason, agent, skip.path, state.ledger.explain(skip.reason)))
     return current + unreadable

@@ -43,12 +43,10 @@ from fastapi import FastAPI, HTTPException, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from indexer import __version__
-from indexer.daemon import Indexer
 from indexer.guard import Guard
 from indexer.points import parse_since
-from indexer.rebuild import request_rebuild
 from indexer.recall import boot_context, read_memory, recall
-from indexer.report import wait_pending
+from indexer.report import StatusView
 from indexer.schema import (
     DEFAULT_BUDGET_CHARS,
     DEFAULT_K,
@@ -67,6 +65,7 @@ from indexer.schema import (
     error_answer,
 )
 from indexer.search import Searcher, SearchParams, relevant
+from indexer.state import Plan
 
 T = TypeVar("T")
 log = structlog.get_logger("qmd_indexer.api")
@@ -108,15 +107,15 @@ def check_query(query: str | None) -> None:
         raise ValueError(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
 
 
-def scope_agent(indexer: Indexer, agent: str | None) -> str | None:
+def scope_agent(plan: Plan, agent: str | None) -> str | None:
     """The agent a request is about: ``agent`` when given, else the configured ``default_agent``, else the only
     agent. Raises ``ValueError`` (400) naming the agents when several are configured and none applies, so an
     unscoped request never spans agents (fail closed)."""
     if agent:
         return agent
-    if indexer.settings.default_agent:
-        return indexer.settings.default_agent
-    agents = list(dict.fromkeys(c.agent for c in indexer.collections))
+    if plan.settings.default_agent:
+        return plan.settings.default_agent
+    agents = plan.agents()
     if len(agents) <= 1:
         return agents[0] if agents else None
     raise ValueError(f"several agents are configured ({', '.join(agents)}): name one with agent, or set "
@@ -134,23 +133,29 @@ class LocalMemory:
     run on either). Errors are the daemon's own: ``KeyError`` (unknown agent or collection), ``ReadRefused``,
     ``FileNotFoundError``, ``ValueError``, ``StoreUnavailable`` (``indexer.schema.error_answer`` maps them)."""
 
-    def __init__(self, indexer: Indexer) -> None:
-        self.indexer = indexer
-        self._searcher, self._planned = indexer.searcher(), indexer.collections
+    def __init__(self, view: StatusView) -> None:
+        self.view = view
+        self._plan = view.plan
+        self._searcher = view.searcher(self._plan)
 
     @property
     def searcher(self) -> Searcher:
-        """The searcher over the daemon's current collections (made again after a reload changed them)."""
-        if self._planned is not self.indexer.collections:
-            self._searcher, self._planned = self.indexer.searcher(), self.indexer.collections
+        """The searcher over the daemon's current plan (made again when a reload swapped it)."""
+        plan = self.view.plan
+        if plan is not self._plan:
+            self._searcher, self._plan = self.view.searcher(plan), plan
         return self._searcher
 
+    def scope(self, agent: str | None) -> str | None:
+        """``scope_agent`` under the current plan."""
+        return scope_agent(self.view.plan, agent)
+
     def health(self) -> Health:
-        return {"status": self.indexer.health(), "ready": self.indexer.ready.is_set()}  # type: ignore[typeddict-item]
+        return {"status": self.view.health(), "ready": self.view.ready()}  # type: ignore[typeddict-item]
 
     def status(self) -> Status:
-        settings = self.indexer.settings
-        return {**self.indexer.status(), "bind": f"{settings.host}:{settings.port}"}  # type: ignore[typeddict-item]
+        settings = self.view.plan.settings
+        return {**self.view.status(), "bind": f"{settings.host}:{settings.port}"}  # type: ignore[typeddict-item]
 
     def search(self, query: str, k: int = DEFAULT_K, agent: str | None = None,
                collection: str | list[str] | None = None, mode: str | None = None, path_prefix: str | None = None,
@@ -159,22 +164,22 @@ class LocalMemory:
         check_query(query)
         since_ns = parse_since(since) if since is not None else None  # ValueError: 400
         searcher = self.searcher
-        with self.indexer.metrics.search_timer() as timer:
+        with self.view.metrics.search_timer() as timer:
             hits = searcher.search(SearchParams(
-                query=query, k=k, agent=scope_agent(self.indexer, agent), collections=_as_tuple(collection),
+                query=query, k=k, agent=self.scope(agent), collections=_as_tuple(collection),
                 mode=mode, path_prefix=path_prefix, kinds=_as_tuple(kind), min_score=min_score, since_ns=since_ns))
             timer.mode = mode or searcher.mode  # a refused mode raised above: never a label
         return hits  # type: ignore[return-value]
 
     def recall(self, query: str = "*", k: int = DEFAULT_K, agent: str | None = None) -> list[Hit]:
         check_query(query)
-        return recall(self.searcher, query, k, scope_agent(self.indexer, agent))  # type: ignore[return-value]
+        return recall(self.searcher, query, k, self.scope(agent))  # type: ignore[return-value]
 
     def boot_context(self, budget_chars: int = DEFAULT_BUDGET_CHARS, agent: str | None = None,
                      query: str | None = None) -> BootContext:
         check_query(query)
-        return boot_context(self.searcher, budget_chars, scope_agent(self.indexer, agent),  # type: ignore[return-value]
-                            query, self.indexer.registry.classify_text)
+        return boot_context(self.searcher, budget_chars, self.scope(agent),  # type: ignore[return-value]
+                            query, self.view.registry.classify_text)
 
     def get(self, path: str, from_line: int = 1, lines: int | None = None, max_chars: int | None = None,
             agent: str | None = None) -> Page:
@@ -182,23 +187,23 @@ class LocalMemory:
         whatever ``max_chars`` and ``lines`` ask (a bigger ask gets a capped page, ``truncated`` with ``next_from``)."""
         page_lines = min(lines, MAX_PAGE_LINES) if lines is not None else MAX_PAGE_LINES
         page_chars = min(DEFAULT_MAX_CHARS if max_chars is None else max_chars, MAX_PAGE_CHARS)
-        return read_memory(self.indexer.collections, path, from_line, page_lines,  # type: ignore[return-value]
-                           page_chars, scope_agent(self.indexer, agent), self.indexer.registry.classify_text)
+        return read_memory(self.view.plan.collections, path, from_line, page_lines,  # type: ignore[return-value]
+                           page_chars, self.scope(agent), self.view.registry.classify_text)
 
-def create_app(indexer: Indexer) -> FastAPI:
-    """The API app over an opened ``indexer``, with the MCP tools at ``/mcp``. ``/mcp`` is a route of this app,
-    so the ``Guard`` middleware (Host, Origin, token, body size) wraps it too; it needs the app's lifespan to run,
-    once (uvicorn ``lifespan="on"``, or ``with TestClient(app)``); a request without it is a 500."""
+def create_app(view: StatusView) -> FastAPI:
+    """The API app over a daemon's ``view`` (``Indexer.view``), with the MCP tools at ``/mcp``. ``/mcp`` is a route
+    of this app, so the ``Guard`` middleware (Host, Origin, token, body size) wraps it too; it needs the app's
+    lifespan to run, once (uvicorn ``lifespan="on"``, or ``with TestClient(app)``); a request without it is a 500."""
     from indexer.mcp import build_server
 
-    memory = LocalMemory(indexer)
+    memory = LocalMemory(view)
+    settings = view.plan.settings  # host, port and token are read once at start (a reload does not change them)
     mcp_server = build_server(memory)
     # stateless: every POST carries a whole exchange, so nothing is held between calls and JSON answers suffice.
     # host: the SDK's own Host/Origin check against DNS rebinding is on for a loopback bind.
-    mcp_http = mcp_server.streamable_http_app(stateless_http=True, json_response=True, host=indexer.settings.host)
+    mcp_http = mcp_server.streamable_http_app(stateless_http=True, json_response=True, host=settings.host)
     app = FastAPI(title="qmd-indexer", version=__version__, summary="Semantic search over an agent's memory files",
                   lifespan=lambda _app: mcp_server.session_manager.run())
-    settings = indexer.settings
     app.add_middleware(Guard, host=settings.host, port=settings.port, token=settings.token)
     app.router.routes.extend(mcp_http.routes)  # the /mcp route itself, not a sub-app: no redirect, same middleware
 
@@ -218,22 +223,22 @@ def create_app(indexer: Indexer) -> FastAPI:
             request = body.model_dump()
             wait_s = request.pop("wait_s")
             if wait_s:
-                wait_pending(indexer, body.agent, wait_s)
+                view.wait_pending(body.agent, wait_s)
             hits = _answer(lambda: memory.search(**request))
-            return {"hits": hits, "relevant": relevant(hits, indexer.settings.relevance_floor),  # type: ignore[arg-type]
-                    "pending": indexer.pending(body.agent)}
+            return {"hits": hits, "relevant": relevant(hits, view.plan.settings.relevance_floor),  # type: ignore[arg-type]
+                    "pending": view.pending(body.agent)}
 
         return await run_in_threadpool(answer)
 
     @app.post("/recall", responses=_errors(404, 503))
     def recall_(body: RecallRequest) -> SearchResponse:
         return {"hits": _answer(lambda: memory.recall(body.query, body.k, body.agent)),
-                "pending": indexer.pending(body.agent)}
+                "pending": view.pending(body.agent)}
 
     @app.post("/boot", responses=_errors(400, 404, 503))
     def boot(body: BootRequest) -> BootContext:
         context = _answer(lambda: memory.boot_context(body.budget_chars, body.agent, body.query))
-        return {**context, "pending": indexer.pending(body.agent)}
+        return {**context, "pending": view.pending(body.agent)}
 
     @app.get("/get", responses=_errors(400, 403, 404))
     def get(path: str = Query(description="A memory file, workspace-relative (or absolute inside it)."),
@@ -246,14 +251,14 @@ def create_app(indexer: Indexer) -> FastAPI:
     @app.get("/metrics", include_in_schema=False)
     def metrics(request: Request) -> Response:
         """Prometheus metrics (``indexer.metrics``): the text format, or OpenMetrics when ``Accept`` asks."""
-        body, content_type = indexer.metrics.exposition(request.headers.get("accept", ""))
+        body, content_type = view.metrics.exposition(request.headers.get("accept", ""))
         return Response(content=body, media_type=content_type)
 
     @app.post("/reindex")
     def reindex() -> Reindex:
         """Rebuild every collection beside the live one and swap it in when complete (searches keep answering from
         the old one meanwhile); returns at once. ``GET /status`` says ``rebuilding`` until it is done."""
-        request_rebuild(indexer)
+        view.request_rebuild()
         return {"rebuilding": True}
 
     return app

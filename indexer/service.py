@@ -111,7 +111,7 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
             await super().startup(sockets)
             listening.set()  # bound and serving: READY=1 may go out
 
-    server = Server(uvicorn.Config(create_app(indexer), host=settings.host, port=settings.port,
+    server = Server(uvicorn.Config(create_app(indexer.view), host=settings.host, port=settings.port,
                                    log_config=None, access_log=False, lifespan="on"))
     log.info("api_listening", url=f"http://{settings.host}:{settings.port}")
     # uvicorn handles SIGTERM/SIGINT while serving, then re-raises the signal to the handler that was installed

@@ -29,7 +29,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +169,7 @@ class Watcher:
     every directory event for a root) re-watches any root whose (device, inode) changed or that appeared late.
     """
 
-    def __init__(self, collections: list[Collection], on_path: Callable[[Path, float | None], None],
+    def __init__(self, collections: Sequence[Collection], on_path: Callable[[Path, float | None], None],
                  polling: bool = False, poll_interval_s: float = 2.0, wake: Callable[[], None] = lambda: None) -> None:
         self.collections = collections
         self.on_path = on_path

@@ -15,7 +15,7 @@ import ctypes
 import errno
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +110,7 @@ def needs_polling(fstype: str) -> bool:
     return fstype.split(".")[0] in _POLLED_FS
 
 
-def watch_roots(collections: list[Collection]) -> list[tuple[Path, bool]]:
+def watch_roots(collections: Sequence[Collection]) -> list[tuple[Path, bool]]:
     """``(directory, recursive)`` for every root of ``collections`` to watch: each workspace (not recursive: its
     root memory files), ``memory/`` and extra directories (recursive), the directory of an extra file."""
     roots = [(root, False) for root in sorted({c.workspace.path for c in collections})]
@@ -125,7 +125,7 @@ def watch_roots(collections: list[Collection]) -> list[tuple[Path, bool]]:
     return roots
 
 
-def poll_reason(collections: list[Collection], path: Path) -> str:
+def poll_reason(collections: Sequence[Collection], path: Path) -> str:
     """Why root ``path`` is polled rather than watched natively (``""``: it is not): the workspace's ``watch``
     setting (``setting``), else its file system type (``fs:nfs4``, ``fs:fuse.bindfs``...). The watch limit, the
     third reason (``watch_limit_reached``), is found only by watching."""

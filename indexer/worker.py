@@ -1,5 +1,5 @@
 """The worker: the one thread that writes. It takes settled paths from the debounce queue (``Settler``) and hands
-them to ``Indexer.process``; nothing else calls it while it runs.
+them to ``Sync.process`` (``indexer.sync``); it alone changes the ``IndexState`` and writes points.
 
 - ``index_once(indexer)``: rebuild if asked (``--reindex``), scan, process everything queued, return ``status()``
   (``qmd-indexer index --once``).
@@ -9,7 +9,7 @@ them to ``Indexer.process``; nothing else calls it while it runs.
   events were lost (a kernel queue overflow, a watch refused below it: ``Watcher.take_lost``). A requested rebuild
   (``--reindex`` or ``POST /reindex``) runs here too, between batches, followed by a scan.
 - Retries: a path whose write found the store unavailable, or a batch that raised, goes back into the same queue
-  with a delay of ``RETRY_AFTER_S`` seconds (an event for it meanwhile takes precedence). No timer threads.
+  with a delay of ``sync.RETRY_AFTER_S`` seconds (an event for it meanwhile takes precedence). No timer threads.
 - Reload (``SIGHUP``, ``indexer.reload``): applied between batches; new collections are watched and scanned, then
   ``READY=1`` goes out again.
 - Metrics: the index lag of each path an event queued is observed when its batch is done (``indexer.metrics``).
@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from indexer.daemon import RETRY_AFTER_S, Indexer
+from indexer import sync
+from indexer.daemon import Indexer
 from indexer.errors import StateDirFull, StoreUnavailable
-from indexer.rebuild import rebuild
 from indexer.search import load_fusion
 from indexer.store import EdgeStore
 from indexer.systemd import Supervisor
@@ -57,35 +57,36 @@ def _no_progress(total: int) -> Iterator[Callable[[int], None]]:
 
 
 def retry_later(indexer: Indexer, paths: Iterable[Path]) -> None:
-    """Queue ``paths`` again, ready in ``RETRY_AFTER_S`` seconds."""
+    """Queue ``paths`` again, ready in ``sync.RETRY_AFTER_S`` seconds."""
     for path in paths:
-        indexer.settler.add(path, settle=False, delay=RETRY_AFTER_S)
+        indexer.settler.add(path, settle=False, delay=sync.RETRY_AFTER_S)
 
 
 def process_observed(indexer: Indexer, batch: list[Path]) -> None:
-    """``indexer.process(batch)``, its retries queued again, and the index lag of the paths an event queued
-    observed (those not retried). Raises what ``process`` raises."""
+    """``Sync.process(batch)``, its retries queued again (and the files it found under new directories queued), and
+    the index lag of the paths an event queued observed (those not retried). Raises what ``process`` raises."""
     changed = indexer.settler.changed_at(batch)
-    retry = indexer.process(batch)
-    retry_later(indexer, retry)
+    outcome = indexer.sync.process(batch)
+    indexer.settler.add_many(outcome.found)
+    retry_later(indexer, outcome.retry)
     done = indexer.settler.clock()
-    for path in changed.keys() - set(retry):
+    for path in changed.keys() - set(outcome.retry):
         indexer.metrics.index_lag.observe(max(0.0, done - changed[path]))
 
 
 def process_guarded(indexer: Indexer, batch: list[Path]) -> None:
     """``process_observed`` where no error kills the worker: an unavailable store or a bug is logged and the
-    batch queued again in ``RETRY_AFTER_S`` seconds."""
+    batch queued again in ``sync.RETRY_AFTER_S`` seconds."""
     try:
         process_observed(indexer, batch)
     except StoreUnavailable as exc:
         indexer.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
         if not isinstance(exc, StateDirFull):  # the store logs that once per outage
-            log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
+            log.error("store_unavailable", error=str(exc), retry_after_s=sync.RETRY_AFTER_S)
         retry_later(indexer, batch)
     except Exception:  # a bug must not kill the worker: log it, retry the batch later
         indexer.metrics.error("worker_error")
-        log.exception("worker_error", paths=[str(p) for p in batch], retry_after_s=RETRY_AFTER_S)
+        log.exception("worker_error", paths=[str(p) for p in batch], retry_after_s=sync.RETRY_AFTER_S)
         retry_later(indexer, batch)
 
 
@@ -97,7 +98,7 @@ def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progr
     started, chunks_before = time.monotonic(), stats.chunks_embedded
     with (progress or _no_progress)(len(settler)) as advance:
         while not (stop and stop.is_set()):
-            indexer.beat()
+            indexer.sync.beat()
             batch = settler.take_ready(BATCH_FILES)
             if not batch:
                 break
@@ -106,33 +107,33 @@ def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progr
             else:
                 process_observed(indexer, batch)
             advance(len(batch))
-    log.info("index_pass_finished", files=len(indexer.indexed), seconds=round(time.monotonic() - started, 2),
+    log.info("index_pass_finished", files=len(indexer.state.indexed), seconds=round(time.monotonic() - started, 2),
              chunks_embedded=stats.chunks_embedded - chunks_before)
 
 
 def index_once(indexer: Indexer, progress: Progress | None = None) -> dict[str, Any]:
-    """Scan and index everything now (no watcher); returns ``indexer.status()``. Raises ``StoreUnavailable``
+    """Scan and index everything now (no watcher); returns ``StatusView.status()``. Raises ``StoreUnavailable``
     when the store cannot be reached for a delete or a read."""
-    indexer.stopping = threading.Event()
-    if indexer.rebuild_requested.is_set():
-        rebuild(indexer)
+    indexer.sync.stopping = threading.Event()
+    if indexer.state.rebuild_requested.is_set():
+        indexer.rebuild()
     indexer.settler.add_many(indexer.scan())
     drain(indexer, progress=progress)
-    indexer.ready.set()
-    return indexer.status()
+    indexer.state.ready.set()
+    return indexer.view.status()
 
 
 def build_indexes(indexer: Indexer, stop: threading.Event) -> None:
     """Give each Edge collection of at least ``edge_hnsw_min_points`` points with fewer than half of them indexed an
-    HNSW index (``EdgeStore.build_index``), one collection at a time, recording each in ``indexer.hnsw``. A failed
+    HNSW index (``EdgeStore.build_index``), one collection at a time, recording each in ``IndexState.hnsw``. A failed
     build is logged and not tried again by this process; one given up (``stop``, or a rebuild meanwhile) is tried
     at the next call."""
-    store, minimum = indexer.store, indexer.settings.edge_hnsw_min_points
+    store, minimum, state = indexer.store, indexer.settings.edge_hnsw_min_points, indexer.state
     if not minimum or not isinstance(store, EdgeStore):
         return
     for collection in indexer.collections:
         name = collection.name
-        if stop.is_set() or indexer.hnsw.get(name, {}).get("state") == "failed":
+        if stop.is_set() or state.hnsw.get(name, {}).get("state") == "failed":
             continue
         try:
             points, indexed = store.index_state(name)
@@ -140,20 +141,20 @@ def build_indexes(indexer: Indexer, stop: threading.Event) -> None:
             continue
         if points < minimum or indexed >= points // 2:
             continue
-        indexer.hnsw[name] = {"state": "building", "points": points}
+        state.record_hnsw(name, state="building", points=points)
         log.info("hnsw_build_started", collection=name, points=points, indexed=indexed)
         try:
             seconds = store.build_index(name, stop)
         except Exception as exc:
-            indexer.hnsw[name] = {"state": "failed", "points": points, "error": str(exc)[:500]}
+            state.record_hnsw(name, state="failed", points=points, error=str(exc)[:500])
             log.error("hnsw_build_failed", collection=name, error=str(exc)[:500])
             continue
         if seconds is None:
-            indexer.hnsw[name] = {"state": "given_up", "points": points}
+            state.record_hnsw(name, state="given_up", points=points)
             log.info("hnsw_build_given_up", collection=name)
         else:
             points, indexed = store.index_state(name)
-            indexer.hnsw[name] = {"state": "built", "points": points, "indexed": indexed, "seconds": round(seconds, 1)}
+            state.record_hnsw(name, state="built", points=points, indexed=indexed, seconds=round(seconds, 1))
             log.info("hnsw_build_finished", collection=name, points=points, indexed=indexed, seconds=round(seconds, 1))
 
 
@@ -167,9 +168,9 @@ def _index_builder(indexer: Indexer, stop: threading.Event, running: threading.T
 
 
 def _rebuild(indexer: Indexer) -> None:
-    """``rebuild(indexer)``; a failure is logged and leaves the old collections serving."""
+    """``indexer.rebuild()``; a failure is logged and leaves the old collections serving."""
     try:
-        rebuild(indexer)
+        indexer.rebuild()
     except StoreUnavailable as exc:
         indexer.metrics.error("rebuild_failed")
         log.error("rebuild_failed", error=str(exc), hint="the old collections keep serving; ask again later")
@@ -179,17 +180,23 @@ def _rebuild(indexer: Indexer) -> None:
 
 
 def _watch(indexer: Indexer) -> Watcher:
-    """Stop the watcher of the previous collections, if any, and start one over ``indexer.collections``."""
-    if indexer.watcher is not None:
-        indexer.watcher.stop()
-    watcher = indexer.watcher = Watcher(indexer.collections, indexer.on_path, polling=indexer.polling,
-                                        poll_interval_s=indexer.settings.poll_interval_s, wake=indexer.settler.wake)
+    """Stop the watcher of the previous collections, if any, and start one over the plan's collections."""
+    if indexer.state.watcher is not None:
+        indexer.state.watcher.stop()
+    settler = indexer.settler
+
+    def on_path(path: Path, quiet_s: float | None) -> None:  # on watchdog's thread: queue behind the debounce
+        settler.add(path, quiet_s=quiet_s)
+
+    watcher = Watcher(indexer.collections, on_path, polling=indexer.polling,
+                      poll_interval_s=indexer.settings.poll_interval_s, wake=settler.wake)
+    indexer.state.watch(watcher)
     watcher.start()
     return watcher
 
 
 def connect_until(indexer: Indexer, stop: threading.Event) -> bool:
-    """``indexer.connect()``, retrying every ``RETRY_AFTER_S`` while the store is unavailable; one log line per
+    """``indexer.connect()``, retrying every ``sync.RETRY_AFTER_S`` while the store is unavailable; one log line per
     outage (a full state dir is logged by the store itself). False if ``stop`` was set first."""
     reported = False
     while not stop.is_set():
@@ -202,9 +209,9 @@ def connect_until(indexer: Indexer, stop: threading.Event) -> bool:
             if not reported:
                 indexer.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
                 if not isinstance(exc, StateDirFull):
-                    log.error("store_unavailable", error=str(exc), retry_after_s=RETRY_AFTER_S)
+                    log.error("store_unavailable", error=str(exc), retry_after_s=sync.RETRY_AFTER_S)
             reported = True
-        stop.wait(RETRY_AFTER_S)
+        stop.wait(sync.RETRY_AFTER_S)
     return False
 
 
@@ -215,10 +222,11 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
     the first pass only. ``supervisor`` (``qmd-indexer run`` under systemd) gets ``READY=1`` after the first
     pass, ``STATUS=`` changes and watchdog beats while the worker makes progress, and ``READY=1`` again after each
     reload ``reloader`` asked for (``SIGHUP``) is applied."""
-    indexer.stopping = stop
+    state = indexer.state
+    indexer.sync.stopping = stop
     if supervisor is not None:
-        indexer.beat = supervisor.beat
-    if not indexer.connected.is_set() and not connect_until(indexer, stop):
+        indexer.sync.beat = supervisor.beat
+    if not state.connected.is_set() and not connect_until(indexer, stop):
         return
     _watch(indexer)
     for embedder in indexer.registry.embedders.values():  # load models now, not on the first search
@@ -235,16 +243,16 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
             log.error("reranker_failed", model_id=reranker.model_id, error=f"{type(exc).__name__}: {exc}")
     load_fusion()  # not inside the first search either
     settler = indexer.settler
-    if indexer.rebuild_requested.is_set():
+    if state.rebuild_requested.is_set():
         _rebuild(indexer)
     settler.add_many(indexer.scan())
     drain(indexer, stop, progress, guarded=True)
     if stop.is_set():
         return
-    indexer.ready.set()
-    log.info("daemon_ready", files=len(indexer.indexed), queue_depth=len(settler))
+    state.ready.set()
+    log.info("daemon_ready", files=len(state.indexed), queue_depth=len(settler))
     if supervisor is not None:
-        supervisor.ready(len(settler), len(indexer.indexed))
+        supervisor.ready(len(settler), len(state.indexed))
     next_scan = time.monotonic() + indexer.settings.rescan_interval_s
     next_refresh = time.monotonic() + REFRESH_S
     _loop(indexer, stop, supervisor, reloader, next_scan, next_refresh)
@@ -253,15 +261,15 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
 def _loop(indexer: Indexer, stop: threading.Event, supervisor: Supervisor | None, reloader: Reloader | None,
           next_scan: float, next_refresh: float) -> None:
     """``run``'s loop once ready, until ``stop`` is set; joins the HNSW builder thread before it returns."""
-    settler, watcher = indexer.settler, indexer.watcher
+    settler, watcher, state = indexer.settler, indexer.state.watcher, indexer.state
     assert watcher is not None
     builder = _index_builder(indexer, stop, None)
     try:
         while not stop.is_set():
-            indexer.beat()
+            indexer.sync.beat()
             if supervisor is not None:
-                supervisor.status(len(settler) + indexer.in_hand, len(indexer.indexed))
-            if indexer.rebuild_requested.is_set():
+                supervisor.status(len(settler), len(state.indexed))
+            if state.rebuild_requested.is_set():
                 _rebuild(indexer)
                 settler.add_many(indexer.scan("rebuild"))
                 continue
@@ -270,7 +278,7 @@ def _loop(indexer: Indexer, stop: threading.Event, supervisor: Supervisor | None
                     watcher = _watch(indexer)
                     settler.add_many(indexer.scan("reload", reconcile=False))  # a new workspace's files are not drift
                 if supervisor is not None:
-                    supervisor.ready(len(settler) + indexer.in_hand, len(indexer.indexed))
+                    supervisor.ready(len(settler), len(state.indexed))
                 continue
             if time.monotonic() >= next_refresh:
                 next_refresh = time.monotonic() + REFRESH_S

@@ -127,8 +127,8 @@ def make_indexer_fixture(tmp_path: Path, registry: Registry) -> Iterator[Callabl
 
     yield make
     for indexer in made:
-        if indexer.watcher:
-            indexer.watcher.stop()
+        if indexer.state.watcher:
+            indexer.state.watcher.stop()
         if indexer.store.kind == "edge":
             try:
                 indexer.store.close()
@@ -146,7 +146,7 @@ class Running:
 
     def __enter__(self) -> Indexer:
         self.thread.start()
-        assert self.indexer.ready.wait(60), "daemon did not finish its first index"
+        assert self.indexer.state.ready.wait(60), "daemon did not finish its first index"
         return self.indexer
 
     def __exit__(self, *exc: object) -> None:

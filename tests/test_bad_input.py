@@ -43,7 +43,7 @@ def bad_workspace_fixture(workspace: Path) -> Path:
 def test_bad_files_are_logged_and_the_rest_indexed(bad_workspace: Path, make_indexer) -> None:
     indexer = make_indexer([{"agent": "main", "path": bad_workspace}])
     status, logs = _run(indexer)
-    indexed = {Path(p).name for p in indexer.indexed}
+    indexed = {Path(p).name for p in indexer.state.indexed}
     assert {"MEMORY.md", "incidents.md", "coffee.md", "travel.md", "latin1.md", "longline.md"} <= indexed
     assert not {"nul.md", "huge.md", "x.md", "passwd.md"} & indexed
 
@@ -58,9 +58,9 @@ def test_bad_files_are_logged_and_the_rest_indexed(bad_workspace: Path, make_ind
     [link] = _events(logs, "passwd.md")
     assert link["reason"] == "symlink"
     # the empty file is memory with no chunks: indexed, nothing embedded
-    assert str(bad_workspace / "memory" / "empty.md") not in indexer.indexed or \
-        indexer.indexed[str(bad_workspace / "memory" / "empty.md")].state.points == 0
-    assert indexer.indexed[str(bad_workspace / "memory" / "longline.md")].state.points > 10
+    assert str(bad_workspace / "memory" / "empty.md") not in indexer.state.indexed or \
+        indexer.state.indexed[str(bad_workspace / "memory" / "empty.md")].state.points == 0
+    assert indexer.state.indexed[str(bad_workspace / "memory" / "longline.md")].state.points > 10
     assert status["files_failed"] == 1  # nul.md; skips are deliberate, not failures
 
     # a rescan of the unchanged bad files stays quiet: one line per problem, not one per scan
@@ -78,17 +78,17 @@ def test_a_file_name_that_is_not_utf8_fails_alone_and_converges_once_renamed(wor
     write(mem / "fresh.md", "# Fresh\n\nA note written with it.\n")
     indexer = make_indexer([{"agent": "main", "path": workspace}])
     status, logs = _run(indexer)
-    assert str(mem / "fresh.md") in indexer.indexed and str(bad) not in indexer.indexed
+    assert str(mem / "fresh.md") in indexer.state.indexed and str(bad) not in indexer.state.indexed
     [failed] = [e for e in logs if e["event"] == "file_failed"]
     assert failed["reason"] == "undecodable_name" and failed["path"] == str(bad) and "rename" in failed["detail"]
     assert status["files_failed"] == 1
     with capture_logs() as logs:  # an event for it (the watcher's path) is the same quiet failure, not a crash
-        indexer.process([bad, mem / "fresh.md"])
+        indexer.sync.process([bad, mem / "fresh.md"])
     assert not [e for e in logs if e["event"] == "file_failed"]  # logged once per file state
     good = mem / "cafe-deploys.md"
     bad.rename(good)
     status, _ = _run(indexer)
-    assert str(good) in indexer.indexed and status["files_failed"] == 0
+    assert str(good) in indexer.state.indexed and status["files_failed"] == 0
 
 
 def test_file_fixed_later_converges(bad_workspace: Path, make_indexer) -> None:
@@ -97,8 +97,8 @@ def test_file_fixed_later_converges(bad_workspace: Path, make_indexer) -> None:
     (bad_workspace / "memory" / "nul.md").write_text("# Fixed\n\nNow it is text about rotating logs.\n")
     (bad_workspace / "memory" / "huge.md").write_text("# Small now\n")
     _run(indexer)
-    assert str(bad_workspace / "memory" / "nul.md") in indexer.indexed
-    assert str(bad_workspace / "memory" / "huge.md") in indexer.indexed
+    assert str(bad_workspace / "memory" / "nul.md") in indexer.state.indexed
+    assert str(bad_workspace / "memory" / "huge.md") in indexer.state.indexed
 
 
 def test_file_deleted_between_event_and_read(workspace: Path, make_indexer) -> None:
@@ -106,12 +106,12 @@ def test_file_deleted_between_event_and_read(workspace: Path, make_indexer) -> N
     index_once(indexer)
     gone = workspace / "memory" / "travel.md"
     never = workspace / "memory" / "never-existed.md"
-    indexer.on_path(gone)
-    indexer.on_path(never)
+    indexer.settler.add(gone)
+    indexer.settler.add(never)
     gone.unlink()
     with capture_logs() as logs:
-        indexer.process([gone, never])
-    assert str(gone) not in indexer.indexed
+        indexer.sync.process([gone, never])
+    assert str(gone) not in indexer.state.indexed
     assert [e["event"] for e in logs] == ["file_removed"]
 
 
@@ -122,7 +122,7 @@ def test_symlinked_memory_directory_is_skipped(tmp_path: Path, make_indexer) -> 
     (ws / "memory").symlink_to(tmp_path / "outside")
     indexer = make_indexer([{"agent": "main", "path": ws}])
     status, logs = _run(indexer)
-    assert {Path(p).name for p in indexer.indexed} == {"MEMORY.md"}
+    assert {Path(p).name for p in indexer.state.indexed} == {"MEMORY.md"}
     [skip] = [e for e in logs if e.get("reason") == "symlink"]
     assert skip["path"] == str(ws / "memory")
 

@@ -161,7 +161,7 @@ def test_the_embedded_and_keyword_text_carry_the_context(make_indexer, tmp_path)
     write(ws / "memory" / "other.md", "# Other\n\nRevert the tag and redeploy the previous build.\n")
     indexer = make_indexer([{"agent": "main", "path": ws}])
     index_once(indexer)
-    hits = indexer.searcher().search(SearchParams("runbook revert", k=3, mode="keyword"))
+    hits = indexer.view.searcher().search(SearchParams("runbook revert", k=3, mode="keyword"))
     # "runbook" is only in the title; the rollback section's chunk is found through its context
     assert (hits[0]["path"], hits[0]["start_line"]) == ("memory/deploy-runbook.md", 5)
     assert hits[0]["snippet"].startswith("## Rollback")  # the snippet is the file's own lines

@@ -13,7 +13,7 @@ import pytest
 from conftest import assert_same_points, make_settings, wait_for, write
 from qdrant.fixtures import CLUSTER_COLLECTIONS, Cluster
 
-import indexer.daemon as daemon_module
+import indexer.sync as sync_module
 from indexer.daemon import Indexer
 from indexer.search import SearchParams
 from indexer.store import ServerOptions, ServerStore
@@ -66,13 +66,13 @@ def _stop(indexer: Indexer, stop: threading.Event, thread: threading.Thread) -> 
     indexer.settler.wake()
     thread.join(60)
     assert not thread.is_alive()
-    if indexer.watcher is not None:
-        indexer.watcher.stop()
+    if indexer.state.watcher is not None:
+        indexer.state.watcher.stop()
 
 
 def test_node_killed_mid_first_index_then_restarted_leaves_the_index_equal_to_the_files(
         tmp_path: Path, fault_cluster: Cluster, registry, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(daemon_module, "RETRY_AFTER_S", 1.0)
+    monkeypatch.setattr(sync_module, "RETRY_AFTER_S", 1.0)
     workspace = generated_workspace(tmp_path / "ws", notes=100)
     files = 101
     store = _cluster_store(fault_cluster)
@@ -81,17 +81,18 @@ def test_node_killed_mid_first_index_then_restarted_leaves_the_index_equal_to_th
     victim = fault_cluster.nodes[1]
     stop, thread = _run(indexer)
     try:
-        wait_for(lambda: len(indexer.indexed) >= 10, timeout_s=120)
+        wait_for(lambda: len(indexer.state.indexed) >= 10, timeout_s=120)
         victim.kill()
-        killed_at = (time.monotonic(), len(indexer.indexed))
+        killed_at = (time.monotonic(), len(indexer.state.indexed))
         # writes fail (HTTP 500 from the surviving nodes): the daemon says it is degraded and queues the files again
-        wait_for(lambda: indexer.status()["store_degraded"], timeout_s=30)
+        wait_for(lambda: indexer.view.status()["store_degraded"], timeout_s=30)
         time.sleep(3.0)
-        indexed_while_down = len(indexer.indexed) - killed_at[1]
+        indexed_while_down = len(indexer.state.indexed) - killed_at[1]
         victim.start()
-        wait_for(lambda: len(indexer.indexed) == files and indexer.status()["queue_depth"] == 0, timeout_s=180)
+        wait_for(lambda: len(indexer.state.indexed) == files and indexer.view.status()["queue_depth"] == 0,
+                 timeout_s=180)
         recovered_s = time.monotonic() - killed_at[0]
-        assert not indexer.status()["store_degraded"]
+        assert not indexer.view.status()["store_degraded"]
     finally:
         _stop(indexer, stop, thread)
     names = [c.name for c in indexer.collections]
@@ -140,11 +141,11 @@ def test_two_daemons_on_one_cluster_keep_to_their_own_agents(tmp_path: Path, qdr
         for name, counts in d.status()["collections"].items():
             assert d.store.count(name) == counts["chunks"] > 0
         assert not any(name.endswith("-beta" if d is alpha else "-alpha") for name in d.status()["collections"])
-    assert len(alpha.indexed) == 13 and len(beta.indexed) == 2
+    assert len(alpha.state.indexed) == 13 and len(beta.state.indexed) == 2
     honey = SearchParams("who sells lavender honey?", k=5)
-    assert {h["agent"] for h in beta.searcher().search(honey)} == {"beta"}
-    assert {h["agent"] for h in alpha.searcher().search(honey)} == {"alpha"}  # never beta's notes
+    assert {h["agent"] for h in beta.view.searcher().search(honey)} == {"beta"}
+    assert {h["agent"] for h in alpha.view.searcher().search(honey)} == {"alpha"}  # never beta's notes
     with pytest.raises(KeyError, match="unknown agent"):  # another machine's agent is not searched from here
-        alpha.searcher().search(SearchParams("honey", k=5, agent="beta"))
+        alpha.view.searcher().search(SearchParams("honey", k=5, agent="beta"))
     for d in daemons:
         d.store.close()

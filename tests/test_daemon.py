@@ -16,7 +16,7 @@ from indexer.worker import index_once, run
 
 
 def _paths(indexer) -> set[str]:
-    return {os.path.relpath(p, indexer.settings.workspace[0].path) for p in indexer.indexed}
+    return {os.path.relpath(p, indexer.settings.workspace[0].path) for p in indexer.state.indexed}
 
 
 def _count_points(indexer) -> int:
@@ -41,7 +41,7 @@ def test_index_once_then_search_then_restart_embeds_nothing(workspace: Path, mak
     chunks = _count_points(indexer)
     assert chunks == sum(c["chunks"] for c in status["collections"].values())
 
-    hits = indexer.searcher().search(SearchParams("when can we deploy?", k=3))
+    hits = indexer.view.searcher().search(SearchParams("when can we deploy?", k=3))
     assert hits[0]["path"] == "MEMORY.md" and hits[0]["collection"] == "memory-root-main"
     assert set(hits[0]) >= {"collection", "path", "start_line", "end_line", "score", "snippet", "kind", "citation"}
     assert hits[0]["start_line"] == 1 and hits[0]["end_line"] == 4
@@ -66,10 +66,10 @@ def test_renamed_file_is_not_embedded_again(workspace: Path, make_indexer) -> No
     new = workspace / "memory" / "trips" / "lisbon.md"
     new.parent.mkdir()
     old.rename(new)
-    indexer.process([old, new])
+    indexer.sync.process([old, new])
     assert indexer.pipeline.stats.chunks_embedded == embedded, "same text: served from the embedding cache"
-    assert str(old) not in indexer.indexed and str(new) in indexer.indexed
-    hits = indexer.searcher().search(SearchParams("flights to Lisbon", k=1))
+    assert str(old) not in indexer.state.indexed and str(new) in indexer.state.indexed
+    hits = indexer.view.searcher().search(SearchParams("flights to Lisbon", k=1))
     assert hits[0]["path"] == "memory/trips/lisbon.md"
 
 
@@ -78,13 +78,13 @@ def test_edit_replaces_the_files_points(workspace: Path, make_indexer, backend) 
     index_once(indexer)
     note = workspace / "memory" / "incidents.md"
     note.write_text("# Incidents\n\nNothing happened this week.\n" + "Quiet on-call shift, no pages.\n" * 300)
-    indexer.process([note])
-    state = indexer.indexed[str(note)].state
+    indexer.sync.process([note])
+    state = indexer.state.indexed[str(note)].state
     assert state.points > 1 and state.complete
-    searcher = indexer.searcher()
+    searcher = indexer.view.searcher()
     assert all("ACME-4471" not in h["snippet"] for h in searcher.search(SearchParams("ACME-4471 export disk", k=10)))
     note.write_text("# Incidents\n\nShort again.\n")
-    indexer.process([note])
+    indexer.sync.process([note])
     assert indexer.store.file_states("memory-dir-main")[str(note)].points == 1
 
 
@@ -93,7 +93,7 @@ def test_deleted_files_and_directories_lose_their_points(workspace: Path, make_i
     index_once(indexer)
     shutil.rmtree(workspace / "memory" / "food")
     (workspace / "MEMORY.md").unlink()
-    indexer.process([workspace / "memory" / "food", workspace / "MEMORY.md"])
+    indexer.sync.process([workspace / "memory" / "food", workspace / "MEMORY.md"])
     assert _paths(indexer) == {"memory/incidents.md", "memory/travel.md"}
     assert _count_points(indexer) == 2
 
@@ -125,7 +125,7 @@ def test_two_agents_in_one_daemon_get_their_own_collections(tmp_path: Path, work
     write(other / "MEMORY.md", "# Other agent\n\nThe other agent likes green tea.\n")
     indexer = make_indexer([{"agent": "main", "path": workspace}, {"agent": "ops", "path": other}])
     index_once(indexer)
-    searcher = indexer.searcher()
+    searcher = indexer.view.searcher()
     [hit] = searcher.search(SearchParams("green tea", k=1, agent="ops"))
     assert hit["collection"] == "memory-root-ops" and hit["agent"] == "ops"
     assert all(h["agent"] == "main" for h in searcher.search(SearchParams("green tea", k=5, agent="main")))
@@ -155,7 +155,7 @@ def test_a_replaced_workspace_is_reattested_and_rehashed(workspace: Path, make_i
         index_once(indexer)
     assert [e["agent"] for e in logs if e["event"] == "workspace_reattested"] == ["main"]
     assert [e["path"] for e in logs if e["event"] == "file_indexed"] == [str(workspace / "memory" / "travel.md")]
-    hits = indexer.searcher().search(SearchParams("flights in April", k=1))
+    hits = indexer.view.searcher().search(SearchParams("flights in April", k=1))
     assert "April" in hits[0]["snippet"]
 
 
@@ -165,11 +165,11 @@ def test_daemon_waits_for_an_unavailable_store_and_converges(workspace: Path, tm
 
     from conftest import make_settings, wait_for
 
-    import indexer.daemon as daemon_module
+    import indexer.sync as sync_module
     from indexer.daemon import Indexer
     from indexer.store import EdgeStore
 
-    monkeypatch.setattr(daemon_module, "RETRY_AFTER_S", 0.2)
+    monkeypatch.setattr(sync_module, "RETRY_AFTER_S", 0.2)
     settings = make_settings(tmp_path, [{"agent": "main", "path": workspace}])
     holder = EdgeStore(settings.state_dir / "qdrant")  # another process holds the embedded store
     holder.ensure_collection("memory-root-main", {"text": 384})
@@ -179,16 +179,16 @@ def test_daemon_waits_for_an_unavailable_store_and_converges(workspace: Path, tm
     with capture_logs() as logs:
         thread.start()
         wait_for(lambda: any(e["event"] == "store_unavailable" for e in logs))
-        assert not indexer.ready.is_set() and indexer.status()["store_connected"] is False
+        assert not indexer.state.ready.is_set() and indexer.view.status()["store_connected"] is False
         holder.close()  # the cause goes away
-        wait_for(indexer.ready.is_set, timeout_s=60)
+        wait_for(indexer.state.ready.is_set, timeout_s=60)
     stop.set()
     indexer.settler.wake()
     thread.join(30)
     indexer.close()
     assert [e["event"] for e in logs].count("store_unavailable") == 1  # one line per outage, not per retry
     assert "store_reconnected" in [e["event"] for e in logs]
-    assert len(indexer.indexed) == 4
+    assert len(indexer.state.indexed) == 4
 
 
 def test_unreachable_qdrant_server_fails_index_once_with_one_line(workspace: Path, tmp_path: Path) -> None:
@@ -214,11 +214,11 @@ def test_stop_during_a_huge_file_is_prompt_and_resumes_from_the_cache(tmp_path: 
 
     from conftest import wait_for
 
-    import indexer.daemon as daemon_module
     import indexer.pipeline as pipeline_module
+    import indexer.sync as sync_module
 
     monkeypatch.setattr(pipeline_module, "EMBED_SLICE", 32)  # slices and groups of 32 chunks keep the test short
-    monkeypatch.setattr(daemon_module, "GROUP_CHUNKS", 32)
+    monkeypatch.setattr(sync_module, "GROUP_CHUNKS", 32)
 
     ws = tmp_path / "big"
     body = "\n".join(f"Entry {i}: the quarterly capacity plan for cluster {i % 97} lists {i * 3} spare cores."
@@ -230,16 +230,16 @@ def test_stop_during_a_huge_file_is_prompt_and_resumes_from_the_cache(tmp_path: 
     thread = threading.Thread(target=run, args=(indexer, stop), daemon=True)
     thread.start()
     wait_for(lambda: indexer.pipeline.stats.chunks_embedded >= 64, timeout_s=120)
-    assert str(ws / "memory" / "small.md") in indexer.indexed, "the small file was written first"
-    assert indexer.status()["chunks_embedded"] >= 64  # progress is visible while the huge file embeds
+    assert str(ws / "memory" / "small.md") in indexer.state.indexed, "the small file was written first"
+    assert indexer.view.status()["chunks_embedded"] >= 64  # progress is visible while the huge file embeds
     stop.set()
     indexer.settler.wake()
     thread.join(60)
     assert not thread.is_alive()
-    assert str(ws / "memory" / "huge.md") not in indexer.indexed
+    assert str(ws / "memory" / "huge.md") not in indexer.state.indexed
     embedded_before = indexer.pipeline.stats.chunks_embedded
     status = index_once(indexer)
-    assert str(ws / "memory" / "huge.md") in indexer.indexed
+    assert str(ws / "memory" / "huge.md") in indexer.state.indexed
     assert status["cache_hits"] >= embedded_before - 1  # the finished slices came from the cache
 
 
@@ -255,7 +255,7 @@ def test_a_scan_queues_only_files_whose_stat_moved_or_whose_index_is_not_whole(w
     touched, new = workspace / "memory" / "travel.md", workspace / "memory" / "new.md"
     os.utime(touched, ns=(1, 1))
     write(new, "# New\n\nA note made while the daemon was down.\n")
-    entry = indexer.indexed[str(workspace / "MEMORY.md")]
+    entry = indexer.state.indexed[str(workspace / "MEMORY.md")]
     entry.state = replace(entry.state, complete=False)
     assert sorted(indexer.scan()) == sorted([touched, new, workspace / "MEMORY.md"])
     status = index_once(indexer)

@@ -138,7 +138,7 @@ def test_status_says_which_precision(make_indexer, workspace: Path) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}])
     text = indexer.registry.embedders["text"]
     assert text.model is not None  # loaded, as the daemon's worker does before it is ready
-    embedding = indexer.status()["embedding"]
+    embedding = indexer.view.status()["embedding"]
     assert embedding == {"model_id": text.model_id, "precision": text.precision, "query_file": text.query_file}
     assert embedding["precision"] in PRECISIONS and embedding["precision"] != "auto"
     # int8 names the ONNX file single queries run on (query-v1.onnx, or model.onnx where it is unavailable)

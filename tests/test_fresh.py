@@ -14,7 +14,7 @@ from indexer.worker import index_once
 
 
 def _keyword(indexer, text: str) -> list[str]:
-    return [h["path"] for h in indexer.searcher().search(SearchParams(text, k=5, mode="keyword"))]
+    return [h["path"] for h in indexer.view.searcher().search(SearchParams(text, k=5, mode="keyword"))]
 
 
 def _same_size_edit_with_mtime_put_back(path: Path, old: str, new: str) -> None:
@@ -80,7 +80,7 @@ def test_a_path_that_changes_type_leaves_no_ghost(workspace: Path, make_indexer)
             _becomes(path, kind)  # the debounce
         for kind, path in names.items():
             wait_for(lambda k=kind: _keyword(indexer, f"GHOST{k.upper()}") == [], timeout_s=10)
-            assert str(path) not in indexer.indexed, kind
+            assert str(path) not in indexer.state.indexed, kind
 
 
 def test_an_edit_through_either_hard_link_reindexes_the_file(workspace: Path, make_indexer) -> None:
@@ -93,7 +93,8 @@ def test_an_edit_through_either_hard_link_reindexes_the_file(workspace: Path, ma
             with open(workspace / "memory" / name, "w") as handle:
                 handle.write(f"# Linked\n\nLINK{n}BBB2 one file two names.\n")
             wait_for(lambda n=n: _keyword(indexer, f"LINK{n}BBB2") == ["memory/first.md"], timeout_s=10)
-        assert _keyword(indexer, "LINKAAAA1") == [] and str(workspace / "memory" / "second.md") not in indexer.indexed
+        assert _keyword(indexer, "LINKAAAA1") == []
+        assert str(workspace / "memory" / "second.md") not in indexer.state.indexed
 
 
 def test_an_edit_through_the_legacy_root_name_reindexes_memory_md(workspace: Path, make_indexer) -> None:
@@ -115,13 +116,13 @@ def test_answers_during_the_debounce_say_what_is_pending_and_search_can_wait(wor
     # fresh.md stays open (no close-after-write, which would end its quiet period at once) and the quiet period
     # outlasts the answers below, so both paths are pending however slowly they come
     indexer = make_indexer([{"agent": "main", "path": workspace}], settle_s=4.0)
-    with Running(indexer), TestClient(create_app(indexer), base_url="http://127.0.0.1:8743") as http:
+    with Running(indexer), TestClient(create_app(indexer.view), base_url="http://127.0.0.1:8743") as http:
         assert http.post("/search", json={"query": "flat white"}).json()["pending"] == []
         fresh = open(workspace / "memory" / "fresh.md", "w", encoding="utf-8")  # noqa: SIM115 (closed below)
         fresh.write("# Fresh\n\nPENDINGAAA1 just written.\n")
         fresh.flush()
         (workspace / "memory" / "travel.md").unlink()
-        wait_for(lambda: len(indexer.pending()) == 2, timeout_s=5)  # the watcher saw both (not only the first)
+        wait_for(lambda: len(indexer.view.pending()) == 2, timeout_s=5)  # the watcher saw both (not only the first)
         answer = http.post("/search", json={"query": "PENDINGAAA1", "mode": "keyword"}).json()
         assert answer["pending"] == ["memory/fresh.md", "memory/travel.md"]
         assert http.post("/recall", json={"query": "*"}).json()["pending"] == answer["pending"]
@@ -138,21 +139,21 @@ def test_a_dead_watcher_is_restarted_once_then_reported_and_drift_is_counted(wor
 
     indexer = make_indexer([{"agent": "main", "path": workspace}], rescan_interval_s=4)
     with Running(indexer), capture_logs() as logs:
-        status = indexer.status()
+        status = indexer.view.status()
         assert set(status["watch"].values()) == {"native"} and str(workspace / "memory") in status["watch"]
-        assert indexer.health() == "ok"
-        indexer.watcher._observer.stop()  # the observer thread and its emitters die
-        wait_for(lambda: indexer.watcher.restarts == 1, timeout_s=15)
-        assert [e for e in logs if e["event"] == "watcher_died"] and indexer.watcher.alive()
+        assert indexer.view.health() == "ok"
+        indexer.state.watcher._observer.stop()  # the observer thread and its emitters die
+        wait_for(lambda: indexer.state.watcher.restarts == 1, timeout_s=15)
+        assert [e for e in logs if e["event"] == "watcher_died"] and indexer.state.watcher.alive()
         write(workspace / "memory" / "after.md", "# After\n\nRESTARTAAA1 seen by the new observer.\n")
         wait_for(lambda: _keyword(indexer, "RESTARTAAA1") == ["memory/after.md"], timeout_s=10)
 
-        indexer.watcher._observer.stop()  # dies again: no second restart, reported
-        wait_for(lambda: indexer.watcher.dead, timeout_s=15)
-        assert set(indexer.status()["watch"].values()) == {"dead"} and indexer.health() == "degraded"
+        indexer.state.watcher._observer.stop()  # dies again: no second restart, reported
+        wait_for(lambda: indexer.state.watcher.dead, timeout_s=15)
+        assert set(indexer.view.status()["watch"].values()) == {"dead"} and indexer.view.health() == "degraded"
         write(workspace / "memory" / "missed.md", "# Missed\n\nMISSEDAAA1 no watcher saw this.\n")
-        wait_for(lambda: indexer.status()["drift"]["not_indexed"] == 1, timeout_s=15)  # the reconcile found it
-        assert indexer.status()["last_reconcile"] is not None
+        wait_for(lambda: indexer.view.status()["drift"]["not_indexed"] == 1, timeout_s=15)  # the reconcile found it
+        assert indexer.view.status()["last_reconcile"] is not None
         wait_for(lambda: _keyword(indexer, "MISSEDAAA1") == ["memory/missed.md"], timeout_s=10)
 
 
@@ -172,8 +173,8 @@ def test_mountinfo_names_the_file_system_of_a_path(tmp_path: Path) -> None:
 def test_the_watch_setting_polls_a_root(tmp_path: Path, workspace: Path, make_indexer) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace, "watch": "poll"}], poll_interval_s=0.5)
     with Running(indexer):
-        assert set(indexer.status()["watch"].values()) == {"poll"}
-        assert set(indexer.status()["watch_polled"].values()) == {"setting"}
+        assert set(indexer.view.status()["watch"].values()) == {"poll"}
+        assert set(indexer.view.status()["watch_polled"].values()) == {"setting"}
         write(workspace / "memory" / "polled.md", "# Polled\n\nPOLLAAAA1 found by polling.\n")
         wait_for(lambda: _keyword(indexer, "POLLAAAA1") == ["memory/polled.md"], timeout_s=10)
 
@@ -200,8 +201,8 @@ def test_changes_behind_a_fuse_mount_are_found_by_polling(tmp_path: Path, worksp
     try:
         indexer = make_indexer([{"agent": "main", "path": mount}], poll_interval_s=0.5)
         with Running(indexer):
-            assert set(indexer.status()["watch"].values()) == {"poll"}
-            assert all(r.startswith("fs:fuse") for r in indexer.status()["watch_polled"].values())
+            assert set(indexer.view.status()["watch"].values()) == {"poll"}
+            assert all(r.startswith("fs:fuse") for r in indexer.view.status()["watch_polled"].values())
             write(workspace / "memory" / "behind.md", "# Behind\n\nBEHINDAAA1 written into the backing folder.\n")
             wait_for(lambda: _keyword(indexer, "BEHINDAAA1") == ["memory/behind.md"], timeout_s=10)
     finally:

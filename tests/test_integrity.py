@@ -35,7 +35,7 @@ def test_search_citation_and_get_count_lines_alike(tmp_path: Path, make_indexer,
     path = write(ws / "memory" / f"{name}.md", text.encode())
     indexer = make_indexer([{"agent": "main", "path": ws}])
     index_once(indexer)
-    hits = indexer.searcher().search(SearchParams(token, k=1, mode="keyword"))
+    hits = indexer.view.searcher().search(SearchParams(token, k=1, mode="keyword"))
     assert hits and hits[0]["path"] == f"memory/{name}.md"
     hit = hits[0]
     expected = split_lines(path.read_bytes().decode())
@@ -113,12 +113,12 @@ def test_searches_answer_throughout_a_rebuild(workspace: Path, make_indexer) -> 
     for n in range(40):  # enough files that the rebuild takes many store writes
         write(workspace / "memory" / "bulk" / f"n{n}.md", f"# Note {n}\n\nFiller note number {n} about gardening.\n")
     indexer = make_indexer([{"agent": "main", "path": workspace}])
-    with Running(indexer), TestClient(create_app(indexer), base_url="http://127.0.0.1:8743") as api:
+    with Running(indexer), TestClient(create_app(indexer.view), base_url="http://127.0.0.1:8743") as api:
         first = api.post("/search", json={"query": "ACME-4471", "k": 3}).json()["hits"]
         assert first and first[0]["path"] == "memory/incidents.md"
         assert api.post("/reindex").json() == {"rebuilding": True}
         answers = []
-        while indexer.rebuild_requested.is_set() or indexer.rebuilding or not answers:
+        while indexer.state.rebuild_requested.is_set() or indexer.state.rebuilding or not answers:
             hits = api.post("/search", json={"query": "ACME-4471", "k": 3}).json()["hits"]
             answers.append([h["path"] for h in hits])
             assert hits and hits[0]["path"] == "memory/incidents.md", answers
@@ -126,7 +126,7 @@ def test_searches_answer_throughout_a_rebuild(workspace: Path, make_indexer) -> 
         assert api.get("/status").json()["rebuilding"] is False
         assert api.post("/search", json={"query": "ACME-4471", "k": 3}).json()["hits"][0]["path"] \
             == "memory/incidents.md"
-        assert indexer.status()["collections"]["memory-dir-main"]["files"] == 43
+        assert indexer.view.status()["collections"]["memory-dir-main"]["files"] == 43
     assert set(indexer.store.collections()) == {"memory-root-main", "memory-dir-main"}
     physical = sorted(p.name for p in (indexer.settings.state_dir / "qdrant").iterdir() if p.is_dir())
     assert physical == ["memory-dir-main--rebuild-1", "memory-root-main--rebuild-1"]
@@ -200,6 +200,6 @@ def test_a_same_size_model_swap_is_noticed_and_rebuilt(workspace: Path, tmp_path
             assert any(e["event"] == "rebuild_finished" for e in logs)
             payloads = second.store.scroll("memory-dir-main", ["model_id"])
             assert payloads and all(p.model_id.endswith("minilm-2-layers") for p in payloads)
-            assert second.status()["models"]["text"]["precision"] == "fp32"
+            assert second.view.status()["models"]["text"]["precision"] == "fp32"
         finally:
             second.close()

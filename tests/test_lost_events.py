@@ -143,17 +143,17 @@ def test_an_event_queue_overflow_reconciles_at_once(workspace: Path, make_indexe
         running.thread.start()
         # the watcher object exists before it watches: wait until memory/ has its watch (its own inotify instance)
         memory = str(workspace / "memory")
-        wait_for(lambda: indexer.watcher is not None and memory in indexer.watcher.modes(), timeout_s=30)
+        wait_for(lambda: indexer.state.watcher is not None and memory in indexer.state.watcher.modes(), timeout_s=30)
     try:
-        assert indexer.ready.wait(60)
+        assert indexer.state.ready.wait(60)
         with capture_logs() as logs:
             burst = subprocess.Popen([sys.executable, "-c", _BURST_SCRIPT, str(workspace / "memory")])
             _keep_this_process_busy_while(burst)
             assert burst.wait(60) == 0
             burst_prefix = str(workspace / "memory" / "burst-")  # list(): the worker adds to indexed meanwhile
-            wait_for(lambda: sum(p.startswith(burst_prefix) for p in list(indexer.indexed)) == 1000,
+            wait_for(lambda: sum(p.startswith(burst_prefix) for p in list(indexer.state.indexed)) == 1000,
                      timeout_s=240, interval_s=0.5)
-        status = indexer.status()
+        status = indexer.view.status()
         assert [e for e in logs if e["event"] == "watch_queue_overflow"]
         assert status["last_reconcile_reason"] == "queue_overflow" and status["last_reconcile"] is not None
         recovered = [e for e in logs if e["event"] == "reconcile_drift" and e["reason"] == "queue_overflow"]
@@ -174,8 +174,8 @@ def test_a_touched_file_is_not_drift_for_later_reconciles(workspace: Path, make_
         os.utime(note, ns=(1_000_000_000, 1_000_000_000))
         os.chmod(note, 0o600)
         st = os.stat(note)
-        wait_for(lambda: indexer.indexed[str(note)].state.ctime_ns == st.st_ctime_ns, timeout_s=10)
-        reconciled = indexer.status()["last_reconcile"]
-        wait_for(lambda: (indexer.status()["last_reconcile"] or 0) > (reconciled or 0), timeout_s=10)
-        assert indexer.status()["drift"] == {"not_indexed": 0, "gone": 0, "changed": 0}
-        assert indexer.health() == "ok"
+        wait_for(lambda: indexer.state.indexed[str(note)].state.ctime_ns == st.st_ctime_ns, timeout_s=10)
+        reconciled = indexer.view.status()["last_reconcile"]
+        wait_for(lambda: (indexer.view.status()["last_reconcile"] or 0) > (reconciled or 0), timeout_s=10)
+        assert indexer.view.status()["drift"] == {"not_indexed": 0, "gone": 0, "changed": 0}
+        assert indexer.view.health() == "ok"

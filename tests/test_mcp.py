@@ -40,11 +40,11 @@ def _free_port() -> int:
 
 
 class Served:
-    """``create_app(indexer)`` served by uvicorn on a thread, as ``qmd-indexer run`` serves it (lifespan on)."""
+    """``create_app(indexer.view)`` served by uvicorn on a thread, as ``qmd-indexer run`` serves it (lifespan on)."""
 
     def __init__(self, indexer: Any) -> None:
         self.port = indexer.settings.port  # the guard accepts the Host of the port the settings name
-        self.app = create_app(indexer)
+        self.app = create_app(indexer.view)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None,
                                                     access_log=False, lifespan="on", ws="none"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -65,7 +65,7 @@ def daemon_fixture(workspace: Path, make_indexer) -> Iterator[Served]:
     write(workspace / "memory" / "log.md", "".join(f"line {i}\n" for i in range(1, 31)))
     indexer = make_indexer([{"agent": "main", "path": workspace}], port=_free_port())
     index_once(indexer)
-    indexer.ready.set()
+    indexer.state.ready.set()
     with Served(indexer) as served:
         yield served
 

@@ -38,7 +38,7 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
 
 def test_metrics_move_with_indexing_and_searching(workspace: Path, make_indexer) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}], token=TOKEN)
-    with Running(indexer), TestClient(create_app(indexer), base_url=BASE) as api:
+    with Running(indexer), TestClient(create_app(indexer.view), base_url=BASE) as api:
         before = scrape(api)
         assert value(before, "qmd_indexer_ready") == 1
         assert value(before, "qmd_indexer_files", collection="memory-dir-main", agent="main") == 3
@@ -72,20 +72,20 @@ def test_metrics_move_with_indexing_and_searching(workspace: Path, make_indexer)
 
 def test_metrics_need_the_token_and_a_local_host(workspace: Path, make_indexer) -> None:
     indexer = make_indexer([{"agent": "main", "path": workspace}], token=TOKEN)
-    api = TestClient(create_app(indexer), base_url=BASE)
+    api = TestClient(create_app(indexer.view), base_url=BASE)
     assert api.get("/metrics").status_code == 401
     assert api.get("/metrics", headers={"Authorization": "Bearer wrong-token-0123456789"}).status_code == 401
     assert api.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}", "Host": "evil.example:8743"}
                    ).status_code == 403
     assert api.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
-    assert "/metrics" not in create_app(indexer).openapi()["paths"]  # the JSON contract only
+    assert "/metrics" not in create_app(indexer.view).openapi()["paths"]  # the JSON contract only
 
 
 def test_openmetrics_when_asked_and_errors_by_kind(workspace: Path, make_indexer) -> None:
     """A scraper asking for OpenMetrics gets it; a file that fails counts under its reason."""
     write(workspace / "memory" / "nul.md", b"# Binary\n\x00\x01\x02\n")
     indexer = make_indexer([{"agent": "main", "path": workspace}])
-    with Running(indexer), TestClient(create_app(indexer), base_url=BASE) as api:
+    with Running(indexer), TestClient(create_app(indexer.view), base_url=BASE) as api:
         answer = api.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
         assert answer.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
         assert answer.text.endswith("# EOF\n")

@@ -58,7 +58,7 @@ def test_indexed_workspace_moves_to_a_server_and_the_daemon_embeds_nothing(works
         status = index_once(on_server)
     assert status["chunks_embedded"] == 0 and status["cache_hits"] == 0
     assert not [e for e in logs if e["event"] == "file_indexed"], "every file was already there, unchanged"
-    [hit] = on_server.searcher().search(SearchParams("when can we deploy?", k=1))
+    [hit] = on_server.view.searcher().search(SearchParams("when can we deploy?", k=1))
     assert hit["path"] == "MEMORY.md"
     target.close()
 

@@ -124,7 +124,7 @@ def test_images_and_audio_are_indexed_and_found_with_text(tmp_path: Path, media_
     try:
         with structlog.testing.capture_logs() as logs:
             status = index_once(indexer)
-        names = {Path(p).name for p in indexer.indexed}
+        names = {Path(p).name for p in indexer.state.indexed}
         assert {"boats.md", "lighthouse-at-dusk.jpg", "red-bicycle.png", "memo.wav"} <= names
         assert not {"broken.png", "silence.wav", "huge.png"} & names
         assert status["files_failed"] == 1  # broken.png; silence.wav is skipped, not failed
@@ -135,7 +135,7 @@ def test_images_and_audio_are_indexed_and_found_with_text(tmp_path: Path, media_
         assert "corrupt or unreadable PNG image" in problems["broken.png"][1]
         assert problems["silence.wav"][0] == "silent" and "dBFS" in problems["silence.wav"][1]
         assert problems["huge.png"][0] == "too_large" and "multimodal limit 100000" in problems["huge.png"][1]
-        search = indexer.searcher()
+        search = indexer.view.searcher()
 
         hits = search.search(SearchParams("red bicycle", k=3))
         top = hits[0]
@@ -161,7 +161,7 @@ def test_multimodal_off_indexes_only_notes(tmp_path: Path, media_registry: Regis
     indexer = open_indexer(tmp_path, media_registry, {"enabled": False})
     try:
         index_once(indexer)
-        assert {Path(p).suffix for p in indexer.indexed} == {".md"}
+        assert {Path(p).suffix for p in indexer.state.indexed} == {".md"}
     finally:
         indexer.close()
 
@@ -170,7 +170,7 @@ def test_modalities_select_images_only(tmp_path: Path, media_registry: Registry)
     indexer = open_indexer(tmp_path, media_registry, {"enabled": True, "modalities": ["image"]})
     try:
         index_once(indexer)
-        suffixes = {Path(p).suffix for p in indexer.indexed}
+        suffixes = {Path(p).suffix for p in indexer.state.indexed}
         assert suffixes == {".md", ".jpg", ".png"}
     finally:
         indexer.close()
@@ -185,7 +185,7 @@ def test_without_an_image_embedder_images_are_reported_not_fatal(tmp_path: Path,
         with structlog.testing.capture_logs() as logs:
             index_once(indexer)
         assert "no_embedder" in {e.get("reason") for e in logs if e["event"] == "file_skipped"}
-        assert {Path(p).name for p in indexer.indexed} >= {"boats.md", "MEMORY.md"}
+        assert {Path(p).name for p in indexer.state.indexed} >= {"boats.md", "MEMORY.md"}
     finally:
         indexer.close()
 
@@ -241,6 +241,6 @@ def test_a_recording_without_speech_is_transcribed_once_across_rescans_and_resta
             index_once(indexer)
         (skip,) = [e for e in logs if e["event"] == "file_skipped" and e["path"].endswith("hum.wav")]
         assert skip["reason"] == "no_speech" and "remembered" in skip["detail"] and audio.engine.calls == 0
-        assert {Path(p).name for p in indexer.indexed} == {"MEMORY.md"}
+        assert {Path(p).name for p in indexer.state.indexed} == {"MEMORY.md"}
     finally:
         indexer.close()

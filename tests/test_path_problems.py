@@ -74,8 +74,8 @@ def test_a_missing_and_an_overlapping_extra_path_are_reported_then_converge(work
     with capture_logs() as logs:
         indexer = make_indexer([ws], rescan_interval_s=0.5)
         with Running(indexer):
-            wait_for(lambda: indexer.status()["last_reconcile"] is not None)
-            kinds = {p["kind"]: p for p in indexer.status()["problems"]}
+            wait_for(lambda: indexer.view.status()["last_reconcile"] is not None)
+            kinds = {p["kind"]: p for p in indexer.view.status()["problems"]}
             assert kinds["extra_path_missing"]["path"] == str(missing)
             assert kinds["extra_path_overlaps"]["path"] == str(overlapping)
             assert "memory-dir-main" in kinds["extra_path_overlaps"]["detail"]
@@ -87,8 +87,8 @@ def test_a_missing_and_an_overlapping_extra_path_are_reported_then_converge(work
             assert f"extra path overlaps memory/: {overlapping}" in doctor.output
 
             write(missing / "later.md", "# Later\n\nLATERAAA1 the extra path exists now.\n")
-            wait_for(lambda: str(missing / "later.md") in indexer.indexed, timeout_s=15)
-            wait_for(lambda: [p["kind"] for p in indexer.status()["problems"]] == ["extra_path_overlaps"])
+            wait_for(lambda: str(missing / "later.md") in indexer.state.indexed, timeout_s=15)
+            wait_for(lambda: [p["kind"] for p in indexer.view.status()["problems"]] == ["extra_path_overlaps"])
     events = [e["event"] for e in logs]
     assert events.count("extra_path_missing") == 1 and events.count("extra_path_overlaps") == 1  # not per rescan
     assert events.count("extra_path_found") == 1

@@ -170,7 +170,7 @@ def test_one_huge_note_is_indexed_under_a_1_mib_request_limit(tmp_path: Path, sm
     note = write(ws / "memory" / "audit.md", f"# Audit\n\n{body}\n")
     indexer = make_indexer([{"agent": "main", "path": ws}], qdrant_url=small_server.url, qdrant_max_request_mb=1)
     status = index_once(indexer)
-    state = indexer.indexed[str(note)].state
+    state = indexer.state.indexed[str(note)].state
     assert state.complete and state.points > 100
     assert indexer.store.count("memory-dir-main") == state.points == status["collections"]["memory-dir-main"]["chunks"]
     store = indexer.store

@@ -78,7 +78,7 @@ def test_search_with_a_reranker_returns_its_order(tiny_cross_encoder: Path, tmp_
         write(ws / "memory" / f"n{i}.md", f"# Note {i}\n\n{text}\n")
     indexer = make_indexer([{"agent": "main", "path": ws}])
     index_once(indexer)
-    searcher = indexer.searcher()
+    searcher = indexer.view.searcher()
     searcher.reranker = CrossEncoderReranker({"model": str(tiny_cross_encoder)})
     hits = searcher.search(SearchParams("logs and disks", k=5, mode="hybrid"))
     assert len(hits) == 5 and searcher.rerank_stats.reranked == 1
@@ -132,8 +132,8 @@ def test_the_configured_cross_encoder_reorders_a_real_search(tiny_cross_encoder:
                            plugin={"cross-encoder": {"model": str(tiny_cross_encoder)}})
     index_once(indexer)
     params = SearchParams(QUERY, k=6, mode="hybrid")
-    fused = indexer.searcher(reranker=None).search(params)
-    hits = indexer.searcher().search(params)
+    fused = indexer.view.searcher(reranker=None).search(params)
+    hits = indexer.view.searcher().search(params)
     assert sorted(paths(hits)) == sorted(paths(fused)) == [f"memory/n{i}.md" for i in range(6)]
     # the short notes are whole chunks, so each snippet is the text the cross-encoder scored
     model = indexer.registry.reranker.model
@@ -141,7 +141,7 @@ def test_the_configured_cross_encoder_reorders_a_real_search(tiny_cross_encoder:
     assert [h["score"] for h in hits] == pytest.approx(direct, abs=1e-5)
     assert direct == sorted(direct, reverse=True)
     assert paths(hits) != paths(fused)  # the stage changed the answer
-    assert indexer.status()["rerank"] == {
+    assert indexer.view.status()["rerank"] == {
         "reranker": "cross-encoder", "model_id": str(tiny_cross_encoder), "top_n": 20, "budget_s": 60.0,
         "reranked": 1, "failed": 0, "over_budget": 0, "last_error": None}
 
@@ -156,8 +156,8 @@ def test_a_missing_model_fails_open_is_counted_and_recovers(tiny_cross_encoder: 
     indexer = open_indexer(notes, reranker="cross-encoder", rerank_budget_s=60,
                            plugin={"cross-encoder": {"model": str(folder)}})
     body = {"query": QUERY, "k": 6}
-    with Running(indexer), TestClient(create_app(indexer), base_url="http://127.0.0.1:8743") as api:
-        fused = indexer.searcher(reranker=None).search(SearchParams(QUERY, k=6))
+    with Running(indexer), TestClient(create_app(indexer.view), base_url="http://127.0.0.1:8743") as api:
+        fused = indexer.view.searcher(reranker=None).search(SearchParams(QUERY, k=6))
         answer = api.post("/search", json=body)
         assert answer.status_code == 200, answer.text
         assert [(h["path"], h["score"]) for h in answer.json()["hits"]] == [(h["path"], h["score"]) for h in fused]
@@ -196,19 +196,19 @@ def test_a_third_party_reranker_installed_as_a_distribution_is_found_and_used(
     assert (record.group, record.distribution, record.version, record.status) == (
         RERANKERS, "qmd-shortest-rerank", "0.2.0", "loaded")
     index_once(indexer)
-    fused = indexer.searcher(reranker=None).search(SearchParams(QUERY, k=6))
-    hits = indexer.searcher().search(SearchParams(QUERY, k=6))
+    fused = indexer.view.searcher(reranker=None).search(SearchParams(QUERY, k=6))
+    hits = indexer.view.searcher().search(SearchParams(QUERY, k=6))
     assert [h["score"] for h in hits] == [-float(len(h["snippet"])) for h in hits]  # text as indexed, one line
     assert paths(hits) == [f"memory/n{NOTES.index(t)}.md" for t in sorted(NOTES, key=len)] != paths(fused)
-    status = indexer.status()["rerank"]
+    status = indexer.view.status()["rerank"]
     assert (status["reranker"], status["model_id"], status["reranked"]) == ("shortest", "shortest-first/x", 1)
 
 
 def test_rerank_is_off_by_default_and_a_slow_reranker_keeps_the_fused_order(notes: Path, open_indexer) -> None:
     indexer = open_indexer(notes)
-    assert indexer.registry.reranker is None and indexer.status()["rerank"] is None
+    assert indexer.registry.reranker is None and indexer.view.status()["rerank"] is None
     index_once(indexer)
-    searcher = indexer.searcher()
+    searcher = indexer.view.searcher()
     assert searcher.reranker is None
     fused = searcher.search(SearchParams(QUERY, k=6))
 
@@ -219,6 +219,6 @@ def test_rerank_is_off_by_default_and_a_slow_reranker_keeps_the_fused_order(note
             time.sleep(0.3)  # past the 0.05 s budget below
             return [-float(len(t)) for t in texts]
 
-    slow = indexer.searcher(reranker=Slow(), rerank_budget_s=0.05)
+    slow = indexer.view.searcher(reranker=Slow(), rerank_budget_s=0.05)
     assert slow.search(SearchParams(QUERY, k=6)) == fused
-    assert (indexer.rerank_stats.over_budget, indexer.rerank_stats.reranked) == (1, 0)
+    assert (indexer.view.rerank_stats.over_budget, indexer.view.rerank_stats.reranked) == (1, 0)

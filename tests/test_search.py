@@ -47,13 +47,13 @@ def _paths(hits) -> list[str]:
 @pytest.mark.parametrize("mode", ["hybrid", "keyword"])
 def test_exact_token_is_found_first(indexed, mode: str) -> None:
     indexer, _ = indexed
-    hits = indexer.searcher().search(SearchParams("ACME-4471", k=3, mode=mode))
+    hits = indexer.view.searcher().search(SearchParams("ACME-4471", k=3, mode=mode))
     assert _paths(hits)[0] == "memory/tickets.md"
 
 
 def test_paraphrase_is_found_by_meaning(indexed) -> None:
     indexer, _ = indexed
-    searcher = indexer.searcher()
+    searcher = indexer.view.searcher()
     for mode in ("hybrid", "dense"):
         hits = searcher.search(SearchParams("when are we allowed to ship new versions?", k=2, mode=mode))
         assert _paths(hits)[0] == "memory/deploys.md"
@@ -62,14 +62,14 @@ def test_paraphrase_is_found_by_meaning(indexed) -> None:
 @pytest.mark.parametrize("mode", ["hybrid", "keyword"])
 def test_chinese_and_japanese_queries_find_their_notes(indexed, mode: str) -> None:
     indexer, _ = indexed
-    searcher = indexer.searcher()
+    searcher = indexer.view.searcher()
     assert _paths(searcher.search(SearchParams("数据库迁移", k=2, mode=mode)))[0] == "memory/zh/会议.md"
     assert _paths(searcher.search(SearchParams("東京オフィス", k=2, mode=mode)))[0] == "memory/ja/メモ.md"
 
 
 def test_filters_narrow_the_answer(indexed) -> None:
     indexer, _ = indexed
-    searcher = indexer.searcher()
+    searcher = indexer.view.searcher()
     assert set(_paths(searcher.search(SearchParams("meeting", k=10, path_prefix="memory/zh")))) == {"memory/zh/会议.md"}
     assert _paths(searcher.search(SearchParams("Dana", k=10, collections=("memory-root-main",)))) == ["MEMORY.md"]
     assert searcher.search(SearchParams("disk", k=10, kinds=("image",))) == []
@@ -81,7 +81,7 @@ def test_filters_narrow_the_answer(indexed) -> None:
 
 def test_hits_carry_the_contract(indexed) -> None:
     indexer, _ = indexed
-    [hit] = indexer.searcher().search(SearchParams("Dana", k=1))
+    [hit] = indexer.view.searcher().search(SearchParams("Dana", k=1))
     assert hit == {**hit, "collection": "memory-root-main", "agent": "main", "path": "MEMORY.md", "start_line": 1,
                    "end_line": 4, "kind": "markdown", "citation": "MEMORY.md#L1-L4"}
     assert isinstance(hit["score"], float) and hit["snippet"].startswith("# Memory")
@@ -123,7 +123,7 @@ def test_fusion_ranks_like_qdrants_own_fusion(indexed, method: str) -> None:
     import qdrant_edge as qe
 
     indexer, _ = indexed
-    searcher = indexer.searcher()
+    searcher = indexer.view.searcher()
     query = "who owns the storage problems?"
     dense = dict(searcher._embed_query(query))["text"]
     terms = indexer.terms.query(query)
@@ -149,8 +149,8 @@ def test_fusion_ranks_like_qdrants_own_fusion(indexed, method: str) -> None:
 @pytest.fixture(name="api")
 def api_fixture(indexed) -> TestClient:
     indexer, _ = indexed
-    indexer.ready.set()
-    return TestClient(create_app(indexer), base_url="http://127.0.0.1:8743")  # the Host a local client sends
+    indexer.state.ready.set()
+    return TestClient(create_app(indexer.view), base_url="http://127.0.0.1:8743")  # the Host a local client sends
 
 
 def test_api_search_health_status(api: TestClient) -> None:
@@ -248,7 +248,7 @@ def test_since_filters_by_modification_time_through_the_api(tmp_path: Path, make
     os.utime(old, (month_ago, month_ago))
     indexer = make_indexer([{"agent": "main", "path": ws}])
     index_once(indexer)
-    api = TestClient(create_app(indexer), base_url="http://127.0.0.1:8743")
+    api = TestClient(create_app(indexer.view), base_url="http://127.0.0.1:8743")
 
     def paths(since: str | None) -> list[str]:
         body = {"query": "deploy window", "k": 5, **({"since": since} if since else {})}
@@ -300,7 +300,7 @@ def test_mmr_pushes_a_near_duplicate_below_a_different_hit() -> None:
 
 def test_hits_carry_raw_scores_and_say_when_nothing_is_relevant(indexed) -> None:
     indexer, _ = indexed
-    searcher = indexer.searcher()
+    searcher = indexer.view.searcher()
     [hit] = searcher.search(SearchParams("ACME-4471", k=1, mode="hybrid"))
     assert -1 <= hit["dense_score"] <= 1 and hit["keyword_score"] > 0
     [dense] = searcher.search(SearchParams("ACME-4471", k=1, mode="dense"))

@@ -188,14 +188,14 @@ def agents_fixture(tmp_path: Path, make_indexer):
     def make(**overrides):
         indexer = make_indexer([{"agent": "alice", "path": alice}, {"agent": "bob", "path": bob}], **overrides)
         index_once(indexer)
-        indexer.ready.set()
+        indexer.state.ready.set()
         return indexer
 
     return make, alice, bob
 
 
 def _client(indexer, host: str = "127.0.0.1:8743", **headers: str) -> TestClient:
-    return TestClient(create_app(indexer), base_url=f"http://{host}", headers=headers)
+    return TestClient(create_app(indexer.view), base_url=f"http://{host}", headers=headers)
 
 
 def test_2_dns_rebinding_and_cross_origin_requests_are_refused(agents) -> None:
@@ -330,7 +330,7 @@ def test_7_a_workspace_nested_in_anothers_memory_owns_its_files(tmp_path: Path, 
     with capture_logs() as logs:
         indexer = make_indexer([{"agent": "alice", "path": alice}, {"agent": "bob", "path": bob}])
     index_once(indexer)
-    owners = {Path(p).relative_to(tmp_path).as_posix(): e.collection for p, e in indexer.indexed.items()}
+    owners = {Path(p).relative_to(tmp_path).as_posix(): e.collection for p, e in indexer.state.indexed.items()}
     assert owners == {"alice/MEMORY.md": "memory-root-alice", "alice/memory/garden.md": "memory-dir-alice",
                       "alice/memory/bob/loose.md": "memory-dir-alice",
                       "alice/memory/bob/MEMORY.md": "memory-root-bob",

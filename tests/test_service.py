@@ -59,7 +59,7 @@ def test_an_error_in_the_first_pass_does_not_kill_the_worker(workspace, make_ind
     indexer.pipeline.prepare = prepare_that_fails_once  # type: ignore[method-assign]
     with Running(indexer):
         assert raised
-        wait_for(lambda: len(indexer.indexed) == 4, timeout_s=30)
+        wait_for(lambda: len(indexer.state.indexed) == 4, timeout_s=30)
 
 
 def test_a_second_daemon_on_an_empty_state_dir_touches_nothing(workspace, tmp_path, registry) -> None:

@@ -76,7 +76,7 @@ def _indexed_count(logs: list[dict], rel: str) -> int:
 
 
 def _searchable(indexer, path: Path, needle: str) -> bool:
-    entry = indexer.indexed.get(str(path))
+    entry = indexer.state.indexed.get(str(path))
     if entry is None:
         return False
     texts = [p.text for p in indexer.store.scroll(entry.collection, ["abs_path", "text"])
@@ -93,9 +93,9 @@ def test_create_edit_delete_and_rename_are_followed(workspace: Path, make_indexe
         wait_for(lambda: _searchable(indexer, note, "osprey"))
         moved = workspace / "memory" / "renamed.md"
         note.rename(moved)
-        wait_for(lambda: str(moved) in indexer.indexed and str(note) not in indexer.indexed)
+        wait_for(lambda: str(moved) in indexer.state.indexed and str(note) not in indexer.state.indexed)
         moved.unlink()
-        wait_for(lambda: str(moved) not in indexer.indexed)
+        wait_for(lambda: str(moved) not in indexer.state.indexed)
 
 
 def test_atomic_save_reindexes_the_target_once(workspace: Path, make_indexer) -> None:
@@ -124,15 +124,15 @@ def test_directories_created_after_start_are_watched(tmp_path: Path, make_indexe
     indexer = make_indexer([{"agent": "main", "path": ws}])
     with Running(indexer):
         first = write(ws / "memory" / "first.md", "# First\n\nmemory/ did not exist when the daemon started\n")
-        wait_for(lambda: str(first) in indexer.indexed)
+        wait_for(lambda: str(first) in indexer.state.indexed)
         deep = write(ws / "memory" / "a" / "b" / "deep.md", "# Deep\n\na directory made later, two levels down\n")
-        wait_for(lambda: str(deep) in indexer.indexed)
+        wait_for(lambda: str(deep) in indexer.state.indexed)
         # a directory moved in from outside arrives as one event: its files must still be found
         outside = write(tmp_path / "staging" / "moved-in.md", "# Moved\n\nmoved in with its directory\n")
         os.rename(outside.parent, ws / "memory" / "staging")
-        wait_for(lambda: str(ws / "memory" / "staging" / "moved-in.md") in indexer.indexed)
+        wait_for(lambda: str(ws / "memory" / "staging" / "moved-in.md") in indexer.state.indexed)
         os.rename(ws / "memory" / "a", tmp_path / "gone")
-        wait_for(lambda: str(deep) not in indexer.indexed)
+        wait_for(lambda: str(deep) not in indexer.state.indexed)
 
 
 def test_memory_dir_deleted_and_made_again_is_watched_again(workspace: Path, make_indexer) -> None:
@@ -141,12 +141,12 @@ def test_memory_dir_deleted_and_made_again_is_watched_again(workspace: Path, mak
     indexer = make_indexer([{"agent": "main", "path": workspace}])
     with Running(indexer):
         shutil.rmtree(workspace / "memory")
-        wait_for(lambda: not any("/memory/" in p for p in indexer.indexed))
+        wait_for(lambda: not any("/memory/" in p for p in indexer.state.indexed))
         (workspace / "memory").mkdir()
         later = write(workspace / "memory" / "later.md", "# Later\n\nwritten into the new memory directory\n")
-        wait_for(lambda: str(later) in indexer.indexed)
+        wait_for(lambda: str(later) in indexer.state.indexed)
         again = write(workspace / "memory" / "again.md", "# Again\n\na second write, well after the mkdir\n")
-        wait_for(lambda: str(again) in indexer.indexed)
+        wait_for(lambda: str(again) in indexer.state.indexed)
 
 
 def test_replaced_workspace_directory_is_watched_again(workspace: Path, make_indexer, tmp_path: Path,
@@ -162,7 +162,7 @@ def test_replaced_workspace_directory_is_watched_again(workspace: Path, make_ind
         workspace.rename(tmp_path / "old")
         (tmp_path / "restored").rename(workspace)  # a restored backup at the same path
         note = write(workspace / "memory" / "after-restore.md", "# After\n\nwritten after the restore\n")
-        wait_for(lambda: str(note) in indexer.indexed)
+        wait_for(lambda: str(note) in indexer.state.indexed)
         note.write_text("# After\n\nedited after the restore: pelican\n")
         wait_for(lambda: _searchable(indexer, note, "pelican"))
 
@@ -174,13 +174,13 @@ def test_saving_a_root_file_does_not_walk_the_workspace(workspace: Path, make_in
     indexer = make_indexer([{"agent": "main", "path": workspace}])
     with Running(indexer):
         seen: list[Path] = []
-        original = indexer.process
+        original = indexer.sync.process
 
         def spy(paths):
             seen.extend(paths)
             original(paths)
 
-        indexer.process = spy
+        indexer.sync.process = spy
         (workspace / "MEMORY.md").write_text("# Memory\n\nDeploys moved to Wednesday.\n")
         wait_for(lambda: _searchable(indexer, workspace / "MEMORY.md", "Wednesday"))
     assert not [p for p in seen if "src" in p.parts]
@@ -214,8 +214,8 @@ def test_the_watcher_queues_a_write_and_close_with_the_short_quiet_period(worksp
     seen: list[tuple[Path, float | None]] = []
     note = workspace / "memory" / "quick.md"
     with Running(indexer):
-        queue = indexer.watcher.on_path
-        indexer.watcher.on_path = lambda path, quiet_s=None: (seen.append((path, quiet_s)), queue(path, quiet_s))
+        queue = indexer.state.watcher.on_path
+        indexer.state.watcher.on_path = lambda path, quiet_s=None: (seen.append((path, quiet_s)), queue(path, quiet_s))
         write(note, "# Quick\n\nThe release train leaves on Thursday.\n")
         wait_for(lambda: (note, QUICK_SETTLE_S) in seen)
         wait_for(lambda: _searchable(indexer, note, "Thursday"))

@@ -1,0 +1,253 @@
+"""Bring the store in line with the disk for a batch of paths: prepare -> embed -> points -> write.
+
+``Sync`` is the only caller of the pipeline (``indexer.pipeline``) and the only writer of points to the store; the
+worker thread (``indexer.worker``) is its only caller. A file event's walk::
+
+    watcher -> Settler (debounce) -> worker (take_ready) -> Sync.process -> Pipeline.prepare/embed/points
+                                                          -> Store.replace_file / delete_file -> IndexState.put/drop
+
+What it finds is recorded in the ``IndexState`` (``put``/``drop``, the ledger for skips and failures). Paths it
+cannot finish now are handed back (``Outcome.retry``: the store was unavailable or its state dir full), and the
+files of a directory made or moved in (which arrive without events of their own) are handed back as
+``Outcome.found``; the worker queues both.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from indexer.errors import EmbedError, ExtractError, FileSkipped, StateDirFull, StoreUnavailable
+from indexer.ledger import FAILURES
+from indexer.metrics import Metrics
+from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
+from indexer.points import FileState
+from indexer.state import IndexState
+from indexer.store import Store
+from indexer.workspace import Collection, Skip, route, walk_dir
+
+log = structlog.get_logger("qmd_indexer.daemon")
+
+GROUP_CHUNKS = 256  # chunks embedded and written together; smaller files of a batch go first
+RETRY_AFTER_S = 5.0  # a store found unreachable is tried again after this long (connecting, or a file's write)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What ``Sync.process`` hands back to the worker: files to try again later (``retry``) and files found under
+    a directory that appeared (``found``), to queue."""
+
+    retry: list[Path] = field(default_factory=list)
+    found: list[Path] = field(default_factory=list)
+
+
+class Sync:
+    """Writes what ``pipeline`` makes of files into ``store`` and records it in ``state`` (see the module).
+    ``beat`` is called where work progresses (the systemd watchdog); ``stopping``, once set, makes embedding give
+    up between slices (the worker sets both when it runs)."""
+
+    def __init__(self, state: IndexState, pipeline: Pipeline, store: Store, metrics: Metrics) -> None:
+        self.state, self.pipeline, self.store, self.metrics = state, pipeline, store, metrics
+        self.beat: Callable[[], None] = lambda: None
+        self.stopping = threading.Event()
+
+    # -- one batch ----------------------------------------------------------------------------------------------
+    def process(self, paths: Sequence[Path]) -> Outcome:
+        """Bring the store in line with the disk for ``paths`` (files or directories, present or gone). Raises
+        ``StoreUnavailable`` when a delete or read found the store unavailable (a write that does goes to
+        ``Outcome.retry``)."""
+        outcome = Outcome()
+        prepared: list[Prepared] = []
+        with self.state.holding(paths):
+            for path in paths:
+                self.beat()
+                self._prepare_one(path, prepared, outcome)
+            if prepared:
+                outcome.retry += self.write(prepared)
+        return outcome
+
+    def _prepare_one(self, path: Path, prepared: list[Prepared], outcome: Outcome) -> None:
+        state, collections = self.state, self.state.plan.collections
+        key = str(path)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            self.remove(key, reason="not_a_file")  # a file that became a directory leaves no ghost
+            collection, _ = route(collections, path)
+            # a directory made or moved in under a memory root: its files arrive without events of their own. The
+            # workspace root itself is never walked (it may hold anything); its memory files have their own events.
+            if collection is not None or path in {c.root for c in collections if c.role != "root"}:
+                skips: list[Skip] = []
+                outcome.found += walk_dir(path, skips)
+                self.report_skips(skips)
+            return
+        if st is None:  # gone: a deleted or moved-away file, or a whole directory
+            self.remove(key, reason="deleted")
+            prefix = key.rstrip("/") + "/"
+            for abs_path in [p for p in state.indexed if p.startswith(prefix)]:
+                self.remove(abs_path, reason="deleted")
+            state.ledger.forget_under(key)
+            return
+        other = self._indexed_name(key, st)
+        if other is not None:
+            path, key = Path(other), other
+        collection, reason = route(collections, path)
+        if collection is None:
+            if reason:
+                self.skip(path, reason)
+            elif key in state.indexed:
+                self.remove(key, reason="not_memory")
+            return
+        known = state.indexed.get(key)
+        try:
+            # a file that changed owner (a workspace now nested in another's memory/) is rewritten in its new
+            # collection, whatever its hash; the embedding cache makes that cheap
+            result = self.pipeline.prepare(collection, path,
+                                           known.state if known and known.collection == collection.name else None)
+        except FileNotFoundError:
+            self.remove(key, reason="deleted")
+            return
+        except FileSkipped as exc:
+            self.skip(path, exc.reason, exc.detail, failed=exc.reason in FAILURES)
+            return
+        except ExtractError as exc:
+            self.skip(path, "extract_failed", str(exc), failed=True)
+            return
+        if isinstance(result, Unchanged):
+            log.debug("file_unchanged", path=key)
+            if result.identity is not None and known is not None and known.collection == collection.name:
+                state.restat(key, result.identity)  # same text under a new stat (touch, chmod)
+            return
+        state.ledger.clear(key)
+        prepared.append(result)
+
+    def _indexed_name(self, key: str, st: os.stat_result) -> str | None:
+        """One file, two names (a hard link; ``memory.md`` linked to ``MEMORY.md``): the file is indexed once,
+        under the name the walk met first. An event names only the name written through, so for a name that is
+        not indexed this returns the indexed name of the same (device, inode), if any, still that file on disk."""
+        if st.st_nlink < 2 or not stat.S_ISREG(st.st_mode) or key in self.state.indexed:
+            return None
+        for abs_path in self.state.indexed_as(st.st_ino, st.st_dev):
+            if abs_path != key:
+                try:
+                    if os.path.samestat(os.lstat(abs_path), st):
+                        return abs_path
+                except OSError:
+                    continue
+        return None
+
+    # -- removing -----------------------------------------------------------------------------------------------
+    def remove(self, abs_path: str, reason: str) -> None:
+        """Delete the points of ``abs_path``, if it has any, and forget it. Raises ``StoreUnavailable``."""
+        entry = self.state.indexed.get(abs_path)
+        if entry is None:
+            return
+        self.store.delete_file(entry.collection, abs_path)
+        self.state.drop(abs_path)
+        log.info("file_removed", path=abs_path, collection=entry.collection, reason=reason)
+
+    def skip(self, path: Path, reason: str, detail: str = "", failed: bool = False) -> None:
+        """Log a skip or failure once per file state (the ledger); a file that stops being indexable loses its
+        points."""
+        if self.state.ledger.skip(path, reason, detail, failed):
+            self.remove(str(path), reason=reason)
+
+    def report_skips(self, skips: Sequence[Skip]) -> None:
+        """``skip`` each of a walk's ``skips``; the reasons in ``ledger.FAILURES`` count as failed files."""
+        for s in skips:
+            self.skip(s.path, s.reason, failed=s.reason in FAILURES)
+
+    # -- writing ------------------------------------------------------------------------------------------------
+    def write(self, prepared: Sequence[Prepared], into: Mapping[str, str] | None = None) -> list[Path]:
+        """Embed and store ``prepared`` files, smallest first in groups of about ``GROUP_CHUNKS`` chunks, so a huge
+        file in the batch does not hold back the small ones. Returns the files to retry. ``into`` (a rebuild):
+        collection name -> the physical collection to write instead; the index state is left alone."""
+        retry: list[Path] = []
+        group: list[Prepared] = []
+        size = 0
+        for file in sorted(prepared, key=lambda f: len(f.chunks)):
+            if group and size + len(file.chunks) > GROUP_CHUNKS:
+                retry += self._write_group(group, into)
+                group, size = [], 0
+            group.append(file)
+            size += len(file.chunks)
+        if group:
+            retry += self._write_group(group, into)
+        return retry
+
+    def fill(self, found: Sequence[tuple[Collection, Path]], into: Mapping[str, str], batch_files: int) -> bool:
+        """Write every file of ``found`` (a walk) into the rebuild targets ``into`` (collection name -> physical
+        collection), ``batch_files`` at a time, whatever its indexed state. Files gone, skipped or failing are left
+        for the scan after the swap to log. Returns False (abandoned) when a stop was asked or a write must be
+        retried."""
+        batch: list[Prepared] = []
+        for n, (collection, path) in enumerate(found, 1):
+            try:
+                result = self.pipeline.prepare(collection, path, None)
+                if isinstance(result, Prepared):
+                    batch.append(result)
+            except (OSError, FileSkipped, ExtractError):
+                pass
+            if len(batch) >= batch_files or n == len(found):
+                if self.write(batch, into) or self.stopping.is_set():
+                    return False
+                batch = []
+        return True
+
+    def _should_stop(self) -> bool:
+        """Asked between embedded slices: progress (a beat), and whether to give up for a stop."""
+        self.beat()
+        return self.stopping.is_set()
+
+    def _write_group(self, prepared: list[Prepared], into: Mapping[str, str] | None = None) -> list[Path]:
+        try:
+            self.store.ensure_room(0)  # a full state dir: retry later, without embedding in vain meanwhile
+        except StateDirFull:
+            return [file.path for file in prepared]
+        try:
+            vectors = self.pipeline.embed(prepared, should_stop=self._should_stop)
+        except Interrupted:
+            log.info("index_interrupted", files=[str(f.path) for f in prepared],
+                     hint="embedded slices are cached; the next start finishes them")
+            return []
+        except (EmbedError, ExtractError) as exc:
+            if len(prepared) == 1:
+                self.skip(prepared[0].path, "embed_failed", str(exc), failed=True)
+                return []
+            return [path for file in prepared for path in self._write_group([file], into)]  # isolate the refused file
+        retry: list[Path] = []
+        for file, file_vectors in zip(prepared, vectors):
+            points = self.pipeline.points(file, file_vectors)
+            started = time.monotonic()
+            abs_path = str(file.path)
+            old = self.state.indexed.get(abs_path)
+            try:
+                if into is not None:
+                    self.store.replace_file(into[file.collection.name], abs_path, file.file_hash, points)
+                    continue
+                if old and old.collection != file.collection.name:
+                    self.store.delete_file(old.collection, abs_path)
+                self.store.replace_file(file.collection.name, abs_path, file.file_hash, points)
+            except StoreUnavailable as exc:
+                self.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
+                if not isinstance(exc, StateDirFull):  # that one the store logs once per outage
+                    log.error("store_unavailable", path=abs_path, error=str(exc), retry_after_s=RETRY_AFTER_S)
+                retry.append(file.path)
+                continue
+            self.metrics.store_write_seconds.observe(time.monotonic() - started)
+            self.state.put(abs_path, file.collection.name, FileState(
+                file.file_hash, file.size_bytes, file.mtime_ns, len(points), True, file.ctime_ns, file.inode,
+                file.device))
+            log.info("file_indexed", path=abs_path, collection=file.collection.name, kind=file.kind,
+                     chunks=len(points), embedded=file.embedded, cache_hits=file.cache_hits,
+                     write_ms=round((time.monotonic() - started) * 1000, 1))
+        return retry
