@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -348,8 +348,3 @@ def check_reranker(reranker: Any, query: str, texts: Sequence[str]) -> list[floa
                  f"on the batch")
     return list(scores)
 
-
-
-def texts(chunks: Iterable[Chunk]) -> list[str]:
-    """The ``text`` of each chunk (a convenience for assertions in plugin tests)."""
-    return [chunk.text for chunk in chunks]
