@@ -64,8 +64,9 @@ class FileInfo:
 
     ``path`` is absolute and never a symlink; ``rel_path`` is relative to the workspace, with ``/`` separators;
     ``size_bytes`` is from the ``stat`` taken just before extraction; ``kind`` is what the classifier answered.
-    Read the file with ``open()``, not through ``path``: the daemon's opener resolves it beneath the workspace
-    with no symlink followed, so a directory swapped for a symlink meanwhile is refused (``OSError``).
+    Read the file with ``read_bytes()`` (or ``open()``), never through ``path``: the daemon's opener resolves it
+    beneath the workspace with no symlink followed, so a directory swapped for a symlink meanwhile is refused.
+    ``indexer.testing.check_extractor`` fails an extractor that reads ``path``.
     """
 
     path: Path
@@ -75,8 +76,23 @@ class FileInfo:
     opener: Callable[[], BinaryIO] | None = field(default=None, compare=False, repr=False)
 
     def open(self) -> BinaryIO:
-        """The file opened for binary reading (the caller closes it); ``open(path, "rb")`` without an opener."""
+        """The file opened for binary reading (the caller closes it); ``open(path, "rb")`` without an opener.
+        Raises ``OSError`` (the daemon's opener: also for a symlink met beneath the workspace)."""
         return self.opener() if self.opener is not None else open(self.path, "rb")
+
+    def read_bytes(self) -> bytes:
+        """The whole file as ``bytes``, read through ``open()``: the one way an extractor should read its file.
+
+        No size limit of its own: the daemon skips a file over ``max_file_bytes`` (text kinds) or
+        ``multimodal.max_file_bytes`` (media kinds) by its ``stat`` before extraction, so ``size_bytes`` is within
+        the cap unless the file grew since. Raises ``ExtractError("cannot read: <reason>")`` for any ``OSError``
+        (gone, permission denied, a symlink swapped in beneath the workspace); decode text with ``decode_text``.
+        """
+        try:
+            with self.open() as handle:
+                return handle.read()
+        except OSError as exc:
+            raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,12 +60,7 @@ class MarkdownExtractor:
             raise ValueError(f"overlap_ratio must be at least 0 and below 1, got {self.overlap_ratio}")
 
     def extract(self, file: FileInfo, context: ExtractContext) -> Iterator[Chunk]:
-        try:
-            with file.open() as handle:
-                data = handle.read()
-        except OSError as exc:
-            raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
-        text, replaced = decode_text(data)
+        text, replaced = decode_text(file.read_bytes())
         if replaced:
             log.warning("file_decoded_lossy", path=str(file.path), reason="invalid_utf8", replaced_sequences=replaced)
         overlap = int(context.max_tokens * self.overlap_ratio)

@@ -14,9 +14,11 @@ them needs pytest (they do not rely on ``assert`` statements, so ``python -O`` c
         check_reranker(MyReranker({}), "who fixed the disk?", ["Marco fixed the disk", "lunch is at noon"])
 
 The checks use a whitespace tokenizer (``whitespace_context``) unless you pass the ``ExtractContext`` of a real text
-embedder. The contract checked is the one ``indexer.plugins`` enforces when it loads a plugin, derived from the
-Protocols of ``indexer.api`` (``check_contract``); the checks here add behaviour: determinism, shapes, norms, the
-chunk rules, and one finite score per text for rerankers. Nothing here imports torch.
+embedder. Extractors get the sample as a ``FileInfo`` whose ``path`` does not exist while ``open()`` and
+``read_bytes()`` serve the sample's bytes, as the daemon's opener does: an extractor that reads ``file.path`` fails.
+The contract checked is the one ``indexer.plugins`` enforces when it loads a plugin, derived from the Protocols of
+``indexer.api`` (``check_contract``); the checks here add behaviour: determinism, shapes, norms, the chunk rules, the
+read rule, and one finite score per text for rerankers. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +108,52 @@ def check_classifier(classifier: Any, samples: Mapping[str | Path, str | None]) 
                      f"{name}.classify on junk bytes returned {answer!r}: must be str or None")
 
 
+#: the folder, never created, that the ``path`` of the ``FileInfo`` the checks hand to an extractor names
+MISSING_DIR = ".qmd-indexer-check-path-does-not-exist"
+#: the rule an extractor that reads ``file.path`` breaks, quoted by the checks
+READ_RULE = ("read the file with file.read_bytes() or file.open(), never through file.path: the daemon's opener "
+             "resolves it beneath the workspace with no symlink followed")
+
+
 def _file_info(path: Path, kind: str) -> FileInfo:
-    path = Path(path).absolute()
-    return FileInfo(path=path, rel_path=path.name, kind=kind, size_bytes=path.stat().st_size)
+    """The sample as the daemon hands it over, except that ``path`` (same name and suffix) names a file that does
+    not exist: only ``open()`` (and so ``read_bytes()``) reaches the sample's bytes."""
+    sample = Path(path).absolute()
+    size = sample.stat().st_size
+    decoy = sample.parent / MISSING_DIR / sample.name
+    return FileInfo(path=decoy, rel_path=sample.name, kind=kind, size_bytes=size,
+                    opener=lambda: open(sample, "rb"))
+
+
+def _names_missing_path(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is an ``OSError`` about the ``FileInfo.path`` that does
+    not exist (a message that merely quotes ``file.path`` does not count)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and MISSING_DIR in f"{current.filename or ''} {current}":
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _reads_path(extractor: Any, sample: Path, kind: str, context: ExtractContext, exc: Exception) -> bool:
+    """Whether ``extractor``, having raised ``exc`` on the ``_file_info`` of ``sample``, read ``file.path``: the
+    error names that missing path, or the extractor succeeds once ``path`` is the real file."""
+    if _names_missing_path(exc):
+        return True
+    plain = FileInfo(path=sample, rel_path=sample.name, kind=kind, size_bytes=sample.stat().st_size)
+    try:
+        return len(list(extractor.extract(plain, context))) > 0
+    except Exception:
+        return False
+
+
+def _path_reader(name: str, sample: Path, exc: Exception) -> AssertionError:
+    return AssertionError(f"{name}.extract reads file.path: given a FileInfo whose path does not exist and whose "
+                          f"open() serves the sample {sample.name!r}, it raised {type(exc).__name__}: {exc}; "
+                          f"{READ_RULE}")
 
 
 def _check_chunk(name: str, index: int, chunk: Any, kind: str, context: ExtractContext, token_limit: bool,
@@ -158,16 +203,23 @@ def check_extractor(extractor: Any, file_path: str | Path, kind: str, context: E
     the file's kind, a known modality, a valid 1-based line range, non-empty text (text chunks) or data bytes
     (other modalities), ``start_s``/``end_s`` seconds set together with ``0 <= start_s <= end_s``, JSON-safe
     ``meta``, and (when ``token_limit``) at most ``context.max_tokens`` tokens per text chunk; a second extraction
-    gives equal chunks. ``context`` defaults to ``whitespace_context()``.
+    gives equal chunks; the file is read through ``file.open()``/``file.read_bytes()``, never ``file.path`` (the
+    ``FileInfo`` handed over names a path that does not exist; the message names the rule). ``context`` defaults
+    to ``whitespace_context()``.
     """
     _contract(EXTRACTORS, extractor)
     name = _name(extractor)
     _require(kind in extractor.kinds, f"{name}.kinds is {sorted(extractor.kinds)}, which lacks {kind!r}")
     context = context or whitespace_context()
-    info = _file_info(Path(file_path), kind)
+    sample = Path(file_path).absolute()
+    info = _file_info(sample, kind)
     try:
         chunks = list(extractor.extract(info, context))
-    except (ExtractError, FileSkipped) as exc:
+    except Exception as exc:
+        if _reads_path(extractor, sample, kind, context, exc):
+            raise _path_reader(name, sample, exc) from None
+        if not isinstance(exc, (ExtractError, FileSkipped)):
+            raise
         raise AssertionError(f"{name}.extract refused a good {kind!r} sample {info.path.name!r}: "
                              f"{type(exc).__name__}: {exc}") from None
     _require(len(chunks) > 0, f"{name}.extract yielded no chunks for {info.path.name!r}")
@@ -182,15 +234,21 @@ def check_extractor(extractor: Any, file_path: str | Path, kind: str, context: E
 def check_extractor_rejects(extractor: Any, file_path: str | Path, kind: str,
                             context: ExtractContext | None = None) -> Exception:
     """Check that ``extractor`` refuses a bad sample (corrupt, truncated, unsupported) the way the daemon expects:
-    by raising ``indexer.errors.ExtractError`` or ``FileSkipped`` with a non-empty reason. Returns the exception."""
+    by raising ``indexer.errors.ExtractError`` or ``FileSkipped`` with a non-empty reason, not because it could not
+    find ``file.path`` (an ``OSError`` about that missing path, raised or chained, fails). Returns the exception."""
     name = _name(extractor)
-    info = _file_info(Path(file_path), kind)
+    sample = Path(file_path).absolute()
+    info = _file_info(sample, kind)
     try:
         chunks = list(extractor.extract(info, context or whitespace_context()))
     except (ExtractError, FileSkipped) as exc:
+        if _names_missing_path(exc):  # refused for the wrong reason: it could not find file.path
+            raise _path_reader(name, sample, exc) from None
         _require(bool(str(exc).strip()), f"{name} raised {type(exc).__name__} without a reason")
         return exc
     except Exception as exc:
+        if _names_missing_path(exc):
+            raise _path_reader(name, sample, exc) from None
         raise AssertionError(f"{name}.extract raised {type(exc).__name__}: {exc} for bad sample "
                              f"{info.path.name!r}; raise indexer.errors.ExtractError with the reason instead") from None
     raise AssertionError(f"{name}.extract accepted bad sample {info.path.name!r} ({len(chunks)} chunks); it must "
@@ -290,7 +348,3 @@ def check_reranker(reranker: Any, query: str, texts: Sequence[str]) -> list[floa
                  f"on the batch")
     return list(scores)
 
-
-def texts(chunks: Iterable[Chunk]) -> list[str]:
-    """The ``text`` of each chunk (a convenience for assertions in plugin tests)."""
-    return [chunk.text for chunk in chunks]

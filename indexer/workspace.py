@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -389,19 +388,6 @@ def anchor(collection: Collection, path: Path) -> tuple[Path, str, bool]:
     if path == collection.root:
         return path.parent, path.name, True
     return collection.root, path.relative_to(collection.root).as_posix(), False
-
-
-def stat_regular(path: Path) -> os.stat_result:
-    """``lstat`` of ``path``; raises ``FileNotFoundError`` if gone and ``IsADirectoryError``/``ValueError`` when
-    it is not a regular file (``ValueError("fifo")`` for FIFOs, sockets and devices)."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise ValueError("symlink")
-    if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(str(path))
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError("not_regular_file")
-    return st
 
 
 def attest(workspaces: Sequence[Workspace], record: Path) -> list[Workspace]:

@@ -8,6 +8,7 @@ Loading is tested with fake ``importlib.metadata.EntryPoint`` objects pointing a
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import pytest
 from indexer import api, testing
 from indexer.api import GROUPS
 from indexer.config import load_settings
-from indexer.errors import ConfigError
+from indexer.errors import ConfigError, ExtractError
 from indexer.plugins import CONTRACT, DEFAULTS, PROTOCOLS, TEXT_EMBEDDER, check_contract, load_registry
 
 try:
@@ -190,6 +191,54 @@ def test_check_reranker_holds_a_reranker_to_the_contract() -> None:
 
     with pytest.raises(AssertionError, match="must not depend on the batch"):
         testing.check_reranker(Batchy({}), "q", ["abc", "a"])
+
+
+def test_file_info_read_bytes_reads_through_the_opener_and_reports_errors_as_extract_errors(tmp_path: Path) -> None:
+    sample = tmp_path / "a.fake"
+    sample.write_bytes(b"hello\x00bytes")
+    opened: list[str] = []
+
+    def opener():
+        opened.append("opener")
+        return open(sample, "rb")
+
+    info = api.FileInfo(tmp_path / "elsewhere" / "a.fake", "a.fake", "fake", 11, opener=opener)
+    assert info.read_bytes() == b"hello\x00bytes" and opened == ["opener"]
+    assert api.FileInfo(sample, "a.fake", "fake", 11).read_bytes() == b"hello\x00bytes"  # no opener: open(path)
+
+    def refused():
+        raise OSError(errno.ELOOP, "Too many levels of symbolic links")
+
+    for gone in (api.FileInfo(tmp_path / "gone.fake", "gone.fake", "fake", 0),
+                 api.FileInfo(sample, "a.fake", "fake", 11, opener=refused)):
+        with pytest.raises(ExtractError, match=r"^cannot read: (No such file or directory|Too many levels)") as err:
+            gone.read_bytes()
+        assert isinstance(err.value.__cause__, OSError)
+
+
+def test_check_extractor_fails_an_extractor_that_reads_file_path(tmp_path: Path) -> None:
+    sample = tmp_path / "a.fake"
+    sample.write_text("hello there")
+    assert [c.text for c in testing.check_extractor(fakes.FakeExtractor({}), sample, "fake")] == ["hello there"]
+    rule = r"reads file\.path: given a FileInfo whose path does not exist .* never through file\.path"
+    for bad in (fakes.PathReadingExtractor({}), fakes.WrappingPathReader({})):  # raw OSError, unchained ExtractError
+        with pytest.raises(AssertionError, match=rf"^{type(bad).__name__}\.extract {rule}"):
+            testing.check_extractor(bad, sample, "fake")
+    with pytest.raises(AssertionError, match=rf"^PathReadingExtractor\.extract {rule}"):
+        testing.check_extractor_rejects(fakes.PathReadingExtractor({}), sample, "fake")  # refused for a wrong reason
+
+
+def test_the_guides_worked_example_passes_the_extractor_checks(tmp_path: Path) -> None:
+    """The notes extractor as the guide prints it runs, and reads its file through ``FileInfo``, not ``path``."""
+    guide = (REPO / "plugins" / "README.md").read_text(encoding="utf-8")
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", guide, re.S) if "class NotesExtractor" in b]
+    assert "file.path" not in example
+    namespace = {name: getattr(api, name) for name in api.__all__} | {"_suffixes": lambda config: None}
+    exec(compile(example, "plugins/README.md", "exec"), namespace)
+    note = tmp_path / "garden.org"
+    note.write_text("* Tomatoes\nSan Marzano on the south bed.\n")
+    (chunk,) = testing.check_extractor(namespace["NotesExtractor"]({}), note, "org")
+    assert (chunk.start_line, chunk.end_line, chunk.kind) == (1, 2, "org")
 
 
 def test_the_cross_encoder_is_a_built_in_reranker_plugin() -> None:

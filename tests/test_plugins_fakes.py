@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from indexer.api import Chunk, l2_normalise
+from indexer.api import Chunk, ExtractError, l2_normalise
 
 
 class EarlyClassifier:
@@ -50,11 +50,31 @@ class FakeExtractor:
         self.config = config
 
     def extract(self, file: Any, context: Any) -> Any:
-        yield Chunk(text=file.path.read_text(), kind="fake")
+        yield Chunk(text=file.read_bytes().decode(), kind="fake")
 
 
 class RivalExtractor(FakeExtractor):
     """Claims the same kind as ``FakeExtractor``: needs a ``prefer`` choice."""
+
+
+class PathReadingExtractor(FakeExtractor):
+    """Breaks the read rule: reads ``file.path`` itself, so a symlink swapped in beneath the workspace would be
+    followed (``wrap``: the ``OSError`` becomes an unchained ``ExtractError``, as a careless plugin writes it)."""
+
+    wrap = False
+
+    def extract(self, file: Any, context: Any) -> Any:
+        try:
+            text = file.path.read_text()
+        except OSError as exc:
+            if self.wrap:
+                raise ExtractError(f"cannot read: {exc.strerror}") from None
+            raise
+        yield Chunk(text=text, kind="fake")
+
+
+class WrappingPathReader(PathReadingExtractor):
+    wrap = True
 
 
 class NoKinds:

@@ -454,13 +454,15 @@ PARTS = ["..", ".", "", "memory", "MEMORY.md", "memory.md", "notes.md", "link.md
          "ws-private", ".hidden", "%2e%2e", "..%2f", "%252e", "\x00", "\\..", "x" * 300, "ws"]
 
 
-def test_fuzzed_paths_never_read_outside_the_workspace(tmp_path: Path, registry) -> None:
+def test_fuzzed_paths_never_read_outside_the_workspace_and_valid_ones_are_read(tmp_path: Path, registry) -> None:
     """Hypothesis over paths built from traversal pieces, encodings, NUL, long names, absolute prefixes, a
     `<workspace>-private` sibling and symlinked files and directories: every answer is a refusal or a file of the
-    workspace, never text from outside it."""
+    workspace, never text from outside it; and every path that normalises (lexically, as documented) to one of the
+    workspace's memory files is read, giving that file's text (a read that refused everything would fail)."""
     ws = tmp_path / "ws"
-    write(ws / "MEMORY.md", "# Memory\n\ninside\n")
-    write(ws / "memory" / "notes.md", "# Notes\n\ninside\n")
+    memory = {"MEMORY.md": "# Memory\n\ninside\n", "memory/notes.md": "# Notes\n\ninside too\n"}
+    for rel, text in memory.items():
+        write(ws / rel, text)
     write(ws / "memory" / ".hidden" / "x.md", "# Hidden\n\nhidden\n")
     write(tmp_path / "outside.md", f"# Out\n\n{OUTSIDE}\n")
     write(tmp_path / "ws-private" / "MEMORY.md", f"# Out\n\n{OUTSIDE}\n")
@@ -469,16 +471,31 @@ def test_fuzzed_paths_never_read_outside_the_workspace(tmp_path: Path, registry)
     (ws / "memory" / "dirlink").symlink_to(tmp_path / "ws-private", target_is_directory=True)
     collections = plan_collections([Workspace(agent="main", path=ws)])
     prefixes = st.sampled_from(["", "/", f"{ws}/", f"{tmp_path}/", f"{ws}-private/", "memory/"])
+    fuzzed = st.builds(lambda prefix, parts: prefix + "/".join(parts), prefixes,
+                       st.lists(st.one_of(st.sampled_from(PARTS), st.text(max_size=4)), max_size=6))
+    # valid spellings of the two memory files: detours that normalise away, absolute and relative forms
+    detours = st.lists(st.sampled_from([".", "x/..", "memory/..", "dirlink/..", "x" * 300 + "/..", "%2e%2e/.."]),
+                       max_size=3)
+    valid = st.builds(lambda prefix, steps, target: prefix + "".join(f"{s}/" for s in steps) + target,
+                      st.sampled_from(["", "./", f"{ws}/", f"{tmp_path}/ws/", f"{ws}-private/../ws/", "memory/../"]),
+                      detours, st.sampled_from(["MEMORY.md", "memory/notes.md", "memory/./notes.md"]))
+    read: set[str] = set()
 
     @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(prefix=prefixes, parts=st.lists(st.one_of(st.sampled_from(PARTS), st.text(max_size=4)), max_size=6))
-    def check(prefix: str, parts: list[str]) -> None:
-        path = prefix + "/".join(parts)
+    @given(path=st.one_of(fuzzed, valid))
+    def check(path: str) -> None:
+        named = os.path.normpath(path if os.path.isabs(path) else ws / path)
+        expected = next((rel for rel in memory if named == str(ws / rel)), None)
         try:
             page = read_memory(collections, path, max_chars=1000, classify=registry.classify)
-        except (ReadRefused, KeyError, ValueError, OSError):
+        except (ReadRefused, KeyError, ValueError, OSError) as exc:
+            assert expected is None, f"{path!r} names {expected} but was refused: {type(exc).__name__}: {exc}"
             return
         assert OUTSIDE not in page["text"], path
         assert os.path.realpath(ws / page["path"]).startswith(f"{ws}/"), (path, page["path"])
+        if expected is not None:
+            assert (page["path"], page["text"]) == (expected, memory[expected].rstrip("\n")), path
+            read.add(expected)
 
     check()
+    assert read == set(memory)  # valid paths were generated and read, not only refusals checked

@@ -1,4 +1,4 @@
-"""Any supported recording to 16 kHz mono float32 samples in [-1, 1], in-process where possible.
+"""Any supported recording, given as its bytes, to 16 kHz mono float32 samples in [-1, 1], in-process where possible.
 
 Order of decoders: soundfile (libsndfile: wav, flac, ogg/vorbis, opus, mp3), then PyAV when installed (m4a, aac and
 anything FFmpeg's libraries read), then the ``ffmpeg`` command when on ``PATH``. When all fail, ``AudioDecodeError``
@@ -8,10 +8,11 @@ says what each one answered and which tool is missing.
 from __future__ import annotations
 
 import importlib.util
+import io
 import math
 import shutil
 import subprocess
-from pathlib import Path
+import tempfile
 
 import numpy as np
 
@@ -44,22 +45,22 @@ def _too_long(seconds: float, max_duration_s: float) -> None:
         raise AudioDecodeError(f"{seconds:.0f} s of audio is over the limit of {max_duration_s:.0f} s")
 
 
-def _soundfile(path: Path, max_duration_s: float) -> np.ndarray:
+def _soundfile(data: bytes, max_duration_s: float) -> np.ndarray:
     import soundfile
 
-    info = soundfile.info(str(path))
+    info = soundfile.info(io.BytesIO(data))
     if info.samplerate > 0:
         _too_long(info.frames / info.samplerate, max_duration_s)
-    samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
     return to_16k_mono(samples, rate)
 
 
-def _pyav(path: Path, max_duration_s: float) -> np.ndarray:
+def _pyav(data: bytes, max_duration_s: float) -> np.ndarray:
     import av
 
     pieces: list[np.ndarray] = []
     total = 0
-    with av.open(str(path)) as container:
+    with av.open(io.BytesIO(data)) as container:
         if not container.streams.audio:
             raise AudioDecodeError("no audio stream")
         resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
@@ -73,10 +74,14 @@ def _pyav(path: Path, max_duration_s: float) -> np.ndarray:
     return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
 
 
-def _ffmpeg(exe: str, path: Path, max_duration_s: float) -> np.ndarray:
-    command = [exe, "-nostdin", "-v", "error", "-t", str(max_duration_s + 1), "-i", str(path),
-               "-f", "f32le", "-ac", "1", "-ar", str(SAMPLE_RATE), "-"]
-    run = subprocess.run(command, capture_output=True, check=False)
+def _ffmpeg(exe: str, data: bytes, max_duration_s: float) -> np.ndarray:
+    # a private temporary copy, not a pipe: MP4/M4A files with their index at the end need a seekable input
+    with tempfile.NamedTemporaryFile(prefix="qmd-indexer-audio-") as copy:
+        copy.write(data)
+        copy.flush()
+        command = [exe, "-nostdin", "-v", "error", "-t", str(max_duration_s + 1), "-i", copy.name,
+                   "-f", "f32le", "-ac", "1", "-ar", str(SAMPLE_RATE), "-"]
+        run = subprocess.run(command, capture_output=True, check=False)
     if run.returncode != 0:
         lines = run.stderr.decode("utf-8", "replace").strip().splitlines()
         raise AudioDecodeError(lines[-1] if lines else f"exit status {run.returncode}")
@@ -85,19 +90,20 @@ def _ffmpeg(exe: str, path: Path, max_duration_s: float) -> np.ndarray:
     return samples
 
 
-def decode(path: Path, max_duration_s: float = 3600.0) -> np.ndarray:
-    """``path`` as 16 kHz mono float32 samples. Raises ``AudioDecodeError`` naming each decoder's failure and, when
-    no fallback exists, the missing tool (``ffmpeg``)."""
+def decode(data: bytes, max_duration_s: float = 3600.0) -> np.ndarray:
+    """The recording ``data`` (a file's bytes, e.g. ``FileInfo.read_bytes()``) as 16 kHz mono float32 samples.
+    Raises ``AudioDecodeError`` naming each decoder's failure and, when no fallback exists, the missing tool
+    (``ffmpeg``)."""
     failures: list[str] = []
     try:
-        return _soundfile(path, max_duration_s)
+        return _soundfile(data, max_duration_s)
     except AudioDecodeError:
         raise
     except Exception as exc:  # libsndfile reports unknown or broken formats as LibsndfileError/RuntimeError
         failures.append(f"soundfile: {exc}")
     if importlib.util.find_spec("av") is not None:
         try:
-            return _pyav(path, max_duration_s)
+            return _pyav(data, max_duration_s)
         except AudioDecodeError as exc:
             if "over the limit" in str(exc):
                 raise
@@ -109,7 +115,7 @@ def decode(path: Path, max_duration_s: float = 3600.0) -> np.ndarray:
         failures.append("ffmpeg: not installed (apt-get install ffmpeg, or pip install av)")
     else:
         try:
-            return _ffmpeg(exe, path, max_duration_s)
+            return _ffmpeg(exe, data, max_duration_s)
         except AudioDecodeError as exc:
             if "over the limit" in str(exc):
                 raise

@@ -82,9 +82,9 @@ class AudioExtractor:
     """A recording to transcript chunks (``kind="audio"``, ``modality="text"``, ``start_s``/``end_s`` seconds,
     ``meta = {"duration_s", "language"}``).
 
-    Raises ``ExtractError`` naming the reason: not audio (no known signature), undecodable (with each decoder's
-    answer and any missing tool), over ``max_duration_s``, or the engine failed; ``FileSkipped`` with ``silent``
-    or ``no_speech`` for a recording without speech (no voice found, or every segment dropped by
+    Raises ``ExtractError`` naming the reason: unreadable, not audio (no known signature), undecodable (with each
+    decoder's answer and any missing tool), over ``max_duration_s``, or the engine failed; ``FileSkipped`` with
+    ``silent`` or ``no_speech`` for a recording without speech (no voice found, or every segment dropped by
     ``qmd_indexer_audio.speech``). Those two verdicts are remembered by content, so the same bytes are never
     transcribed again.
     """
@@ -114,29 +114,25 @@ class AudioExtractor:
         return self.engine.model_id
 
     def extract(self, file: FileInfo, context: ExtractContext) -> Iterator[Chunk]:
-        try:
-            with open(file.path, "rb") as handle:
-                head = handle.read(64)
-            container = audio_format(head)
-            if container is None:
-                raise ExtractError(f"not audio: the first bytes {head[:8]!r} match no WAV, FLAC, Ogg, MP3, AAC or "
-                                   f"MP4 signature")
-            key = verdict_key(self.verdict_rules, file.path)
-        except OSError as exc:
-            raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
+        data = file.read_bytes()
+        container = audio_format(data[:64])
+        if container is None:
+            raise ExtractError(f"not audio: the first bytes {data[:8]!r} match no WAV, FLAC, Ogg, MP3, AAC or "
+                               f"MP4 signature")
+        key = verdict_key(self.verdict_rules, data)
         remembered = self.verdicts.get(key)
         if remembered is not None:
             reason, detail = remembered
             raise FileSkipped(reason, f"{detail} (remembered for this content)")
         try:
-            yield from self._transcribe(file.path, container, context)
+            yield from self._transcribe(data, container, context)
         except FileSkipped as exc:
             self.verdicts.put(key, exc.reason, exc.detail)
             raise
 
-    def _transcribe(self, path: Path, container: str, context: ExtractContext) -> Iterator[Chunk]:
+    def _transcribe(self, data: bytes, container: str, context: ExtractContext) -> Iterator[Chunk]:
         try:
-            samples = decode(path, self.max_duration_s)
+            samples = decode(data, self.max_duration_s)
         except AudioDecodeError as exc:
             raise ExtractError(f"cannot decode {container} audio: {exc}") from None
         duration_s = samples.size / SAMPLE_RATE

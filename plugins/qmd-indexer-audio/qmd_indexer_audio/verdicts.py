@@ -21,10 +21,9 @@ from indexer.cache import cache_key
 log = structlog.get_logger("qmd_indexer.audio")
 
 
-def verdict_key(rules: str, path: Path) -> bytes:
-    """32 bytes for the content of ``path`` under ``rules``. Raises ``OSError`` when the file cannot be read."""
-    with open(path, "rb") as handle:
-        return cache_key(rules, hashlib.file_digest(handle, "sha256").digest())
+def verdict_key(rules: str, data: bytes) -> bytes:
+    """32 bytes for a file's content ``data`` under ``rules``."""
+    return cache_key(rules, hashlib.sha256(data).digest())
 
 
 class VerdictCache:

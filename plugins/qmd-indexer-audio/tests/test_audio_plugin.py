@@ -80,7 +80,7 @@ def test_classifier_claims_audio_names(tmp_path: Path) -> None:
 ])
 def test_decode_to_16k_mono_in_process(tmp_path: Path, name: str, fmt: str, subtype: str | None) -> None:
     rate = 48_000 if subtype == "OPUS" else 44_100
-    samples = decode(recording(tmp_path / name, fmt, subtype, tone(rate=rate), rate))
+    samples = decode(recording(tmp_path / name, fmt, subtype, tone(rate=rate), rate).read_bytes())
     assert samples.dtype == np.float32 and samples.ndim == 1
     assert abs(samples.size / SAMPLE_RATE - 2.0) < 0.1  # 2 s, give or take codec padding
     assert 0.1 < float(np.abs(samples).max()) <= 1.0
@@ -98,7 +98,7 @@ def test_m4a_decodes_through_pyav(tmp_path: Path) -> None:
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     assert audio_format(path.read_bytes()[:12]) == "MP4"
-    assert abs(decode(path).size / SAMPLE_RATE - 2.0) < 0.2
+    assert abs(decode(path.read_bytes()).size / SAMPLE_RATE - 2.0) < 0.2
 
 
 def test_whisper_checkpoint_transcribes_into_timed_chunks(tmp_path: Path, extractor: AudioExtractor) -> None:
@@ -279,8 +279,8 @@ def test_noise_is_no_speech_with_openai_whisper_and_remembered(tmp_path: Path, t
 
 def test_speech_between_noise_keeps_its_time_in_the_file(tmp_path: Path, extractor: AudioExtractor) -> None:
     speech = speak("Ask not what your country can do for you.", tmp_path / "speech.wav")
-    hum = decode(pink_noise(tmp_path / "hum.wav", seconds=5.0))
-    padded = np.concatenate([hum, decode(speech), hum])  # 5 s of noise, the sentence, 5 s of noise
+    hum = decode(pink_noise(tmp_path / "hum.wav", seconds=5.0).read_bytes())
+    padded = np.concatenate([hum, decode(speech.read_bytes()), hum])  # 5 s of noise, the sentence, 5 s of noise
     clip = tmp_path / "memory" / "memo.wav"
     clip.parent.mkdir(parents=True)
     soundfile.write(str(clip), padded, SAMPLE_RATE)

@@ -66,11 +66,7 @@ class ImageExtractor:
             raise ValueError(f"max_pixels must be positive, got {self.max_pixels}")
 
     def extract(self, file: FileInfo, context: ExtractContext) -> Iterator[Chunk]:
-        try:
-            with file.open() as handle:
-                data = handle.read()
-        except OSError as exc:
-            raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
+        data = file.read_bytes()
         signature = image_format(data[:32])
         if signature is None:
             raise ExtractError(f"not an image: the first bytes {data[:8]!r} match no PNG, JPEG, GIF, WebP or HEIF "

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from indexer.api import Chunk, ExtractContext, ExtractError, FileInfo, chunk_text, decode_text
+from indexer.api import Chunk, ExtractContext, FileInfo, chunk_text, decode_text
 
 __version__ = "0.1.0"
 DEFAULT_SUFFIXES = (".txt", ".org")
@@ -57,10 +57,6 @@ class NotesExtractor:
     def extract(self, file: FileInfo, context: ExtractContext) -> Iterator[Chunk]:
         """Yields ``Chunk(kind=file.kind, modality="text")``; raises ``ExtractError`` for unreadable or binary
         files."""
-        try:
-            data = file.path.read_bytes()
-        except OSError as exc:
-            raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
-        text, _ = decode_text(data)  # raises ExtractError for NUL bytes
+        text, _ = decode_text(file.read_bytes())  # ExtractError: unreadable, or NUL bytes (binary)
         for piece in chunk_text(text, context.token_offsets, context.max_tokens):
             yield Chunk(text=piece.text, start_line=piece.start_line, end_line=piece.end_line, kind=file.kind)
