@@ -37,13 +37,13 @@ from indexer.errors import CollectionMismatch
 from indexer.metrics import Metrics
 from indexer.pipeline import Pipeline, unchanged_by_stat
 from indexer.plugins import Registry, load_registry, plugin_configs
-from indexer.rebuild import check_identity, hold_state_lock, model_identity, record_identity
+from indexer.rebuild import attest, check_identity, hold_state_lock, model_identity, record_identity
 from indexer.report import StatusView
 from indexer.state import Indexed, IndexState, Plan
 from indexer.store import ServerOptions, Store, open_store
 from indexer.sync import Sync
 from indexer.watcher import Settler
-from indexer.workspace import Collection, attest, overlaps, walk, walk_paths
+from indexer.workspace import Collection, overlaps, walk, walk_paths
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
@@ -152,7 +152,7 @@ class Indexer:
         self._cache.close()
 
     def _attest(self) -> bool:
-        """``workspace.attest`` the workspaces; the files of one whose path now names another directory lose the
+        """``rebuild.attest`` the workspaces; the files of one whose path now names another directory lose the
         stat shortcut, so each is re-hashed once instead of trusting sizes and mtimes that may match by accident
         (unchanged text still costs no embedding). True if any changed."""
         changed = attest(self.settings.workspace, self.settings.state_dir / "attestations.json")

@@ -6,6 +6,9 @@
   version). ``<state_dir>/collection-identity.json`` records it per collection (``record_identity``); at every
   ``Indexer.connect``, ``check_identity`` compares it with the configured one and, on a change, asks for a rebuild
   (``on_model_change = "rebuild"``) or refuses to start (``"refuse"``).
+- Workspace identity: ``attest`` records which filesystem object each workspace path is
+  (``<state_dir>/attestations.json``), so a restored backup or a re-created directory is re-hashed rather than
+  trusted by size and mtime.
 
 The rebuild itself is ``Indexer.rebuild`` (``indexer.daemon``): it fills a new collection beside each live one and
 swaps them in; ``StatusView.request_rebuild`` (``POST /reindex``) asks the worker for one.
@@ -14,6 +17,7 @@ swaps them in; ``StatusView.request_rebuild`` (``POST /reindex``) asks the worke
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +26,7 @@ from typing import Any
 import structlog
 
 from indexer import chunking
-from indexer.config import Settings
+from indexer.config import Settings, Workspace
 from indexer.errors import CollectionMismatch, StateReadOnly, StoreLocked
 from indexer.safeio import lock_exclusive
 
@@ -106,3 +110,35 @@ def check_identity(settings: Settings, names: Sequence[str], embedders: Mapping[
                     action="rebuild")
         rebuild_requested.set()
     record_identity(state_dir, [name for name in names if name not in record], current)
+
+
+# -- workspace identity ----------------------------------------------------------------------------------------------
+def attest(workspaces: Sequence[Workspace], record: Path) -> list[Workspace]:
+    """Record which filesystem object (device, inode) each workspace path is, in the JSON file ``record``
+    (``{agent: {"path", "dev", "ino"}}``, replaced atomically); return the workspaces whose path now names another
+    object than last time (a restored backup, a re-created directory), each logged as ``workspace_reattested``.
+    A missing workspace is logged as ``workspace_missing`` and left out of the record; an unreadable record counts
+    as empty. Raises ``OSError`` when the record cannot be written."""
+    try:
+        previous = json.loads(record.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    current: dict[str, dict[str, str | int]] = {}
+    changed: list[Workspace] = []
+    for ws in workspaces:
+        try:
+            st = os.stat(ws.path)
+        except OSError:
+            log.warning("workspace_missing", agent=ws.agent, path=str(ws.path))
+            continue
+        current[ws.agent] = {"path": str(ws.path), "dev": st.st_dev, "ino": st.st_ino}
+        old = previous.get(ws.agent)
+        if old and old["path"] == str(ws.path) and (old["dev"], old["ino"]) != (st.st_dev, st.st_ino):
+            changed.append(ws)
+            log.warning("workspace_reattested", agent=ws.agent, path=str(ws.path),
+                        old_inode=old["ino"], new_inode=st.st_ino)
+    if current != previous:
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(current, indent=1))
+        tmp.replace(record)
+    return changed

@@ -31,7 +31,6 @@ preceded by the ``collection_prefix`` setting (daemons on several machines shari
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -388,34 +387,3 @@ def anchor(collection: Collection, path: Path) -> tuple[Path, str, bool]:
     if path == collection.root:
         return path.parent, path.name, True
     return collection.root, path.relative_to(collection.root).as_posix(), False
-
-
-def attest(workspaces: Sequence[Workspace], record: Path) -> list[Workspace]:
-    """Record which filesystem object (device, inode) each workspace path is, in the JSON file ``record``
-    (``{agent: {"path", "dev", "ino"}}``, replaced atomically); return the workspaces whose path now names another
-    object than last time (a restored backup, a re-created directory), each logged as ``workspace_reattested``.
-    A missing workspace is logged as ``workspace_missing`` and left out of the record; an unreadable record counts
-    as empty. Raises ``OSError`` when the record cannot be written."""
-    try:
-        previous = json.loads(record.read_text())
-    except (OSError, ValueError):
-        previous = {}
-    current: dict[str, dict[str, str | int]] = {}
-    changed: list[Workspace] = []
-    for ws in workspaces:
-        try:
-            st = os.stat(ws.path)
-        except OSError:
-            log.warning("workspace_missing", agent=ws.agent, path=str(ws.path))
-            continue
-        current[ws.agent] = {"path": str(ws.path), "dev": st.st_dev, "ino": st.st_ino}
-        old = previous.get(ws.agent)
-        if old and old["path"] == str(ws.path) and (old["dev"], old["ino"]) != (st.st_dev, st.st_ino):
-            changed.append(ws)
-            log.warning("workspace_reattested", agent=ws.agent, path=str(ws.path),
-                        old_inode=old["ino"], new_inode=st.st_ino)
-    if current != previous:
-        tmp = record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(current, indent=1))
-        tmp.replace(record)
-    return changed
