@@ -79,7 +79,7 @@ async def _ask(client: McpClient, tool: str, arguments: dict[str, Any]) -> tuple
 
 # -- the typed HTTP contract -------------------------------------------------------------------------------------
 def test_openapi_types_every_answer(make_indexer, workspace: Path) -> None:
-    spec = create_app(make_indexer([{"agent": "main", "path": workspace}])).openapi()
+    spec = create_app(make_indexer([{"agent": "main", "path": workspace}]).view).openapi()
     schemas = spec["components"]["schemas"]
     declared_errors = {"/search": {"400", "404", "503"}, "/get": {"400", "403", "404"}, "/boot": {"400", "404", "503"},
                        "/recall": {"404", "503"}}
@@ -249,7 +249,7 @@ def test_http_endpoint_serves_the_same_tools_in_process(daemon: Served) -> None:
 def test_mcp_sits_behind_the_apps_middleware_and_host_check(make_indexer, workspace: Path) -> None:
     from starlette.responses import PlainTextResponse
 
-    app = create_app(make_indexer([{"agent": "main", "path": workspace}]))
+    app = create_app(make_indexer([{"agent": "main", "path": workspace}]).view)
     seen: list[str] = []
 
     @app.middleware("http")
