@@ -5,13 +5,16 @@ chunk's text (or raw bytes for images), not of its path. Vectors are stored as f
 
 The cache is disposable: everything in it can be recomputed. A file that is not a readable SQLite database (garbage,
 truncated, damaged while running) is set aside as ``<name>.corrupt-<unix time>`` with one ``cache_reset`` log line
-and a new one is started; a cache that cannot be written (disk full, read-only) logs ``cache_write_failed`` once per
-outage and indexing goes on uncached. Neither ever stops the daemon.
+and a new one is started; a file deleted or replaced while running is noticed at the next read or write (its
+device and inode changed) and reopened with one ``cache_reopened`` line, so writes never go to an unlinked file; a
+cache that cannot be written (disk full, read-only) logs ``cache_write_failed`` once per outage and indexing goes
+on uncached. None of these ever stops the daemon.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import threading
 import time
@@ -36,6 +39,7 @@ class EmbeddingCache:
         self.path = path
         self._lock = threading.Lock()
         self._write_failing = False
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file the connection has open
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -53,7 +57,42 @@ class EmbeddingCache:
         except sqlite3.DatabaseError:
             db.close()
             raise
+        self._file = self._identity()
         return db
+
+    def _identity(self) -> tuple[int, int] | None:
+        """(device, inode) of the file at ``path`` now; ``None`` in memory or when there is none."""
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _follow(self) -> None:
+        """Reopen when the file at ``path`` is no longer the one the connection has open (deleted, or replaced by a
+        restore), so reads and writes go to the file a restart would find. Called with the lock held."""
+        if self.path is None:
+            return
+        now = self._identity()
+        if now == self._file:
+            return
+        old, known = self._db, self._file
+        try:
+            self._db = self._connect()
+        except sqlite3.DatabaseError as exc:
+            try:
+                self._db = self._reset(exc)
+            except sqlite3.Error:  # cannot make a new file now (read-only state dir): keep the old, try again later
+                self._db, self._file = old, known
+                return
+        log.warning("cache_reopened", path=str(self.path), reason="deleted" if now is None else "replaced",
+                    detail="the embedding cache file changed under the daemon; vectors are recomputed as needed")
+        try:
+            old.close()
+        except sqlite3.Error:
+            pass
 
     def _reset(self, exc: Exception) -> sqlite3.Connection:
         """Set the damaged file (and its WAL/SHM) aside and start an empty cache."""
@@ -85,6 +124,7 @@ class EmbeddingCache:
         cannot be read answers with what it found so far (the rest is embedded again)."""
         found: dict[bytes, np.ndarray] = {}
         with self._lock:
+            self._follow()
             try:
                 for start in range(0, len(keys), 500):
                     batch = list(keys[start : start + 500])
@@ -103,6 +143,7 @@ class EmbeddingCache:
         """Store ``(key, (dim,) vector)`` pairs; never raises for a cache that cannot be written (logged once)."""
         rows = [(key, np.asarray(vec, dtype=np.float32).tobytes()) for key, vec in items]
         with self._lock:
+            self._follow()
             for attempt in (1, 2):
                 try:
                     with self._db:

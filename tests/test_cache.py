@@ -66,6 +66,26 @@ def test_damage_while_running_never_raises_and_is_repaired_by_the_next_open(tmp_
     assert len(resets) == (0 if damage == "delete" else 1), logs
 
 
+def test_a_cache_deleted_while_running_is_noticed_and_reopened(tmp_path: Path) -> None:
+    """Deleted from under a running daemon (a clean-up script, ``rm -rf state/*``), the cache must not go on writing
+    into the unlinked file (lost at the next start): the next write notices, logs one line and reopens a new file."""
+    path = tmp_path / "embeddings.sqlite3"
+    items = _items(10)
+    with structlog.testing.capture_logs() as logs:
+        cache = EmbeddingCache(path)
+        cache.put_many(items[:5])
+        for suffix in ("", "-wal", "-shm"):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        cache.put_many(items[5:])
+        cache.put_many(items[5:])  # once noticed, not logged again
+        cache.close()
+    assert [e["event"] for e in logs] == ["cache_reopened"], logs
+    assert path.exists(), "a new cache file is made where the old one was"
+    reopened = EmbeddingCache(path)
+    assert set(reopened.get_many([k for k, _ in items], 4)) == {k for k, _ in items[5:]}  # the writes after it
+    reopened.close()
+
+
 def test_a_daemon_starts_and_indexes_over_a_garbage_cache(tmp_path: Path, workspace: Path, make_indexer) -> None:
     write(tmp_path / "state" / "embeddings.sqlite3", b"\x00garbage" * 1000)
     indexer = make_indexer([{"agent": "main", "path": workspace}])
