@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.bench import DEFAULT_OUT, DEFAULT_VAULT, REPO, copy_vault, log
+from benchmarks.bench.common import DEFAULT_OUT, DEFAULT_VAULT, REPO, copy_vault, log
 
 CLUSTER_COLLECTIONS = {"qdrant_shard_number": 3, "qdrant_replication_factor": 2,
                        "qdrant_write_consistency_factor": 2}

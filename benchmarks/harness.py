@@ -1,9 +1,11 @@
-"""What the fault and load scripts share: a small workspace of real notes, ``qmd-indexer run`` as a subprocess, the
-points of a stopped daemon's store, and the truth they are compared with (a clean index of the same files).
+"""What the benchmarks share: ``qmd-indexer run`` as a subprocess (``Daemon``: every benchmark that starts a daemon
+uses this one), a small workspace of real notes, the points of a stopped daemon's store, and the truth they are
+compared with (a clean index of the same files).
 
 Notes come from ``../shared/data/vault`` (Obsidian docs, real prose), else ``../shared/data/devvault``, else are
-generated (numbered sentences); ``notes_source`` says which. Daemons run with ``precision = "fp32"`` (no model
-export under the state dir, which a full disk would otherwise meet first) and JSON log lines on stderr.
+generated (numbered sentences); ``notes_source`` says which. Daemons run from this checkout with JSON log lines, by
+default with ``precision = "fp32"`` (no model export under the state dir, which a full disk would otherwise meet
+first); ``make bench`` runs them with the product's own precision (``fp32=False``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,8 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = [p / "shared" / "data" for p in (REPO.parent, REPO.parent.parent)]  # a checkout, or a worktree beside it
 VAULTS = tuple(d / name for name in ("vault", "devvault") for d in SHARED)
 AGENT = "main"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json", "QMD_INDEXER_PRECISION": "fp32",
-       "PYTHONPATH": str(REPO)}
+# what a daemon's environment adds to this process's (read when the daemon starts)
+DAEMON_ENV = {"HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json", "PYTHONPATH": str(REPO)}
+FP32_ENV = {"QMD_INDEXER_PRECISION": "fp32"}
 SAME_VECTOR = 0.999  # cosine above which two embeddings of one chunk count as the same vector
 
 
@@ -117,20 +121,70 @@ class Burst:
 
 # -- the daemon ---------------------------------------------------------------------------------------------------
 class Daemon:
-    """``qmd-indexer run`` on ``ws`` with state in ``state``, JSON log lines to ``log_path``."""
+    """``qmd-indexer run`` on ``ws`` as agent ``agent`` with state in ``state``, on a free port, its output (JSON log
+    lines) to ``log_path``. Run as ``python -m indexer.cli`` from this checkout, so the code measured is this tree's
+    (an installed ``qmd-indexer`` script imports whatever checkout the virtualenv was installed from).
+
+    The environment is this process's plus ``DAEMON_ENV``, ``FP32_ENV`` unless ``fp32`` is false, then ``env``.
+    With ``sample_rss``, a thread samples the resident set every 50 ms (``sampled_peak``, bytes: ``rss_peak``'s
+    fallback where ``/proc`` has no ``VmHWM``; needs psutil)."""
 
     def __init__(self, ws: Path, state: Path, log_path: Path, env: dict[str, str] | None = None,
-                 user: str | None = None) -> None:
+                 agent: str = AGENT, fp32: bool = True, sample_rss: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.started = time.monotonic()
-        cmd = [sys.executable, "-m", "indexer.cli", "run", "--workspace", str(ws), "--agent", AGENT,
+        cmd = [sys.executable, "-m", "indexer.cli", "run", "--workspace", str(ws), "--agent", agent,
                "--state-dir", str(state), "--port", str(self.port)]
-        with open(log_path, "w") as stderr:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, env={**ENV, **(env or {})},
-                                         cwd=REPO)
+        full_env = {**os.environ, **DAEMON_ENV, **(FP32_ENV if fp32 else {}), **(env or {})}
+        with open(log_path, "w") as output:
+            self.proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
         self.client = httpx.Client(timeout=10)
+        self.sampled_peak = 0
+        self._sampling = threading.Event()
+        if sample_rss:
+            threading.Thread(target=self._sample_rss, daemon=True).start()
+
+    def _sample_rss(self) -> None:
+        import psutil
+
+        process = psutil.Process(self.proc.pid)
+        while not self._sampling.wait(0.05):
+            try:
+                self.sampled_peak = max(self.sampled_peak, process.memory_info().rss)
+            except psutil.Error:
+                return
+
+    def _proc_status(self) -> dict[str, int]:
+        """``/proc/<pid>/status`` memory lines of the daemon, kB; empty where there is no ``/proc``."""
+        out: dict[str, int] = {}
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in ("RssAnon", "RssFile", "VmRSS", "VmHWM"):
+                    out[key] = int(value.split()[0])
+        except OSError:
+            pass
+        return out
+
+    def rss_peak(self) -> int:
+        """Peak resident set (bytes): the kernel's high-water mark (``VmHWM``), else the sampled maximum."""
+        hwm = self._proc_status().get("VmHWM")
+        return hwm * 1024 if hwm is not None else self.sampled_peak
+
+    def rss_parts(self) -> dict[str, int]:
+        """The resident set now, MiB: ``RssAnon`` (heap: the process's own memory) and ``RssFile`` (pages of
+        memory-mapped files, e.g. Qdrant's on-disk vectors, that the kernel may drop), with ``VmRSS`` and
+        ``VmHWM``, from ``/proc/<pid>/status``."""
+        return {key: kb // 1024 for key, kb in self._proc_status().items()}
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the daemon has used so far (psutil)."""
+        import psutil
+
+        times = psutil.Process(self.proc.pid).cpu_times()
+        return float(times.user + times.system)
 
     def events(self) -> list[dict[str, Any]]:
         out = []
@@ -190,6 +244,7 @@ class Daemon:
         return self.close()
 
     def close(self) -> int:
+        self._sampling.set()
         try:
             code = self.proc.wait(90)
         except subprocess.TimeoutExpired:

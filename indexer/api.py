@@ -25,7 +25,8 @@ kinds behind a workspace's ``multimodal`` settings, its ``hit_fields`` name the 
 an embedder's ``modality`` names a Qdrant named vector.
 
 Helpers plugins may use are re-exported here (``chunk_text``, ``decode_text``, ``load_sentence_transformer``,
-``l2_normalise``, the errors): import them from ``indexer.api``, not from the modules that implement them.
+``LazyModel``, ``l2_normalise``, the errors): import them from ``indexer.api``, not from the modules that implement
+them.
 """
 
 from __future__ import annotations
@@ -41,13 +42,13 @@ from indexer.errors import EmbedError, ExtractError, FileSkipped
 
 if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
     from indexer.chunking import TextChunk, chunk_text
-    from indexer.embedding import load_sentence_transformer
     from indexer.markdown import decode_text
+    from indexer.model_loading import LazyModel, load_sentence_transformer
 
 __all__ = [
     "GROUPS", "HEAD_BYTES", "Chunk", "Classifier", "EmbedError", "Embedder", "ExtractContext", "ExtractError",
     "Extractor", "FileInfo", "FileSkipped", "Reranker", "TextChunk", "TextEmbedder", "chunk_text", "decode_text",
-    "l2_normalise", "load_sentence_transformer",
+    "l2_normalise", "load_sentence_transformer", "LazyModel",
 ]
 
 #: the entry-point groups, in this order: classifiers, extractors, embedders, rerankers (``indexer.plugins.PROTOCOLS``
@@ -255,7 +256,7 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
 
 _HELPERS = {
     "chunk_text": "indexer.chunking", "TextChunk": "indexer.chunking", "decode_text": "indexer.markdown",
-    "load_sentence_transformer": "indexer.embedding",
+    "load_sentence_transformer": "indexer.model_loading", "LazyModel": "indexer.model_loading",
 }
 
 

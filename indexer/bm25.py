@@ -20,10 +20,9 @@ def make_config(settings: Bm25Settings | None = None) -> Bm25Config:
     """The ``qdrant_edge.Bm25Config`` for the ``bm25`` settings (``None``: the defaults, the product's own).
 
     Multilingual tokenizer: words for Latin scripts, dictionary segmentation for CJK (keyword search in
-    Chinese/Japanese works); Qdrant's IDF modifier supplies the corpus statistics at query time. Measured: the
-    Word tokenizer keeps "广州市房地产中介协会分析" as one term, so the query "房地产中介" shares no term with
-    it (Multilingual: 3 of 3). The language default (English stopwords + Snowball stemmer) is kept: in the
-    same `make eval` run, bm25s on SciFact test scores nDCG@10 0.662 without a Snowball stemmer, 0.686 with.
+    Chinese/Japanese works, where the Word tokenizer keeps a CJK phrase as one term); Qdrant's IDF modifier
+    supplies the corpus statistics at query time. The language default (English stopwords + Snowball stemmer) is
+    kept: it scores better on SciFact (docs/performance.md, "Keyword search").
     """
     from qdrant_edge import Bm25Config, DisabledStemmer, TokenizerType
 

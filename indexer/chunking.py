@@ -124,8 +124,8 @@ def _sentences(text: str, begin: int, end: int) -> list[tuple[int, int]]:
     """``(start, end)`` character spans of the sentences of ``text[begin:end]`` (one line): cut after ``.``, ``!``
     or ``?`` followed by whitespace, the whitespace belonging to neither side. A paragraph written as one long line
     thus becomes sentence pieces, so packing can fill a chunk and the overlap can carry whole sentences: with one
-    piece per line, a 300-token paragraph under a title gave a title-only chunk and no overlap (measured on BEIR
-    SciFact: 71 % of documents; see ``python -m benchmarks.eval``)."""
+    piece per line, a 300-token paragraph under a title gave a title-only chunk and no overlap (how often:
+    docs/performance.md, "Chunking")."""
     spans, start = [], begin
     for gap in _SENTENCE_GAP.finditer(text, begin, end):
         if gap.start() > start and gap.end() < end:

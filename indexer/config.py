@@ -146,21 +146,21 @@ class Settings(BaseSettings):
     device: str = "cpu"
     batch_size: int = Field(default=32, ge=1)
     # text embedding arithmetic: auto = bf16 where the CPU has it, else int8 (ONNX Runtime) if its export passes
-    # the quality check, else fp32. Measured with `python -m benchmarks.embed_precision`.
+    # the quality check, else fp32 (docs/performance.md, `python -m benchmarks.embed_precision`).
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     settle_s: float = Field(default=1.0, ge=0)
     settle_max_s: float = Field(default=5.0, ge=0)  # saved often: indexed at least this often
     rescan_interval_s: float = Field(default=300.0, gt=0)
     # Embedded store writes are refused (logged once as state_dir_full, retried) while the state dir's file system
     # has less free space than this: Qdrant Edge writes through mmap, and a page it touches on a full disk kills
-    # the process with SIGBUS. Measured on tmpfs: creating one collection touches ~12 MiB, points ~2x their bytes.
+    # the process with SIGBUS. What a write touches is in docs/performance.md ("Qdrant Edge").
     state_min_free_bytes: int = Field(default=64 * MIB, ge=0)
     poll_interval_s: float = Field(default=2.0, gt=0)  # how often a polled root is compared with the disk
     max_file_bytes: int = Field(default=10 * MIB, gt=0)
     search_mode: Literal["hybrid", "dense", "keyword"] = "hybrid"
     on_model_change: Literal["rebuild", "refuse"] = "rebuild"  # collections made by another model or chunking
-    # Fusion and depth measured with `make eval` (BEIR SciFact, hybrid nDCG@10; tuned on the 809 train queries):
-    # dbsf 0.738 vs rrf 0.720 on train, 0.732 vs 0.713 on test; prefetch_limit 100 beats 50 (dbsf 0.738 vs 0.735).
+    # Fusion and depth chosen with `make eval` (BEIR SciFact, hybrid nDCG@10, tuned on the train queries): dbsf
+    # beats rrf, prefetch_limit 100 beats 50 (docs/performance.md, "Search defaults").
     fusion: Literal["rrf", "dbsf"] = "dbsf"
     rrf_k: int = Field(default=60, ge=1)
     prefetch_limit: int = Field(default=100, ge=1)
@@ -170,15 +170,11 @@ class Settings(BaseSettings):
     image_min_score: float = 0.2
     bm25: Bm25 = Bm25()
     # "Nothing relevant": a search answers relevant=false when no hit's raw dense cosine reaches this floor
-    # (indexer.search.relevant). Measured on the devvault dev set (python -m benchmarks.devvault_eval), best cosine
-    # among the first 6 hits of hybrid dbsf: 0.42 says "nothing relevant" for 2 of the 8 unanswerable questions and
-    # wrongly for 2 of the 52 answerable ones (0.45: 2 and 5; 0.50: 3 and 9). Cosine separates them poorly
-    # (unanswerable 0.38-0.61, answerable median 0.61), so the floor is set for few false alarms, not to catch every
-    # unanswerable question.
+    # (indexer.search.relevant). Cosine separates unanswerable questions poorly, so the floor is set for few false
+    # alarms, not to catch every unanswerable question (devvault dev set: docs/performance.md, "Search defaults").
     relevance_floor: float = Field(default=0.42, ge=-1, le=1)
-    # Optional re-ranking of the fused hits, off by default (indexer.search.mmr / decay). MMR lambda 0.7 (the
-    # reference agent's) measured on the devvault dev set (python -m benchmarks.devvault_eval --mmr 0.7): hybrid
-    # dbsf nDCG@10 / hit@5 0.883 / 0.904 without, 0.880 / 0.885 at 0.7, 0.876 / 0.885 at 0.5, so it is off.
+    # Optional re-ranking of the fused hits, off by default (indexer.search.mmr / decay). MMR lowered nDCG@10 and
+    # hit@5 on the devvault dev set, so it is off (docs/performance.md, "Search defaults").
     # Temporal decay of daily notes (memory/YYYY-MM-DD.md) by a half-life in days: the dev set has no dated notes,
     # so it is unmeasured and off.
     mmr_lambda: float | None = Field(default=None, ge=0, le=1)

@@ -125,9 +125,8 @@ def state_key(payload: Payload) -> str:
 
 def parse_state_keys(values: Sequence[str]) -> dict[str, FileState]:
     """``abs_path -> FileState`` of whole files (``points`` is the ``chunk_count``, ``complete`` true) from
-    ``state_key`` values, parsed as one JSON document: at 10,000 files 0.02 s, against 0.30 s value by value
-    through ``Payload`` (AMD EPYC, 2 CPUs; it was a fifth of a restart at 1M chunks). Raises ``ValueError`` on a
-    malformed value, or when two values name one file."""
+    ``state_key`` values, parsed as one JSON document (far faster than value by value through ``Payload``:
+    docs/performance.md, "Scans"). Raises ``ValueError`` on a malformed value, or when two values name one file."""
     try:
         rows = json.loads("[" + ",".join(values) + "]")
         if len(rows) != len(values):  # a value holding two arrays, or none

@@ -11,7 +11,6 @@ a slow or broken model never breaks a search.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -19,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from indexer.api import Reranker
+from indexer.api import LazyModel, Reranker
 from indexer.points import Hit
 
 __all__ = ["CrossEncoderReranker", "RerankStats", "Reranker", "rerank", "rerank_status"]
@@ -42,24 +41,20 @@ class CrossEncoderReranker:
         self.model_id = os.path.expanduser(str(config["model"]))
         self.device = str(config.get("device", "cpu"))
         self.batch_size = int(config.get("batch_size", 32))
-        self._model: Any = None
-        self._lock = threading.Lock()
+        self._model: LazyModel[Any] = LazyModel(self._load)
 
     @property
     def model(self) -> Any:
         """The loaded ``CrossEncoder`` (loaded on first use; a failed load is tried again on the next)."""
-        if self._model is None:
-            with self._lock:
-                if self._model is None:
-                    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-                    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-                    from sentence_transformers import CrossEncoder
-                    from transformers.utils import logging as transformers_logging
+        return self._model.get()
 
-                    transformers_logging.disable_progress_bar()  # a tqdm bar would break JSON log lines
-                    self._model = CrossEncoder(self.model_id, device=self.device)
-        return self._model
+    def _load(self) -> Any:
+        from indexer.model_loading import quiet_offline_hub
+
+        quiet_offline_hub()
+        from sentence_transformers import CrossEncoder
+
+        return CrossEncoder(self.model_id, device=self.device)
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         scores = self.model.predict([(query, text) for text in texts], batch_size=self.batch_size,

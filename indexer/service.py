@@ -82,7 +82,7 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
         check_port(settings.host, settings.port)
         indexer = open_indexer(settings, reindex, connect=False)
         # the models and modules loaded by now live as long as the process: the cyclic garbage collector need not
-        # walk them again (~460k objects; a full collection took 0.5 s here, at random moments: a restart, a search)
+        # walk them again at random moments (a restart, a search; docs/performance.md, "Daemon start")
         gc.freeze()
         try:
             indexer.connect()

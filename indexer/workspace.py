@@ -199,8 +199,7 @@ def walk(collections: Sequence[Collection]) -> tuple[list[tuple[Collection, Path
 def walk_paths(collections: Sequence[Collection]
                ) -> tuple[list[tuple[Collection, str]], list[Skip], dict[str, os.stat_result]]:
     """``walk`` with absolute path strings, and each candidate's ``lstat`` result by path: what a scan needs,
-    without a ``Path`` for each of its files (at 10,000 files the walk took 0.30-0.48 s with them on AMD EPYC,
-    2 CPUs; ``scandir`` and ``lstat`` alone 0.11 s)."""
+    without a ``Path`` for each of its files (they cost most of the walk: docs/performance.md, "Scans")."""
     found: list[tuple[Collection, str]] = []
     skips: list[Skip] = []
     stats: dict[str, os.stat_result] = {}

@@ -13,23 +13,20 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-import indexer.embedding
+import indexer.onnx_int8
 from indexer.config import Settings, load_settings
-from indexer.embedding import (
+from indexer.embedding import SentenceTransformerEmbedder
+from indexer.errors import ConfigError
+from indexer.model_loading import (
     DEFAULT_MODEL,
     PRECISIONS,
-    QUERY_FORMAT,
-    OnnxQueryEncoder,
-    SentenceTransformerEmbedder,
     choose_precision,
     cpu_flags,
-    export_int8,
     int8_available,
-    int8_dir,
     load_sentence_transformer,
     resolve_model,
 )
-from indexer.errors import ConfigError
+from indexer.onnx_int8 import QUERY_FORMAT, OnnxQueryEncoder, export_int8, int8_dir
 
 SENTENCES = [
     "Deploy windows are Tuesday and Thursday mornings; no deploys on Fridays.",
@@ -267,7 +264,7 @@ def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(
     export = int8_dir(cache, int8_embedder.base_id)
     record = export / f"query-v{QUERY_FORMAT}.json"
     quality = json.loads(record.read_text())
-    assert quality["passed"] and quality["mean_cosine"] >= indexer.embedding.INT8_MIN_COSINE
+    assert quality["passed"] and quality["mean_cosine"] >= indexer.onnx_int8.INT8_MIN_COSINE
     record.write_text(json.dumps({**quality, "mean_cosine": 0.95}))  # as an export under the bar would leave it
     with capture_logs() as logs:
         strict = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
@@ -282,7 +279,7 @@ def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(
     def trace_fails(model: Any, path: Path) -> None:
         raise RuntimeError("no space left for the trace")
 
-    monkeypatch.setattr(indexer.embedding, "trace_fp32", trace_fails)
+    monkeypatch.setattr(indexer.onnx_int8, "trace_fp32", trace_fails)
     for _ in range(2):  # the second start reads the recorded failure
         with capture_logs() as logs:
             fallback = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})

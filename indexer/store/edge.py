@@ -1,12 +1,12 @@
 """Qdrant Edge (``qdrant-edge-py``): Qdrant's engine inside this process, one shard per collection.
 
-Measured here (2 cores, 100k x 384): Edge upserts 100k points in 4.5 s and answers a query in ~15 ms by exact
-scan; qdrant-client's local mode takes 99 s and 193 ms. Hence Edge is the embedded default.
+Edge is the embedded default: it upserts and searches far faster than qdrant-client's local mode
+(docs/performance.md, "Qdrant Edge").
 
-HNSW index: ``EdgeShard.optimize()`` builds it, but holds the GIL for its whole run (69 s for 30k x 384 on 2 busy
-cores), which would freeze the watcher and the API. ``build_index`` runs it in a child process on a copy of the shard
-instead and swaps the indexed copy in (``Store.swap``, the rebuild's alias swap), replaying the writes made
-meanwhile; the daemon calls it for a collection of at least ``edge_hnsw_min_points`` points that has none.
+HNSW index: ``EdgeShard.optimize()`` builds it, but holds the GIL for its whole run (a minute or more at tens of
+thousands of points), which would freeze the watcher and the API. ``build_index`` runs it in a child process on a
+copy of the shard instead and swaps the indexed copy in (``Store.swap``, the rebuild's alias swap), replaying the
+writes made meanwhile; the daemon calls it for a collection of at least ``edge_hnsw_min_points`` points that has none.
 
 Large collections (``qdrant_on_disk_vectors``, ``qdrant_quantization``, applied when a collection is created): the
 original dense vectors, the scalar int8 copy (``ScalarQuantizationConfig``), the HNSW graph and the payload indexes
@@ -44,9 +44,8 @@ from indexer.store.edge_warm import Warmer
 
 log = structlog.get_logger("qmd_indexer.store")
 
-# Free space a write needs beyond the margin. Measured on tmpfs (a 64 MiB one, 384-d text vectors, the payload
-# indexes of indexer.points): creating a shard touched 11.7 MiB, 1,920 points of ~1.5 kB text 11 MiB (~2x their
-# bytes); deletes append small write-ahead log records.
+# Free space a write needs beyond the margin, from what writes touched on tmpfs (docs/performance.md, "Qdrant
+# Edge"); deletes append small write-ahead log records.
 CREATE_BYTES = 16 * 1024 * 1024
 POINT_FACTOR = 3
 DELETE_BYTES = 1024 * 1024
@@ -67,7 +66,7 @@ class EdgeStore(Store):
     Only one process can hold the store: ``<root>/.lock`` is locked (``flock``) before anything under ``root`` is
     read, created or deleted, and held until ``close()``, so a second command (``index --once --reindex`` beside a
     running daemon) fails with ``StoreLocked`` before it touches a shard. Queries thus go through the daemon. Shards
-    are never ``optimize()``d in this process (it holds the GIL for its whole run: 59 s at 100k points here); large
+    are never ``optimize()``d in this process (it holds the GIL for its whole run, a minute or more); large
     ones get their HNSW index from ``build_index`` (a child process on a copy), smaller ones are scanned exactly.
 
     Edge writes through memory maps, so a write on a full file system does not fail: the process dies of SIGBUS.
@@ -297,7 +296,7 @@ class EdgeStore(Store):
         change that cannot be replayed: a re-create, a new vector, another rebuild swapped first).
 
         Steps: under the store's lock, flush the shard and copy its folder to ``rebuild_target(name)`` (searches
-        wait for the copy: ~0.1 s per 30k points here) and start recording every upsert and delete made to it;
+        wait for the copy: docs/performance.md) and start recording every upsert and delete made to it;
         a child process (``nice`` +10) runs ``optimize()`` on the copy; under the lock again, the indexed copy is
         loaded, the recorded writes replayed onto it in order, and ``swap`` points ``name`` at it and drops the
         old shard. Raises ``RuntimeError`` when the child fails (its last output in the message); the copy is removed.

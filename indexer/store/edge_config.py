@@ -16,9 +16,8 @@ def edge_config(qe: Any, dense: Mapping[str, int], on_disk_vectors: bool = False
     ``on_disk_vectors`` (a large collection): the original vectors, the int8 copy and the HNSW graph memory-mapped
     without pre-warming (``Memory.Cold``: pages are read on first use; ``edge_warm`` reads the search files in
     the background after a load), so that
-    ``EdgeShard.load`` reads none of them. Measured at 1,000,000 x 384 (``benchmarks/edge_load.py``): an int8 copy
-    pinned in RAM (``Memory.Pinned``, copied out of its file at every load) and payload indexes held in RAM made the
-    load take 4.2-5.2 s; the ``Cached`` tier (pre-warmed at load) 6-13 s; all cold 0.4 s. Otherwise the vectors are
+    ``EdgeShard.load`` reads none of them (load times per tier: docs/performance.md, "Qdrant Edge"; an int8 copy
+    ``Memory.Pinned`` is copied out of its file at every load). Otherwise the vectors are
     in Edge's default tier (``Cached``) and the int8 copy pinned in RAM. Edge applies these when a segment is
     built: ``EdgeShard.load(path, config)`` does not change the tier of existing segments."""
     if on_disk_vectors:

@@ -1,7 +1,7 @@
 """The indexed state of every file of an Edge collection without reading every point's payload.
 
 ``Store.file_states`` scrolls the payload of every point (one page of 1,024 at a time): at a million points that is
-most of a restart (measured on Edge, 2 cores: 21 us a point in the scroll, 30k points 0.95 s). Here, from keyword
+most of a restart. Here, from keyword
 indexes and each file's chunk 0 instead (its id is ``point_id(collection, abs_path, 0)``; one ``retrieve`` per 1,024
 files), in one of three ways:
 
@@ -10,7 +10,7 @@ files), in one of three ways:
   file has exactly one state, whose ``chunk_count`` equals its count, and the counts add up to the exact point
   count (the same check as the fast way below, with the state read off the keyword index instead of chunk 0's
   payload: Qdrant drops a cold shard's payload pages from the page cache when it closes it, so after a restart
-  the 10,000 chunk-0 reads of 1M points took 1.1 s here, one page fault each).
+  each chunk-0 read is a page fault).
 - Fast (a clean shard): Qdrant's approximate facet of ``abs_path`` (per-value counts read off the keyword index,
   not checked point by point) lists the files and their points. The shard is taken as consistent when every
   listed file has a chunk 0 whose ``chunk_count`` equals its count and the exact point count equals the sum of
@@ -18,8 +18,7 @@ files), in one of three ways:
   upsert of all its points (one write-ahead-log record, applied whole or not at all after a crash) and then one
   delete of its other versions, so a file is never short of points; what a crash can leave is extra points (an
   old version's tail, points of a file without a chunk 0), which make a file's count or the total exceed what
-  the chunk 0s say. Anything else takes the exact way. Measured at 1,000,000 points in 10,000 files (2 cores):
-  facet 0.09 s, count 0.2 s, ``retrieve`` 0.1-0.15 s, against 0.6-0.95 s for each exact facet.
+  the chunk 0s say. Anything else takes the exact way. Each way's cost: docs/performance.md, "Qdrant Edge".
 - Exact (otherwise): Qdrant's exact facet counts of ``abs_path`` (points per file) and of ``file_hash`` (points per
   content hash). A file is ``complete`` when its points number its chunk 0's ``chunk_count`` and the points of its
   hash add up: the points of all files whose chunk 0 has hash ``h`` equal the facet count of ``h`` (a file left with

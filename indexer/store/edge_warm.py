@@ -2,18 +2,17 @@
 
 A shard created with ``qdrant_on_disk_vectors`` has its vectors, int8 copy, HNSW graph and payload indexes in
 Qdrant's ``cold`` tier: ``EdgeShard.load`` maps them and reads nothing, so a restart at a million points loads in
-0.3-0.5 s. But Qdrant also drops those files from the page cache when a shard is closed (``posix_fadvise(
-DONTNEED)``), so after every restart each new query read its pages from disk: measured at 1,000,000 x 384 (2
-cores, int8 rescored, limit 100) a dense prefetch took p50 27 ms over the first 50 queries, with ~590 major page
-faults each, and 14 ms after 200; with the int8 copy and the graph in the page cache, 3.3 ms from the first query
-(1.0 ms with the originals too). ``posix_fadvise(WILLNEED)`` is no substitute: the kernel reads ahead only 8 MiB
-of a file per call here. So a thread reads the files through once (``pread``, the GIL released while it reads),
-after the load and without holding up anything: the daemon is ready at once and fast a moment later.
+well under a second. But Qdrant also drops those files from the page cache when a shard is closed (``posix_fadvise(
+DONTNEED)``), so after every restart each new query read its pages from disk, several times slower than from the
+page cache (docs/performance.md, "Qdrant Edge"). ``posix_fadvise(WILLNEED)`` is no substitute: the kernel reads
+ahead only a few MiB of a file per call. So a thread reads the files through once (``pread``, the GIL released
+while it reads), after the load and without holding up anything: the daemon is ready at once and fast a moment
+later.
 
 Which files: the ones every search reads, by Qdrant's segment layout (``segments/<id>/vector_index-<vector>/``: the
 HNSW graph of a dense vector, the inverted index of the sparse one; ``vector_storage-<vector>/quantized.data``:
-the int8 copy). The original vectors (``matrix.dat``, 1.4 GiB at 1M x 384) stay on disk, as configured; rescoring
-reads ~100 of them a search. Files Qdrant renames in a later version are simply not warmed.
+the int8 copy). The original vectors (``matrix.dat``) stay on disk, as configured; rescoring reads about as many
+of them as a search's prefetch limit. Files Qdrant renames in a later version are simply not warmed.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def json_bytes(point: Point) -> int:
     """An upper bound of ``point``'s size in a REST upsert body (gRPC's protobuf is smaller), without serialising
     its vectors: the payload as compact UTF-8 JSON, 25 bytes per float (the longest ``repr`` of a float32 widened to
     a double, ``-1.2345678901234567e-05``, and a comma), 11 per sparse index, and 64 per object for keys and
-    brackets. Serialising each point with pydantic instead costs ~130 us a point (13 s per 100,000)."""
+    brackets. Serialising each point with pydantic instead is much slower (docs/performance.md, "Qdrant server")."""
     payload = len(json.dumps(point.payload.to_payload(), ensure_ascii=False, separators=(",", ":")).encode())
     floats = sum(v.size for v in point.dense.values()) + sum(len(values) for _, values in point.sparse.values())
     indices = sum(len(indices) for indices, _ in point.sparse.values())

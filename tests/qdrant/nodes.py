@@ -1,6 +1,6 @@
 """Real Qdrant server processes on loopback, without pytest: one node, or a 3-node cluster, in folders of your choice.
 
-Used by the pytest fixtures (``tests/qdrant/fixtures.py``) and by the benchmarks (``benchmarks/bench.py --backend
+Used by the pytest fixtures (``tests/qdrant/fixtures.py``) and by the benchmarks (``benchmarks/bench --backend
 server``, ``benchmarks/cluster_kill.py``). The binary is the pinned v1.16.3 release that ``tests/qdrant/install.sh``
 installs (``make qdrant``); ``$QMD_QDRANT_BIN`` may name another, ``$QMD_QDRANT_HOME`` moves the cache. Each node is a
 child process in its own session with its storage under its ``root``; it is stopped by pid (``stop``: SIGTERM then

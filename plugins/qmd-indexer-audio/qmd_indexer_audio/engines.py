@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from indexer.api import LazyModel
 
 WHISPER_FILES = {"large": "large-v3.pt", "turbo": "large-v3-turbo.pt"}
 
@@ -107,17 +108,16 @@ class WhisperEngine:
                                   f"are off (HF_HUB_OFFLINE); set [plugin.audio] model = \"/path/to/checkpoint.pt\"")
             self._load = self.model_name
         self.model_id = f"openai-whisper:{self._load}"
-        self._model: Any = None
-        self._lock = threading.Lock()
+        self._model: LazyModel[Any] = LazyModel(self._load_model)
         self.calls = 0
 
-    def _loaded(self) -> Any:
-        with self._lock:
-            if self._model is None:
-                import whisper
+    def _load_model(self) -> Any:
+        import whisper
 
-                self._model = whisper.load_model(self._load, device=self.device, download_root=self.download_root)
-            return self._model
+        return whisper.load_model(self._load, device=self.device, download_root=self.download_root)
+
+    def _loaded(self) -> Any:
+        return self._model.get()
 
     def transcribe(self, samples: np.ndarray, clips: Clips | None = None,
                    thresholds: Thresholds = Thresholds()) -> Transcript:
@@ -168,18 +168,17 @@ class FasterWhisperEngine:
                                       f"\"/path/to/model-dir\"")
             self._load = self.model_name
         self.model_id = f"faster-whisper:{self._load}@{self.compute_type}"
-        self._model: Any = None
-        self._lock = threading.Lock()
+        self._model: LazyModel[Any] = LazyModel(self._load_model)
         self.calls = 0
 
-    def _loaded(self) -> Any:
-        with self._lock:
-            if self._model is None:
-                from faster_whisper import WhisperModel
+    def _load_model(self) -> Any:
+        from faster_whisper import WhisperModel
 
-                self._model = WhisperModel(self._load, device=self.device, compute_type=self.compute_type,
-                                           cpu_threads=self.threads, local_files_only=not downloads_allowed())
-            return self._model
+        return WhisperModel(self._load, device=self.device, compute_type=self.compute_type, cpu_threads=self.threads,
+                            local_files_only=not downloads_allowed())
+
+    def _loaded(self) -> Any:
+        return self._model.get()
 
     def transcribe(self, samples: np.ndarray, clips: Clips | None = None,
                    thresholds: Thresholds = Thresholds()) -> Transcript:

@@ -16,14 +16,13 @@ tower, truncated to its 77-token context. The model loads on the first ``embed``
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from indexer.api import Chunk, EmbedError, l2_normalise, load_sentence_transformer
+from indexer.api import Chunk, EmbedError, LazyModel, l2_normalise, load_sentence_transformer
 from qmd_indexer_image.decode import ImageDecodeError, to_rgb
 
 DEFAULT_MODEL = "clip-ViT-B-32"
@@ -84,19 +83,17 @@ class ClipEmbedder:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
         self.model_id, self._load_path = resolve_model(self.model_name)
         self._dim: int | None = KNOWN_DIMS.get(self.model_id)
-        self._model: Any = None
-        self._lock = threading.Lock()
+        self._model: LazyModel[Any] = LazyModel(self._load)
 
     @property
     def model(self) -> Any:
         """The loaded ``SentenceTransformer`` (loads on first access)."""
-        if self._model is None:
-            with self._lock:
-                if self._model is None:
-                    model = load_sentence_transformer(self._load_path, self.device)
-                    self._dim = int(model.get_embedding_dimension())
-                    self._model = model
-        return self._model
+        return self._model.get()
+
+    def _load(self) -> Any:
+        model = load_sentence_transformer(self._load_path, self.device)
+        self._dim = int(model.get_embedding_dimension())
+        return model
 
     @property
     def dim(self) -> int:

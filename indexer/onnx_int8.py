@@ -1,0 +1,358 @@
+"""The int8 text model: the torch model exported to ONNX, quantized, and run by ONNX Runtime.
+
+int8 is the torch model exported to ONNX from the local weights (traced with eager attention), its weight matrices
+quantized to int8 per output channel with ONNX Runtime's dynamic quantization (activations are quantized per batch at
+run time), and run by ONNX Runtime in place of the transformer inside the sentence-transformers pipeline, so
+tokenization, pooling and normalisation stay the model's own. Down-projection matrices (more inputs than outputs: the
+feed-forward output after GELU, whose activations carry outliers) stay fp32: quantizing them cost more accuracy than
+it gained speed. Activation scales are set per batch, so an int8 vector depends slightly on its batch-mates.
+
+The export happens once, at first use, into ``<cache_dir>/<model>-<hash>-onnx-int8/`` (written to a temporary
+directory, then renamed), together with ``quality.json``: the cosine between int8 and fp32 vectors of a fixed set
+of sentences. An export that fails, or whose mean cosine is under ``INT8_MIN_COSINE``, leaves the embedder on
+fp32 with one log line. Queries run on a second export beside it, ``query-v<format>.onnx``: the same quantization
+in a graph fused for one short text (``export_query_int8``), with its own quality record, tokenizer and session
+(``OnnxQueryEncoder``); where it is unavailable they run on ``model.onnx``.
+
+sentence-transformers' own ``backend="onnx"`` needs ``optimum-onnx``, whose only release
+pins ``transformers<4.58`` while sentence-transformers 6 needs ``transformers>=5``, so the ONNX session is wired in
+here instead. The measurements behind each choice are in docs/performance.md ("int8 embedding").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from indexer.api import l2_normalise
+
+log = structlog.get_logger("qmd_indexer.embedding")
+
+# mean cosine between int8 and fp32 vectors of PROBE_SENTENCES for int8 to be used (see docs/performance.md)
+INT8_MIN_COSINE = 0.99
+INT8_FORMAT = 2  # bump when the export recipe changes: part of the export's directory name and of model_id
+# (2: traced with eager attention, so a new id and one re-embedding)
+# The attention the int8 export is traced with: eager runs int8 batches faster than SDPA (docs/performance.md).
+EXPORT_ATTENTION = "eager"
+# bump when the query model's recipe changes (``export_query_int8``): part of its file name. Queries are never
+# stored, so a new recipe needs no re-embedding and is not part of ``model_id``.
+QUERY_FORMAT = 1
+# The int8 quality check: short and long, prose, code, lists, numbers, names, other languages.
+PROBE_SENTENCES = (
+    "Remember to renew the TLS certificate for the staging cluster before Friday.",
+    "The user prefers short answers and dislikes bullet points.",
+    "def retry(fn, attempts=3):\n    for i in range(attempts):\n        try:\n            return fn()\n"
+    "        except OSError:\n            pass",
+    "Meeting notes 2024-03-12: budget approved, hiring paused until Q3, Alice owns the migration.",
+    "Mitochondria are the membrane-bound organelles that generate most of the cell's chemical energy.",
+    "- buy milk\n- call the dentist\n- send the invoice to ACME Corp (#4711)",
+    "Der Vertrag verlängert sich automatisch um ein Jahr, wenn er nicht gekündigt wird.",
+    "Error: connection refused (ECONNREFUSED) at 127.0.0.1:6333 while upserting 512 points.",
+    "Her favourite book is One Hundred Years of Solitude; she reread it last summer in Lisbon.",
+    "Vitamin D supplementation did not reduce the incidence of fractures in older adults in a randomized trial.",
+    "ok",
+    ("The quarterly revenue grew 14% year over year, driven by subscriptions in Europe and Japan, while hardware "
+     "sales declined for the third consecutive quarter and operating costs rose with the new data centre."),
+)
+
+
+def _onnx_session(onnx_path: Path, threads: int, spin: bool) -> Any:
+    """An ONNX Runtime CPU session on ``threads`` threads; with ``spin`` its threads spin-wait for the next call
+    (ONNX Runtime's default), else they sleep as soon as a run ends."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+
+
+def _onnx_transformer(onnx_path: Path, config: Any, threads: int) -> Any:
+    """A ``torch.nn.Module`` that stands in for the Hugging Face model inside sentence-transformers' ``Transformer``
+    module: it takes the tokenizer's tensors and returns ``{"last_hidden_state": (batch, tokens, hidden) float32}``
+    from an ONNX Runtime session on ``threads`` threads. ``config`` is the original model's (read by
+    sentence-transformers). Its threads spin-wait for the next batch (ONNX Runtime's default: a first index is
+    markedly slower without it, docs/performance.md); queries run on ``OnnxQueryEncoder``'s session, whose threads
+    sleep."""
+    import torch
+
+    class OnnxTransformer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.session = _onnx_session(onnx_path, threads, spin=True)
+            self.input_names = [i.name for i in self.session.get_inputs()]
+            self.config = config
+
+        def forward(self, **features: Any) -> dict[str, Any]:
+            feed = {name: features[name].cpu().numpy().astype(np.int64) for name in self.input_names}
+            (hidden,) = self.session.run(["last_hidden_state"], feed)
+            return {"last_hidden_state": torch.from_numpy(hidden)}
+
+    return OnnxTransformer()
+
+
+class OnnxQueryEncoder:
+    """One query to its ``(dim,)`` float32 L2-normalised embedding, without sentence-transformers' per-call
+    machinery: a copy of the model's fast tokenizer (truncating at ``max_seq_length`` word pieces, special tokens
+    included, as the model's ``Transformer`` module does), an ONNX Runtime session, and the model's pooling (mean
+    over the tokens, or the first token's state). Its tokenizer and session are its own, so a query does not wait
+    for a batch of chunks being embedded.
+
+    The session's threads sleep as soon as a run ends, since a search goes on to its Qdrant calls on the same
+    cores (spinning threads cost a search CPU time it needs there: docs/performance.md).
+
+    Same vector as ``encode([text])[0]`` on the same ONNX file (``tests/test_embedding_precision.py``), and faster
+    than the model's own modules on the same file (docs/performance.md). Build it only for a model ``supports``
+    accepts. Thread-safe."""
+
+    _FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+
+    def __init__(self, onnx_path: Path, model: Any, threads: int) -> None:
+        from tokenizers import Tokenizer
+
+        self.path = onnx_path
+        self.session = _onnx_session(onnx_path, threads, spin=False)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.tokenizer = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+        self.tokenizer.enable_truncation(int(model.max_seq_length))
+        self.tokenizer.no_padding()
+        self.cls = model[1].pooling_mode == "cls"
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def supports(model: Any) -> bool:
+        """Whether ``model`` is a plain text encoder this class reproduces exactly: a ``Transformer`` (fast
+        tokenizer, no lower-casing, no per-task lengths), ``Pooling`` by mean or first token, maybe ``Normalize``."""
+        modules = list(model)
+        kinds = [type(m).__name__ for m in modules]
+        if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+            return False
+        transformer, pooling = modules[0], modules[1]
+        return (getattr(pooling, "pooling_mode", None) in ("mean", "cls")
+                and not getattr(transformer, "do_lower_case", True)
+                and getattr(transformer, "query_length", None) is None
+                and getattr(transformer, "document_length", None) is None
+                and hasattr(getattr(model, "tokenizer", None), "backend_tokenizer"))
+
+    def __call__(self, text: str) -> np.ndarray:
+        with self._lock:  # the Rust tokenizer refuses concurrent use
+            encoding = self.tokenizer.encode(text)
+        feed = {name: np.array([getattr(encoding, self._FIELDS[name])], dtype=np.int64) for name in self.input_names}
+        (hidden,) = self.session.run(["last_hidden_state"], feed)
+        pooled = hidden[0, 0] if self.cls else hidden[0].mean(axis=0)  # one text: no padding to mask out
+        return l2_normalise(pooled.astype(np.float32))
+
+
+def int8_dir(cache_dir: Path, base_id: str) -> Path:
+    """Where the int8 export of ``base_id`` lives: ``<cache_dir>/<model>-<hash8>-onnx-int8-v<format>``."""
+    digest = hashlib.sha256(base_id.encode()).hexdigest()[:8]
+    return cache_dir / f"{Path(base_id).name}-{digest}-onnx-int8-v{INT8_FORMAT}"
+
+
+def trace_fp32(model: Any, path: Path) -> None:
+    """Export the Hugging Face transformer of ``model`` (a loaded fp32 ``SentenceTransformer``) to the ONNX file
+    ``path``: inputs the tokenizer's (``input_ids``, ``attention_mask``, ``token_type_ids`` where the model has
+    them), output ``last_hidden_state`` ``(batch, tokens, hidden)`` float32, both axes dynamic, opset 17, traced
+    with ``EXPORT_ATTENTION``. ``model`` is left as it was. Raises whatever ``torch.onnx.export`` raises."""
+    import torch
+
+    hf = model[0].model
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in model.tokenizer.model_input_names]
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hf = hf
+
+        def forward(self, *tensors: Any) -> Any:
+            return self.hf(**dict(zip(names, tensors))).last_hidden_state
+
+    sample = model.tokenizer(["an example sentence", "a second, longer example sentence"], padding=True,
+                             return_tensors="pt")
+    axes = {name: {0: "batch", 1: "tokens"} for name in [*names, "last_hidden_state"]}
+    # traced with eager attention: the SDPA trace adds an IsNaN and a Where over every attention matrix (its
+    # guard for fully masked rows) and shape nodes, which slow an int8 batch (EXPORT_ATTENTION)
+    attention = hf.config._attn_implementation
+    hf.set_attn_implementation(EXPORT_ATTENTION)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+            torch.onnx.export(Hidden().eval(), tuple(sample[n] for n in names), str(path),
+                              input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
+                              opset_version=17, dynamo=False)
+    finally:
+        hf.set_attn_implementation(attention)  # the fp32 model keeps its own (faster in torch)
+
+
+def _down_projections(onnx_path: Path) -> list[str]:
+    """Names of the ``MatMul`` nodes of ``onnx_path`` whose weight has more inputs than outputs (a feed-forward
+    block's output projection, after the GELU)."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path)).graph
+    weights = {w.name: tuple(w.dims) for w in graph.initializer}
+    return [node.name for node in graph.node if node.op_type == "MatMul"
+            and any(len(weights.get(i, ())) == 2 and weights[i][0] > weights[i][1] for i in node.input)]
+
+
+def export_int8(model: Any, target: Path) -> dict[str, Any]:
+    """Export ``model`` (a loaded fp32 ``SentenceTransformer`` whose first module is a Hugging Face transformer)
+    to ``target/model.onnx``, int8-quantized, with ``target/quality.json``; returns the quality record
+    ``{"min_cosine", "mean_cosine", "passed", ...}``. Written to a temporary directory beside ``target`` and
+    renamed, so ``target`` is either complete or absent. Raises whatever the export or quantization raises."""
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        hf = model[0].model
+        trace_fp32(model, tmp / "fp32.onnx")
+        quant_pre_process(str(tmp / "fp32.onnx"), str(tmp / "prepared.onnx"), skip_symbolic_shape=True)
+        down = _down_projections(tmp / "prepared.onnx")
+        quantize_dynamic(str(tmp / "prepared.onnx"), str(tmp / "model.onnx"), op_types_to_quantize=["MatMul"],
+                         per_channel=True, weight_type=QuantType.QInt8, nodes_to_exclude=down)
+        (tmp / "fp32.onnx").unlink()
+        (tmp / "prepared.onnx").unlink()
+
+        threads = torch.get_num_threads()
+        reference = model.encode(list(PROBE_SENTENCES), normalize_embeddings=True, convert_to_numpy=True)
+        model[0].model = _onnx_transformer(tmp / "model.onnx", hf.config, threads)
+        try:
+            quantized = model.encode(list(PROBE_SENTENCES), normalize_embeddings=True, convert_to_numpy=True)
+        finally:
+            model[0].model = hf
+        cosines = np.sum(reference * quantized, axis=1)
+        quality = {"min_cosine": round(float(cosines.min()), 5), "mean_cosine": round(float(cosines.mean()), 5),
+                   "threshold": INT8_MIN_COSINE, "passed": bool(cosines.mean() >= INT8_MIN_COSINE),
+                   "sentences": len(PROBE_SENTENCES), "fp32_down_projections": len(down), "format": INT8_FORMAT}
+        (tmp / "quality.json").write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "quality.json").exists():  # another process finished first: use that one
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+        return quality
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def export_query_int8(model: Any, path: Path) -> dict[str, Any]:
+    """Export the query model of ``model`` (a loaded fp32 ``SentenceTransformer`` that ``OnnxQueryEncoder``
+    supports) to ``path``, with its quality record beside it (``path`` with ``.json``); returns the record
+    ``{"min_cosine", "mean_cosine", "passed", ...}``. Each file is written under a temporary name and renamed.
+    Raises whatever the export, optimisation or quantization raises.
+
+    The recipe (``QUERY_FORMAT``): the fp32 trace, ONNX Runtime's transformer optimizer (BERT fusions: attention,
+    embedding and skip layer norms, bias GELU), then the chunks' model's quantization (``export_int8``: weight
+    matrices int8 per output channel, attention included, down-projections fp32). One short text runs through far
+    fewer nodes fused; a batch of long ones ran slower fused, so chunks keep the plain graph. Its speed, its quality
+    and the variant not kept are in docs/performance.md ("int8 embedding")."""
+    import onnx
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    config = model[0].model.config
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=path.parent))
+    try:
+        trace_fp32(model, tmp / "fp32.onnx")
+        fused = optimize_model(str(tmp / "fp32.onnx"), model_type="bert", opt_level=0,
+                               num_heads=int(getattr(config, "num_attention_heads", 0)),
+                               hidden_size=int(getattr(config, "hidden_size", 0)))
+        fused.save_model_to_file(str(tmp / "fused.onnx"))
+        fusions = {name: n for name, n in fused.get_fused_operator_statistics().items() if n}
+        quant_pre_process(str(tmp / "fused.onnx"), str(tmp / "prepared.onnx"), skip_symbolic_shape=True)
+        quantize_dynamic(str(tmp / "prepared.onnx"), str(tmp / "query.onnx"),
+                         op_types_to_quantize=["MatMul", "Attention"], per_channel=True, weight_type=QuantType.QInt8,
+                         nodes_to_exclude=_down_projections(tmp / "prepared.onnx"),
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        reference = model.encode(list(PROBE_SENTENCES), normalize_embeddings=True, convert_to_numpy=True)
+        encoder = OnnxQueryEncoder(tmp / "query.onnx", model, torch.get_num_threads())
+        cosines = np.array([float(encoder(text) @ ref) for text, ref in zip(PROBE_SENTENCES, reference)])
+        quality = {"min_cosine": round(float(cosines.min()), 5), "mean_cosine": round(float(cosines.mean()), 5),
+                   "threshold": INT8_MIN_COSINE, "passed": bool(cosines.mean() >= INT8_MIN_COSINE),
+                   "sentences": len(PROBE_SENTENCES), "fusions": fusions, "format": QUERY_FORMAT}
+        (tmp / "query.json").write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp / "query.onnx", path)
+        os.replace(tmp / "query.json", path.with_suffix(".json"))
+        return quality
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def query_model(model: Any, target: Path) -> Path:
+    """The ONNX file queries run on, for ``model`` whose int8 export is ``target``: ``target/query-v<format>.onnx``
+    (exported on first use, ``export_query_int8``) when its quality record passes ``INT8_MIN_COSINE``, else the
+    chunks' own ``target/model.onnx``, with one log line saying why. An export that raised is recorded as failed
+    and not retried for this ``QUERY_FORMAT``; a passing record whose file has gone (deleted by hand) is exported
+    again."""
+    path = target / f"query-v{QUERY_FORMAT}.onnx"
+    record = path.with_suffix(".json")
+    quality = json.loads(record.read_text(encoding="utf-8")) if record.exists() else None
+    if quality is not None and quality.get("mean_cosine", 0) >= INT8_MIN_COSINE and not path.exists():
+        log.warning("int8_query_model_missing", path=str(path), action="export again")
+        quality = None
+    if quality is None:
+        started = time.monotonic()
+        try:
+            quality = export_query_int8(model, path)
+        except Exception as exc:  # the chunks' model still serves queries
+            quality = {"passed": False, "error": f"{type(exc).__name__}: {exc}", "format": QUERY_FORMAT}
+            try:
+                record.write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
+            except OSError:
+                pass
+        else:
+            log.info("int8_query_exported", path=str(path), mean_cosine=quality["mean_cosine"],
+                     seconds=round(time.monotonic() - started, 1))
+    if "error" in quality:
+        log.warning("int8_query_model_unavailable", fallback="model.onnx", error=quality["error"])
+    elif quality["mean_cosine"] < INT8_MIN_COSINE:
+        log.warning("int8_query_model_unavailable", fallback="model.onnx",
+                    error=f"quality check failed: mean cosine {quality['mean_cosine']} < {INT8_MIN_COSINE}")
+    elif path.exists():
+        return path
+    return target / "model.onnx"
+
+
+def use_int8(model: Any, cache_dir: Path, base_id: str) -> tuple[dict[str, Any], OnnxQueryEncoder | None]:
+    """Swap ``model``'s transformer for the int8 ONNX one, exporting it first unless ``cache_dir`` has it.
+
+    Returns the quality record and, for a model ``OnnxQueryEncoder`` supports, the encoder queries run on
+    (``query_model``'s file); when the record did not pass, ``model`` is left unchanged and no encoder is built.
+    Raises what ``export_int8`` raises (then ``model`` is unchanged too).
+    """
+    import torch
+
+    target = int8_dir(cache_dir, base_id)
+    if (target / "quality.json").exists():
+        quality = json.loads((target / "quality.json").read_text(encoding="utf-8"))
+    else:
+        quality = export_int8(model, target)
+        log.info("int8_exported", path=str(target), mean_cosine=quality["mean_cosine"], passed=quality["passed"])
+    quality["passed"] = quality["mean_cosine"] >= INT8_MIN_COSINE  # judged now, so a changed threshold applies
+    if not quality["passed"]:
+        return quality, None
+    threads = torch.get_num_threads()
+    queries = None
+    if OnnxQueryEncoder.supports(model):  # before the swap: the query export traces the torch model
+        queries = OnnxQueryEncoder(query_model(model, target), model, threads)
+    model[0].model = _onnx_transformer(target / "model.onnx", model[0].model.config, threads)
+    return quality, queries
