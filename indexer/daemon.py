@@ -112,19 +112,22 @@ class Indexer:
             indexer.connect()
         return indexer
 
-    def connect(self) -> None:
-        """Sweep what an interrupted rebuild left, create or check every collection and read what is indexed.
+    def connect(self, plan: Plan | None = None) -> None:
+        """Sweep what an interrupted rebuild left, create or check every collection of ``plan`` (the current one by
+        default) and read what is indexed; then run ``plan``. A new plan (a reload) becomes visible to searches only
+        once its collections exist, so an agent it adds is unknown (404) until then, never an error.
 
         Raises ``CollectionMismatch`` when a collection was built for another model (unless a rebuild is requested:
         the rebuild replaces it), ``StoreUnavailable`` when Qdrant cannot be reached (or the embedded store is held
-        by another process).
+        by another process); the running plan is then unchanged.
         """
         state = self.state
-        check_identity(self.settings, [c.name for c in self.collections], self.registry.embedders,
+        plan = plan or state.plan
+        check_identity(plan.settings, [c.name for c in plan.collections], self.registry.embedders,
                        state.rebuild_requested)
         dims = self.pipeline.dense_dims()
         indexed: dict[str, Indexed] = {}
-        for collection in self.collections:
+        for collection in plan.collections:
             swept = self.store.sweep(collection.name)
             if swept:
                 log.info("rebuild_leftovers_swept", collection=collection.name, swept=swept)
@@ -137,10 +140,11 @@ class Indexer:
                 continue
             for abs_path, file_state in self.store.file_states(collection.name).items():
                 indexed[abs_path] = Indexed(collection.name, file_state)
+        state.swap_plan(plan)
         state.reset(indexed)
         state.connected.set()
         self._attest()
-        log.info("store_opened", backend=self.store.kind, collections=[c.name for c in self.collections],
+        log.info("store_opened", backend=self.store.kind, collections=[c.name for c in plan.collections],
                  files=len(indexed))
 
     def close(self) -> None:

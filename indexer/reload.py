@@ -78,15 +78,15 @@ class Reloader:
         before_agents = {w.agent: w for w in old.workspace}
         after_agents = {w.agent: w for w in plan.settings.workspace}
         changed = plan.collections != indexer.collections
-        previous = indexer.state.swap_plan(plan)  # readers see the old plan or the new one, whole
         if changed:
-            try:
-                indexer.connect()  # creates the new collections, records their identity, reads what is indexed
+            try:  # creates the new collections, records their identity, reads what is indexed, then swaps the plan
+                indexer.connect(plan)
             except (CollectionMismatch, StoreUnavailable) as exc:
-                indexer.state.swap_plan(previous)
                 return self._failed(str(exc))
             for overlap in overlaps(plan.collections):
                 log.warning("workspaces_overlap", detail=overlap)
+        else:
+            indexer.state.swap_plan(plan)  # the same collections: readers see the old plan or the new one, whole
         log.info("config_reloaded", added=sorted(after_agents.keys() - before_agents.keys()),
                  removed=sorted(before_agents.keys() - after_agents.keys()),
                  changed=sorted(a for a in after_agents.keys() & before_agents.keys()

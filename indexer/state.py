@@ -138,7 +138,8 @@ class IndexState:
 
     # -- write (the worker thread) --------------------------------------------------------------------------------
     def swap_plan(self, plan: Plan) -> Plan:
-        """Run ``plan`` from now on; returns the one it replaces (a reload puts it back if the store refuses)."""
+        """Run ``plan`` from now on (``Indexer.connect`` swaps a reload's in once its collections exist); returns the
+        one it replaces."""
         previous, self._plan = self._plan, plan
         return previous
 

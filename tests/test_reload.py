@@ -128,3 +128,36 @@ def test_sighup_applies_workspace_changes_and_keeps_the_old_config_when_broken(
         assert store.count("memory-root-notes") == 1 and store.count("memory-dir-notes") == 1
     finally:
         store.close()
+
+
+def test_an_agent_added_by_a_reload_is_unknown_until_its_collections_exist_never_an_error(
+        tmp_path: Path, workspace: Path, make_indexer) -> None:
+    """A search for an agent that a reload is adding, while its collections are being made, answers 404 (not known
+    yet), never a 500; once the reload is applied it answers from the new collections."""
+    from fastapi.testclient import TestClient
+
+    from indexer.config import Workspace
+    from indexer.reload import Reloader
+    from indexer.server import create_app
+
+    beta = tmp_path / "beta"
+    write(beta / "memory" / "honey.md", "# Honey\n\nBeta keeps bees; the honey harvest is in August.\n")
+    indexer = make_indexer([{"agent": "alpha", "path": workspace}])
+    settings = indexer.settings
+    added = settings.model_copy(update={"workspace": (*settings.workspace, Workspace(agent="beta", path=beta))})
+    api = TestClient(create_app(indexer.view), base_url="http://127.0.0.1:8743")
+    during: list[int] = []
+    ensure = indexer.store.ensure_collection
+
+    def ensure_while_searched(name: str, dims: dict[str, int]) -> None:  # a search arrives mid-reload
+        during.append(api.post("/search", json={"query": "honey harvest", "agent": "beta"}).status_code)
+        ensure(name, dims)
+
+    indexer.store.ensure_collection = ensure_while_searched  # type: ignore[method-assign]
+    try:
+        assert Reloader(indexer, lambda: added).apply()
+    finally:
+        indexer.store.ensure_collection = ensure  # type: ignore[method-assign]
+    assert during and set(during) == {404}, during
+    answer = api.post("/search", json={"query": "honey harvest", "agent": "beta"})
+    assert answer.status_code == 200 and answer.json()["hits"] == []  # known, empty until the worker indexes it
