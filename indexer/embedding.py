@@ -82,6 +82,7 @@ class SentenceTransformerEmbedder:
         self._use = threading.Lock()
         self._query_encoder: OnnxQueryEncoder | None = None
         self._identity: str | None = None
+        self._fingerprint: str | None = None
         self._dim: int | None = _KNOWN_DIMS.get(self.base_id)
         self._max_tokens: int | None = 254 if self.base_id in _KNOWN_DIMS else None
 
@@ -102,8 +103,15 @@ class SentenceTransformerEmbedder:
         """``model_id#fingerprint``: the model and precision, and a fingerprint of its files (``model_fingerprint``),
         so a model replaced in the same directory, or of the same vector size, is noticed. Computed once."""
         if self._identity is None:
-            self._identity = f"{self.model_id}#{model_fingerprint(self._load_path)}"
+            self._identity = f"{self.model_id}#{self.fingerprint}"
         return self._identity
+
+    @property
+    def fingerprint(self) -> str:
+        """``model_fingerprint`` of the model's files (``""`` for a name that is not a directory). Computed once."""
+        if self._fingerprint is None:
+            self._fingerprint = model_fingerprint(self._load_path)
+        return self._fingerprint
 
     # -- lazy model ---------------------------------------------------------------------------------------------
     @property
@@ -126,7 +134,7 @@ class SentenceTransformerEmbedder:
 
     def _switch_to_int8(self, model: Any) -> None:
         try:
-            quality, self._query_encoder = use_int8(model, self.cache_dir, self.base_id)
+            quality, self._query_encoder = use_int8(model, self.cache_dir, self.base_id, self.fingerprint)
         except Exception as exc:  # any export failure leaves a working fp32 model
             log.warning("int8_unavailable", model=self.base_id, fallback="fp32", error=f"{type(exc).__name__}: {exc}")
             self.precision = "fp32"

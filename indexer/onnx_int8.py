@@ -155,9 +155,11 @@ class OnnxQueryEncoder:
         return l2_normalise(pooled.astype(np.float32))
 
 
-def int8_dir(cache_dir: Path, base_id: str) -> Path:
-    """Where the int8 export of ``base_id`` lives: ``<cache_dir>/<model>-<hash8>-onnx-int8-v<format>``."""
-    digest = hashlib.sha256(base_id.encode()).hexdigest()[:8]
+def int8_dir(cache_dir: Path, base_id: str, fingerprint: str = "") -> Path:
+    """Where the int8 export of ``base_id`` lives: ``<cache_dir>/<model>-<hash8>-onnx-int8-v<format>``, the hash over
+    the model id and ``fingerprint`` (``model_fingerprint`` of its files), so weights replaced in place are exported
+    again rather than served from the old export."""
+    digest = hashlib.sha256(f"{base_id}\0{fingerprint}".encode() if fingerprint else base_id.encode()).hexdigest()[:8]
     return cache_dir / f"{Path(base_id).name}-{digest}-onnx-int8-v{INT8_FORMAT}"
 
 
@@ -332,8 +334,10 @@ def query_model(model: Any, target: Path) -> Path:
     return target / "model.onnx"
 
 
-def use_int8(model: Any, cache_dir: Path, base_id: str) -> tuple[dict[str, Any], OnnxQueryEncoder | None]:
-    """Swap ``model``'s transformer for the int8 ONNX one, exporting it first unless ``cache_dir`` has it.
+def use_int8(model: Any, cache_dir: Path, base_id: str,
+             fingerprint: str = "") -> tuple[dict[str, Any], OnnxQueryEncoder | None]:
+    """Swap ``model``'s transformer for the int8 ONNX one, exporting it first unless ``cache_dir`` has it (for this
+    ``fingerprint`` of the model's files: ``int8_dir``).
 
     Returns the quality record and, for a model ``OnnxQueryEncoder`` supports, the encoder queries run on
     (``query_model``'s file); when the record did not pass, ``model`` is left unchanged and no encoder is built.
@@ -341,7 +345,7 @@ def use_int8(model: Any, cache_dir: Path, base_id: str) -> tuple[dict[str, Any],
     """
     import torch
 
-    target = int8_dir(cache_dir, base_id)
+    target = int8_dir(cache_dir, base_id, fingerprint)
     if (target / "quality.json").exists():
         quality = json.loads((target / "quality.json").read_text(encoding="utf-8"))
     else:

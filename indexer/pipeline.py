@@ -248,7 +248,10 @@ class Pipeline:
         for modality, slots in by_modality.items():
             embedder = self.registry.embedders[modality]
             dim = int(embedder.dim)
-            keys = [cache_key(embedder.model_id, self._content(prepared[f].chunks[c])) for f, c in slots]
+            # keyed by the embedder's identity (model, precision, fingerprint of its files) where it declares one:
+            # weights replaced in place must not be answered with the old model's vectors
+            model = str(getattr(embedder, "identity", embedder.model_id))
+            keys = [cache_key(model, self._content(prepared[f].chunks[c])) for f, c in slots]
             cached = self.cache.get_many(list(dict.fromkeys(keys)), dim)
             misses: dict[bytes, list[tuple[int, int]]] = {}
             for key, (f, c) in zip(keys, slots):

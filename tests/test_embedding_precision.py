@@ -202,7 +202,7 @@ def test_the_query_encoder_gives_the_vector_encode_gives_on_the_same_onnx_file(i
     it gives ``encode``'s vector."""
     model = int8_embedder.model
     monkeypatch.setattr(model[1], "pooling_mode", pooling)
-    chunks_model = int8_dir(int8_embedder.cache_dir, int8_embedder.base_id) / "model.onnx"
+    chunks_model = int8_dir(int8_embedder.cache_dir, int8_embedder.base_id, int8_embedder.fingerprint) / "model.onnx"
     encoder = OnnxQueryEncoder(chunks_model, model, threads=1)
     vectors = [encoder(text) for text in QUERIES]
     for text, vector in zip(QUERIES, vectors):
@@ -246,7 +246,7 @@ def test_a_query_model_deleted_by_hand_is_exported_again(int8_embedder, tmp_path
     assert int8_embedder.model is not None  # exported by now
     cache = tmp_path / "models"
     shutil.copytree(int8_embedder.cache_dir, cache)
-    query_file = int8_dir(cache, int8_embedder.base_id) / f"query-v{QUERY_FORMAT}.onnx"
+    query_file = int8_dir(cache, int8_embedder.base_id, int8_embedder.fingerprint) / f"query-v{QUERY_FORMAT}.onnx"
     query_file.unlink()
     with capture_logs() as logs:
         again = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
@@ -261,7 +261,7 @@ def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(
     """A query model whose probe cosine is under ``INT8_MIN_COSINE`` is not used (one warning); nor is one whose
     export raised, and that failure is recorded, not retried at every start."""
     cache = int8_embedder.cache_dir
-    export = int8_dir(cache, int8_embedder.base_id)
+    export = int8_dir(cache, int8_embedder.base_id, int8_embedder.fingerprint)
     record = export / f"query-v{QUERY_FORMAT}.json"
     quality = json.loads(record.read_text())
     assert quality["passed"] and quality["mean_cosine"] >= indexer.onnx_int8.INT8_MIN_COSINE

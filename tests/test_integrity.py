@@ -203,3 +203,46 @@ def test_a_same_size_model_swap_is_noticed_and_rebuilt(workspace: Path, tmp_path
             assert second.view.status()["models"]["text"]["precision"] == "fp32"
         finally:
             second.close()
+
+
+def test_weights_replaced_in_place_are_re_embedded_not_served_from_the_cache(workspace: Path, tmp_path: Path) -> None:
+    """Same directory, 2 -> 3 layers: the change is noticed and a rebuild runs; the embedding cache must not hand
+    back the 2-layer vectors (it was keyed by the model id alone, the directory's path), so the store ends up
+    holding what the 3-layer model makes of each chunk."""
+    from conftest import make_settings
+    from structlog.testing import capture_logs
+
+    from indexer.daemon import Indexer
+    from indexer.embedding import load_sentence_transformer, resolve_model
+    from indexer.plugins import load_registry
+
+    full = resolve_model("all-MiniLM-L6-v2")[1]
+    model_dir = tmp_path / "minilm-in-place"
+
+    def save_layers(n: int) -> None:
+        model = load_sentence_transformer(full, "cpu")
+        model[0].auto_model.encoder.layer = model[0].auto_model.encoder.layer[:n]
+        model[0].auto_model.config.num_hidden_layers = n
+        model.save(str(model_dir))
+
+    def open_indexer() -> Indexer:
+        registry = load_registry(config={"sentence-transformers": {"model": str(model_dir), "precision": "fp32"}})
+        return Indexer.open(make_settings(tmp_path, [{"agent": "main", "path": workspace}], model=str(model_dir)),
+                            registry=registry)
+
+    save_layers(2)
+    first = open_indexer()
+    index_once(first)
+    before = next(first.store.scroll_points("memory-root-main")).dense["text"]
+    first.close()
+    save_layers(3)  # the same path, other weights
+    with capture_logs() as logs:
+        second = open_indexer()
+        try:
+            index_once(second)
+            assert any(e["event"] == "model_changed" for e in logs)
+            assert second.pipeline.stats.chunks_embedded > 0, "the rebuild embedded nothing: cached 2-layer vectors"
+            after = next(second.store.scroll_points("memory-root-main")).dense["text"]
+            assert not np.allclose(before, after, atol=1e-4), "the store still holds the 2-layer vector"
+        finally:
+            second.close()
