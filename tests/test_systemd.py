@@ -229,3 +229,83 @@ def test_ready_waits_until_the_api_listens(listener: socket.socket, tmp_path: Pa
     listener.settimeout(5)
     assert listener.recv(4096).decode().startswith("READY=1")
     supervisor.notifier.close()
+
+
+# ProtectSystem=strict with the state dir writable (StateDirectory=), ProtectHome=read-only, PrivateTmp=yes,
+# NoNewPrivileges=yes, CapabilityBoundingSet= (empty) and UMask=0077, rebuilt from util-linux tools in a private
+# mount namespace: every mount but /proc, /sys and /dev read-only, the state dir and a private temporary directory
+# ($TMPDIR: the test's files live under /tmp, so no tmpfs over it) read-write bind mounts, then the daemon with no
+# capabilities and no new privileges.
+SANDBOX = r"""set -e
+mount --bind "$STATE" "$STATE"
+mount --bind "$TMPDIR" "$TMPDIR"
+for mp in $(awk '{print $2}' /proc/self/mounts | grep -v -E '^/(proc|sys|dev)(/|$)' | sort -u); do
+  mount -o remount,bind,ro "$mp" 2>/dev/null || true
+done
+mount -o remount,bind,rw "$STATE"
+mount -o remount,bind,rw "$TMPDIR"
+for outside in /etc "$HOME" "$(dirname "$STATE")"; do
+  if touch "$outside/qmd-indexer-sandbox-check" 2>/dev/null; then echo "sandbox: $outside is writable" >&2; exit 97; fi
+done
+umask 0077
+exec setpriv --no-new-privs --bounding-set -all --inh-caps -all --ambient-caps -all "$@"
+"""
+
+
+def _can_sandbox() -> str | None:
+    """Why the sandbox test cannot run here, or ``None``."""
+    if os.geteuid() != 0:
+        return "needs root (a private mount namespace with read-only remounts)"
+    for tool in ("unshare", "setpriv", "mount"):
+        if shutil.which(tool) is None:
+            return f"{tool} (util-linux) is not installed"
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, timeout=30)
+    return None if probe.returncode == 0 else f"cannot make a mount namespace here: {probe.stderr.decode().strip()}"
+
+
+@pytest.mark.skipif(_can_sandbox() is not None, reason=str(_can_sandbox()))
+def test_daemon_runs_under_the_units_file_system_and_privilege_restrictions(workspace: Path, tmp_path: Path,
+                                                                             listener: socket.socket) -> None:
+    """The unit's ExecStart (``qmd-indexer run``) with everything read-only but its state dir, no capabilities and
+    no new privileges: it indexes, says READY=1, answers a search, leaves only private files and stops cleanly.
+    systemd itself (PID 1 here is not systemd) and its seccomp, address-family and IP filters are not reproduced:
+    ``systemd-analyze security`` above checks that the unit sets them."""
+    import signal
+    import time
+
+    from indexer.client import Client
+
+    unit = _unit_settings()
+    assert unit["ProtectSystem"] == ["strict"] and unit["NoNewPrivileges"] == ["yes"]
+    assert unit["CapabilityBoundingSet"] == [""] and unit["UMask"] == ["0077"]
+    state, private_tmp = tmp_path / "state", tmp_path / "private-tmp"
+    state.mkdir(mode=0o700)
+    private_tmp.mkdir(mode=0o700)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json", "STATE": str(state),
+           "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "QMD_INDEXER_STATE_DIR": str(state),
+           "TMPDIR": str(private_tmp)}
+    with open(tmp_path / "run.log", "w") as log:
+        proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox",
+                                 sys.executable, "-m", "indexer.cli", "run", "--workspace", str(workspace),
+                                 "--port", str(port)], stdout=subprocess.DEVNULL, stderr=log, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        message = ""
+        while not message.startswith("READY=1") and time.monotonic() < deadline:
+            message = listener.recv(4096).decode()
+        assert message.startswith("READY=1"), (tmp_path / "run.log").read_text()[-3000:]
+        hits = Client(port=port).search("when are deploys allowed?")
+        assert hits and hits[0]["path"] == "MEMORY.md", hits
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    logged = (tmp_path / "run.log").read_text()
+    assert "Read-only file system" not in logged and '"level": "error"' not in logged, logged[-3000:]
+    loose = [str(path) for path in [state, *state.rglob("*")] if not path.is_symlink() and path.stat().st_mode & 0o077]
+    assert loose == [] and len(list(state.rglob("*"))) > 5
