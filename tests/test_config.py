@@ -88,3 +88,78 @@ def test_bm25_settings_shape_the_keyword_terms(tmp_path: Path) -> None:
     plain = Bm25Terms(settings.bm25).document("running runners run")
     assert stemmed and plain
     assert len(set(stemmed[0])) < len(set(plain[0]))  # the stemmer folds running/run together
+
+
+TOKEN = "s3cret-token-0123456789abcdef"
+
+
+def _secret_file(path: Path, text: str, mode: int) -> Path:
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_token_from_a_file_the_environment_or_systemd_credentials(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``token_file`` (in the config or ``QMD_INDEXER_TOKEN_FILE``) names a file holding the token (a trailing newline
+    is dropped); under systemd ``LoadCredential=token:...`` hands it over as ``$CREDENTIALS_DIRECTORY/token``."""
+    monkeypatch.delenv("QMD_INDEXER_TOKEN", raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    secret = _secret_file(tmp_path / "token", TOKEN + "\n", 0o600)
+    config = _secret_file(tmp_path / "config.toml", f'token_file = "{secret}"\n', 0o644)  # no secret in it
+    assert load_settings(config).token == TOKEN
+    monkeypatch.setenv("QMD_INDEXER_TOKEN_FILE", str(secret))
+    assert load_settings(tmp_path / "config.toml").token == TOKEN
+    monkeypatch.delenv("QMD_INDEXER_TOKEN_FILE")
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    _secret_file(credentials / "token", TOKEN, 0o400)
+    _secret_file(credentials / "qdrant_api_key", "qdrant-key", 0o400)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(credentials))
+    plain = _secret_file(tmp_path / "plain.toml", "port = 9000\n", 0o644)
+    settings = load_settings(plain)
+    assert (settings.token, settings.qdrant_api_key) == (TOKEN, "qdrant-key")
+
+
+@pytest.mark.parametrize(("config", "token_mode", "message"), [
+    (f'token = "{TOKEN}"\n', None, r"permissions 0644 are too open for a config file that holds token"),
+    (f'qdrant_api_key = "{TOKEN}"\n', None, r"permissions 0644 are too open for a config file that holds "
+                                              r"qdrant_api_key"),
+    ('token_file = "{token}"\n', 0o640, r"permissions 0640 are too open for token_file"),
+    ('token_file = "{token}"\n', 0o604, r"permissions 0604 are too open for token_file"),
+    ('token_file = "{token}.missing"\n', 0o600, "cannot read token_file"),
+])
+def test_secrets_readable_by_others_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str,
+                                                 token_mode: int | None, message: str) -> None:
+    """Like ssh with a loose key: a token file, or a config file holding a secret, that group or others can read is
+    refused with one line naming the file and the fix (a config without a secret may stay 0644)."""
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    monkeypatch.delenv("QMD_INDEXER_TOKEN", raising=False)
+    token = tmp_path / "token"
+    if token_mode is not None:
+        _secret_file(token, TOKEN, token_mode)
+    path = _secret_file(tmp_path / "config.toml", config.replace("{token}", str(token)), 0o644)
+    with pytest.raises(ConfigError, match=message) as error:
+        load_settings(path)
+    assert "\n" not in str(error.value)
+    if token_mode is None:  # the same file readable by its owner alone is accepted
+        path.chmod(0o600)
+        load_settings(path)
+
+
+def test_cli_exits_2_on_a_loose_config_holding_a_token(tmp_path: Path) -> None:
+    config = _secret_file(tmp_path / "config.toml", f'token = "{TOKEN}"\n[[workspace]]\nagent = "a"\npath = "/tmp"\n',
+                          0o644)
+    result = subprocess.run([sys.executable, "-m", "indexer.cli", "index", "--once", "--config", str(config)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "chmod 600" in lines[0] and lines[0].startswith("qmd-indexer: config error"), lines
+
+
+def test_a_token_and_a_token_file_at_once_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QMD_INDEXER_TOKEN", TOKEN)
+    secret = _secret_file(tmp_path / "token", TOKEN, 0o600)
+    config = _secret_file(tmp_path / "config.toml", f'token_file = "{secret}"\n', 0o644)
+    with pytest.raises(ConfigError, match="token: set token or token_file, not both"):
+        load_settings(config)
