@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 
 from indexer.points import Hit, Payload
 from indexer.recall import read_memory
-from indexer.search import SearchParams, decay, fuse, mmr, relevant, snippet
+from indexer.schema import SearchRequest
+from indexer.search import decay, fuse, mmr, relevant, snippet
 from indexer.server import create_app
 from indexer.worker import index_once
 
@@ -47,7 +48,7 @@ def _paths(hits) -> list[str]:
 @pytest.mark.parametrize("mode", ["hybrid", "keyword"])
 def test_exact_token_is_found_first(indexed, mode: str) -> None:
     indexer, _ = indexed
-    hits = indexer.searcher().search(SearchParams("ACME-4471", k=3, mode=mode))
+    hits = indexer.searcher().search(SearchRequest(query="ACME-4471", k=3, mode=mode))
     assert _paths(hits)[0] == "memory/tickets.md"
 
 
@@ -55,7 +56,7 @@ def test_paraphrase_is_found_by_meaning(indexed) -> None:
     indexer, _ = indexed
     searcher = indexer.searcher()
     for mode in ("hybrid", "dense"):
-        hits = searcher.search(SearchParams("when are we allowed to ship new versions?", k=2, mode=mode))
+        hits = searcher.search(SearchRequest(query="when are we allowed to ship new versions?", k=2, mode=mode))
         assert _paths(hits)[0] == "memory/deploys.md"
 
 
@@ -63,25 +64,26 @@ def test_paraphrase_is_found_by_meaning(indexed) -> None:
 def test_chinese_and_japanese_queries_find_their_notes(indexed, mode: str) -> None:
     indexer, _ = indexed
     searcher = indexer.searcher()
-    assert _paths(searcher.search(SearchParams("数据库迁移", k=2, mode=mode)))[0] == "memory/zh/会议.md"
-    assert _paths(searcher.search(SearchParams("東京オフィス", k=2, mode=mode)))[0] == "memory/ja/メモ.md"
+    assert _paths(searcher.search(SearchRequest(query="数据库迁移", k=2, mode=mode)))[0] == "memory/zh/会议.md"
+    assert _paths(searcher.search(SearchRequest(query="東京オフィス", k=2, mode=mode)))[0] == "memory/ja/メモ.md"
 
 
 def test_filters_narrow_the_answer(indexed) -> None:
     indexer, _ = indexed
     searcher = indexer.searcher()
-    assert set(_paths(searcher.search(SearchParams("meeting", k=10, path_prefix="memory/zh")))) == {"memory/zh/会议.md"}
-    assert _paths(searcher.search(SearchParams("Dana", k=10, collections=("memory-root-main",)))) == ["MEMORY.md"]
-    assert searcher.search(SearchParams("disk", k=10, kinds=("image",))) == []
-    strong = searcher.search(SearchParams("ACME-4471", k=10, mode="keyword", min_score=1.0))
+    narrowed = searcher.search(SearchRequest(query="meeting", k=10, path_prefix="memory/zh"))
+    assert set(_paths(narrowed)) == {"memory/zh/会议.md"}
+    assert _paths(searcher.search(SearchRequest(query="Dana", k=10, collection="memory-root-main"))) == ["MEMORY.md"]
+    assert searcher.search(SearchRequest(query="disk", k=10, kind="image")) == []
+    strong = searcher.search(SearchRequest(query="ACME-4471", k=10, mode="keyword", min_score=1.0))
     assert strong and all(h["score"] >= 1.0 for h in strong)
     with pytest.raises(KeyError, match="unknown collection"):
-        searcher.search(SearchParams("x", collections=("nope",)))
+        searcher.search(SearchRequest(query="x", collection="nope"))
 
 
 def test_hits_carry_the_contract(indexed) -> None:
     indexer, _ = indexed
-    [hit] = indexer.searcher().search(SearchParams("Dana", k=1))
+    [hit] = indexer.searcher().search(SearchRequest(query="Dana", k=1))
     assert hit == {**hit, "collection": "memory-root-main", "agent": "main", "path": "MEMORY.md", "start_line": 1,
                    "end_line": 4, "kind": "markdown", "citation": "MEMORY.md#L1-L4"}
     assert isinstance(hit["score"], float) and hit["snippet"].startswith("# Memory")
@@ -301,11 +303,11 @@ def test_mmr_pushes_a_near_duplicate_below_a_different_hit() -> None:
 def test_hits_carry_raw_scores_and_say_when_nothing_is_relevant(indexed) -> None:
     indexer, _ = indexed
     searcher = indexer.searcher()
-    [hit] = searcher.search(SearchParams("ACME-4471", k=1, mode="hybrid"))
+    [hit] = searcher.search(SearchRequest(query="ACME-4471", k=1, mode="hybrid"))
     assert -1 <= hit["dense_score"] <= 1 and hit["keyword_score"] > 0
-    [dense] = searcher.search(SearchParams("ACME-4471", k=1, mode="dense"))
+    [dense] = searcher.search(SearchRequest(query="ACME-4471", k=1, mode="dense"))
     assert dense["keyword_score"] is None and dense["dense_score"] == pytest.approx(dense["score"], abs=1e-5)
     assert relevant([hit], floor=-1.0) is True and relevant([hit], floor=1.01) is False
     assert relevant([], floor=0.0) is False
-    [keyword] = searcher.search(SearchParams("ACME-4471", k=1, mode="keyword"))
+    [keyword] = searcher.search(SearchRequest(query="ACME-4471", k=1, mode="keyword"))
     assert relevant([keyword], floor=0.0) is None  # no dense score to judge by
