@@ -33,7 +33,7 @@ def _search_request(query: str, fields: dict[str, Any]) -> Any:
              if value is not None and value != ()}
     try:
         request = search_request(query, **given)
-        request.since_ns()  # the daemon answers 400 to a time it cannot read
+        request.since_ns(), request.until_ns()  # the daemon answers 400 to a time it cannot read
     except ValidationError as exc:
         raise click.UsageError("; ".join(f"--{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
                                          for e in exc.errors())) from None
@@ -100,6 +100,7 @@ def _client(config: Path | None, port: int | None) -> Any:
 @click.option("--min-score", type=float,
               help="Drop hits scoring below this (the score shown: cosine for dense, fused otherwise).")
 @click.option("--since", help="Only files modified since: a duration (7d, 12h, 30m, 2w) or an ISO date (2026-11-01).")
+@click.option("--until", help="Only files modified before: a duration ago (7d, 12h...) or an ISO date (2026-11-01).")
 @click.option("--wait", "wait_s", type=click.FloatRange(0, 10), is_flag=False, flag_value=10.0, default=None,
               help="Wait (up to SECONDS, default 10) until no changed file is pending indexing, then search.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of hits.")
@@ -117,6 +118,7 @@ def search(query: str, as_json: bool, config: Path | None, port: int | None, **f
       qmd-indexer search "how do I make a task repeat every week"
       qmd-indexer search "ACME-4471" --mode keyword -k 3 --json
       qmd-indexer search "deploy window" --since 7d
+      qmd-indexer search "deploy window" --until 2026-11-01
     """
     if not query.strip():
         raise click.UsageError("QUERY is empty; to list every memory file use `qmd-indexer recall`")

@@ -23,7 +23,7 @@ from indexer.schema import SearchRequest, names
 
 SPARSE = "bm25"  # the sparse vector's name: BM25 terms with Qdrant's IDF modifier
 KEYWORD_FIELDS = ("abs_path", "path", "dirs", "kind")  # keyword payload indexes (exact-match filters)
-INTEGER_FIELDS = ("mtime_ns",)  # integer payload indexes (range filters: ``since``)
+INTEGER_FIELDS = ("mtime_ns",)  # integer payload indexes (range filters: ``since``, ``until``)
 STATE_FIELDS = ("abs_path", "file_hash", "size_bytes", "mtime_ns", "ctime_ns", "inode", "device",
                 "chunk_count")  # what ``FileState`` needs
 
@@ -189,12 +189,14 @@ class Filter:
     - ``path_prefix``: a workspace-relative file path or directory (``memory/projects``);
     - ``kinds``: source kinds (``markdown``, ``image``...), any of them;
     - ``since_ns``: files modified at or after this time (nanoseconds since the epoch, the payload's ``mtime_ns``);
+    - ``until_ns``: files modified before this time (same unit; with ``since_ns``, the window ``[since, until)``);
     - ``abs_path``: one file; ``except_hash``: points whose ``file_hash`` differs (a file's stale points).
     """
 
     path_prefix: str | None = None
     kinds: tuple[str, ...] = ()
     since_ns: int | None = None
+    until_ns: int | None = None
     abs_path: str | None = None
     except_hash: str | None = None
 
@@ -206,9 +208,10 @@ _NO_FILTER = Filter()
 
 
 def search_filter(request: SearchRequest, now_s: float | None = None) -> Filter:
-    """The ``Filter`` of a search request's conditions on points (``path_prefix``, ``kind``, ``since``); durations
-    count back from ``now_s`` (default now). Raises ``ValueError`` for a time ``parse_time`` cannot read."""
-    return Filter(path_prefix=request.path_prefix, kinds=names(request.kind), since_ns=request.since_ns(now_s))
+    """The ``Filter`` of a search request's conditions on points (``path_prefix``, ``kind``, ``since``, ``until``);
+    durations count back from ``now_s`` (default now). Raises ``ValueError`` for a time ``parse_time`` cannot read."""
+    return Filter(path_prefix=request.path_prefix, kinds=names(request.kind), since_ns=request.since_ns(now_s),
+                  until_ns=request.until_ns(now_s))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

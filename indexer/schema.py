@@ -55,6 +55,8 @@ MinScore = Annotated[float | None, Field(
     allow_inf_nan=False, description="Drop hits scoring below this (fused score; cosine in dense mode).")]
 Since = Annotated[str | None, Field(description="Only files modified since: a duration (7d, 12h, 30m, 2w) or an "
                                                 "ISO date/date-time (2026-11-01, 2026-11-01T09:30).")]
+Until = Annotated[str | None, Field(description="Only files modified before: a duration ago (7d, 12h, 30m, 2w) or an "
+                                                "ISO date/date-time (2026-11-01, 2026-11-01T09:30).")]
 MemoryPath = Annotated[str, Field(min_length=1, description="A memory file, workspace-relative (memory/2026-11-27.md, "
                                                       "MEMORY.md), as a hit's `path` gives it.")]
 FromLine = Annotated[int, Field(ge=1, validation_alias=AliasChoices("from", "from_line"),
@@ -80,8 +82,9 @@ DEFAULT_MAX_CHARS = 12_000
 class SearchRequest(BaseModel):
     """``POST /search``, and the ``memory_search`` tool's arguments (all but ``wait_s``): ``k`` hits for ``query``."""
 
-    # A bad value is pydantic's ValidationError (422 over HTTP); a since that parse_time cannot read is a ValueError
-    # when the search runs (since_ns; 400 over HTTP). search_request also refuses an unknown keyword.
+    # A bad value is pydantic's ValidationError (422 over HTTP); a since/until that parse_time cannot read is a
+    # ValueError when the search runs (since_ns, until_ns; 400 over HTTP). search_request also refuses an unknown
+    # keyword.
 
     model_config = ConfigDict(frozen=True)
 
@@ -93,6 +96,7 @@ class SearchRequest(BaseModel):
     path_prefix: PathPrefix = None
     kind: Kinds = None
     since: Since = None
+    until: Until = None
     min_score: MinScore = None
     wait_s: WaitS = 0.0
 
@@ -100,6 +104,10 @@ class SearchRequest(BaseModel):
         """``since`` as nanoseconds since the epoch (``parse_time``; a duration counts back from ``now_s``, default
         now), or ``None``. Raises ``ValueError`` naming the accepted forms."""
         return None if self.since is None else parse_time(self.since, "since", now_s)
+
+    def until_ns(self, now_s: float | None = None) -> int | None:
+        """``until`` as nanoseconds since the epoch, like ``since_ns``."""
+        return None if self.until is None else parse_time(self.until, "until", now_s)
 
 
 def search_request(query: str | SearchRequest, /, **fields: Any) -> SearchRequest:

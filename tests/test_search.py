@@ -266,6 +266,79 @@ def test_since_filters_by_modification_time_through_the_api(tmp_path: Path, make
     assert bad.status_code == 400 and "7d" in bad.json()["detail"]
 
 
+@pytest.mark.parametrize("backend", ["edge", "server"])
+def test_until_keeps_files_modified_before_on_every_face(tmp_path: Path, make_indexer, request: pytest.FixtureRequest,
+                                                         backend: str) -> None:
+    """``until`` through the Python client, the HTTP body, the MCP tool and the CLI flag, on Qdrant Edge and a
+    Qdrant server (skipped without its binary): a month-old note is kept, today's is not."""
+    import json
+    import os
+    import socket
+    import threading
+    import time
+
+    import anyio
+    import uvicorn
+    from click.testing import CliRunner
+    from conftest import backend_store, wait_for
+    from mcp import Client as McpClient
+
+    from indexer.cli import main
+    from indexer.client import Client, ClientError
+    from indexer.mcp import build_server
+
+    ws = tmp_path / "ws"
+    old = write(ws / "memory" / "2025-01-10.md", "# Deploy\n\nThe deploy window moved to Tuesday.\n")
+    write(ws / "memory" / "today.md", "# Deploy\n\nThe deploy window is now Thursday morning.\n")
+    month_ago = time.time() - 30 * 86_400
+    os.utime(old, (month_ago, month_ago))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    indexer = make_indexer([{"agent": "main", "path": ws}], store=backend_store(request, backend), port=port)
+    index_once(indexer)
+    indexer.ready.set()
+    week_ago = time.strftime("%Y-%m-%d", time.localtime(time.time() - 7 * 86_400))
+    older = ["memory/2025-01-10.md"]
+
+    def paths(hits) -> list[str]:
+        return sorted(h["path"] for h in hits)
+
+    server = uvicorn.Server(uvicorn.Config(create_app(indexer), host="127.0.0.1", port=port, log_config=None,
+                                           access_log=False, lifespan="on", ws="none"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout_s=30)
+        with Client(port=port) as client:
+            assert paths(client.search("deploy window", k=5)) == ["memory/2025-01-10.md", "memory/today.md"]
+            assert paths(client.search("deploy window", k=5, until="7d")) == older
+            assert paths(client.search("deploy window", k=5, until=week_ago)) == older
+            assert paths(client.search("deploy window", k=5, since="45d", until="7d")) == older
+            assert client.search("deploy window", k=5, until="45d") == []
+            body = {"query": "deploy window", "k": 5, "until": "7d"}
+            assert paths(client._call("POST", "/search", json=body)["hits"]) == older
+            with pytest.raises(ClientError, match="until must be a duration") as bad:
+                client.search("deploy", until="last tuesday")
+            assert bad.value.status_code == 400
+
+            async def tool() -> dict:
+                async with McpClient(build_server(client)) as mcp:
+                    result = await mcp.call_tool("memory_search", {"query": "deploy window", "k": 5, "until": "7d"})
+                    assert not result.is_error
+                    return result.structured_content
+
+            assert paths(anyio.run(tool)["hits"]) == older
+        cli = CliRunner().invoke(main, ["search", "deploy window", "--until", "7d", "--json", "--port", str(port)])
+        assert cli.exit_code == 0, cli.output
+        assert paths(json.loads(cli.stdout)) == older
+        typo = CliRunner().invoke(main, ["search", "deploy", "--until", "last tuesday", "--port", str(port)])
+        assert typo.exit_code == 2 and "until must be a duration" in typo.output
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
 @pytest.mark.parametrize("endpoint,extra", [
     ("/search", ', "mode": "hybrid"'), ("/search", ', "mode": "dense"'), ("/search", ', "mode": "keyword"'),
     ("/recall", ""), ("/boot", ""),
