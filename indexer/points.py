@@ -200,9 +200,6 @@ class Filter:
     abs_path: str | None = None
     except_hash: str | None = None
 
-    def is_empty(self) -> bool:
-        return self == _NO_FILTER
-
 
 _NO_FILTER = Filter()
 

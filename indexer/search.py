@@ -289,7 +289,7 @@ def mmr(hits: Sequence[Hit], lam: float, k: int) -> list[Hit]:
 
 
 def load_fusion() -> None:
-    """Import the fusion code ``fuse`` uses (qdrant-client: its pydantic models take ~2 s to import on 2 cores).
+    """Import the fusion code ``fuse_scores`` uses (qdrant-client: its pydantic models take ~2 s to import on 2 cores).
     The daemon calls this before it reports ready, so the first search does not pay for it."""
     import qdrant_client.hybrid.fusion  # noqa: F401
 
@@ -320,12 +320,3 @@ def fuse_scores(lists: Sequence[Sequence[tuple[Any, float]]], method: str, rrf_k
     # the library returns the objects it was given (its annotations say ScoredPoint)
     return [(p.id, float(p.score)) for p in cast(list[_Scored], fused)]
 
-
-def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) -> list[Hit]:
-    """``fuse_scores`` over lists of ``Hit``s: the fused hits keep their payloads, with the fused score."""
-    by_id: dict[str, Hit] = {}
-    for hits in lists:
-        for h in hits:
-            by_id.setdefault(h.id, h)
-    fused = fuse_scores([[(h.id, h.score) for h in hits] for hits in lists], method, rrf_k, limit)
-    return [Hit(pid, score, by_id[pid].payload) for pid, score in fused]

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from indexer.points import Hit, Payload
 from indexer.recall import read_memory
 from indexer.schema import SearchRequest
-from indexer.search import decay, fuse, mmr, relevant, snippet
+from indexer.search import decay, fuse_scores, mmr, relevant, snippet
 from indexer.server import create_app
 from indexer.worker import index_once
 
@@ -99,8 +99,9 @@ def test_snippet_is_centred_on_the_best_lines_and_capped() -> None:
 
 @pytest.mark.parametrize("method", ["rrf", "dbsf"])
 def test_fusion_gives_qdrant_clients_own_answer_on_its_own_point_type(method: str) -> None:
-    """``fuse`` hands qdrant-client's fusion light stand-ins for ``ScoredPoint``; the ids, scores and order must be
-    what the library gives for real ``ScoredPoint``s: overlapping lists, ties, a one-item list, an empty list."""
+    """``fuse_scores`` hands qdrant-client's fusion light stand-ins for ``ScoredPoint``; the ids, scores and order
+    must be what the library gives for real ``ScoredPoint``s: overlapping lists, ties, a one-item list, an empty
+    list."""
     import random
     import uuid
 
@@ -112,11 +113,10 @@ def test_fusion_gives_qdrant_clients_own_answer_on_its_own_point_type(method: st
     dense = sorted(((i, rng.random()) for i in ids[:100]), key=lambda x: -x[1])
     keyword = sorted(((i, round(rng.uniform(0, 9), 1)) for i in ids[50:]), key=lambda x: -x[1])  # ties
     for lists in ([dense, keyword], [dense, keyword[:1]], [dense, []]):
-        hits = [[Hit(i, s, Payload()) for i, s in scored] for scored in lists]
         points = [[models.ScoredPoint(id=i, version=0, score=s) for i, s in scored] for scored in lists]
         expected = (reciprocal_rank_fusion(points, limit=120, ranking_constant_k=60) if method == "rrf"
                     else distribution_based_score_fusion(points, limit=120))
-        assert [(h.id, h.score) for h in fuse(hits, method, 60, 120)] == [(str(p.id), p.score) for p in expected]
+        assert fuse_scores(lists, method, 60, 120) == [(str(p.id), p.score) for p in expected]
 
 
 @pytest.mark.parametrize("method", ["rrf", "dbsf"])
@@ -125,15 +125,12 @@ def test_fusion_ranks_like_qdrants_own_fusion(indexed, method: str) -> None:
     import qdrant_edge as qe
 
     indexer, _ = indexed
-    searcher = indexer.searcher()
+    searcher = indexer.searcher(fusion=method, prefetch_limit=100)
     query = "who owns the storage problems?"
+    fused = searcher.retrieve(SearchRequest(query=query, k=10, mode="hybrid", collection="memory-dir-main"))
+    ours = [h.payload.path for h in fused]
     dense = dict(searcher._embed_query(query))["text"]
     terms = indexer.terms.query(query)
-    from indexer.points import Query
-
-    lists = indexer.store.search("memory-dir-main", Query(limit=100, dense={"text": dense}, sparse=terms))
-    fused = fuse(list(lists.values()), method, 60, 10)
-    ours = [h.payload.path for h in fused]
     shard = indexer.store._shard("memory-dir-main")
     native = shard.query(qe.QueryRequest(
         limit=10, with_payload=True, query=qe.Fusion.Rrf(k=60) if method == "rrf" else qe.Fusion.Dbsf(),
