@@ -24,7 +24,7 @@ What it does, in one run:
    - ``script``: each section with its file path prepended (``notes/X.md`` on the first line), embedded whole by
      the product's text model (the model truncates past its window) and BM25-encoded by Qdrant Edge's ``Bm25``
      (the product's configuration) into an Edge shard, searched per vector at the product's prefetch depth and
-     fused with DBSF (and RRF) by ``indexer.search.fuse``.
+     fused with DBSF (and RRF) by ``indexer.search.fuse_scores``.
 5. Scores every run with the dev set's ``score.py``: file nDCG@10, line hit@5, recall@10 over the 52 answerable
    questions, and the top-1 score of the 8 unanswerable ones next to the answerable median (unanswerable
    separation). With ``--runs DIR`` it also writes each run as a JSONL file ``score.py`` reads.
@@ -178,12 +178,12 @@ def run_bm25s(dev: DevSet, sections: Sequence[Section]) -> dict[str, list[dict[s
 def run_script(dev: DevSet, sections: Sequence[Section], state: Path, embedder: Any, bm25: Any, cache: Any,
                prefetch: int, log: Callable[[str], None]) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """The section-chunk script: path + section text, dense (the product's model) and Qdrant Edge BM25 in one Edge
-    shard, fused with ``indexer.search.fuse``. Returns label -> run."""
+    shard, fused with ``indexer.search.fuse_scores``. Returns label -> run."""
     import numpy as np
 
     from indexer.cache import cache_key
-    from indexer.points import SPARSE, Filter, Payload, Point, Query, point_id
-    from indexer.search import fuse
+    from indexer.points import SPARSE, Filter, Hit, Payload, Point, Query, point_id
+    from indexer.search import fuse_scores
     from indexer.store import EdgeStore
 
     texts = [f"{s.path}\n{s.text}" for s in sections]
@@ -221,7 +221,9 @@ def run_script(dev: DevSet, sections: Sequence[Section], state: Path, embedder: 
             elif how == "keyword":
                 hits = sparse
             else:
-                hits = fuse([h for h in (dense, sparse) if h], how, 60, prefetch)
+                found = {h.id: h for h in dense + sparse}
+                pairs = [[(h.id, h.score) for h in hits] for hits in (dense, sparse) if hits]
+                hits = [Hit(pid, score, found[pid].payload) for pid, score in fuse_scores(pairs, how, 60, prefetch)]
             runs[label][q["id"]] = [{"path": h.payload.path, "start_line": h.payload.start_line,
                                      "end_line": h.payload.end_line, "score": h.score} for h in hits[:K]]
     store.close()

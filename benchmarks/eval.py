@@ -281,9 +281,9 @@ def run_product(indexer: Any, data: SciFact, methods: Sequence[tuple[str, str, s
 
 def run_collapsed(indexer: Any, data: SciFact, fusion: str, prefetch: int, rrf_k: int) -> Scores:
     """Experiment, not the product path: each vector's list collapsed to one hit per document (its best chunk),
-    keyed by document, before fusion with the product's ``fuse``: a document whose best dense chunk and best BM25
+    keyed by document, before fusion with the product's ``fuse_scores``: a document whose best dense chunk and best BM25
     chunk differ gets credit from both lists."""
-    from indexer.search import fuse
+    from indexer.search import fuse_scores
     from indexer.store import Filter, Hit, Query
 
     searcher = indexer.view.searcher()
@@ -303,7 +303,8 @@ def run_collapsed(indexer: Any, data: SciFact, fusion: str, prefetch: int, rrf_k
                         best.setdefault(doc_of(h.payload), Hit(doc_of(h.payload), h.score, h.payload))
                     if best:
                         lists.append(list(best.values()))
-            results.append(dedupe(doc_of(h.payload) for h in fuse(lists, fusion, rrf_k, depth)))
+            pairs = [[(h.id, h.score) for h in hits] for hits in lists]  # a hit's id is its document
+            results.append(dedupe(doc for doc, _ in fuse_scores(pairs, fusion, rrf_k, depth)))
         scores.add(results[0][:10], results[1][:100], data.qrels[qid], 0.0)
     return scores
 

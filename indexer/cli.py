@@ -22,24 +22,24 @@ from indexer.errors import EXIT_FAILURE, EXIT_USAGE
 from indexer.terminal import configure_logging, print_hits, print_status
 
 
-def _finite(value: float | None) -> float | None:
-    import math
+def _search_request(query: str, fields: dict[str, Any]) -> Any:
+    """The ``SearchRequest`` of the ``search`` command's flags (named as its fields; a repeatable flag's values
+    become a list), checked here so a bad value is a usage error (exit 2) before the daemon is asked."""
+    from pydantic import ValidationError
 
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter("must be a finite number")
-    return value
+    from indexer.schema import search_request
 
-
-def _since(value: str | None) -> str | None:
-    """Check ``--since`` here, so a typo is a usage error (exit 2) before the daemon is asked."""
-    if value is not None:
-        from indexer.points import parse_since
-
-        try:
-            parse_since(value)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from None
-    return value
+    given = {name: list(value) if isinstance(value, tuple) else value for name, value in fields.items()
+             if value is not None and value != ()}
+    try:
+        request = search_request(query, **given)
+        request.since_ns(), request.until_ns()  # the daemon answers 400 to a time it cannot read
+    except ValidationError as exc:
+        raise click.UsageError("; ".join(f"--{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+                                         for e in exc.errors())) from None
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return request
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -92,23 +92,21 @@ def _client(config: Path | None, port: int | None) -> Any:
 @click.argument("query")
 @click.option("-k", "k", type=click.IntRange(1, 1000), default=6, show_default=True, help="How many hits.")
 @click.option("--agent", help="Only this agent's collections.")
-@click.option("--collection", "collections", multiple=True, help="Only this collection (repeatable).")
+@click.option("--collection", multiple=True, help="Only this collection (repeatable).")
 @click.option("--mode", type=click.Choice(["hybrid", "dense", "keyword"]),
               help="Retrieval mode [default: the daemon's search_mode, hybrid].")
 @click.option("--path-prefix", help="Only files at or under this workspace-relative path.")
-@click.option("--kind", "kinds", multiple=True, help="Only this source kind: markdown, image, audio... (repeatable)")
-@click.option("--min-score", type=float, callback=lambda ctx, param, value: _finite(value),
+@click.option("--kind", multiple=True, help="Only this source kind: markdown, image, audio... (repeatable)")
+@click.option("--min-score", type=float,
               help="Drop hits scoring below this (the score shown: cosine for dense, fused otherwise).")
-@click.option("--since", callback=lambda ctx, param, value: _since(value),
-              help="Only files modified since: a duration (7d, 12h, 30m, 2w) or an ISO date (2026-11-01).")
+@click.option("--since", help="Only files modified since: a duration (7d, 12h, 30m, 2w) or an ISO date (2026-11-01).")
+@click.option("--until", help="Only files modified before: a duration ago (7d, 12h...) or an ISO date (2026-11-01).")
 @click.option("--wait", "wait_s", type=click.FloatRange(0, 10), is_flag=False, flag_value=10.0, default=None,
               help="Wait (up to SECONDS, default 10) until no changed file is pending indexing, then search.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of hits.")
 @config_opt
 @port_opt
-def search(query: str, k: int, agent: str | None, collections: tuple[str, ...], mode: str | None,
-           path_prefix: str | None, kinds: tuple[str, ...], min_score: float | None, since: str | None,
-           wait_s: float | None, as_json: bool, config: Path | None, port: int | None) -> None:
+def search(query: str, as_json: bool, config: Path | None, port: int | None, **fields: Any) -> None:
     """Ask the running daemon a question; print the best memory chunks.
 
     \b
@@ -120,13 +118,13 @@ def search(query: str, k: int, agent: str | None, collections: tuple[str, ...], 
       qmd-indexer search "how do I make a task repeat every week"
       qmd-indexer search "ACME-4471" --mode keyword -k 3 --json
       qmd-indexer search "deploy window" --since 7d
+      qmd-indexer search "deploy window" --until 2026-11-01
     """
     if not query.strip():
         raise click.UsageError("QUERY is empty; to list every memory file use `qmd-indexer recall`")
+    request = _search_request(query, fields)  # every option but --json, --config and --port is a request field
     client = _client(config, port)
-    hits = _ask(config, port, lambda _: client.search(
-        query, k=k, agent=agent, collection=list(collections) or None, mode=mode, path_prefix=path_prefix,
-        kind=list(kinds) or None, min_score=min_score, since=since, wait_s=wait_s))
+    hits = _ask(config, port, lambda _: client.search(request))
     _note_pending(client)
     if as_json:
         click.echo(json.dumps(hits, ensure_ascii=False, indent=2))

@@ -2,7 +2,7 @@
 torch, no model, so a search from a script or the shell costs one HTTP round trip.
 
     >>> from indexer.client import Client
-    >>> hits = Client(port=8743).search("deploy windows", k=3)
+    >>> hits = Client(port=8743).search("deploy windows", k=3, since="30d")
     >>> hits[0]["path"], hits[0]["start_line"], hits[0]["score"]
 
 Answers are plain dicts typed by ``indexer.schema`` (``Hit``, ``Page``, ``BootContext``, ``Status``, ``Health``).
@@ -19,8 +19,19 @@ from __future__ import annotations
 from typing import Any
 
 import urllib3
+from pydantic import ValidationError
 
-from indexer.schema import DEFAULT_BUDGET_CHARS, DEFAULT_K, BootContext, Health, Hit, Page, Status
+from indexer.schema import (
+    DEFAULT_BUDGET_CHARS,
+    DEFAULT_K,
+    BootContext,
+    Health,
+    Hit,
+    Page,
+    SearchRequest,
+    Status,
+    search_request,
+)
 
 DEFAULT_PORT = 8743
 
@@ -79,7 +90,7 @@ class Client:
         return self._call("GET", "/health")
 
     def status(self) -> Status:
-        """The daemon's counters (see ``Indexer.status``)."""
+        """The daemon's counters (see ``StatusView.status``)."""
         return self._call("GET", "/status")
 
     def reindex(self) -> dict[str, bool]:
@@ -87,17 +98,19 @@ class Client:
         returns at once with ``{"rebuilding": true}``."""
         return self._call("POST", "/reindex")
 
-    def search(self, query: str, k: int = DEFAULT_K, agent: str | None = None,
-               collection: str | list[str] | None = None, mode: str | None = None, path_prefix: str | None = None,
-               kind: str | list[str] | None = None, min_score: float | None = None,
-               since: str | None = None, wait_s: float | None = None) -> list[Hit]:
-        """The ``k`` best hits for ``query`` (see ``indexer.search`` for the hit keys); ``since`` keeps files
-        modified since a duration (``7d``, ``12h``) or ISO date/date-time (``2026-11-01``); ``wait_s`` (at most
-        10) first waits until no file of the agent's collections is pending. ``self.pending`` then holds the
-        workspace-relative paths still changed on disk and not yet indexed."""
-        body = {"query": query, "k": k, "agent": agent, "collection": collection, "mode": mode,
-                "path_prefix": path_prefix, "kind": kind, "min_score": min_score, "since": since, "wait_s": wait_s}
-        answer = self._call("POST", "/search", json={key: v for key, v in body.items() if v is not None})
+    def search(self, query: str | SearchRequest, /, **fields: Any) -> list[Hit]:
+        """The ``k`` best hits for ``query`` (see ``indexer.search`` for the hit keys): a ``SearchRequest``, or its
+        query with any other of its fields as keywords, e.g. ``search("deploy", k=3, since="7d")`` (``since`` keeps
+        files modified since a duration or an ISO date/date-time; ``wait_s``, at most 10, first waits until no file
+        of the agent's collections is pending). ``self.pending`` then holds the workspace-relative paths still
+        changed on disk and not yet indexed. An unknown keyword is a ``TypeError``; a value that does not fit the
+        request is a ``ClientError`` (status 422) before anything is sent."""
+        try:
+            request = search_request(query, **fields)
+        except ValidationError as exc:
+            raise ClientError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()),
+                              422) from None
+        answer = self._call("POST", "/search", json=request.model_dump(mode="json", exclude_none=True))
         self.pending = list(answer.get("pending", []))
         return answer["hits"]
 

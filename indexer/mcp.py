@@ -11,7 +11,7 @@ The same five tools are served two ways:
 =================  =====================================================================  =====================
 tool               arguments                                                              returns
 =================  =====================================================================  =====================
-memory_search      query, k, mode, agent, collection, path_prefix, kind, since, min_score ``{"hits": [Hit]}``
+memory_search      ``SearchRequest``'s fields but ``wait_s``                              ``{"hits": [Hit]}``
 memory_get         path, from, lines, max_chars, agent                                    ``Page``
 memory_recall      query, k, agent                                                        ``{"hits": [Hit]}``
 memory_boot        budget_chars, agent, query                                             ``BootContext``
@@ -19,21 +19,24 @@ memory_status      (none)                                                       
 =================  =====================================================================  =====================
 
 Argument and answer types are ``indexer.schema``'s, so the tools take the API's names and aliases (``q``;
-``top_k``/``limit``; ``from_line``; ``budget``) and publish the API's output schemas. Errors the model should read
-(unknown agent or collection, path refused, missing file, bad value, daemon or Qdrant unavailable) are raised as
-the SDK's ``ToolError``: the call returns ``is_error`` with the message as text. Arguments that do not fit the
-schema return the validation message the same way.
+``top_k``/``limit``; ``from_line``; ``budget``) and publish the API's output schemas; ``memory_search`` takes its
+arguments from ``SearchRequest`` itself (``request_signature``), so a field added there is a tool argument too.
+Errors the model should read (unknown agent or collection, path refused, missing file, bad value, daemon or Qdrant
+unavailable) are raised as the SDK's ``ToolError``: the call returns ``is_error`` with the message as text.
+Arguments that do not fit the schema return the validation message the same way.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Protocol, TypeVar
+import typing
+from collections.abc import Callable, Collection
+from typing import Any, Protocol, TypeVar
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
+from pydantic import BaseModel
 
 from indexer import __version__
 from indexer.client import ClientError
@@ -45,23 +48,16 @@ from indexer.schema import (
     BootContext,
     BootQuery,
     BudgetChars,
-    Collections,
     FromLine,
     Hit,
-    K,
-    Kinds,
     Lines,
     MaxChars,
     MemoryPath,
-    MinScore,
-    Mode,
     Page,
-    PathPrefix,
-    Query,
     RecallK,
     RecallQuery,
+    SearchRequest,
     SearchResponse,
-    Since,
     Status,
     error_answer,
 )
@@ -79,9 +75,7 @@ class Memory(Protocol):
     """What the tools need: ``indexer.client.Client`` (the stdio server) or ``indexer.server.LocalMemory`` (the
     daemon's ``/mcp``). Errors are ``ClientError`` or the daemon's own (see ``indexer.schema.error_answer``)."""
 
-    def search(self, query: str, k: int = ..., agent: str | None = ..., collection: str | list[str] | None = ...,
-               mode: str | None = ..., path_prefix: str | None = ..., kind: str | list[str] | None = ...,
-               min_score: float | None = ..., since: str | None = ...) -> list[Hit]: ...
+    def search(self, request: SearchRequest, /) -> list[Hit]: ...
 
     def get(self, path: str, from_line: int = ..., lines: int | None = ..., max_chars: int | None = ...,
             agent: str | None = ...) -> Page: ...
@@ -107,6 +101,27 @@ def _ask(call: Callable[[], T]) -> T:
         raise ToolError(known[1]) from None
 
 
+def request_signature(model: type[BaseModel], exclude: Collection[str] = ()) -> Callable[[Callable[..., T]],
+                                                                                      Callable[..., T]]:
+    """Decorator: give a tool function taking ``**arguments`` one keyword argument per field of ``model`` (but
+    ``exclude``), annotated and defaulted as the model declares it. The SDK builds the tool's input schema and
+    argument validation from the signature, so the tool takes exactly the model's fields, with their descriptions,
+    bounds and aliases."""
+    hints = typing.get_type_hints(model, include_extras=True)
+
+    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+        params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[name],
+                                    default=inspect.Parameter.empty if field.is_required() else field.default)
+                  for name, field in model.model_fields.items() if name not in exclude]
+        returns = typing.get_type_hints(fn)["return"]
+        tool: Any = fn  # a function object takes the attributes inspect reads
+        tool.__signature__ = inspect.Signature(params, return_annotation=returns)
+        tool.__annotations__ = {**{p.name: p.annotation for p in params}, "return": returns}
+        return fn
+
+    return decorate
+
+
 def build_server(memory: Memory) -> MCPServer:
     """An ``MCPServer`` named ``qmd-indexer`` with the five memory tools over ``memory``. Serve it with
     ``.run("stdio")`` or mount ``.streamable_http_app()`` (see ``indexer.server.create_app``)."""
@@ -119,9 +134,8 @@ def build_server(memory: Memory) -> MCPServer:
         return fn
 
     @tool
-    def memory_search(query: Query, k: K = DEFAULT_K, mode: Mode = None, agent: Agent = None,
-                      collection: Collections = None, path_prefix: PathPrefix = None, kind: Kinds = None,
-                      since: Since = None, min_score: MinScore = None) -> SearchResponse:
+    @request_signature(SearchRequest, exclude={"wait_s"})
+    def memory_search(**arguments: Any) -> SearchResponse:
         """Search the agent's long-term memory (MEMORY.md and notes under memory/) by meaning and exact words.
 
         Use it before answering anything about earlier conversations, decisions, people, preferences, projects
@@ -129,9 +143,7 @@ def build_server(memory: Memory) -> MCPServer:
         of at most 700 characters, and a citation (path#Lstart-Lend) to quote. Read more around a hit with
         memory_get(path, from=start_line). Errors name an unknown agent or collection, or a bad `since`.
         """
-        return {"hits": _ask(lambda: memory.search(query, k=k, agent=agent, collection=collection, mode=mode,
-                                                   path_prefix=path_prefix, kind=kind, min_score=min_score,
-                                                   since=since))}
+        return {"hits": _ask(lambda: memory.search(SearchRequest(**arguments)))}
 
     @tool
     def memory_get(path: MemoryPath, from_line: FromLine = 1, lines: Lines = None,

@@ -36,7 +36,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
@@ -57,7 +57,7 @@ WATCH_STATES = ("native", "poll", "dead")  # ``Watcher.modes()``
 class Source(Protocol):
     """What the daemon's own numbers are read from at scrape time (``indexer.report.StatusView``)."""
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> Mapping[str, Any]: ...
 
     def pending(self, agent: str | None = None) -> list[str]: ...
 

@@ -12,19 +12,18 @@ This is the one place that knows the collection schema (the README's "Collection
 from __future__ import annotations
 
 import json
-import re
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from datetime import datetime
 from typing import Any
 
 import numpy as np
 
+from indexer.schema import SearchRequest, names
+
 SPARSE = "bm25"  # the sparse vector's name: BM25 terms with Qdrant's IDF modifier
 KEYWORD_FIELDS = ("abs_path", "path", "dirs", "kind")  # keyword payload indexes (exact-match filters)
-INTEGER_FIELDS = ("mtime_ns",)  # integer payload indexes (range filters: ``since``)
+INTEGER_FIELDS = ("mtime_ns",)  # integer payload indexes (range filters: ``since``, ``until``)
 STATE_FIELDS = ("abs_path", "file_hash", "size_bytes", "mtime_ns", "ctime_ns", "inode", "device",
                 "chunk_count")  # what ``FileState`` needs
 
@@ -189,40 +188,26 @@ class Filter:
     - ``path_prefix``: a workspace-relative file path or directory (``memory/projects``);
     - ``kinds``: source kinds (``markdown``, ``image``...), any of them;
     - ``since_ns``: files modified at or after this time (nanoseconds since the epoch, the payload's ``mtime_ns``);
+    - ``until_ns``: files modified before this time (same unit; with ``since_ns``, the window ``[since, until)``);
     - ``abs_path``: one file; ``except_hash``: points whose ``file_hash`` differs (a file's stale points).
     """
 
     path_prefix: str | None = None
     kinds: tuple[str, ...] = ()
     since_ns: int | None = None
+    until_ns: int | None = None
     abs_path: str | None = None
     except_hash: str | None = None
-
-    def is_empty(self) -> bool:
-        return self == _NO_FILTER
 
 
 _NO_FILTER = Filter()
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-
-
-def parse_since(value: str, now_s: float | None = None) -> int:
-    """``since`` as nanoseconds since the epoch: a duration back from ``now_s`` (``90s``, ``30m``, ``12h``, ``7d``,
-    ``2w``), an ISO 8601 date (``2026-11-01``: local midnight) or date-time (``2026-11-01T09:30``, local time
-    unless it carries an offset). Raises ``ValueError`` naming the accepted forms."""
-    match = _DURATION.match(value)
-    if match:
-        now = time.time() if now_s is None else now_s
-        return int((now - float(match[1]) * _SECONDS[match[2]]) * 1e9)
-    try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise ValueError(f"since must be a duration such as 7d, 12h, 30m, 2w or an ISO date/date-time such as "
-                         f"2026-11-01 or 2026-11-01T09:30, got {value!r}") from None
-    return int(moment.timestamp() * 1e9)
+def search_filter(request: SearchRequest, now_s: float | None = None) -> Filter:
+    """The ``Filter`` of a search request's conditions on points (``path_prefix``, ``kind``, ``since``, ``until``);
+    durations count back from ``now_s`` (default now). Raises ``ValueError`` for a time ``parse_time`` cannot read."""
+    return Filter(path_prefix=request.path_prefix, kinds=names(request.kind), since_ns=request.since_ns(now_s),
+                  until_ns=request.until_ns(now_s))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,7 +21,8 @@ from indexer.api import HEAD_BYTES
 from indexer.chunking import split_lines
 from indexer.errors import ReadRefused
 from indexer.safeio import UnsafePath, open_beneath
-from indexer.search import SNIPPET_CHARS, Searcher, SearchParams
+from indexer.schema import BootContext, Hit, Omitted, Page, SearchRequest
+from indexer.search import SNIPPET_CHARS, Searcher
 from indexer.store import Store
 from indexer.workspace import Collection, anchor, route
 
@@ -74,7 +75,7 @@ def open_memory(collection: Collection, path: Path, text: bool = False) -> IO[An
 
 def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1, lines: int | None = None,
                 max_chars: int = DEFAULT_MAX_CHARS, agent: str | None = None,
-                classify: Callable[[Path, bytes], str | None] | None = None) -> dict[str, Any]:
+                classify: Callable[[Path, bytes], str | None] | None = None) -> Page:
     """A page of memory file ``path``.
 
     Returns ``{"path", "collection", "from", "to", "text", "truncated", "next_from"}``: ``text`` holds whole lines
@@ -106,7 +107,7 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
                 break
             used += len(line) + (1 if out else 0)  # joined with "\n" between lines
             out.append(line)
-    result: dict[str, Any] = {
+    result: Page = {
         "path": os.path.relpath(abs_path, collection.workspace.path)
         if abs_path.is_relative_to(collection.workspace.path) else str(abs_path),
         "collection": collection.name,
@@ -121,9 +122,11 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     return result
 
 
-def list_memories(collections: Sequence[Collection], store: Store, k: int, agent: str | None = None) -> list[dict]:
-    """Every memory file of the (agent's) collections, one entry each, sorted by path; at most ``k``."""
-    entries: dict[str, dict[str, Any]] = {}
+def list_memories(collections: Sequence[Collection], store: Store, k: int, agent: str | None = None) -> list[Hit]:
+    """Every memory file of the (agent's) collections, one entry each, sorted by path; at most ``k``. An entry is a
+    ``Hit`` of the whole file: lines 1 to its last chunk's end, the first chunk's text as snippet, ``score`` null."""
+    entries: dict[str, Hit] = {}
+    first: dict[str, int] = {}  # abs_path -> the lowest chunk index seen (its text is the snippet)
     for collection in collections:
         if agent and collection.agent != agent:
             continue
@@ -131,31 +134,33 @@ def list_memories(collections: Sequence[Collection], store: Store, k: int, agent
                                                 "start_line", "end_line", "text"]):
             entry = entries.get(p.abs_path)
             if entry is None:
-                entry = entries[p.abs_path] = {
-                    "collection": p.collection, "agent": p.agent, "path": p.path, "start_line": 1,
-                    "end_line": p.end_line, "score": None, "snippet": "", "kind": p.kind, "_first": 1 << 30}
+                entry = entries[p.abs_path] = Hit(collection=p.collection, agent=p.agent, path=p.path, start_line=1,
+                                                  end_line=p.end_line, score=None, snippet="", kind=p.kind,
+                                                  citation="")
             entry["end_line"] = max(entry["end_line"], p.end_line)
-            if p.chunk_index < entry["_first"]:
-                entry["_first"] = p.chunk_index
+            if p.chunk_index < first.get(p.abs_path, 1 << 30):
+                first[p.abs_path] = p.chunk_index
                 entry["snippet"] = p.text[:SNIPPET_CHARS]
     listed = sorted(entries.values(), key=lambda e: (e["agent"], e["path"]))[:k]
     for entry in listed:
-        del entry["_first"]
         entry["citation"] = f"{entry['path']}#L{entry['start_line']}-L{entry['end_line']}"
     return listed
 
 
-def recall(searcher: Searcher, query: str, top_k: int = 6, agent: str | None = None) -> list[dict[str, Any]]:
-    """The ``top_k`` best memories for ``query`` (hybrid search); ``*``/``all``/empty lists every memory file."""
+def recall(searcher: Searcher, query: str, top_k: int = 6, agent: str | None = None) -> list[Hit]:
+    """The ``top_k`` best memories for ``query`` (the configured search mode); ``*``/``all``/empty lists every
+    memory file."""
+    request = SearchRequest(query=query, agent=agent)
     if query.strip().lower() in LIST_ALL:
-        searcher.targets(SearchParams("", agent=agent))  # raises KeyError for an unknown agent
+        searcher.targets(request)  # raises KeyError for an unknown agent
         return list_memories(searcher.collections, searcher.store, top_k, agent)
-    return searcher.search(SearchParams(query, k=top_k, agent=agent))
+    # a recall may ask for more hits than a search's k allows (RecallK): set without the search's bound
+    return searcher.search(request.model_copy(update={"k": top_k}))
 
 
 def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None = None,
                  query: str | None = None,
-                 classify: Callable[[Path, bytes], str | None] | None = None) -> dict[str, Any]:
+                 classify: Callable[[Path, bytes], str | None] | None = None) -> BootContext:
     """Memory for the start of a session, packed into ``budget_chars`` characters.
 
     Order: with ``query``, its best hits; without, the root memory file, then notes by most recent change. Each
@@ -167,7 +172,7 @@ def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None
         raise ValueError("budget_chars must be >= 1")
     parts: list[str] = []
     included: list[str] = []
-    omitted: list[dict[str, Any]] = []
+    omitted: list[Omitted] = []
     used = 0
     for path, start, text, total in _boot_pieces(searcher, agent, query, budget_chars, classify):
         last = start + total - 1
@@ -202,10 +207,10 @@ def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None, budge
     """``(path, start_line, text, total_lines)`` candidates in priority order. Without a query, files are read
     from disk (at most ``budget_chars`` characters each, whole lines), so lines are never pieces of chunks."""
     if query and query.strip().lower() not in LIST_ALL:
-        hits = searcher.search(SearchParams(query, k=20, agent=agent))
+        hits = searcher.search(SearchRequest(query=query, k=20, agent=agent))
         return [(h["path"], h["start_line"], h["snippet"], h["end_line"] - h["start_line"] + 1)
                 for h in hits if h["kind"] != "image"]
-    targets = searcher.targets(SearchParams("", agent=agent))
+    targets = searcher.targets(SearchRequest(query="", agent=agent))
     files: dict[str, dict[str, Any]] = {}
     for collection in targets:
         for p in searcher.store.scroll(collection.name, ["abs_path", "path", "mtime_ns", "end_line", "modality"]):

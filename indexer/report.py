@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -22,6 +22,7 @@ from indexer.pipeline import Stats
 from indexer.plugins import Registry
 from indexer.points import stat_identity
 from indexer.rerank import RerankStats, rerank_status
+from indexer.schema import CollectionStatus, Status
 from indexer.search import Searcher
 from indexer.state import IndexState, Plan
 from indexer.store import Store
@@ -69,7 +70,7 @@ class StatusView:
         self.state.rebuild_requested.set()
         self.settler.wake()
 
-    def health(self) -> str:
+    def health(self) -> Literal["ok", "degraded"]:
         """``"degraded"`` while the watcher is dead, the last reconcile found drift or store writes fail (a full state
         dir), else ``"ok"``."""
         watcher = self.state.watcher
@@ -107,10 +108,11 @@ class StatusView:
             still = self.pending(agent)
         return still
 
-    def status(self) -> dict[str, Any]:
-        """Counters for ``qmd-indexer status``: per-collection files and chunks, queue, embeddings since start."""
+    def status(self) -> Status:
+        """``GET /status``, ``qmd-indexer status``: per-collection files and chunks, queue, embeddings since start,
+        watch modes, reconcile drift, the models, and the address the API listens on (``bind``)."""
         state, plan = self.state, self.plan
-        per: dict[str, dict[str, Any]] = {
+        per: dict[str, CollectionStatus] = {
             c.name: {"agent": c.agent, "role": c.role, "root": str(c.root), "files": 0, "chunks": 0}
             for c in plan.collections
         }
@@ -153,6 +155,7 @@ class StatusView:
                                     settings.rerank_top_n, settings.rerank_budget_s, self.rerank_stats),
             "problems": [{"kind": p.kind, "agent": p.agent, "path": str(p.path), "detail": p.detail}
                          for p in state.problems],
+            "bind": f"{settings.host}:{settings.port}",
             "collections": per,
         }
 

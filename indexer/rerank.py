@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from indexer.api import LazyModel, Reranker
 from indexer.points import Hit
+from indexer.schema import RerankStatus
 
 __all__ = ["CrossEncoderReranker", "RerankStats", "Reranker", "rerank", "rerank_status"]
 
@@ -106,11 +107,13 @@ def rerank(hits: Sequence[Hit], query: str, reranker: Reranker, top_n: int, budg
 
 
 def rerank_status(name: str, reranker: Reranker | None, top_n: int, budget_s: float,
-                  stats: RerankStats) -> dict[str, Any] | None:
+                  stats: RerankStats) -> RerankStatus | None:
     """The ``rerank`` entry of ``status``: ``None`` when no reranker is configured (``name`` empty), else the
     configured plugin ``name``, its ``model_id`` (``None`` when the plugin failed to load: searches then keep the
     fused order; ``qmd-indexer plugins`` says why), ``top_n``, ``budget_s`` and the counters of ``stats``."""
     if not name:
         return None
     model_id = None if reranker is None else str(getattr(reranker, "model_id", "?"))
-    return {"reranker": name, "model_id": model_id, "top_n": top_n, "budget_s": budget_s, **asdict(stats)}
+    return {"reranker": name, "model_id": model_id, "top_n": top_n, "budget_s": budget_s,
+            "reranked": stats.reranked, "failed": stats.failed, "over_budget": stats.over_budget,
+            "last_error": stats.last_error}

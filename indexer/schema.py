@@ -7,6 +7,10 @@ and the MCP tools (``indexer.mcp``). Imports only pydantic.
   listed in a schema (``q`` for ``query``; ``top_k`` and ``limit`` for ``k``; ``from_line`` for ``from``;
   ``budget`` for ``budget_chars``).
 - **Requests** (``SearchRequest``, ``RecallRequest``, ``BootRequest``) are pydantic models: validated bodies.
+  ``SearchRequest`` is the one statement of a search: the ``/search`` body, the ``memory_search`` tool's arguments
+  (all its fields but ``wait_s``), what ``Client.search`` sends, what the ``search`` command builds from its flags
+  and what ``indexer.search.Searcher`` answers. A new filter is a field here and its condition in the store filter
+  (``indexer.points.search_filter``); the CLI adds its flag.
 - **Responses** (``Hit``, ``SearchResponse``, ``Page``, ``BootContext``, ``Status``, ``Health``) are TypedDicts:
   the plain dicts the search and recall code build, typed for OpenAPI and MCP output schemas. ``Hit``,
   ``SearchResponse`` and ``Status`` allow extra keys (a plugin's media fields, newer score fields).
@@ -15,14 +19,25 @@ and the MCP tools (``indexer.mcp``). Imports only pydantic.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, NotRequired
+import re
+import time
+from datetime import datetime
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, with_config
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, with_config
 from typing_extensions import TypedDict
 
+
+def _clean(text: str) -> str:
+    """``text`` with each unpaired UTF-16 surrogate (``"\\ud800"``, which JSON may carry and no tokenizer can
+    encode) replaced by ``?``."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 # -- arguments ---------------------------------------------------------------------------------------------------
-Query = Annotated[str, Field(validation_alias=AliasChoices("query", "q"),
-                             description="What to look for, in natural language or exact words (names, ids).")]
+Query = Annotated[str, AfterValidator(_clean), Field(
+    validation_alias=AliasChoices("query", "q"),
+    description="What to look for, in natural language or exact words (names, ids).")]
 K = Annotated[int, Field(ge=1, le=1000, validation_alias=AliasChoices("k", "top_k", "limit"),
                          description="How many hits to return, best first.")]
 RecallK = Annotated[int, Field(ge=1, le=10_000, validation_alias=AliasChoices("k", "top_k", "limit"),
@@ -40,6 +55,8 @@ MinScore = Annotated[float | None, Field(
     allow_inf_nan=False, description="Drop hits scoring below this (fused score; cosine in dense mode).")]
 Since = Annotated[str | None, Field(description="Only files modified since: a duration (7d, 12h, 30m, 2w) or an "
                                                 "ISO date/date-time (2026-11-01, 2026-11-01T09:30).")]
+Until = Annotated[str | None, Field(description="Only files modified before: a duration ago (7d, 12h, 30m, 2w) or an "
+                                                "ISO date/date-time (2026-11-01, 2026-11-01T09:30).")]
 MemoryPath = Annotated[str, Field(min_length=1, description="A memory file, workspace-relative (memory/2026-11-27.md, "
                                                       "MEMORY.md), as a hit's `path` gives it.")]
 FromLine = Annotated[int, Field(ge=1, validation_alias=AliasChoices("from", "from_line"),
@@ -50,6 +67,9 @@ BudgetChars = Annotated[int, Field(ge=1, le=1_000_000, validation_alias=AliasCho
                                    description="Size of the boot context, in characters.")]
 RecallQuery = Annotated[str, Field(validation_alias=AliasChoices("query", "q"),
                                    description="What to recall; `*`, `all` or empty lists every memory file.")]
+WaitS = Annotated[float, Field(ge=0, le=10, allow_inf_nan=False, description=(
+    "Wait up to this many seconds until no file of the agent's collections is pending (changed on disk, not yet "
+    "indexed), then search."))]
 BootQuery = Annotated[str | None, Field(description="Fill the budget with the best hits for this instead of the "
                                                     "root memory file and the most recent notes.")]
 
@@ -60,20 +80,75 @@ DEFAULT_MAX_CHARS = 12_000
 
 # -- requests ----------------------------------------------------------------------------------------------------
 class SearchRequest(BaseModel):
-    """``POST /search``."""
+    """``POST /search``, and the ``memory_search`` tool's arguments (all but ``wait_s``): ``k`` hits for ``query``."""
+
+    # A bad value is pydantic's ValidationError (422 over HTTP); a since/until that parse_time cannot read is a
+    # ValueError when the search runs (since_ns, until_ns; 400 over HTTP). search_request also refuses an unknown
+    # keyword.
+
+    model_config = ConfigDict(frozen=True)
 
     query: Query
     k: K = DEFAULT_K
+    mode: Mode = None
     agent: Agent = None
     collection: Collections = None
-    mode: Mode = None
     path_prefix: PathPrefix = None
     kind: Kinds = None
-    min_score: MinScore = None
     since: Since = None
-    wait_s: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False, description=(
-        "Wait up to this many seconds until no file of the agent's collections is pending (changed on disk, "
-        "not yet indexed), then search."))] = 0.0
+    until: Until = None
+    min_score: MinScore = None
+    wait_s: WaitS = 0.0
+
+    def since_ns(self, now_s: float | None = None) -> int | None:
+        """``since`` as nanoseconds since the epoch (``parse_time``; a duration counts back from ``now_s``, default
+        now), or ``None``. Raises ``ValueError`` naming the accepted forms."""
+        return None if self.since is None else parse_time(self.since, "since", now_s)
+
+    def until_ns(self, now_s: float | None = None) -> int | None:
+        """``until`` as nanoseconds since the epoch, like ``since_ns``."""
+        return None if self.until is None else parse_time(self.until, "until", now_s)
+
+
+def search_request(query: str | SearchRequest, /, **fields: Any) -> SearchRequest:
+    """``query`` if it is a request already, else the request for ``query`` with ``fields`` (``SearchRequest``'s
+    field names or aliases). Raises ``TypeError`` for an unknown keyword (pydantic would ignore it) and
+    ``pydantic.ValidationError`` for a bad value."""
+    if isinstance(query, SearchRequest):
+        if fields:
+            raise TypeError("pass a SearchRequest alone, or a query string with keywords")
+        return query
+    unknown = set(fields) - _ACCEPTED
+    if unknown:
+        raise TypeError(f"unknown search field(s): {', '.join(sorted(unknown))}")
+    return SearchRequest(query=query, **fields)
+
+
+def names(value: list[str] | str | None) -> tuple[str, ...]:
+    """A ``collection`` or ``kind`` value (one name, a list, or none) as a tuple of names."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
+def parse_time(value: str, name: str = "since", now_s: float | None = None) -> int:
+    """A time argument (``name``, for the error) as nanoseconds since the epoch: a duration back from ``now_s``
+    (``90s``, ``30m``, ``12h``, ``7d``, ``2w``), an ISO 8601 date (``2026-11-01``: local midnight) or date-time
+    (``2026-11-01T09:30``, local time unless it carries an offset). Raises ``ValueError`` naming the accepted forms."""
+    match = _DURATION.match(value)
+    if match:
+        now = time.time() if now_s is None else now_s
+        return int((now - float(match[1]) * _SECONDS[match[2]]) * 1e9)
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a duration such as 7d, 12h, 30m, 2w or an ISO date/date-time such as "
+                         f"2026-11-01 or 2026-11-01T09:30, got {value!r}") from None
+    return int(moment.timestamp() * 1e9)
 
 
 class RecallRequest(BaseModel):
@@ -90,6 +165,11 @@ class BootRequest(BaseModel):
     budget_chars: BudgetChars = DEFAULT_BUDGET_CHARS
     agent: Agent = None
     query: BootQuery = None
+
+
+_ACCEPTED = frozenset(SearchRequest.model_fields).union(*(  # the fields' names and aliases (q, top_k, limit)
+    f.validation_alias.choices for f in SearchRequest.model_fields.values()
+    if isinstance(f.validation_alias, AliasChoices)))
 
 
 # -- responses ---------------------------------------------------------------------------------------------------
@@ -217,6 +297,15 @@ class Status(TypedDict):
         "Paths not usable as configured, each {kind, agent, path, detail}: extra_path_missing, extra_path_overlaps, "
         "unreadable_directory."))]]
     rerank: NotRequired[Annotated[RerankStatus | None, Field(description="The rerank stage; null when off.")]]
+    store_degraded: NotRequired[Annotated[bool, Field(description="Store writes are failing (being retried).")]]
+    rebuilding: NotRequired[Annotated[bool, Field(description="A rebuild runs beside the live index, or is asked.")]]
+    hnsw: NotRequired[Annotated[dict[str, dict[str, Any]], Field(description=(
+        "HNSW builds of Qdrant Edge collections: name -> {state, points, seconds | error}."))]]
+    models: NotRequired[Annotated[dict[str, dict[str, Any]], Field(description=(
+        "Modality -> {model_id, identity, precision} of each embedder."))]]
+    embedding: NotRequired[Annotated[dict[str, Any] | None, Field(description=(
+        "The text embedder: model_id, precision, and with int8 the ONNX file single queries run on."))]]
+    bind: NotRequired[Annotated[str, Field(description="host:port the API listens on.")]]
     collections: dict[str, CollectionStatus]
 
 

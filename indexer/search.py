@@ -1,6 +1,7 @@
 """Queries over the indexed collections: embed the query, search each collection, merge, cut snippets.
 
-A hit (``dict``, the JSON the API and ``search --json`` return) carries ``collection``, ``agent``, ``path``
+A search is an ``indexer.schema.SearchRequest``. A hit (``indexer.schema.Hit``, the JSON the API and ``search --json``
+return) carries ``collection``, ``agent``, ``path``
 (workspace-relative), ``start_line``/``end_line`` (1-based, inclusive: the lines the snippet shows), ``score``,
 ``snippet`` (at most ``SNIPPET_CHARS`` characters, centred on the lines that best match the query), ``kind``,
 ``citation`` (``path#Lstart-Lend``), ``dense_score`` (the raw cosine similarity of the query's text embedding, in
@@ -18,19 +19,21 @@ import datetime
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, cast
 
 import numpy as np
 
+from indexer import schema
 from indexer.api import Embedder
 from indexer.bm25 import Bm25Terms
 from indexer.chunking import split_lines
 from indexer.config import Settings
 from indexer.plugins import Registry
-from indexer.points import NO_PAYLOAD, SPARSE, Filter, Hit, Payload, Query
+from indexer.points import NO_PAYLOAD, SPARSE, Hit, Payload, Query, search_filter
 from indexer.rerank import Reranker, RerankStats, rerank
+from indexer.schema import SearchRequest, names, search_request
 from indexer.store import Store
 from indexer.workspace import Collection
 
@@ -38,28 +41,8 @@ SNIPPET_CHARS = 700  # the reference agent's snippet cap
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
-@dataclass(frozen=True, slots=True)
-class SearchParams:
-    """One search: ``k`` hits; ``agent`` and ``collections`` narrow the collections searched; ``mode`` is
-    ``hybrid``/``dense``/``keyword`` (``None``: the configured default); ``path_prefix`` and ``kinds`` filter
-    points; hits scoring below ``min_score`` are dropped."""
-
-    query: str
-    _: KW_ONLY
-    k: int = 6
-    agent: str | None = None
-    collections: tuple[str, ...] = ()
-    mode: str | None = None
-    path_prefix: str | None = None
-    kinds: tuple[str, ...] = ()
-    min_score: float | None = None
-    since_ns: int | None = None
-
-    def __post_init__(self) -> None:
-        # JSON may carry unpaired UTF-16 surrogates ("\ud800"), which no tokenizer can encode: each becomes "?"
-        clean = self.query.encode("utf-8", "replace").decode("utf-8")
-        if clean != self.query:
-            object.__setattr__(self, "query", clean)
+#: the former name of a search's arguments, kept for callers that build one with the query first
+SearchParams = search_request
 
 
 def _terms(text: str) -> set[str]:
@@ -100,43 +83,32 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 6)
 
 
-def relevant(hits: Sequence[dict[str, Any]], floor: float) -> bool | None:
+def relevant(hits: Sequence[schema.Hit], floor: float) -> bool | None:
     """Whether the best raw dense score (cosine) among ``hits`` is at least ``floor``; ``None`` when no hit has a
     dense score (a keyword-only search), ``False`` for no hits."""
     if not hits:
         return False
-    scores = [h["dense_score"] for h in hits if h.get("dense_score") is not None]
+    scores = [score for h in hits if (score := h.get("dense_score")) is not None]
     return max(scores) >= floor if scores else None
 
 
-def to_hit(hit: Hit, query: str, hit_fields: Sequence[str] = ()) -> dict[str, Any]:
-    """The API's hit dict for a scored point; the payload fields named in ``hit_fields`` are copied when present."""
+def to_hit(hit: Hit, query: str, hit_fields: Sequence[str] = ()) -> schema.Hit:
+    """The API's hit for a scored point; the payload fields named in ``hit_fields`` are copied when present."""
     p = hit.payload
     if p.modality == "text":
         body, start, end = snippet(p.text, query, p.start_line)
     else:
         body, start, end = p.text[:SNIPPET_CHARS], p.start_line, p.end_line
-    out = {
-        "collection": p.collection,
-        "agent": p.agent,
-        "path": p.path,
-        "start_line": start,
-        "end_line": end,
-        "score": round(hit.score, 6),
-        "snippet": body,
-        "kind": p.kind,
-        "citation": f"{p.path}#L{start}-L{end}",
-        "dense_score": _round(hit.dense_score),
-        "keyword_score": _round(hit.keyword_score),
-    }
-    for key in hit_fields:
-        if p.get(key) is not None:
-            out[key] = p.get(key)
-    return out
+    out = schema.Hit(collection=p.collection, agent=p.agent, path=p.path, start_line=start, end_line=end,
+                     score=round(hit.score, 6), snippet=body, kind=p.kind, citation=f"{p.path}#L{start}-L{end}",
+                     dense_score=_round(hit.dense_score), keyword_score=_round(hit.keyword_score))
+    media = {key: p.get(key) for key in hit_fields if p.get(key) is not None}
+    # the schema allows a plugin's own keys (extra="allow"), which a TypedDict cannot declare
+    return cast(schema.Hit, {**out, **media}) if media else out
 
 
 class Searcher:
-    """Answers ``SearchParams`` over ``collections`` in ``store`` with the loaded embedders; ``terms`` must be the
+    """Answers ``SearchRequest``s over ``collections`` in ``store`` with the loaded embedders; ``terms`` must be the
     ``Bm25Terms`` the points were indexed with. Build it with ``from_settings`` to get the configured defaults."""
 
     def __init__(self, collections: Sequence[Collection], store: Store, embedders: Mapping[str, Embedder],
@@ -191,28 +163,32 @@ class Searcher:
         """Embed ``text`` into the query cache now, so a following ``retrieve`` of it times the search alone."""
         self._embed_query(text)
 
-    def targets(self, params: SearchParams) -> list[Collection]:
-        """The collections ``params`` selects; raises ``KeyError`` naming an unknown agent or collection."""
+    def targets(self, params: SearchRequest) -> list[Collection]:
+        """The collections ``params`` selects (``agent``, ``collection``); raises ``KeyError`` naming an unknown
+        agent or collection."""
         chosen = self.collections
         if params.agent:
             chosen = [c for c in chosen if c.agent == params.agent]
             if not chosen:
                 raise KeyError(f"unknown agent {params.agent!r}")
-        if params.collections:
-            unknown = set(params.collections) - {c.name for c in self.collections}
+        wanted = names(params.collection)
+        if wanted:
+            unknown = set(wanted) - {c.name for c in self.collections}
             if unknown:
                 raise KeyError(f"unknown collection {sorted(unknown)[0]!r}")
-            chosen = [c for c in chosen if c.name in params.collections]
+            chosen = [c for c in chosen if c.name in wanted]
         return chosen
 
-    def retrieve(self, params: SearchParams) -> list[Hit]:
+    def retrieve(self, params: SearchRequest) -> list[Hit]:
         """Fused hits (raw payloads), best first: the lists of every selected collection (ids and scores only)
         are pooled per vector (dense text, dense image, BM25), each pool cut to ``prefetch_limit``, the pools fused,
-        and the payloads of the ``k`` kept hits read by id."""
+        and the payloads of the ``k`` kept hits read by id. Raises ``KeyError`` (unknown agent or collection) and
+        ``ValueError`` (a bad mode, or a time ``parse_time`` cannot read)."""
         mode = params.mode or self.mode
         if mode not in ("hybrid", "dense", "keyword"):
             raise ValueError(f"mode must be hybrid, dense or keyword, got {mode!r}")
         targets = self.targets(params)
+        point_filter = search_filter(params)
         if not params.query.strip():
             return []
         dense = dict(self._embed_query(params.query)) if mode != "keyword" else {}
@@ -220,9 +196,7 @@ class Searcher:
         if mode != "dense":
             sparse = self.terms.query(params.query)
         depth = max(self.prefetch_limit, params.k)
-        query = Query(limit=depth, dense=dense, sparse=sparse, thresholds=self.min_scores,
-                      filter=Filter(path_prefix=params.path_prefix, kinds=tuple(params.kinds),
-                                    since_ns=params.since_ns))
+        query = Query(limit=depth, dense=dense, sparse=sparse, thresholds=self.min_scores, filter=point_filter)
         pools: dict[str, list[tuple[Any, float]]] = {}  # vector name -> (point id, score) over every collection
         owner: dict[Any, str] = {}  # point id -> its collection
         for collection in targets:
@@ -264,8 +238,8 @@ class Searcher:
         return [h if h.payload.abs_path else replace(h, payload=payloads[h.id]) for h in hits
                 if h.payload.abs_path or h.id in payloads]
 
-    def search(self, params: SearchParams) -> list[dict[str, Any]]:
-        """The ``params.k`` best hits across the selected collections, best first, as API dicts."""
+    def search(self, params: SearchRequest) -> list[schema.Hit]:
+        """The ``params.k`` best hits across the selected collections, best first, as the API's hits."""
         return [to_hit(hit, params.query, self.hit_fields) for hit in self.retrieve(params)]
 
 
@@ -315,7 +289,7 @@ def mmr(hits: Sequence[Hit], lam: float, k: int) -> list[Hit]:
 
 
 def load_fusion() -> None:
-    """Import the fusion code ``fuse`` uses (qdrant-client: its pydantic models take ~2 s to import on 2 cores).
+    """Import the fusion code ``fuse_scores`` uses (qdrant-client: its pydantic models take ~2 s to import on 2 cores).
     The daemon calls this before it reports ready, so the first search does not pay for it."""
     import qdrant_client.hybrid.fusion  # noqa: F401
 
@@ -346,12 +320,3 @@ def fuse_scores(lists: Sequence[Sequence[tuple[Any, float]]], method: str, rrf_k
     # the library returns the objects it was given (its annotations say ScoredPoint)
     return [(p.id, float(p.score)) for p in cast(list[_Scored], fused)]
 
-
-def fuse(lists: Sequence[Sequence[Hit]], method: str, rrf_k: int, limit: int) -> list[Hit]:
-    """``fuse_scores`` over lists of ``Hit``s: the fused hits keep their payloads, with the fused score."""
-    by_id: dict[str, Hit] = {}
-    for hits in lists:
-        for h in hits:
-            by_id.setdefault(h.id, h)
-    fused = fuse_scores([[(h.id, h.score) for h in hits] for hits in lists], method, rrf_k, limit)
-    return [Hit(pid, score, by_id[pid].payload) for pid, score in fused]

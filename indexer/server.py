@@ -44,7 +44,6 @@ from starlette.concurrency import run_in_threadpool
 
 from indexer import __version__
 from indexer.guard import Guard
-from indexer.points import parse_since
 from indexer.recall import boot_context, read_memory, recall
 from indexer.report import StatusView
 from indexer.schema import (
@@ -64,7 +63,7 @@ from indexer.schema import (
     Status,
     error_answer,
 )
-from indexer.search import Searcher, SearchParams, relevant
+from indexer.search import Searcher, relevant
 from indexer.state import Plan
 
 T = TypeVar("T")
@@ -122,12 +121,6 @@ def scope_agent(plan: Plan, agent: str | None) -> str | None:
                      f"default_agent in the config")
 
 
-def _as_tuple(value: list[str] | str | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    return (value,) if isinstance(value, str) else tuple(value)
-
-
 class LocalMemory:
     """The daemon's answers in-process, with ``indexer.client.Client``'s methods and answer types (so the MCP tools
     run on either). Errors are the daemon's own: ``KeyError`` (unknown agent or collection), ``ReadRefused``,
@@ -151,35 +144,29 @@ class LocalMemory:
         return scope_agent(self.view.plan, agent)
 
     def health(self) -> Health:
-        return {"status": self.view.health(), "ready": self.view.ready()}  # type: ignore[typeddict-item]
+        return {"status": self.view.health(), "ready": self.view.ready()}
 
     def status(self) -> Status:
-        settings = self.view.plan.settings
-        return {**self.view.status(), "bind": f"{settings.host}:{settings.port}"}  # type: ignore[typeddict-item]
+        return self.view.status()
 
-    def search(self, query: str, k: int = DEFAULT_K, agent: str | None = None,
-               collection: str | list[str] | None = None, mode: str | None = None, path_prefix: str | None = None,
-               kind: str | list[str] | None = None, min_score: float | None = None,
-               since: str | None = None) -> list[Hit]:
-        check_query(query)
-        since_ns = parse_since(since) if since is not None else None  # ValueError: 400
+    def search(self, request: SearchRequest, /) -> list[Hit]:
+        """The hits for ``request`` (its ``wait_s`` is the HTTP route's), scoped to one agent (``scope_agent``)."""
+        check_query(request.query)
         searcher = self.searcher
+        scoped = request.model_copy(update={"agent": self.scope(request.agent)})
         with self.view.metrics.search_timer() as timer:
-            hits = searcher.search(SearchParams(
-                query=query, k=k, agent=self.scope(agent), collections=_as_tuple(collection),
-                mode=mode, path_prefix=path_prefix, kinds=_as_tuple(kind), min_score=min_score, since_ns=since_ns))
-            timer.mode = mode or searcher.mode  # a refused mode raised above: never a label
-        return hits  # type: ignore[return-value]
+            hits = searcher.search(scoped)  # ValueError (a bad since): 400
+            timer.mode = request.mode or searcher.mode  # a refused mode raised above: never a label
+        return hits
 
     def recall(self, query: str = "*", k: int = DEFAULT_K, agent: str | None = None) -> list[Hit]:
         check_query(query)
-        return recall(self.searcher, query, k, self.scope(agent))  # type: ignore[return-value]
+        return recall(self.searcher, query, k, self.scope(agent))
 
     def boot_context(self, budget_chars: int = DEFAULT_BUDGET_CHARS, agent: str | None = None,
                      query: str | None = None) -> BootContext:
         check_query(query)
-        return boot_context(self.searcher, budget_chars, self.scope(agent),  # type: ignore[return-value]
-                            query, self.view.registry.classify_text)
+        return boot_context(self.searcher, budget_chars, self.scope(agent), query, self.view.registry.classify_text)
 
     def get(self, path: str, from_line: int = 1, lines: int | None = None, max_chars: int | None = None,
             agent: str | None = None) -> Page:
@@ -187,8 +174,8 @@ class LocalMemory:
         whatever ``max_chars`` and ``lines`` ask (a bigger ask gets a capped page, ``truncated`` with ``next_from``)."""
         page_lines = min(lines, MAX_PAGE_LINES) if lines is not None else MAX_PAGE_LINES
         page_chars = min(DEFAULT_MAX_CHARS if max_chars is None else max_chars, MAX_PAGE_CHARS)
-        return read_memory(self.view.plan.collections, path, from_line, page_lines,  # type: ignore[return-value]
-                           page_chars, self.scope(agent), self.view.registry.classify_text)
+        return read_memory(self.view.plan.collections, path, from_line, page_lines, page_chars, self.scope(agent),
+                           self.view.registry.classify_text)
 
 def create_app(view: StatusView) -> FastAPI:
     """The API app over a daemon's ``view`` (``Indexer.view``), with the MCP tools at ``/mcp``. ``/mcp`` is a route
@@ -220,12 +207,10 @@ def create_app(view: StatusView) -> FastAPI:
     @app.post("/search", responses=_errors(400, 404, 503))
     async def search(body: SearchRequest) -> SearchResponse:
         def answer() -> SearchResponse:
-            request = body.model_dump()
-            wait_s = request.pop("wait_s")
-            if wait_s:
-                view.wait_pending(body.agent, wait_s)
-            hits = _answer(lambda: memory.search(**request))
-            return {"hits": hits, "relevant": relevant(hits, view.plan.settings.relevance_floor),  # type: ignore[arg-type]
+            if body.wait_s:
+                view.wait_pending(body.agent, body.wait_s)
+            hits = _answer(lambda: memory.search(body))
+            return {"hits": hits, "relevant": relevant(hits, view.plan.settings.relevance_floor),
                     "pending": view.pending(body.agent)}
 
         return await run_in_threadpool(answer)

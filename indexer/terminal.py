@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import click
@@ -93,7 +93,7 @@ def print_hits(hits: list[dict[str, Any]]) -> None:
             click.echo(f"     {line}")
 
 
-def print_status(status: dict[str, Any]) -> None:
+def print_status(status: Mapping[str, Any]) -> None:
     if "bind" in status:
         click.echo(f"listening on: {status['bind']}")
     click.echo(f"ready: {status['ready']}  backend: {status['backend']}  queue: {status['queue_depth']}  "

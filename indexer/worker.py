@@ -28,13 +28,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 from indexer import sync
 from indexer.daemon import Indexer
 from indexer.errors import StateDirFull, StoreUnavailable
+from indexer.schema import Status
 from indexer.search import load_fusion
 from indexer.store import EdgeStore
 from indexer.systemd import Supervisor
@@ -111,7 +112,7 @@ def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progr
              chunks_embedded=stats.chunks_embedded - chunks_before)
 
 
-def index_once(indexer: Indexer, progress: Progress | None = None) -> dict[str, Any]:
+def index_once(indexer: Indexer, progress: Progress | None = None) -> Status:
     """Scan and index everything now (no watcher); returns ``StatusView.status()``. Raises ``StoreUnavailable``
     when the store cannot be reached for a delete or a read."""
     indexer.sync.stopping = threading.Event()

@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 
 from indexer.points import Hit, Payload
 from indexer.recall import read_memory
-from indexer.search import SearchParams, decay, fuse, mmr, relevant, snippet
+from indexer.schema import SearchRequest
+from indexer.search import decay, fuse_scores, mmr, relevant, snippet
 from indexer.server import create_app
 from indexer.worker import index_once
 
@@ -47,7 +48,7 @@ def _paths(hits) -> list[str]:
 @pytest.mark.parametrize("mode", ["hybrid", "keyword"])
 def test_exact_token_is_found_first(indexed, mode: str) -> None:
     indexer, _ = indexed
-    hits = indexer.view.searcher().search(SearchParams("ACME-4471", k=3, mode=mode))
+    hits = indexer.view.searcher().search(SearchRequest(query="ACME-4471", k=3, mode=mode))
     assert _paths(hits)[0] == "memory/tickets.md"
 
 
@@ -55,7 +56,7 @@ def test_paraphrase_is_found_by_meaning(indexed) -> None:
     indexer, _ = indexed
     searcher = indexer.view.searcher()
     for mode in ("hybrid", "dense"):
-        hits = searcher.search(SearchParams("when are we allowed to ship new versions?", k=2, mode=mode))
+        hits = searcher.search(SearchRequest(query="when are we allowed to ship new versions?", k=2, mode=mode))
         assert _paths(hits)[0] == "memory/deploys.md"
 
 
@@ -63,25 +64,26 @@ def test_paraphrase_is_found_by_meaning(indexed) -> None:
 def test_chinese_and_japanese_queries_find_their_notes(indexed, mode: str) -> None:
     indexer, _ = indexed
     searcher = indexer.view.searcher()
-    assert _paths(searcher.search(SearchParams("数据库迁移", k=2, mode=mode)))[0] == "memory/zh/会议.md"
-    assert _paths(searcher.search(SearchParams("東京オフィス", k=2, mode=mode)))[0] == "memory/ja/メモ.md"
+    assert _paths(searcher.search(SearchRequest(query="数据库迁移", k=2, mode=mode)))[0] == "memory/zh/会议.md"
+    assert _paths(searcher.search(SearchRequest(query="東京オフィス", k=2, mode=mode)))[0] == "memory/ja/メモ.md"
 
 
 def test_filters_narrow_the_answer(indexed) -> None:
     indexer, _ = indexed
     searcher = indexer.view.searcher()
-    assert set(_paths(searcher.search(SearchParams("meeting", k=10, path_prefix="memory/zh")))) == {"memory/zh/会议.md"}
-    assert _paths(searcher.search(SearchParams("Dana", k=10, collections=("memory-root-main",)))) == ["MEMORY.md"]
-    assert searcher.search(SearchParams("disk", k=10, kinds=("image",))) == []
-    strong = searcher.search(SearchParams("ACME-4471", k=10, mode="keyword", min_score=1.0))
+    narrowed = searcher.search(SearchRequest(query="meeting", k=10, path_prefix="memory/zh"))
+    assert set(_paths(narrowed)) == {"memory/zh/会议.md"}
+    assert _paths(searcher.search(SearchRequest(query="Dana", k=10, collection="memory-root-main"))) == ["MEMORY.md"]
+    assert searcher.search(SearchRequest(query="disk", k=10, kind="image")) == []
+    strong = searcher.search(SearchRequest(query="ACME-4471", k=10, mode="keyword", min_score=1.0))
     assert strong and all(h["score"] >= 1.0 for h in strong)
     with pytest.raises(KeyError, match="unknown collection"):
-        searcher.search(SearchParams("x", collections=("nope",)))
+        searcher.search(SearchRequest(query="x", collection="nope"))
 
 
 def test_hits_carry_the_contract(indexed) -> None:
     indexer, _ = indexed
-    [hit] = indexer.view.searcher().search(SearchParams("Dana", k=1))
+    [hit] = indexer.view.searcher().search(SearchRequest(query="Dana", k=1))
     assert hit == {**hit, "collection": "memory-root-main", "agent": "main", "path": "MEMORY.md", "start_line": 1,
                    "end_line": 4, "kind": "markdown", "citation": "MEMORY.md#L1-L4"}
     assert isinstance(hit["score"], float) and hit["snippet"].startswith("# Memory")
@@ -97,8 +99,9 @@ def test_snippet_is_centred_on_the_best_lines_and_capped() -> None:
 
 @pytest.mark.parametrize("method", ["rrf", "dbsf"])
 def test_fusion_gives_qdrant_clients_own_answer_on_its_own_point_type(method: str) -> None:
-    """``fuse`` hands qdrant-client's fusion light stand-ins for ``ScoredPoint``; the ids, scores and order must be
-    what the library gives for real ``ScoredPoint``s: overlapping lists, ties, a one-item list, an empty list."""
+    """``fuse_scores`` hands qdrant-client's fusion light stand-ins for ``ScoredPoint``; the ids, scores and order
+    must be what the library gives for real ``ScoredPoint``s: overlapping lists, ties, a one-item list, an empty
+    list."""
     import random
     import uuid
 
@@ -110,11 +113,10 @@ def test_fusion_gives_qdrant_clients_own_answer_on_its_own_point_type(method: st
     dense = sorted(((i, rng.random()) for i in ids[:100]), key=lambda x: -x[1])
     keyword = sorted(((i, round(rng.uniform(0, 9), 1)) for i in ids[50:]), key=lambda x: -x[1])  # ties
     for lists in ([dense, keyword], [dense, keyword[:1]], [dense, []]):
-        hits = [[Hit(i, s, Payload()) for i, s in scored] for scored in lists]
         points = [[models.ScoredPoint(id=i, version=0, score=s) for i, s in scored] for scored in lists]
         expected = (reciprocal_rank_fusion(points, limit=120, ranking_constant_k=60) if method == "rrf"
                     else distribution_based_score_fusion(points, limit=120))
-        assert [(h.id, h.score) for h in fuse(hits, method, 60, 120)] == [(str(p.id), p.score) for p in expected]
+        assert fuse_scores(lists, method, 60, 120) == [(str(p.id), p.score) for p in expected]
 
 
 @pytest.mark.parametrize("method", ["rrf", "dbsf"])
@@ -123,15 +125,12 @@ def test_fusion_ranks_like_qdrants_own_fusion(indexed, method: str) -> None:
     import qdrant_edge as qe
 
     indexer, _ = indexed
-    searcher = indexer.view.searcher()
+    searcher = indexer.view.searcher(fusion=method, prefetch_limit=100)
     query = "who owns the storage problems?"
+    fused = searcher.retrieve(SearchRequest(query=query, k=10, mode="hybrid", collection="memory-dir-main"))
+    ours = [h.payload.path for h in fused]
     dense = dict(searcher._embed_query(query))["text"]
     terms = indexer.terms.query(query)
-    from indexer.points import Query
-
-    lists = indexer.store.search("memory-dir-main", Query(limit=100, dense={"text": dense}, sparse=terms))
-    fused = fuse(list(lists.values()), method, 60, 10)
-    ours = [h.payload.path for h in fused]
     shard = indexer.store._shard("memory-dir-main")
     native = shard.query(qe.QueryRequest(
         limit=10, with_payload=True, query=qe.Fusion.Rrf(k=60) if method == "rrf" else qe.Fusion.Dbsf(),
@@ -264,6 +263,79 @@ def test_since_filters_by_modification_time_through_the_api(tmp_path: Path, make
     assert bad.status_code == 400 and "7d" in bad.json()["detail"]
 
 
+@pytest.mark.parametrize("backend", ["edge", "server"])
+def test_until_keeps_files_modified_before_on_every_face(tmp_path: Path, make_indexer, request: pytest.FixtureRequest,
+                                                         backend: str) -> None:
+    """``until`` through the Python client, the HTTP body, the MCP tool and the CLI flag, on Qdrant Edge and a
+    Qdrant server (skipped without its binary): a month-old note is kept, today's is not."""
+    import json
+    import os
+    import socket
+    import threading
+    import time
+
+    import anyio
+    import uvicorn
+    from click.testing import CliRunner
+    from conftest import backend_store, wait_for
+    from mcp import Client as McpClient
+
+    from indexer.cli import main
+    from indexer.client import Client, ClientError
+    from indexer.mcp import build_server
+
+    ws = tmp_path / "ws"
+    old = write(ws / "memory" / "2025-01-10.md", "# Deploy\n\nThe deploy window moved to Tuesday.\n")
+    write(ws / "memory" / "today.md", "# Deploy\n\nThe deploy window is now Thursday morning.\n")
+    month_ago = time.time() - 30 * 86_400
+    os.utime(old, (month_ago, month_ago))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    indexer = make_indexer([{"agent": "main", "path": ws}], store=backend_store(request, backend), port=port)
+    index_once(indexer)
+    indexer.ready.set()
+    week_ago = time.strftime("%Y-%m-%d", time.localtime(time.time() - 7 * 86_400))
+    older = ["memory/2025-01-10.md"]
+
+    def paths(hits) -> list[str]:
+        return sorted(h["path"] for h in hits)
+
+    server = uvicorn.Server(uvicorn.Config(create_app(indexer), host="127.0.0.1", port=port, log_config=None,
+                                           access_log=False, lifespan="on", ws="none"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout_s=30)
+        with Client(port=port) as client:
+            assert paths(client.search("deploy window", k=5)) == ["memory/2025-01-10.md", "memory/today.md"]
+            assert paths(client.search("deploy window", k=5, until="7d")) == older
+            assert paths(client.search("deploy window", k=5, until=week_ago)) == older
+            assert paths(client.search("deploy window", k=5, since="45d", until="7d")) == older
+            assert client.search("deploy window", k=5, until="45d") == []
+            body = {"query": "deploy window", "k": 5, "until": "7d"}
+            assert paths(client._call("POST", "/search", json=body)["hits"]) == older
+            with pytest.raises(ClientError, match="until must be a duration") as bad:
+                client.search("deploy", until="last tuesday")
+            assert bad.value.status_code == 400
+
+            async def tool() -> dict:
+                async with McpClient(build_server(client)) as mcp:
+                    result = await mcp.call_tool("memory_search", {"query": "deploy window", "k": 5, "until": "7d"})
+                    assert not result.is_error
+                    return result.structured_content
+
+            assert paths(anyio.run(tool)["hits"]) == older
+        cli = CliRunner().invoke(main, ["search", "deploy window", "--until", "7d", "--json", "--port", str(port)])
+        assert cli.exit_code == 0, cli.output
+        assert paths(json.loads(cli.stdout)) == older
+        typo = CliRunner().invoke(main, ["search", "deploy", "--until", "last tuesday", "--port", str(port)])
+        assert typo.exit_code == 2 and "until must be a duration" in typo.output
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
 @pytest.mark.parametrize("endpoint,extra", [
     ("/search", ', "mode": "hybrid"'), ("/search", ', "mode": "dense"'), ("/search", ', "mode": "keyword"'),
     ("/recall", ""), ("/boot", ""),
@@ -301,11 +373,11 @@ def test_mmr_pushes_a_near_duplicate_below_a_different_hit() -> None:
 def test_hits_carry_raw_scores_and_say_when_nothing_is_relevant(indexed) -> None:
     indexer, _ = indexed
     searcher = indexer.view.searcher()
-    [hit] = searcher.search(SearchParams("ACME-4471", k=1, mode="hybrid"))
+    [hit] = searcher.search(SearchRequest(query="ACME-4471", k=1, mode="hybrid"))
     assert -1 <= hit["dense_score"] <= 1 and hit["keyword_score"] > 0
-    [dense] = searcher.search(SearchParams("ACME-4471", k=1, mode="dense"))
+    [dense] = searcher.search(SearchRequest(query="ACME-4471", k=1, mode="dense"))
     assert dense["keyword_score"] is None and dense["dense_score"] == pytest.approx(dense["score"], abs=1e-5)
     assert relevant([hit], floor=-1.0) is True and relevant([hit], floor=1.01) is False
     assert relevant([], floor=0.0) is False
-    [keyword] = searcher.search(SearchParams("ACME-4471", k=1, mode="keyword"))
+    [keyword] = searcher.search(SearchRequest(query="ACME-4471", k=1, mode="keyword"))
     assert relevant([keyword], floor=0.0) is None  # no dense score to judge by

@@ -57,6 +57,8 @@ class Dialect:
             must.append(m.FieldCondition(key="kind", match=m.MatchAny(any=list(f.kinds))))
         if f.since_ns is not None:
             must.append(m.FieldCondition(key="mtime_ns", range=self.range(gte=float(f.since_ns))))
+        if f.until_ns is not None:
+            must.append(m.FieldCondition(key="mtime_ns", range=self.range(lt=float(f.until_ns))))
         must_not = [self.match("file_hash", f.except_hash)] if f.except_hash is not None else None
         if not must and not must_not:
             return None
