@@ -168,7 +168,7 @@ def test_search_without_payloads_then_fetch_the_kept_ones_by_id(store) -> None:
 def test_edge_index_built_beside_keeps_the_writes_made_while_it_builds(tmp_path: Path, monkeypatch) -> None:
     import threading
 
-    import indexer.store.edge as edge
+    import indexer.store.edge_optimize as edge
 
     go = tmp_path / "go"
     # the real child process, held at its start until the writes below are made (they land while it builds)
@@ -207,7 +207,7 @@ def test_edge_index_built_beside_keeps_the_writes_made_while_it_builds(tmp_path:
 def test_edge_index_build_gives_up_on_stop_and_leaves_no_copy(tmp_path: Path, monkeypatch) -> None:
     import threading
 
-    import indexer.store.edge as edge
+    import indexer.store.edge_optimize as edge
 
     monkeypatch.setattr(edge, "_OPTIMIZE", "import time\ntime.sleep(60)\n")
     store = EdgeStore(tmp_path / "qdrant")

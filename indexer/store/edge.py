@@ -3,10 +3,10 @@
 Edge is the embedded default: it upserts and searches far faster than qdrant-client's local mode
 (docs/performance.md, "Qdrant Edge").
 
-HNSW index: ``EdgeShard.optimize()`` builds it, but holds the GIL for its whole run (a minute or more at tens of
-thousands of points), which would freeze the watcher and the API. ``build_index`` runs it in a child process on a
-copy of the shard instead and swaps the indexed copy in (``Store.swap``, the rebuild's alias swap), replaying the
-writes made meanwhile; the daemon calls it for a collection of at least ``edge_hnsw_min_points`` points that has none.
+HNSW index: ``EdgeShard.optimize()`` builds it, but holds the GIL for its whole run, so ``build_index`` runs it in a
+child process (``edge_optimize``) on a copy of the shard instead and swaps the indexed copy in (``Store.swap``, the
+rebuild's alias swap), replaying the writes made meanwhile; the daemon calls it for a collection of at least
+``edge_hnsw_min_points`` points that has none.
 
 Large collections (``qdrant_on_disk_vectors``, ``qdrant_quantization``, applied when a collection is created): the
 original dense vectors, the scalar int8 copy (``ScalarQuantizationConfig``), the HNSW graph and the payload indexes
@@ -23,8 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -39,6 +37,7 @@ from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, STATE_KEY, Fi
 from indexer.safeio import lock_exclusive
 from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
 from indexer.store.edge_config import edge_config, field_index
+from indexer.store.edge_optimize import optimize_copy
 from indexer.store.edge_states import HASH_FIELD, file_states_by_facets
 from indexer.store.edge_warm import Warmer
 
@@ -49,10 +48,6 @@ log = structlog.get_logger("qmd_indexer.store")
 CREATE_BYTES = 16 * 1024 * 1024
 POINT_FACTOR = 3
 DELETE_BYTES = 1024 * 1024
-# the child process of ``build_index``: lower its priority, load the copy, build its index, persist it
-# (argv: the shard's folder, the niceness increment)
-_OPTIMIZE = ("import os, sys, qdrant_edge as qe\nos.nice(int(sys.argv[2]))\n"
-             "shard = qe.EdgeShard.load(sys.argv[1])\nshard.optimize()\nshard.flush()\nshard.close()\n")
 
 
 # keyword payload indexes of an Edge collection (file_hash and file_state: for ``file_states``)
@@ -309,29 +304,13 @@ class EdgeStore(Store):
             shutil.copytree(self.root / old, self.root / new)
             (self.root / new / _HNSW_RECORD).write_text(json.dumps({"points": self._count(old)}))
             self._journal = (old, [])
-        proc = subprocess.Popen([sys.executable, "-c", _OPTIMIZE, str(self.root / new), str(nice)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            while proc.poll() is None and not (stop is not None and stop.is_set()):
-                if time.monotonic() - started > timeout_s:
-                    break
-                try:
-                    proc.wait(0.5)
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        output = proc.stdout.read().decode(errors="replace")[-2000:] if proc.stdout else ""
-        if proc.stdout:
-            proc.stdout.close()
+        returncode, output = optimize_copy(self.root / new, stop, nice, timeout_s)
         with self._lock:
             journal, self._journal = self._journal, None
-            if proc.returncode != 0 or journal is None or self._target(name) != old:
+            if returncode != 0 or journal is None or self._target(name) != old:
                 shutil.rmtree(self.root / new, ignore_errors=True)
-                if proc.returncode not in (0, -9):
-                    raise RuntimeError(f"building the HNSW index of {name} failed ({proc.returncode}): {output}")
+                if returncode not in (0, -9):
+                    raise RuntimeError(f"building the HNSW index of {name} failed ({returncode}): {output}")
                 return None
             for op, arg in journal[1]:
                 if op == "upsert":
