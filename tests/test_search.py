@@ -294,14 +294,14 @@ def test_until_keeps_files_modified_before_on_every_face(tmp_path: Path, make_in
         port = s.getsockname()[1]
     indexer = make_indexer([{"agent": "main", "path": ws}], store=backend_store(request, backend), port=port)
     index_once(indexer)
-    indexer.ready.set()
+    indexer.state.ready.set()
     week_ago = time.strftime("%Y-%m-%d", time.localtime(time.time() - 7 * 86_400))
     older = ["memory/2025-01-10.md"]
 
     def paths(hits) -> list[str]:
         return sorted(h["path"] for h in hits)
 
-    server = uvicorn.Server(uvicorn.Config(create_app(indexer), host="127.0.0.1", port=port, log_config=None,
+    server = uvicorn.Server(uvicorn.Config(create_app(indexer.view), host="127.0.0.1", port=port, log_config=None,
                                            access_log=False, lifespan="on", ws="none"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
