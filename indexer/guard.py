@@ -9,7 +9,9 @@ before a route runs and before a body is read:
 - a browser ``Origin`` that is not a loopback origin (403): no web page can drive the API, even with a simple
   cross-origin POST that needs no preflight;
 - without ``Authorization: Bearer <token>`` when a token is configured (401; compared in constant time);
-- a body over ``MAX_BODY_BYTES`` (413), by ``Content-Length`` or as it streams in.
+- a body over ``MAX_BODY_BYTES`` (413), by ``Content-Length`` or as it streams in;
+- a ``GET /mcp`` event stream beyond ``MAX_EVENT_STREAMS`` open at once (503 with ``Retry-After``): each is held
+  open until the client leaves, and costs a descriptor and memory (2,000 of them cost +170 MB).
 
 ``check_bind`` is the start-up rule: a non-loopback bind without a token is refused (``ConfigError``), with one it
 is allowed and warned about.
@@ -27,6 +29,7 @@ from urllib.parse import urlsplit
 from indexer.errors import ConfigError
 
 MAX_BODY_BYTES = 1024 * 1024  # request bodies (a search is a few hundred bytes)
+MAX_EVENT_STREAMS = 32  # GET /mcp event streams open at once (the tools answer on POST; a client holds one stream)
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]", "::1")
 
 Scope = MutableMapping[str, Any]
@@ -78,7 +81,7 @@ class Guard:
     """ASGI middleware applying the rules above to ``app`` for a daemon bound to ``host``:``port``."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], host: str, port: int, token: str = "",
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, max_streams: int | None = None) -> None:
         self.app = app
         self.port = str(port)
         self.bound = host.lower()
@@ -86,6 +89,8 @@ class Guard:
         self.names = {name.lower() for name in (*LOOPBACK_NAMES, host, f"[{host}]")}
         self.token = token.encode()
         self.max_body_bytes = max_body_bytes
+        self.max_streams = MAX_EVENT_STREAMS if max_streams is None else max_streams
+        self.streams = 0  # GET /mcp event streams open now (changed on the event loop only)
 
     def host_allowed(self, value: str) -> bool:
         name, port = _split_host(value.strip().lower())
@@ -123,6 +128,17 @@ class Guard:
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body_bytes:
             await _reject(send, 413, f"request body over {self.max_body_bytes} bytes")
+            return
+        if scope.get("method") == "GET" and scope.get("path") == "/mcp":
+            if self.streams >= self.max_streams:
+                await _reject(send, 503, f"{self.streams} MCP event streams are open, the most this daemon keeps "
+                              f"(MAX_EVENT_STREAMS); close one, or use POST /mcp", [(b"retry-after", b"5")])
+                return
+            self.streams += 1
+            try:
+                await self._capped(scope, receive, send)
+            finally:
+                self.streams -= 1
             return
         await self._capped(scope, receive, send)
 

@@ -269,3 +269,36 @@ def test_mcp_sits_behind_the_apps_middleware_and_host_check(make_indexer, worksp
         rebound = api.post("/mcp", json=LIST_TOOLS, headers={**JSON_RPC_HEADERS, "host": "evil.example"})
         assert rebound.status_code >= 400 and "tools" not in rebound.text
     assert seen == ["/mcp", "/mcp", "/mcp"]
+
+
+def test_event_streams_are_capped_and_a_closed_one_frees_its_place(workspace: Path, make_indexer,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GET /mcp`` event streams are held open until the client leaves; without a cap 2,000 of them cost 2,000
+    descriptors and +170 MB. Beyond ``MAX_EVENT_STREAMS`` a new one is refused (503, Retry-After); closing a stream
+    frees its place."""
+    import socket
+
+    from indexer import guard
+
+    cap = 3
+    monkeypatch.setattr(guard, "MAX_EVENT_STREAMS", cap)
+    indexer = make_indexer([{"agent": "main", "path": workspace}], port=_free_port())
+    opened: list[socket.socket] = []
+
+    def open_stream(port: int) -> bytes:
+        conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+        opened.append(conn)
+        conn.sendall(f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n\r\n".encode())
+        return conn.recv(300)
+
+    with Served(indexer) as served:
+        try:
+            heads = [open_stream(served.port) for _ in range(cap)]
+            assert all(head.startswith(b"HTTP/1.1 200") for head in heads), heads
+            head = open_stream(served.port)
+            assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 5" in head.lower(), head
+            opened[0].close()  # one stream leaves: its place is free again
+            wait_for(lambda: open_stream(served.port).startswith(b"HTTP/1.1 200"), timeout_s=10)
+        finally:
+            for conn in opened:
+                conn.close()
