@@ -46,7 +46,9 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
         raise KeyError(f"unknown agent {agent!r}")
     for workspace in dict.fromkeys(c.workspace for c in chosen):
         candidate = Path(os.path.normpath(path if os.path.isabs(path) else workspace.path / path))
-        collection, reason = route(chosen, candidate)
+        # routed among every workspace's collections, as the indexer routes it: a file of a workspace nested in
+        # this one's memory/ belongs to the inner one, never to this agent
+        collection, reason = route(collections, candidate)
         if collection is not None and collection.workspace == workspace:
             if classify is not None:
                 with open_memory(collection, candidate) as handle:  # FileNotFoundError, ReadRefused propagate

@@ -499,3 +499,25 @@ def test_fuzzed_paths_never_read_outside_the_workspace_and_valid_ones_are_read(t
 
     check()
     assert read == set(memory)  # valid paths were generated and read, not only refusals checked
+
+
+def test_get_never_reads_a_nested_workspace_through_the_outer_agent(tmp_path: Path, make_indexer) -> None:
+    """dave's workspace lies inside alice's ``memory/``: search, recall and boot keep them apart, and so must ``get``
+    (relative, absolute, HTTP): a file belongs to the innermost workspace on every face."""
+    from indexer.errors import ReadRefused
+    from indexer.recall import read_memory
+
+    alice = tmp_path / "alice"
+    dave = alice / "memory" / "dave"
+    write(alice / "memory" / "a.md", "# Alice\n\nAlice's own note.\n")
+    write(dave / "memory" / "d.md", "# Dave\n\nDave's private note: the safe code is 4471.\n")
+    indexer = make_indexer([{"agent": "alice", "path": alice}, {"agent": "dave", "path": dave}])
+    collections = indexer.collections
+    assert read_memory(collections, "memory/d.md", agent="dave")["text"].endswith("4471.")
+    assert "Alice's own note." in read_memory(collections, "memory/a.md", agent="alice")["text"]
+    for path in ("memory/dave/memory/d.md", str(dave / "memory" / "d.md")):
+        with pytest.raises(ReadRefused):
+            read_memory(collections, path, agent="alice")
+    api = TestClient(create_app(indexer.view), base_url="http://127.0.0.1:8743")
+    answer = api.get("/get", params={"path": "memory/dave/memory/d.md", "agent": "alice"})
+    assert answer.status_code == 403 and "4471" not in answer.text, answer.text
