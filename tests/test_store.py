@@ -397,3 +397,34 @@ def test_edge_file_states_take_the_fast_way_only_when_the_counts_add_up(tmp_path
     assert [e["way"] for e in logs if e["event"] == "file_states_read"] == ["exact"]
     assert not states["/w/twin.md"].complete and states["/w/b.md"].complete and states["/w/b.md"].file_hash == "h4"
     store.close()
+
+
+def test_opening_a_shard_on_tmpfs_checks_the_room_its_sparse_files_take(monkeypatch) -> None:
+    """On tmpfs, loading a shard maps its preallocated, sparse files (the vectors' 32 MiB chunk, 4 MiB payload index
+    maps...) and the read faults allocate them whole: a 16-note store grew 33 -> 168 MB at a restart and, with no
+    room left, the daemon died of SIGBUS. Opening checks that room first: ``StateDirFull`` (one line), never a
+    crash."""
+    import tempfile
+
+    from indexer.errors import StateDirFull
+    from indexer.store import edge as edge_module
+    from indexer.store.edge_warm import unallocated_bytes
+
+    if not Path("/dev/shm").is_dir() or edge_module.filesystem_type(Path("/dev/shm")) != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+        root = Path(tmp) / "qdrant"
+        store = EdgeStore(root)
+        store.ensure_collection("c", {"text": 3})
+        store.upsert("c", [_point("c", "/w/a.md", 0, "h", [1.0, 0.0, 0.0], 1)])
+        store.close()
+        sparse = unallocated_bytes(root / "c")
+        assert sparse > 8 * 1024 * 1024, sparse  # the preallocated files, not yet backed by memory
+        # a file system with less room than that: the open is refused before anything is mapped
+        monkeypatch.setattr(EdgeStore, "free_bytes", lambda self: sparse // 2)
+        again = EdgeStore(root)
+        with pytest.raises(StateDirFull, match="tmpfs"):
+            again.count("c")
+        monkeypatch.setattr(EdgeStore, "free_bytes", lambda self: sparse * 4)
+        assert again.count("c") == 1  # with room, it opens
+        again.close()

@@ -1,21 +1,15 @@
-"""Qdrant Edge (``qdrant-edge-py``): Qdrant's engine inside this process, one shard per collection.
+"""Qdrant Edge (``qdrant-edge-py``): Qdrant's engine inside this process, one shard per collection; the embedded
+default, far faster than qdrant-client's local mode (docs/performance.md, "Qdrant Edge").
 
-Edge is the embedded default: it upserts and searches far faster than qdrant-client's local mode
-(docs/performance.md, "Qdrant Edge").
+HNSW index: ``EdgeShard.optimize()`` holds the GIL for its whole run, so ``build_index`` runs it in a child process
+(``edge_optimize``) on a copy of the shard and swaps the copy in (``Store.swap``), replaying the writes made
+meanwhile; the daemon calls it for a collection of at least ``edge_hnsw_min_points`` points that has none.
 
-HNSW index: ``EdgeShard.optimize()`` builds it, but holds the GIL for its whole run, so ``build_index`` runs it in a
-child process (``edge_optimize``) on a copy of the shard instead and swaps the indexed copy in (``Store.swap``, the
-rebuild's alias swap), replaying the writes made meanwhile; the daemon calls it for a collection of at least
-``edge_hnsw_min_points`` points that has none.
-
-Large collections (``qdrant_on_disk_vectors``, ``qdrant_quantization``, applied when a collection is created): the
-original dense vectors, the scalar int8 copy (``ScalarQuantizationConfig``), the HNSW graph and the payload indexes
-memory-mapped without pre-warming (Qdrant's ``Memory.Cold`` tier: read on first use), so that loading a shard of a
-million points reads almost nothing (see ``edge_config``); the files searches read are then brought into the page
-cache by a background thread (``edge_warm``: Qdrant drops them from it when a shard closes). Without
-``qdrant_on_disk_vectors`` the int8 copy is pinned in RAM. Dense searches use the int8 copy and rescore with the
-originals (``QuantizationSearchParams(rescore=True)``). Qdrant builds the quantized copy when it optimizes a
-segment, so it takes effect once ``build_index`` ran; before, searches scan the originals.
+Large collections (``qdrant_on_disk_vectors``, ``qdrant_quantization``, applied at creation): vectors, their int8
+copy, the HNSW graph and payload indexes are memory-mapped in Qdrant's ``Memory.Cold`` tier (read on first use;
+``edge_config``), so a million-point shard loads reading almost nothing; ``edge_warm`` then brings the search files
+into the page cache. Without on-disk vectors the int8 copy is pinned in RAM. Dense searches use the int8 copy and
+rescore with the originals; Qdrant builds that copy when ``build_index`` optimizes a segment.
 """
 
 from __future__ import annotations
@@ -39,7 +33,8 @@ from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
 from indexer.store.edge_config import edge_config, field_index
 from indexer.store.edge_optimize import optimize_copy
 from indexer.store.edge_states import HASH_FIELD, file_states_by_facets
-from indexer.store.edge_warm import Warmer
+from indexer.store.edge_warm import Warmer, unallocated_bytes
+from indexer.watchmode import filesystem_type
 
 log = structlog.get_logger("qmd_indexer.store")
 
@@ -157,6 +152,7 @@ class EdgeStore(Store):
         shard = self._shards.get(name)
         if shard is None:
             self._hold()
+            self._ensure_room_to_load(name)
             try:
                 shard = self._qe.EdgeShard.load(str(self.root / name))
             except Exception as exc:  # qdrant-edge raises plain Exceptions; a held WAL lock says WouldBlock
@@ -169,6 +165,15 @@ class EdgeStore(Store):
             if any(v.get("memory") == "cold" for v in self._edge_config(name).get("vectors", {}).values()):
                 self.warmer.warm(name, self.root / name)
         return shard
+
+    def _ensure_room_to_load(self, name: str) -> None:
+        """On tmpfs, loading a shard backs its sparse files with memory in full (``edge_warm.unallocated_bytes``) and
+        a full tmpfs kills the process with SIGBUS: raise ``StateDirFull`` (logged once) unless that room is there."""
+        if filesystem_type(self.root) == "tmpfs":
+            try:
+                self.ensure_room(unallocated_bytes(self.root / name))
+            except StateDirFull as exc:
+                raise StateDirFull(f"{exc}: loading {name} on tmpfs backs its sparse files with memory") from None
 
     def _dense_config(self, name: str) -> dict[str, int] | None:
         self._hold()
