@@ -10,6 +10,7 @@ Groups: ``qmd_indexer.classifiers``, ``qmd_indexer.extractors``, ``qmd_indexer.e
   the reason, logged once (``plugin_failed``) and skipped; the daemon runs on.
 - Two extractors of one kind, or two embedders of one modality, need ``prefer = { <kind or modality> = "<name>" }``;
   without it loading stops with ``ConfigError`` naming both.
+- A name in ``plugins`` or ``prefer`` that no installed plugin has is a ``ConfigError`` naming the installed ones.
 - Rerankers are chosen, not combined: only the one the ``reranker`` setting names is loaded (the others are listed
   ``unused``); a name no installed reranker has is a ``ConfigError``. None is loaded by default (rerank is off).
 
@@ -300,8 +301,8 @@ def load_registry(
     """Load every entry point of the four groups (or ``eps``, for tests) into a ``Registry``; of the rerankers only
     the one named ``reranker`` (the setting; empty: none, rerank is off).
 
-    Raises ``ConfigError`` when two loaded plugins provide one kind/modality and ``prefer`` does not choose, or
-    when ``reranker`` names no installed reranker.
+    Raises ``ConfigError`` when two loaded plugins provide one kind/modality and ``prefer`` does not choose, when
+    ``reranker`` names no installed reranker, or when ``allow`` or ``prefer`` names no installed plugin.
     """
     allow = set(allow)
     config = config or {}
@@ -335,7 +336,19 @@ def load_registry(
         raise ConfigError(f"reranker: no installed reranker is named {reranker!r} (installed: {installed}; "
                           f"see `qmd-indexer plugins`)")
     _resolve_conflicts(records, prefer)
+    _check_names(records, allow, prefer)
     return Registry(records)
+
+
+def _check_names(records: list[PluginRecord], allow: set[str], prefer: Mapping[str, str]) -> None:
+    """Raise ``ConfigError`` for a name in the ``plugins`` allow-list or a ``prefer`` choice that no installed plugin
+    has: left alone, a typo silently disables a plugin or lets another one run instead."""
+    installed = {r.name for r in records}
+    named = [("plugins", name) for name in sorted(allow)] + [(f"prefer.{key}", name) for key, name in prefer.items()]
+    for setting, name in named:
+        if name not in installed:
+            raise ConfigError(f"{setting}: no installed plugin is named {name!r} (installed: "
+                              f"{', '.join(sorted(installed)) or 'none'}; see `qmd-indexer plugins`)")
 
 
 def _resolve_conflicts(records: list[PluginRecord], prefer: dict[str, str]) -> None:

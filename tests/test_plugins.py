@@ -155,6 +155,19 @@ def test_two_plugins_for_one_kind_need_a_prefer_choice() -> None:
         load_registry(prefer={"fake": "nobody"}, eps=eps)
 
 
+def test_a_name_that_matches_no_installed_plugin_is_a_config_error() -> None:
+    eps = [ep("early", "EarlyClassifier", CLS), ep("fake", "FakeExtractor", EXT), ep("lazy", "LazyImageEmbedder", EMB)]
+    with pytest.raises(ConfigError) as allow:
+        load_registry(("fake", "fakr"), eps=eps)
+    assert str(allow.value) == ("plugins: no installed plugin is named 'fakr' (installed: early, fake, lazy; "
+                                "see `qmd-indexer plugins`)")
+    with pytest.raises(ConfigError) as prefer:  # the one text/image plugin ran instead, silently
+        load_registry(prefer={"image": "clipp"}, eps=eps)
+    assert str(prefer.value) == ("prefer.image: no installed plugin is named 'clipp' (installed: early, fake, lazy; "
+                                 "see `qmd-indexer plugins`)")
+    assert load_registry(("fake", "lazy"), prefer={"image": "lazy"}, eps=eps).embedders  # installed names are fine
+
+
 def test_only_the_configured_reranker_loads() -> None:
     eps = [ep("short", "ShortestFirstReranker", RRK), ep("scoreless", "ScorelessReranker", RRK),
            ep("fake", "FakeExtractor", EXT)]
@@ -335,6 +348,18 @@ def test_plugins_command_reports_an_unresolved_conflict_as_a_config_error(tmp_pa
     assert chosen.returncode == 0, chosen.stderr
     statuses = {r["name"]: (r["status"], r["reason"]) for r in json.loads(chosen.stdout)}
     assert statuses["fake-a"] == ("unused", "prefer.fake = 'fake-b'") and statuses["fake-b"] == ("loaded", "")
+
+
+def test_plugins_command_refuses_a_prefer_naming_no_installed_plugin(tmp_path: Path) -> None:
+    fake_distribution(tmp_path, {EXT: {"fake-ext": "qmd_fake_plugins:FakeExtractor"}})
+    config = tmp_path / "config" / "qmd-indexer" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('[prefer]\ntext = "my-embedder"\n')
+    run = cli("plugins", site=tmp_path)
+    assert run.returncode == 2
+    [line] = [line for line in run.stderr.splitlines() if line.strip()]
+    assert "config error: prefer.text: no installed plugin is named 'my-embedder' (installed: " in line
+    assert "fake-ext" in line and "sentence-transformers" in line
 
 
 def test_example_plugin_installed_with_pip_is_listed_and_indexes_its_files(tmp_path: Path) -> None:
