@@ -313,9 +313,12 @@ def load_registry(
     prefer: Mapping[str, str] | None = None,
     eps: Iterable[EntryPoint] | None = None,
     reranker: str = "",
+    keep: Registry | None = None,
 ) -> Registry:
     """Load every entry point of the four groups (or ``eps``, for tests) into a ``Registry``; of the rerankers only
-    the one named ``reranker`` (the setting; empty: none, rerank is off).
+    the one named ``reranker`` (the setting; empty: none, rerank is off). ``keep``: a running registry (a reload)
+    whose loaded plugins are reused as they are when the same distribution and version still provides them, so
+    their models are not loaded again; the others (new, or failed before) are loaded.
 
     Raises ``ConfigError`` when two loaded plugins provide one kind/modality and ``prefer`` does not choose, when
     ``reranker`` names no installed reranker, or when ``allow`` or ``prefer`` names no installed plugin.
@@ -325,6 +328,8 @@ def load_registry(
     prefer = dict(prefer or {})
     if eps is None:
         eps = [ep for group in CONTRACT for ep in entry_points(group=group)]
+    running = {(r.group, r.name, r.distribution, r.version): r for r in (keep.records if keep else [])
+               if r.status == "loaded" and r.obj is not None}
     records: list[PluginRecord] = []
     for ep in sorted(eps, key=lambda e: (e.group, e.name)):
         if ep.group not in CONTRACT:
@@ -338,6 +343,10 @@ def load_registry(
         if ep.group == RERANKERS and ep.name != reranker:
             record.status = "unused"
             record.reason = f"reranker = {reranker!r}" if reranker else "rerank is off: reranker not set"
+            continue
+        same = running.get((ep.group, ep.name, dist, version))
+        if same is not None:
+            record.obj, record.provides = same.obj, same.provides
             continue
         factory: Any = None
         try:
