@@ -1,4 +1,5 @@
-"""Files skipped or failing, each logged once per file state, and the ``files_failed`` count ``status`` reports.
+"""Files skipped or failing, each logged once per file state, and the ``files_failed`` count and the failing files
+``status`` reports.
 
 A file is keyed by its absolute path and marked with its fingerprint (size, ``mtime_ns``, ``ctime_ns``), the reason
 and whether it is a failure, so a rescan of an unchanged bad file stays quiet, and a changed one is told again.
@@ -48,6 +49,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self.marks: dict[str, Mark] = {}
+        self.details: dict[str, str] = {}  # absolute path -> the detail its mark was logged with
         self.failures: Counter[str] = Counter()  # failures logged since start, by reason (``/metrics`` errors)
 
     def skip(self, path: Path, reason: str, detail: str = "", failed: bool = False) -> bool:
@@ -59,6 +61,7 @@ class Ledger:
             return False
         self.marks[key] = mark
         detail = detail or DETAILS.get(reason, "")
+        self.details[key] = detail
         if failed:
             self.failures[reason] += 1
             log.error("file_failed", path=key, reason=reason, detail=detail)
@@ -71,18 +74,19 @@ class Ledger:
     def clear(self, abs_path: str) -> None:
         """``abs_path`` is fine now (indexed, or about to be)."""
         self.marks.pop(abs_path, None)
+        self.details.pop(abs_path, None)
 
     def keep_only(self, candidates: Iterable[str]) -> None:
         """After a scan: drop the marks of files that are gone or no longer candidates."""
         kept = set(candidates)
         for abs_path in [p for p in self.marks if p not in kept]:
-            del self.marks[abs_path]
+            self.clear(abs_path)
 
     def forget_under(self, abs_path: str) -> None:
         """``abs_path`` was deleted: drop its mark and, for a directory, the marks of everything below it."""
         prefix = abs_path.rstrip("/") + "/"
         for key in [p for p in self.marks if p == abs_path or p.startswith(prefix)]:
-            del self.marks[key]
+            self.clear(key)
 
     @staticmethod
     def explain(reason: str) -> str:
@@ -93,3 +97,10 @@ class Ledger:
     def files_failed(self) -> int:
         """How many files fail in their current state (skips are not failures)."""
         return sum(1 for mark in list(self.marks.values()) if mark[4])
+
+    def failed(self, limit: int) -> list[dict[str, str]]:
+        """The first ``limit`` files failing in their current state, by path: each ``{path, reason, detail}`` (the
+        absolute path, the reason and the detail it was logged with). Any thread may call it."""
+        failing = sorted(path for path, mark in list(self.marks.items()) if mark[4])[:limit]
+        return [{"path": path, "reason": mark[3], "detail": self.details.get(path, "")}
+                for path in failing if (mark := self.marks.get(path)) is not None]

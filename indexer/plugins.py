@@ -7,9 +7,14 @@ Groups: ``qmd_indexer.classifiers``, ``qmd_indexer.extractors``, ``qmd_indexer.e
 - Plugins of the ``qmd-indexer`` distribution itself (markdown, the text embedder) always load. Others load when
   ``plugins`` (config key, or ``QMD_INDEXER_PLUGINS=a,b``) is empty or names them.
 - A plugin that fails to import, raises in its factory or lacks a contract member is recorded as ``failed`` with
-  the reason, logged once (``plugin_failed``) and skipped; the daemon runs on.
+  the reason, logged once (``plugin_failed``) and skipped; the daemon runs on. A media plugin (an extractor whose
+  class declares ``media = True``, or an embedder of a modality other than ``"text"``) failing is usual on a fresh
+  install (no model weights yet) and matters only where a workspace enables its media kind: it is logged at debug
+  level, and ``Registry.check_multimodal`` logs one ``media_plugin_unavailable`` line, with the reason, once a
+  workspace's ``multimodal`` settings allow that kind.
 - Two extractors of one kind, or two embedders of one modality, need ``prefer = { <kind or modality> = "<name>" }``;
   without it loading stops with ``ConfigError`` naming both.
+- A name in ``plugins`` or ``prefer`` that no installed plugin has is a ``ConfigError`` naming the installed ones.
 - Rerankers are chosen, not combined: only the one the ``reranker`` setting names is loaded (the others are listed
   ``unused``); a name no installed reranker has is a ``ConfigError``. None is loaded by default (rerank is off).
 
@@ -98,6 +103,7 @@ class PluginRecord:
     reason: str = ""
     provides: tuple[str, ...] = ()
     obj: Any = field(default=None, repr=False)
+    media: tuple[str, ...] = ()  # a failed media plugin: the media kinds it would have served (``media_kinds``)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -232,10 +238,21 @@ class Registry:
 
     def check_multimodal(self, media_kinds: Mapping[str, Iterable[str]]) -> None:
         """Raise ``ConfigError`` when a workspace's ``multimodal.modalities`` (``media_kinds``: agent -> names)
-        names a kind no loaded plugin declares as media. When an extractor plugin failed to load, the kind may be
-        its own: then one ``multimodal_kind_unknown`` warning is logged instead, and the daemon runs on."""
+        names a kind no loaded plugin declares as media. A failed media plugin (``PluginRecord.media``) of a kind
+        some workspace allows is logged once here (``media_plugin_unavailable``, with the reason: what to install
+        or configure). When another extractor plugin failed to load, the kind may be its own: then one
+        ``multimodal_kind_unknown`` warning is logged instead, and the daemon runs on."""
+        wanted = {agent: set(names) for agent, names in media_kinds.items()}
+        unavailable: set[str] = set()
+        for record in self.records:
+            agents = sorted(a for a, names in wanted.items() if "all" in names or names & set(record.media))
+            if record.status == "failed" and record.media and agents:
+                unavailable |= set(record.media)
+                log.warning("media_plugin_unavailable", plugin=record.name, distribution=record.distribution,
+                            kinds=list(record.media), agents=agents, reason=record.reason,
+                            hint="install or configure what the reason names, then restart or reload")
         for agent, names in media_kinds.items():
-            unknown = sorted(set(names) - self.media_kinds - {"all"})
+            unknown = sorted(set(names) - self.media_kinds - unavailable - {"all"})
             if not unknown:
                 continue
             failed = sorted(r.name for r in self.records if r.group == EXTRACTORS and r.status == "failed")
@@ -296,18 +313,23 @@ def load_registry(
     prefer: Mapping[str, str] | None = None,
     eps: Iterable[EntryPoint] | None = None,
     reranker: str = "",
+    keep: Registry | None = None,
 ) -> Registry:
     """Load every entry point of the four groups (or ``eps``, for tests) into a ``Registry``; of the rerankers only
-    the one named ``reranker`` (the setting; empty: none, rerank is off).
+    the one named ``reranker`` (the setting; empty: none, rerank is off). ``keep``: a running registry (a reload)
+    whose loaded plugins are reused as they are when the same distribution and version still provides them, so
+    their models are not loaded again; the others (new, or failed before) are loaded.
 
-    Raises ``ConfigError`` when two loaded plugins provide one kind/modality and ``prefer`` does not choose, or
-    when ``reranker`` names no installed reranker.
+    Raises ``ConfigError`` when two loaded plugins provide one kind/modality and ``prefer`` does not choose, when
+    ``reranker`` names no installed reranker, or when ``allow`` or ``prefer`` names no installed plugin.
     """
     allow = set(allow)
     config = config or {}
     prefer = dict(prefer or {})
     if eps is None:
         eps = [ep for group in CONTRACT for ep in entry_points(group=group)]
+    running = {(r.group, r.name, r.distribution, r.version): r for r in (keep.records if keep else [])
+               if r.status == "loaded" and r.obj is not None}
     records: list[PluginRecord] = []
     for ep in sorted(eps, key=lambda e: (e.group, e.name)):
         if ep.group not in CONTRACT:
@@ -322,6 +344,11 @@ def load_registry(
             record.status = "unused"
             record.reason = f"reranker = {reranker!r}" if reranker else "rerank is off: reranker not set"
             continue
+        same = running.get((ep.group, ep.name, dist, version))
+        if same is not None:
+            record.obj, record.provides = same.obj, same.provides
+            continue
+        factory: Any = None
         try:
             factory = ep.load()
             obj = factory(dict(config.get(ep.name, {})))
@@ -329,13 +356,45 @@ def load_registry(
             record.obj, record.provides = obj, _provides(ep.group, obj)
         except Exception as exc:  # any failure of third-party code: report and skip
             record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
-            log.warning("plugin_failed", group=ep.group, plugin=ep.name, distribution=dist, reason=record.reason)
+            record.media = _media_kinds(ep.group, factory)
+            (log.debug if record.media else log.warning)(
+                "plugin_failed", group=ep.group, plugin=ep.name, distribution=dist, reason=record.reason,
+                media=list(record.media))
     if reranker and not any(r.group == RERANKERS and r.name == reranker for r in records):
         installed = ", ".join(sorted(r.name for r in records if r.group == RERANKERS)) or "none"
         raise ConfigError(f"reranker: no installed reranker is named {reranker!r} (installed: {installed}; "
                           f"see `qmd-indexer plugins`)")
     _resolve_conflicts(records, prefer)
+    _check_names(records, allow, prefer)
     return Registry(records)
+
+
+def _check_names(records: list[PluginRecord], allow: set[str], prefer: Mapping[str, str]) -> None:
+    """Raise ``ConfigError`` for a name in the ``plugins`` allow-list or a ``prefer`` choice that no installed plugin
+    has: left alone, a typo silently disables a plugin or lets another one run instead."""
+    installed = {r.name for r in records}
+    named = [("plugins", name) for name in sorted(allow)] + [(f"prefer.{key}", name) for key, name in prefer.items()]
+    for setting, name in named:
+        if name not in installed:
+            raise ConfigError(f"{setting}: no installed plugin is named {name!r} (installed: "
+                              f"{', '.join(sorted(installed)) or 'none'}; see `qmd-indexer plugins`)")
+
+
+def _media_kinds(group: str, factory: Any) -> tuple[str, ...]:
+    """The media kinds a plugin whose factory failed would have served, read from its class without running it: an
+    extractor declaring ``media = True``: its ``kinds``; an embedder of a modality other than ``"text"``: that
+    modality (a media kind is named after the modality its chunks have). ``()`` when not media or not known (a
+    factory function, or the import failed)."""
+    try:
+        if group == EXTRACTORS and inspect.getattr_static(factory, "media", False) is True:
+            return tuple(sorted(str(k) for k in inspect.getattr_static(factory, "kinds")))
+        if group == EMBEDDERS:
+            modality = inspect.getattr_static(factory, "modality")
+            if isinstance(modality, str) and modality != TEXT:
+                return (modality,)
+    except (AttributeError, TypeError):
+        pass
+    return ()
 
 
 def _resolve_conflicts(records: list[PluginRecord], prefer: dict[str, str]) -> None:

@@ -13,12 +13,19 @@ that sends ``RELOADING=1`` and wakes the worker, which calls ``Reloader.apply`` 
 - Everything else (``port``, ``host``, ``state_dir``, ``model``, ``token``, the Qdrant and search settings...)
   is read once at start: a difference is logged once as ``config_reload_needs_restart`` naming the keys, and the
   running values are kept.
-- A config that does not load (bad TOML, an unknown key, a bad value, an unknown media kind) or a store that
-  refuses the new collections: one ``config_reload_failed`` error line, the running config is kept whole.
+- Plugins: the installed distributions are read again (``importlib.metadata``), so a plugin installed while the
+  daemon runs is loaded (``plugins_reloaded``), the running ones kept as they are (their models stay loaded), and a
+  scan follows so the files of a kind it newly claims are indexed. A plugin set whose embedders differ (a new
+  modality or model) changes the collections' vectors: it is not applied, one ``plugins_need_restart`` line says so.
+  The ``plugins``, ``prefer``, ``reranker`` and ``[plugin.*]`` settings stay the running ones (they need a restart).
+- A config that does not load (bad TOML, an unknown key, a bad value, an unknown media kind), plugins that do not
+  (``prefer`` conflict) or a store that refuses the new collections: one ``config_reload_failed`` error line, the
+  running config and plugins are kept whole.
 """
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -27,6 +34,7 @@ import structlog
 
 from indexer.config import Settings
 from indexer.errors import CollectionMismatch, ConfigError, StoreUnavailable
+from indexer.plugins import Registry, load_registry, plugin_configs
 from indexer.state import Plan
 from indexer.workspace import overlaps
 
@@ -63,12 +71,16 @@ class Reloader:
         old = indexer.settings
         try:
             new = self.load()
-            indexer.registry.check_multimodal({w.agent: w.multimodal.modalities for w in new.workspace
-                                               if w.multimodal.enabled})
+            registry = self._plugins(old)
+            registry.check_multimodal({w.agent: w.multimodal.modalities for w in new.workspace
+                                       if w.multimodal.enabled})
             if not new.workspace:
                 raise ConfigError("no workspace configured")
         except ConfigError as exc:
             return self._failed(str(exc))
+        plugins_changed = registry is not indexer.registry
+        if plugins_changed:  # before the plan swap below: a searcher made for the new plan sees the new plugins
+            indexer.registry = indexer.pipeline.registry = indexer.view.registry = registry
         restart = sorted(key for key in type(old).model_fields
                          if key not in LIVE and getattr(new, key) != getattr(old, key))
         if restart:
@@ -92,9 +104,39 @@ class Reloader:
                  changed=sorted(a for a in after_agents.keys() & before_agents.keys()
                                 if after_agents[a] != before_agents[a]),
                  collections=[c.name for c in plan.collections], needs_restart=restart)
+        if plugins_changed and not changed:  # (changed: the worker scans the new collections anyway)
+            try:
+                indexer.settler.add_many(indexer.scan("reload", reconcile=False))  # files of a newly claimed kind
+            except StoreUnavailable as exc:
+                log.error("store_unavailable", error=str(exc))
         return changed
+
+    def _plugins(self, settings: Settings) -> Registry:
+        """The installed plugins read again, with the running ``settings``' plugin options (``load_registry`` with
+        ``keep``): a new ``Registry`` when the set of plugins or their status changed, else the running one (also
+        when only the embedders would change: that needs a restart, logged once). Raises ``ConfigError``."""
+        running = self.indexer.registry
+        importlib.invalidate_caches()  # a distribution installed since start is seen, and importable
+        registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer,
+                                 reranker=settings.reranker, keep=running)
+        before, after = _listing(running), _listing(registry)
+        if before == after:
+            return running
+        added, removed = sorted(after - before), sorted(before - after)
+        if registry.embedders != running.embedders:
+            log.warning("plugins_need_restart", added=added, removed=removed,
+                        hint="the embedders changed, and with them the collections' vectors: restart the daemon "
+                             "to use them")
+            return running
+        log.info("plugins_reloaded", added=added, removed=removed)
+        return registry
 
     def _failed(self, error: str) -> bool:
         self.indexer.metrics.error("config_reload_failed")
         log.error("config_reload_failed", error=error, action="kept the running config")
         return False
+
+
+def _listing(registry: Registry) -> set[str]:
+    """Each plugin of ``registry`` as ``group/name distribution version status`` (what ``plugins_reloaded`` names)."""
+    return {f"{r.group.rsplit('.', 1)[-1]}/{r.name} {r.distribution} {r.version} {r.status}" for r in registry.records}

@@ -32,6 +32,7 @@ from indexer.workspace import Problem, Skip, path_problems
 log = structlog.get_logger("qmd_indexer.daemon")
 
 MAX_WAIT_S = 10.0  # the longest a search waits for pending changes (``search --wait``)
+FAILED_LISTED = 20  # the failing files ``status`` names (``failed_files``); ``files_failed`` counts them all
 
 
 class StatusView:
@@ -139,6 +140,7 @@ class StatusView:
             "chunks_embedded": self.stats.chunks_embedded,
             "cache_hits": self.stats.cache_hits,
             "files_failed": state.ledger.files_failed,
+            "failed_files": state.ledger.failed(FAILED_LISTED),  # the first ones by path, each with its reason
             "last_scan_s": state.last_scan_s,
             # the precision the text embedder runs at (``precision = "auto"`` resolves per CPU), and its model_id
             # and, with int8, the ONNX file single queries run on (``query-v1.onnx``; ``model.onnx`` if unavailable)

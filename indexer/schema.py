@@ -280,6 +280,8 @@ class Status(TypedDict):
     chunks_embedded: Annotated[int, Field(description="Chunks embedded since start.")]
     cache_hits: int
     files_failed: Annotated[int, Field(description="Memory files failing to index now (each was logged).")]
+    failed_files: NotRequired[Annotated[list[dict[str, str]], Field(description=(
+        "The first 20 failing files by path, each {path, reason, detail}; files_failed counts them all."))]]
     last_scan_s: float | None
     watch: NotRequired[Annotated[dict[str, str], Field(description="Watched root -> native, poll or dead.")]]
     last_reconcile: NotRequired[Annotated[float | None, Field(description="Unix time of the last reconcile.")]]

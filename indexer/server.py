@@ -190,7 +190,7 @@ def create_app(view: StatusView) -> FastAPI:
     # host: the SDK's own Host/Origin check against DNS rebinding is on for a loopback bind.
     mcp_http = mcp_server.streamable_http_app(stateless_http=True, json_response=True, host=settings.host)
     app = FastAPI(title="qmd-indexer", version=__version__, summary="Semantic search over an agent's memory files",
-                  lifespan=lambda _app: mcp_server.session_manager.run())
+                  lifespan=lambda _app: mcp_server.session_manager.run(), docs_url=None, redoc_url=None)
     app.add_middleware(Guard, host=settings.host, port=settings.port, token=settings.token)
     app.router.routes.extend(mcp_http.routes)  # the /mcp route itself, not a sub-app: no redirect, same middleware
 

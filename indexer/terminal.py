@@ -112,6 +112,11 @@ def print_status(status: Mapping[str, Any]) -> None:
     if status.get("last_reconcile_reason"):
         click.echo(f"last reconcile: {status['last_reconcile_reason']}, {status.get('recovered', 0)} file(s) "
                    f"recovered ({status.get('recovered_total', 0)} since start)")
+    failed = status.get("failed_files", [])
+    for file in failed:
+        click.echo(f"failed: {file['path']}: {file['reason']}" + (f" ({file['detail']})" if file["detail"] else ""))
+    if status["files_failed"] > len(failed):
+        click.echo(f"... and {status['files_failed'] - len(failed)} more failed file(s) (see the log: file_failed)")
     for problem in status.get("problems", []):
         click.echo(f"problem: {problem['kind']}: {problem['path']} ({problem['detail']})")
     click.echo(f"{'collection':<40} {'files':>7} {'chunks':>8}  root")

@@ -259,3 +259,24 @@ def test_python_dash_m_indexer_reports_the_one_version() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"qmd-indexer, version {version('qmd-indexer')}" == \
         f"qmd-indexer, version {indexer.__version__}"
+
+
+def test_status_names_the_failed_files_with_their_reasons(workspace: Path, make_indexer,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from indexer.terminal import print_status
+    from indexer.worker import index_once
+
+    for i in range(23):  # more than status lists: the rest are counted
+        write(workspace / "memory" / f"bad{i:02}.md", b"# binary\x00 not text")
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    status = index_once(indexer)
+    assert status["files_failed"] == 23
+    failed = status["failed_files"]
+    assert len(failed) == 20 and failed[0]["path"] == str(workspace / "memory" / "bad00.md")
+    assert failed[0]["reason"] == "extract_failed" and "NUL" in failed[0]["detail"]
+    capsys.readouterr()  # the log lines so far
+    print_status(status)
+    out = capsys.readouterr().out
+    assert f"failed: {workspace / 'memory' / 'bad00.md'}: extract_failed (" in out
+    assert "bad19.md" in out and "bad20.md" not in out
+    assert "... and 3 more failed file(s)" in out

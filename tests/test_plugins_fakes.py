@@ -181,3 +181,17 @@ class ScorelessReranker:
 
     def __init__(self, config: dict[str, Any]) -> None:
         pass
+
+
+class WeightlessVideoExtractor(VideoExtractor):
+    """A media extractor whose model is not on disk: its factory fails, as a fresh install's media plugins do."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        raise LookupError('video model not found; set [plugin.video] model = "/path/to/model"')
+
+
+class WeightlessImageEmbedder(LazyImageEmbedder):
+    """An image embedder whose model is not on disk."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        raise LookupError('image model not found; set [plugin.pictures] model = "/path/to/model"')

@@ -161,3 +161,48 @@ def test_an_agent_added_by_a_reload_is_unknown_until_its_collections_exist_never
     assert during and set(during) == {404}, during
     answer = api.post("/search", json={"query": "honey harvest", "agent": "beta"})
     assert answer.status_code == 200 and answer.json()["hits"] == []  # known, empty until the worker indexes it
+
+
+def test_a_plugin_installed_while_running_is_picked_up_by_a_reload(
+        tmp_path: Path, workspace: Path, make_indexer, monkeypatch) -> None:
+    """A distribution installed after the daemon opened (a ``*.dist-info`` with its entry points, on the path): a
+    reload loads it, its kind is claimed and the files of that kind already there are indexed."""
+    from structlog.testing import capture_logs
+    from test_plugins import fake_distribution
+
+    from indexer.reload import Reloader
+    from indexer.worker import drain, index_once
+
+    notes = write(workspace / "memory" / "field.fake", "the heron nests by the north pond\n")
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    running = indexer.registry
+    index_once(indexer)
+    assert str(notes) not in indexer.state.indexed and "fake" not in indexer.registry.extractors  # unclaimed
+
+    site = tmp_path / "site"
+    fake_distribution(site, {"qmd_indexer.classifiers": {"fake-early": "qmd_fake_plugins:EarlyClassifier"},
+                             "qmd_indexer.extractors": {"fake-ext": "qmd_fake_plugins:FakeExtractor"}})
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])  # what pip install does to a running process
+    with capture_logs() as logs:
+        assert not Reloader(indexer, lambda: indexer.settings).apply()  # the collections are the same
+    [loaded] = [e for e in logs if e["event"] == "plugins_reloaded"]
+    assert loaded["added"] == ["classifiers/fake-early qmd-fake-plugins 1.2.3 loaded",
+                               "extractors/fake-ext qmd-fake-plugins 1.2.3 loaded"] and loaded["removed"] == []
+    assert "fake" in indexer.registry.extractors and indexer.view.registry is indexer.registry
+    assert indexer.pipeline.registry is indexer.registry
+    assert indexer.registry.embedders == running.embedders  # the running models are kept, not loaded again
+    assert notes in indexer.settler.paths()  # a scan was asked for: the newly claimed file is queued
+    drain(indexer)
+    assert str(notes) in indexer.state.indexed and indexer.state.indexed[str(notes)].state.points == 1
+
+    # an embedder is added (an upgrade of the distribution): the collections' vectors would change, so a restart
+    entry_points = site / "qmd_fake_plugins-1.2.3.dist-info" / "entry_points.txt"
+    entry_points.write_text(entry_points.read_text()
+                            + "[qmd_indexer.embedders]\nfake-vec = qmd_fake_plugins:AudioModalityEmbedder\n")
+    loaded_before = indexer.registry
+    with capture_logs() as logs:
+        Reloader(indexer, lambda: indexer.settings).apply()
+    assert indexer.registry is loaded_before and "audio" not in indexer.registry.embedders
+    [restart] = [e for e in logs if e["event"] == "plugins_need_restart"]
+    assert restart["added"] == ["embedders/fake-vec qmd-fake-plugins 1.2.3 loaded"]
+    assert restart["log_level"] == "warning"

