@@ -30,7 +30,8 @@ Every request passes ``indexer.guard.Guard`` first (Host, Origin, bearer token, 
 the same app. Errors are JSON ``{"detail": "..."}`` with 400 (bad parameters, no agent where several exist), 401
 (token missing or wrong), 403 (not a memory file: traversal, symlink...; permission denied; a foreign Host or
 Origin), 404 (unknown agent or collection, missing file), 413 (body too large), 422 (a body that does not fit the
-schema) or 503 (Qdrant unreachable). The contract is ``/openapi.json``; no docs page is served (its assets would load from a CDN).
+schema) or 503 (Qdrant unreachable). The contract is ``/openapi.json``; no docs page is served (its assets would
+load from a CDN).
 """
 
 from __future__ import annotations
