@@ -21,6 +21,10 @@ from indexer.cli_local import COMMANDS, config_opt, fail, port_opt, settings_fro
 from indexer.errors import EXIT_FAILURE, EXIT_USAGE
 from indexer.terminal import configure_logging, print_answer, print_status
 
+AGENT_DEFAULT = ("[default: default_agent, or the only agent; with several agents and no default_agent it is "
+                 "required: a request never spans agents]")
+AGENT_HELP = "Only this agent's memory " + AGENT_DEFAULT + "."
+
 
 def _search_request(query: str, fields: dict[str, Any]) -> Any:
     """The ``SearchRequest`` of the ``search`` command's flags (named as its fields; a repeatable flag's values
@@ -91,7 +95,7 @@ def _client(config: Path | None, port: int | None) -> Any:
 @main.command()
 @click.argument("query")
 @click.option("-k", "k", type=click.IntRange(1, 1000), default=6, show_default=True, help="How many hits.")
-@click.option("--agent", help="Only this agent's collections.")
+@click.option("--agent", help=AGENT_HELP)
 @click.option("--collection", multiple=True, help="Only this collection (repeatable).")
 @click.option("--mode", type=click.Choice(["hybrid", "dense", "keyword"]),
               help="Retrieval mode [default: the daemon's search_mode, hybrid].")
@@ -137,8 +141,7 @@ def search(query: str, as_json: bool, config: Path | None, port: int | None, **f
 
 @main.command()
 @click.argument("path")
-@click.option("--agent", help="Whose memory file PATH is [default: default_agent, or the only agent; with several "
-                               "agents and no default_agent it is required].")
+@click.option("--agent", help="Whose memory file PATH is " + AGENT_DEFAULT + ".")
 @click.option("--from", "from_line", type=click.IntRange(min=1), default=1, show_default=True,
               help="First line to read (1-based).")
 @click.option("--lines", type=click.IntRange(min=1), help="At most this many lines.")
@@ -178,7 +181,7 @@ def get(path: str, agent: str | None, from_line: int, lines: int | None, max_cha
 @click.option("--top-k", "top_k", type=click.IntRange(1, 10_000), hidden=True, help="Former name of -k.")
 @click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True,
               help="A listing's first file (0-based, in path order), as the line on stderr gives it.")
-@click.option("--agent", help="Only this agent's memory.")
+@click.option("--agent", help=AGENT_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help='Print the answer as JSON: {"hits", "relevant", "pending"}, and for a listing "total" and '
                    '"next_offset".')
@@ -210,7 +213,7 @@ def recall(query: str, k: int | None, top_k: int | None, offset: int, agent: str
 @main.command()
 @click.option("--budget-chars", type=click.IntRange(1, 1_000_000), default=4000, show_default=True,
               help="Size of the context, in characters.")
-@click.option("--agent", help="Only this agent's memory.")
+@click.option("--agent", help=AGENT_HELP)
 @click.option("--query", help="Fill the budget with the best hits for this instead of root memory + recent notes.")
 @click.option("--json", "as_json", is_flag=True, help="Print text, included and omitted as JSON.")
 @config_opt

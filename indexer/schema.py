@@ -46,7 +46,10 @@ RecallK = Annotated[int | None, Field(ge=1, le=10_000, validation_alias=AliasCho
     "`next_offset` continues)."))]
 Offset = Annotated[int, Field(ge=0, description=(
     "A listing's first file (0-based, in path order): the `next_offset` of the page before."))]
-Agent = Annotated[str | None, Field(description="Only this agent's memory (default: every agent's).")]
+Agent = Annotated[str | None, Field(description=(
+    "Whose memory: this agent's only. Optional when the daemon has one agent or a configured default_agent (then "
+    "that one); with several agents and no default_agent it is required (a request without it is refused, naming "
+    "the agents). A request never spans agents."))]
 Collections = Annotated[list[str] | str | None, Field(
     description="Only these collections (one name or a list), e.g. memory-dir-main.")]
 Mode = Annotated[Literal["hybrid", "dense", "keyword"] | None, Field(

@@ -239,7 +239,9 @@ def create_app(view: StatusView) -> FastAPI:
 
     @app.get("/get", responses=_errors(400, 403, 404))
     def get(path: str = Query(description="A memory file, workspace-relative (or absolute inside it)."),
-            agent: str | None = Query(default=None, description="Whose workspace `path` is relative to."),
+            agent: str | None = Query(default=None, description=(
+                "Whose workspace `path` is relative to. Optional when the daemon has one agent or a configured "
+                "default_agent (then that one); with several agents and no default_agent it is required.")),
             from_: int = Query(default=1, alias="from", description="First line to read (1-based)."),
             lines: int | None = Query(default=None, description="At most this many lines."),
             max_chars: int = Query(default=DEFAULT_MAX_CHARS, description="At most this many characters.")) -> Page:

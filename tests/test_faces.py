@@ -21,7 +21,8 @@ from test_mcp import Served, _free_port
 from indexer import schema
 from indexer.client import Client
 from indexer.mcp import build_server
-from indexer.schema import RecallRequest
+from indexer.schema import RecallRequest, SearchRequest
+from indexer.server import create_app
 from indexer.worker import index_once
 
 CLI = [sys.executable, "-m", "indexer.cli"]
@@ -135,3 +136,39 @@ def test_a_listing_states_its_cap() -> None:
     assert getattr(schema, "LIST_CAP", None) == 1000
     k = RecallRequest.model_json_schema()["properties"]["k"]
     assert "1000" in k["description"] or "1,000" in k["description"]
+
+
+def test_every_agent_description_states_the_scope_rule(make_indexer, workspace: Path) -> None:
+    """With several agents and no default_agent an unscoped request is refused: the descriptions say so."""
+
+    def says_the_rule(text: str) -> None:
+        assert "default_agent" in text and "several agents" in text and "every agent" not in text, text
+
+    says_the_rule(SearchRequest.model_json_schema()["properties"]["agent"]["description"])
+    says_the_rule(RecallRequest.model_json_schema()["properties"]["agent"]["description"])
+    spec = create_app(make_indexer([{"agent": "main", "path": workspace}]).view).openapi()
+    described = []
+    for operations in spec["paths"].values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                if parameter["name"] == "agent":
+                    described.append(parameter["description"])
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            if "$ref" in body:
+                fields = spec["components"]["schemas"][body["$ref"].rsplit("/", 1)[-1]]["properties"]
+                if "agent" in fields:
+                    described.append(fields["agent"]["description"])
+    assert len(described) == 4  # /search, /recall, /boot, /get
+    for text in described:
+        says_the_rule(text)
+
+    async def main() -> list[Any]:
+        async with McpClient(build_server(Client(port=_free_port()))) as mcp:
+            return (await mcp.list_tools()).tools
+
+    for tool in anyio.run(main):
+        if "agent" in tool.input_schema["properties"]:
+            says_the_rule(tool.input_schema["properties"]["agent"]["description"])
+    for command in ("search", "recall", "boot", "get"):
+        help_text = " ".join(_cli(command, "--help").stdout.split())
+        says_the_rule(help_text[help_text.index("--agent"):])
