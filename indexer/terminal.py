@@ -99,11 +99,11 @@ def print_answer(answer: Mapping[str, Any], offset: int = 0) -> None:
     the ``--offset`` that continues it. ``offset`` is the listing's, as asked."""
     print_hits(answer["hits"])
     if answer.get("relevant") is False:
-        click.echo("nothing relevant (no hit's dense score reaches relevance_floor); the hits above are the "
-                   "closest there are", err=True)
+        click.echo("nothing relevant: no hit's dense score reaches relevance_floor"
+                   + ("; the hits above are only the closest" if answer["hits"] else ""), err=True)
     if "total" in answer:
         shown, total, after = len(answer["hits"]), answer["total"], answer.get("next_offset")
-        where = f"files {offset + 1}-{offset + shown} of {total}" if shown else f"no files from {offset} of {total}"
+        where = f"files {offset + 1}-{offset + shown} of {total}" if shown else f"no file at offset {offset} of {total}"
         if after is not None:
             click.echo(f"listed {where}; continue with --offset {after}", err=True)
         elif offset == 0:
