@@ -19,7 +19,11 @@ import click
 from indexer import __version__
 from indexer.cli_local import COMMANDS, config_opt, fail, port_opt, settings_from
 from indexer.errors import EXIT_FAILURE, EXIT_USAGE
-from indexer.terminal import configure_logging, print_hits, print_status
+from indexer.terminal import configure_logging, print_answer, print_status
+
+AGENT_DEFAULT = ("[default: default_agent, or the only agent; with several agents and no default_agent it is "
+                 "required: a request never spans agents]")
+AGENT_HELP = "Only this agent's memory " + AGENT_DEFAULT + "."
 
 
 def _search_request(query: str, fields: dict[str, Any]) -> Any:
@@ -91,7 +95,7 @@ def _client(config: Path | None, port: int | None) -> Any:
 @main.command()
 @click.argument("query")
 @click.option("-k", "k", type=click.IntRange(1, 1000), default=6, show_default=True, help="How many hits.")
-@click.option("--agent", help="Only this agent's collections.")
+@click.option("--agent", help=AGENT_HELP)
 @click.option("--collection", multiple=True, help="Only this collection (repeatable).")
 @click.option("--mode", type=click.Choice(["hybrid", "dense", "keyword"]),
               help="Retrieval mode [default: the daemon's search_mode, hybrid].")
@@ -103,7 +107,7 @@ def _client(config: Path | None, port: int | None) -> Any:
 @click.option("--until", help="Only files modified before: a duration ago (7d, 12h...) or an ISO date (2026-11-01).")
 @click.option("--wait", "wait_s", type=click.FloatRange(0, 10), is_flag=False, flag_value=10.0, default=None,
               help="Wait (up to SECONDS, default 10) until no changed file is pending indexing, then search.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of hits.")
+@click.option("--json", "as_json", is_flag=True, help='Print the answer as JSON: {"hits", "relevant", "pending"}.')
 @config_opt
 @port_opt
 def search(query: str, as_json: bool, config: Path | None, port: int | None, **fields: Any) -> None:
@@ -111,7 +115,10 @@ def search(query: str, as_json: bool, config: Path | None, port: int | None, **f
 
     \b
     Each hit shows path:start-end (1-based lines), score, collection and a snippet.
-    --json prints [{"collection", "path", "start_line", "end_line", "score", "snippet", ...}].
+    stderr says when nothing relevant was found (no hit reaches relevance_floor)
+    and which changed files are not indexed yet. --json prints the same answer as
+    the API and the MCP tool: {"hits": [{"path", "start_line", "end_line", "score",
+    "snippet", ...}], "relevant": true|false|null, "pending": [path, ...]}.
 
     \b
     Examples:
@@ -124,18 +131,17 @@ def search(query: str, as_json: bool, config: Path | None, port: int | None, **f
         raise click.UsageError("QUERY is empty; to list every memory file use `qmd-indexer recall`")
     request = _search_request(query, fields)  # every option but --json, --config and --port is a request field
     client = _client(config, port)
-    hits = _ask(config, port, lambda _: client.search(request))
-    _note_pending(client)
+    answer = _ask(config, port, lambda _: client.search_response(request))
     if as_json:
-        click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
-        return
-    print_hits(hits)
+        click.echo(json.dumps(answer, ensure_ascii=False, indent=2))
+    else:
+        print_answer(answer)
+    _note_pending(client)
 
 
 @main.command()
 @click.argument("path")
-@click.option("--agent", help="Whose memory file PATH is [default: default_agent, or the only agent; with several "
-                               "agents and no default_agent it is required].")
+@click.option("--agent", help="Whose memory file PATH is " + AGENT_DEFAULT + ".")
 @click.option("--from", "from_line", type=click.IntRange(min=1), default=1, show_default=True,
               help="First line to read (1-based).")
 @click.option("--lines", type=click.IntRange(min=1), help="At most this many lines.")
@@ -170,35 +176,44 @@ def get(path: str, agent: str | None, from_line: int, lines: int | None, max_cha
 
 @main.command()
 @click.argument("query", required=False, default="*")
-@click.option("-k", "k", type=click.IntRange(1, 10_000), default=6, show_default=True,
-              help="How many memories (hits, or files when listing).")
+@click.option("-k", "k", type=click.IntRange(1, 10_000),
+              help="How many memories: hits [default: 6], or files of a listing [default and at most: 1000].")
 @click.option("--top-k", "top_k", type=click.IntRange(1, 10_000), hidden=True, help="Former name of -k.")
-@click.option("--agent", help="Only this agent's memory.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True,
+              help="A listing's first file (0-based, in path order), as the line on stderr gives it.")
+@click.option("--agent", help=AGENT_HELP)
+@click.option("--json", "as_json", is_flag=True,
+              help='Print the answer as JSON: {"hits", "relevant", "pending"}, and for a listing "total" and '
+                   '"next_offset".')
 @config_opt
 @port_opt
-def recall(query: str, k: int, top_k: int | None, agent: str | None, as_json: bool, config: Path | None,
-           port: int | None) -> None:
+def recall(query: str, k: int | None, top_k: int | None, offset: int, agent: str | None, as_json: bool,
+           config: Path | None, port: int | None) -> None:
     """The best memories for QUERY; `*`, `all` or no QUERY lists every memory file.
+
+    \b
+    A listing is in path order, at most 1000 files a page; stderr says how many
+    files there are and which --offset continues it.
 
     \b
     Examples:
       qmd-indexer recall "coffee order"
-      qmd-indexer recall --agent main -k 100      # list memory files
+      qmd-indexer recall --agent main             # list memory files
+      qmd-indexer recall -k 100 --offset 100      # the second page of 100
     """
     client = _client(config, port)
-    hits = _ask(config, port, lambda _: client.recall(query, top_k or k, agent))
-    _note_pending(client)
+    answer = _ask(config, port, lambda _: client.recall_response(query, top_k or k, agent, offset))
     if as_json:
-        click.echo(json.dumps(hits, ensure_ascii=False, indent=2))
+        click.echo(json.dumps(answer, ensure_ascii=False, indent=2))
     else:
-        print_hits(hits)
+        print_answer(answer, offset)
+    _note_pending(client)
 
 
 @main.command()
 @click.option("--budget-chars", type=click.IntRange(1, 1_000_000), default=4000, show_default=True,
               help="Size of the context, in characters.")
-@click.option("--agent", help="Only this agent's memory.")
+@click.option("--agent", help=AGENT_HELP)
 @click.option("--query", help="Fill the budget with the best hits for this instead of root memory + recent notes.")
 @click.option("--json", "as_json", is_flag=True, help="Print text, included and omitted as JSON.")
 @config_opt

@@ -4,8 +4,11 @@ torch, no model, so a search from a script or the shell costs one HTTP round tri
     >>> from indexer.client import Client
     >>> hits = Client(port=8743).search("deploy windows", k=3, since="30d")
     >>> hits[0]["path"], hits[0]["start_line"], hits[0]["score"]
+    >>> answer = Client(port=8743).search_response("deploy windows")  # the whole answer, as MCP and --json give it
+    >>> answer["hits"], answer["relevant"], answer["pending"]
 
-Answers are plain dicts typed by ``indexer.schema`` (``Hit``, ``Page``, ``BootContext``, ``Status``, ``Health``).
+Answers are plain dicts typed by ``indexer.schema`` (``Hit``, ``SearchResponse``, ``Page``, ``BootContext``, ``Status``,
+``Health``).
 Raises ``DaemonUnavailable`` when nothing answers on the port, ``ClientError`` for an error answer (its message
 is the daemon's ``detail``).
 
@@ -23,12 +26,12 @@ from pydantic import ValidationError
 
 from indexer.schema import (
     DEFAULT_BUDGET_CHARS,
-    DEFAULT_K,
     BootContext,
     Health,
     Hit,
     Page,
     SearchRequest,
+    SearchResponse,
     Status,
     search_request,
 )
@@ -99,29 +102,45 @@ class Client:
         return self._call("POST", "/reindex")
 
     def search(self, query: str | SearchRequest, /, **fields: Any) -> list[Hit]:
-        """The ``k`` best hits for ``query`` (see ``indexer.search`` for the hit keys): a ``SearchRequest``, or its
-        query with any other of its fields as keywords, e.g. ``search("deploy", k=3, since="7d")`` (``since`` keeps
-        files modified since a duration or an ISO date/date-time; ``wait_s``, at most 10, first waits until no file
-        of the agent's collections is pending). ``self.pending`` then holds the workspace-relative paths still
-        changed on disk and not yet indexed. An unknown keyword is a ``TypeError``; a value that does not fit the
-        request is a ``ClientError`` (status 422) before anything is sent."""
+        """The hits of ``search_response`` alone (``self.pending`` then holds its ``pending``)."""
+        return self.search_response(query, **fields)["hits"]
+
+    def search_response(self, query: str | SearchRequest, /, **fields: Any) -> SearchResponse:
+        """``POST /search``'s whole answer, as every face gives it: ``{"hits": [Hit, ...], "relevant": bool | None,
+        "pending": [path, ...]}``. ``hits`` are the ``k`` best, best first (see ``indexer.search`` for their keys);
+        ``relevant`` is false when no hit's dense score reaches the daemon's ``relevance_floor`` (nothing relevant
+        was found), null for a keyword-only search; ``pending`` lists the workspace-relative paths changed on disk
+        and not yet indexed (the answer may miss them). ``query`` is a ``SearchRequest``, or its query with any other
+        of its fields as keywords, e.g. ``search_response("deploy", k=3, since="7d")`` (``since`` keeps files
+        modified since a duration or an ISO date/date-time; ``wait_s``, at most 10, first waits until no file of the
+        agent's collections is pending). An unknown keyword is a ``TypeError``; a value that does not fit the
+        request is a ``ClientError`` (status 422) before anything is sent. ``self.pending`` is set too."""
         try:
             request = search_request(query, **fields)
         except ValidationError as exc:
             raise ClientError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()),
                               422) from None
-        answer = self._call("POST", "/search", json=request.model_dump(mode="json", exclude_none=True))
+        answer: SearchResponse = self._call("POST", "/search", json=request.model_dump(mode="json", exclude_none=True))
         self.pending = list(answer.get("pending", []))
-        return answer["hits"]
+        return answer
 
-    def recall(self, query: str = "*", k: int = DEFAULT_K, agent: str | None = None, *,
+    def recall(self, query: str = "*", k: int | None = None, agent: str | None = None, *,
                top_k: int | None = None) -> list[Hit]:
-        """The ``k`` best memories for ``query``; ``*``, ``all`` or ``""`` lists every memory file (``top_k`` is
-        the former name of ``k``, still accepted)."""
-        body = {"query": query, "k": k if top_k is None else top_k, "agent": agent}
-        answer = self._call("POST", "/recall", json={k: v for k, v in body.items() if v is not None})
+        """The hits of ``recall_response`` alone (``top_k`` is the former name of ``k``, still accepted)."""
+        return self.recall_response(query, k if top_k is None else top_k, agent)["hits"]
+
+    def recall_response(self, query: str = "*", k: int | None = None, agent: str | None = None,
+                        offset: int = 0) -> SearchResponse:
+        """``POST /recall``'s whole answer: the ``k`` (default 6) best memories for ``query`` as
+        ``{"hits", "relevant", "pending"}`` like ``search_response``; ``*``, ``all`` or ``""`` lists every memory
+        file instead, in path order: a page of at most ``k`` files (default and at most ``LIST_CAP``, 1000) from
+        ``offset`` (0-based), with ``total`` (files in all) and ``next_offset`` (the next page's ``offset``, null
+        after the last) and ``relevant`` null."""
+        body = {"query": query, "k": k, "agent": agent, "offset": offset or None}
+        answer: SearchResponse = self._call("POST", "/recall",
+                                            json={name: v for name, v in body.items() if v is not None})
         self.pending = list(answer.get("pending", []))
-        return answer["hits"]
+        return answer
 
     def boot_context(self, budget_chars: int = DEFAULT_BUDGET_CHARS, agent: str | None = None,
                      query: str | None = None) -> BootContext:

@@ -11,9 +11,9 @@ The same five tools are served two ways:
 =================  =====================================================================  =====================
 tool               arguments                                                              returns
 =================  =====================================================================  =====================
-memory_search      ``SearchRequest``'s fields but ``wait_s``                              ``{"hits": [Hit]}``
+memory_search      ``SearchRequest``'s fields but ``wait_s``                              ``SearchResponse``
 memory_get         path, from, lines, max_chars, agent                                    ``Page``
-memory_recall      query, k, agent                                                        ``{"hits": [Hit]}``
+memory_recall      query, k, offset, agent                                                ``SearchResponse``
 memory_boot        budget_chars, agent, query                                             ``BootContext``
 memory_status      (none)                                                                 ``Status``
 =================  =====================================================================  =====================
@@ -42,17 +42,16 @@ from indexer import __version__
 from indexer.client import ClientError
 from indexer.schema import (
     DEFAULT_BUDGET_CHARS,
-    DEFAULT_K,
     DEFAULT_MAX_CHARS,
     Agent,
     BootContext,
     BootQuery,
     BudgetChars,
     FromLine,
-    Hit,
     Lines,
     MaxChars,
     MemoryPath,
+    Offset,
     Page,
     RecallK,
     RecallQuery,
@@ -75,12 +74,13 @@ class Memory(Protocol):
     """What the tools need: ``indexer.client.Client`` (the stdio server) or ``indexer.server.LocalMemory`` (the
     daemon's ``/mcp``). Errors are ``ClientError`` or the daemon's own (see ``indexer.schema.error_answer``)."""
 
-    def search(self, request: SearchRequest, /) -> list[Hit]: ...
+    def search_response(self, request: SearchRequest, /) -> SearchResponse: ...
 
     def get(self, path: str, from_line: int = ..., lines: int | None = ..., max_chars: int | None = ...,
             agent: str | None = ...) -> Page: ...
 
-    def recall(self, query: str = ..., k: int = ..., agent: str | None = ...) -> list[Hit]: ...
+    def recall_response(self, query: str = ..., k: int | None = ..., agent: str | None = ...,
+                        offset: int = ...) -> SearchResponse: ...
 
     def boot_context(self, budget_chars: int = ..., agent: str | None = ...,
                      query: str | None = ...) -> BootContext: ...
@@ -139,11 +139,14 @@ def build_server(memory: Memory) -> MCPServer:
         """Search the agent's long-term memory (MEMORY.md and notes under memory/) by meaning and exact words.
 
         Use it before answering anything about earlier conversations, decisions, people, preferences, projects
-        or dates. Returns {"hits": [...]}, best first; each hit has path, start_line, end_line, score, a snippet
-        of at most 700 characters, and a citation (path#Lstart-Lend) to quote. Read more around a hit with
-        memory_get(path, from=start_line). Errors name an unknown agent or collection, or a bad `since`.
+        or dates. Returns {"hits": [...], "relevant": ..., "pending": [...]}: hits best first, each with path,
+        start_line, end_line, score, a snippet of at most 700 characters, and a citation (path#Lstart-Lend) to
+        quote; `relevant` false means nothing relevant was found (no hit reaches the relevance floor: do not treat
+        the hits as an answer); `pending` lists files changed on disk and not indexed yet (the answer may miss
+        them). Read more around a hit with memory_get(path, from=start_line). Errors name an unknown agent or
+        collection, a missing agent where several exist, or a bad `since`.
         """
-        return {"hits": _ask(lambda: memory.search(SearchRequest(**arguments)))}
+        return _ask(lambda: memory.search_response(SearchRequest(**arguments)))
 
     @tool
     def memory_get(path: MemoryPath, from_line: FromLine = 1, lines: Lines = None,
@@ -157,13 +160,16 @@ def build_server(memory: Memory) -> MCPServer:
         return _ask(lambda: memory.get(path, from_line, lines, max_chars, agent))
 
     @tool
-    def memory_recall(query: RecallQuery = "*", k: RecallK = DEFAULT_K, agent: Agent = None) -> SearchResponse:
+    def memory_recall(query: RecallQuery = "*", k: RecallK = None, offset: Offset = 0,
+                      agent: Agent = None) -> SearchResponse:
         """Recall memories for a topic, or list every memory file with query "*".
 
-        Returns {"hits": [...]} like memory_search (hybrid search); with "*", "all" or "" each hit is one file
-        (its first lines as snippet, score null), sorted by path: use it to see what memory exists.
+        Returns {"hits": [...], "relevant": ..., "pending": [...]} like memory_search (k hits, default 6). With
+        "*", "all" or "" it lists memory files instead, sorted by path, each hit one file (its first lines as
+        snippet, score null): a page of at most k files (default and at most 1000) from `offset`, with `total`
+        (how many files there are) and `next_offset` (call again with offset=next_offset; null at the end).
         """
-        return {"hits": _ask(lambda: memory.recall(query, k, agent))}
+        return _ask(lambda: memory.recall_response(query, k, agent, offset))
 
     @tool
     def memory_boot(budget_chars: BudgetChars = DEFAULT_BUDGET_CHARS, agent: Agent = None,

@@ -4,7 +4,8 @@
   streamed line by line so a 200 MB file is never loaded whole; says where to continue. Only memory files of the
   workspace are readable: ``..`` escapes, absolute paths outside it, symlinks, hidden and non-memory files are
   refused with ``ReadRefused`` (the same rules as indexing, ``indexer.workspace.route``).
-- ``recall``: the best memories for a query; ``*``, ``all`` or an empty query lists every memory file instead.
+- ``recall``: the best memories for a query; ``*``, ``all`` or an empty query lists every memory file instead, a
+  page of at most ``LIST_CAP`` files with the total and the next page's offset.
 - ``boot_context``: memory packed into a character budget for the start of a session: the root memory file first,
   then the most recently changed notes (or, given a query, the best hits), whole lines only, with a list of what
   did not fit.
@@ -21,8 +22,8 @@ from indexer.api import HEAD_BYTES
 from indexer.chunking import split_lines
 from indexer.errors import ReadRefused
 from indexer.safeio import UnsafePath, open_beneath
-from indexer.schema import BootContext, Hit, Omitted, Page, SearchRequest
-from indexer.search import SNIPPET_CHARS, Searcher
+from indexer.schema import DEFAULT_K, LIST_CAP, BootContext, Hit, Omitted, Page, SearchRequest, SearchResponse
+from indexer.search import SNIPPET_CHARS, Searcher, relevant
 from indexer.store import Store
 from indexer.workspace import Collection, anchor, route
 
@@ -124,9 +125,13 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     return result
 
 
-def list_memories(collections: Sequence[Collection], store: Store, k: int, agent: str | None = None) -> list[Hit]:
-    """Every memory file of the (agent's) collections, one entry each, sorted by path; at most ``k``. An entry is a
-    ``Hit`` of the whole file: lines 1 to its last chunk's end, the first chunk's text as snippet, ``score`` null."""
+def list_memories(collections: Sequence[Collection], store: Store, k: int = LIST_CAP, agent: str | None = None,
+                  offset: int = 0) -> SearchResponse:
+    """Every memory file of the (agent's) collections, one entry each, sorted by agent then path: the page of at most
+    ``min(k, LIST_CAP)`` entries from ``offset`` (0-based), as ``{"hits", "relevant": None, "total",
+    "next_offset"}`` (``total`` files in all; ``next_offset`` the next page's ``offset``, ``None`` after the last).
+    An entry is a ``Hit`` of the whole file: lines 1 to its last chunk's end, the first chunk's text as snippet,
+    ``score`` null."""
     entries: dict[str, Hit] = {}
     first: dict[str, int] = {}  # abs_path -> the lowest chunk index seen (its text is the snippet)
     for collection in collections:
@@ -143,21 +148,28 @@ def list_memories(collections: Sequence[Collection], store: Store, k: int, agent
             if p.chunk_index < first.get(p.abs_path, 1 << 30):
                 first[p.abs_path] = p.chunk_index
                 entry["snippet"] = p.text[:SNIPPET_CHARS]
-    listed = sorted(entries.values(), key=lambda e: (e["agent"], e["path"]))[:k]
+    ordered = sorted(entries.values(), key=lambda e: (e["agent"], e["path"]))
+    end = offset + min(k, LIST_CAP)
+    listed = ordered[offset:end]
     for entry in listed:
         entry["citation"] = f"{entry['path']}#L{entry['start_line']}-L{entry['end_line']}"
-    return listed
+    return {"hits": listed, "relevant": None, "total": len(ordered),
+            "next_offset": end if end < len(ordered) else None}
 
 
-def recall(searcher: Searcher, query: str, top_k: int = 6, agent: str | None = None) -> list[Hit]:
-    """The ``top_k`` best memories for ``query`` (the configured search mode); ``*``/``all``/empty lists every
-    memory file."""
+def recall(searcher: Searcher, query: str, k: int | None = None, agent: str | None = None, offset: int = 0,
+           relevance_floor: float = -1.0) -> SearchResponse:
+    """The ``k`` (default ``DEFAULT_K``) best memories for ``query`` (the configured search mode), as ``{"hits",
+    "relevant"}`` (``indexer.search.relevant`` against ``relevance_floor``); ``*``/``all``/empty lists every memory
+    file instead (``list_memories``: ``k`` defaults to ``LIST_CAP``, ``offset`` pages). Raises ``KeyError`` for an
+    unknown agent."""
     request = SearchRequest(query=query, agent=agent)
     if query.strip().lower() in LIST_ALL:
         searcher.targets(request)  # raises KeyError for an unknown agent
-        return list_memories(searcher.collections, searcher.store, top_k, agent)
+        return list_memories(searcher.collections, searcher.store, k or LIST_CAP, agent, offset)
     # a recall may ask for more hits than a search's k allows (RecallK): set without the search's bound
-    return searcher.search(request.model_copy(update={"k": top_k}))
+    hits = searcher.search(request.model_copy(update={"k": k or DEFAULT_K}))
+    return {"hits": hits, "relevant": relevant(hits, relevance_floor)}
 
 
 def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None = None,

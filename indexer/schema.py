@@ -40,9 +40,16 @@ Query = Annotated[str, AfterValidator(_clean), Field(
     description="What to look for, in natural language or exact words (names, ids).")]
 K = Annotated[int, Field(ge=1, le=1000, validation_alias=AliasChoices("k", "top_k", "limit"),
                          description="How many hits to return, best first.")]
-RecallK = Annotated[int, Field(ge=1, le=10_000, validation_alias=AliasChoices("k", "top_k", "limit"),
-                               description="How many memories to return (hits, or files when listing).")]
-Agent = Annotated[str | None, Field(description="Only this agent's memory (default: every agent's).")]
+RecallK = Annotated[int | None, Field(ge=1, le=10_000, validation_alias=AliasChoices("k", "top_k", "limit"),
+                                      description=(
+    "How many memories to return: hits (default 6), or files of a listing (default and at most 1000 a page; "
+    "`next_offset` continues)."))]
+Offset = Annotated[int, Field(ge=0, description=(
+    "A listing's first file (0-based, in path order): the `next_offset` of the page before."))]
+Agent = Annotated[str | None, Field(description=(
+    "Whose memory: this agent's only. Optional when the daemon has one agent or a configured default_agent (then "
+    "that one); with several agents and no default_agent it is required (a request without it is refused, naming "
+    "the agents). A request never spans agents."))]
 Collections = Annotated[list[str] | str | None, Field(
     description="Only these collections (one name or a list), e.g. memory-dir-main.")]
 Mode = Annotated[Literal["hybrid", "dense", "keyword"] | None, Field(
@@ -74,6 +81,7 @@ BootQuery = Annotated[str | None, Field(description="Fill the budget with the be
                                                     "root memory file and the most recent notes.")]
 
 DEFAULT_K = 6
+LIST_CAP = 1000  # files of one recall listing page, whatever k asks
 DEFAULT_BUDGET_CHARS = 4000
 DEFAULT_MAX_CHARS = 12_000
 
@@ -152,10 +160,14 @@ def parse_time(value: str, name: str = "since", now_s: float | None = None) -> i
 
 
 class RecallRequest(BaseModel):
-    """``POST /recall``: ``*``, ``all`` or an empty query lists every memory file."""
+    """``POST /recall``: the ``k`` (default ``DEFAULT_K``) best memories for ``query``; ``*``, ``all`` or an empty
+    query lists every memory file instead, in path order, from ``offset``, at most ``k`` and at most ``LIST_CAP``
+    files a page (``SearchResponse.total`` and ``next_offset`` say how many there are and where the next page
+    starts)."""
 
     query: RecallQuery = ""
-    k: RecallK = DEFAULT_K
+    k: RecallK = None
+    offset: Offset = 0
     agent: Agent = None
 
 
@@ -200,15 +212,21 @@ class Hit(TypedDict):
 
 @with_config(ConfigDict(extra="allow"))
 class SearchResponse(TypedDict):
-    """``POST /search`` and ``POST /recall``: hits, best first; a search also says whether anything is relevant."""
+    """``POST /search`` and ``POST /recall``, the ``memory_search`` and ``memory_recall`` tools, ``Client.
+    search_response``/``recall_response`` and the ``--json`` of the ``search`` and ``recall`` commands: hits, best
+    first (a listing: files in path order), whether anything is relevant, what is not indexed yet, and for a
+    listing how many files there are and where the next page starts."""
 
     hits: list[Hit]
     relevant: NotRequired[Annotated[bool | None, Field(
-        description="False when no hit's dense score reaches the relevance floor: nothing relevant was found; null "
-                    "for a keyword-only search.")]]
+        description="False when no hit's dense score reaches the relevance floor (relevance_floor): nothing "
+                    "relevant was found; null for a keyword-only search and for a listing.")]]
     pending: NotRequired[Annotated[list[str], Field(description=(
         "Workspace-relative paths of the agent's collections changed on disk and not yet indexed (queued or in "
         "hand): the answer may miss or still show them."))]]
+    total: NotRequired[Annotated[int, Field(description="A listing only: how many memory files there are.")]]
+    next_offset: NotRequired[Annotated[int | None, Field(description=(
+        "A listing only: the `offset` of the next page; null when this page ends the listing."))]]
 
 
 Page = TypedDict("Page", {

@@ -7,9 +7,10 @@ method     path         answer
 =========  ===========  ==========================================================================================
 GET        /health      ``Health``: ``{"status": "ok", "ready": bool}``; ready once the first full index has finished
 GET        /status      ``Status``: per-collection files and chunks, ``queue_depth``, embeddings since start
-POST       /search      body ``SearchRequest``; ``SearchResponse`` ``{"hits": [Hit, ...], "relevant": bool | null}``
-                        (see ``indexer.search``; ``relevant`` is false when no hit clears ``relevance_floor``)
-POST       /recall      body ``RecallRequest``; ``SearchResponse``; query ``*``/``all``/empty lists every memory file
+POST       /search      body ``SearchRequest``; ``SearchResponse`` ``{"hits": [Hit, ...], "relevant": bool | null,
+                        "pending": [path, ...]}`` (``relevant`` is false when no hit clears ``relevance_floor``)
+POST       /recall      body ``RecallRequest``; ``SearchResponse``; query ``*``/``all``/empty lists every memory file,
+                        a page of at most ``LIST_CAP`` files from ``offset``, with ``total`` and ``next_offset``
 POST       /boot        body ``BootRequest``; ``BootContext`` (see ``indexer.recall.boot_context``)
 GET        /get         ``?path=&agent=&from=1&lines=&max_chars=``: ``Page``, a page of one memory file
 POST       /reindex     ``{"rebuilding": true}``: rebuild every collection beside the live one, then swap
@@ -49,7 +50,6 @@ from indexer.recall import boot_context, read_memory, recall
 from indexer.report import StatusView
 from indexer.schema import (
     DEFAULT_BUDGET_CHARS,
-    DEFAULT_K,
     DEFAULT_MAX_CHARS,
     BootContext,
     BootRequest,
@@ -160,9 +160,29 @@ class LocalMemory:
             timer.mode = request.mode or searcher.mode  # a refused mode raised above: never a label
         return hits
 
-    def recall(self, query: str = "*", k: int = DEFAULT_K, agent: str | None = None) -> list[Hit]:
+    def search_response(self, request: SearchRequest, /) -> SearchResponse:
+        """``POST /search``'s answer: after waiting up to ``request.wait_s`` seconds for the agent's pending files,
+        ``{"hits", "relevant", "pending"}`` (``relevant``: ``indexer.search.relevant`` against ``relevance_floor``;
+        ``pending``: the scoped agent's files changed on disk and not yet indexed)."""
+        agent = self.scope(request.agent)
+        if request.wait_s:
+            self.view.wait_pending(agent, request.wait_s)
+        hits = self.search(request)
+        return {"hits": hits, "relevant": relevant(hits, self.view.plan.settings.relevance_floor),
+                "pending": self.view.pending(agent)}
+
+    def recall(self, query: str = "*", k: int | None = None, agent: str | None = None) -> list[Hit]:
+        """The hits of ``recall_response``."""
+        return self.recall_response(query, k, agent)["hits"]
+
+    def recall_response(self, query: str = "*", k: int | None = None, agent: str | None = None,
+                        offset: int = 0) -> SearchResponse:
+        """``POST /recall``'s answer: ``indexer.recall.recall`` (a listing pages with ``offset`` and says ``total``
+        and ``next_offset``) plus ``pending``, the scoped agent's files not yet indexed."""
         check_query(query)
-        return recall(self.searcher, query, k, self.scope(agent))
+        scoped = self.scope(agent)
+        answer = recall(self.searcher, query, k, scoped, offset, self.view.plan.settings.relevance_floor)
+        return {**answer, "pending": self.view.pending(scoped)}
 
     def boot_context(self, budget_chars: int = DEFAULT_BUDGET_CHARS, agent: str | None = None,
                      query: str | None = None) -> BootContext:
@@ -207,19 +227,11 @@ def create_app(view: StatusView) -> FastAPI:
     # hop, an async one's on the event loop. Client minus server time of a search, daemon at 100k, 2 CPUs: 4.5 -> 4.0 ms
     @app.post("/search", responses=_errors(400, 404, 503))
     async def search(body: SearchRequest) -> SearchResponse:
-        def answer() -> SearchResponse:
-            if body.wait_s:
-                view.wait_pending(body.agent, body.wait_s)
-            hits = _answer(lambda: memory.search(body))
-            return {"hits": hits, "relevant": relevant(hits, view.plan.settings.relevance_floor),
-                    "pending": view.pending(body.agent)}
+        return await run_in_threadpool(lambda: _answer(lambda: memory.search_response(body)))
 
-        return await run_in_threadpool(answer)
-
-    @app.post("/recall", responses=_errors(404, 503))
+    @app.post("/recall", responses=_errors(400, 404, 503))
     def recall_(body: RecallRequest) -> SearchResponse:
-        return {"hits": _answer(lambda: memory.recall(body.query, body.k, body.agent)),
-                "pending": view.pending(body.agent)}
+        return _answer(lambda: memory.recall_response(body.query, body.k, body.agent, body.offset))
 
     @app.post("/boot", responses=_errors(400, 404, 503))
     def boot(body: BootRequest) -> BootContext:
@@ -228,7 +240,9 @@ def create_app(view: StatusView) -> FastAPI:
 
     @app.get("/get", responses=_errors(400, 403, 404))
     def get(path: str = Query(description="A memory file, workspace-relative (or absolute inside it)."),
-            agent: str | None = Query(default=None, description="Whose workspace `path` is relative to."),
+            agent: str | None = Query(default=None, description=(
+                "Whose workspace `path` is relative to. Optional when the daemon has one agent or a configured "
+                "default_agent (then that one); with several agents and no default_agent it is required.")),
             from_: int = Query(default=1, alias="from", description="First line to read (1-based)."),
             lines: int | None = Query(default=None, description="At most this many lines."),
             max_chars: int = Query(default=DEFAULT_MAX_CHARS, description="At most this many characters.")) -> Page:

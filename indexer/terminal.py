@@ -93,6 +93,25 @@ def print_hits(hits: list[dict[str, Any]]) -> None:
             click.echo(f"     {line}")
 
 
+def print_answer(answer: Mapping[str, Any], offset: int = 0) -> None:
+    """A ``SearchResponse``: its hits on stdout (``print_hits``), then on stderr a line when nothing relevant was
+    found (``relevant`` false) and, for a recall listing (``total`` present), which files of how many it shows and
+    the ``--offset`` that continues it. ``offset`` is the listing's, as asked."""
+    print_hits(answer["hits"])
+    if answer.get("relevant") is False:
+        click.echo("nothing relevant: no hit's dense score reaches relevance_floor"
+                   + ("; the hits above are only the closest" if answer["hits"] else ""), err=True)
+    if "total" in answer:
+        shown, total, after = len(answer["hits"]), answer["total"], answer.get("next_offset")
+        where = f"files {offset + 1}-{offset + shown} of {total}" if shown else f"no file at offset {offset} of {total}"
+        if after is not None:
+            click.echo(f"listed {where}; continue with --offset {after}", err=True)
+        elif offset == 0:
+            click.echo(f"listed {shown} of {total} memory files", err=True)
+        else:
+            click.echo(f"listed {where}", err=True)
+
+
 def print_status(status: Mapping[str, Any]) -> None:
     if "bind" in status:
         click.echo(f"listening on: {status['bind']}")

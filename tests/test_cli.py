@@ -63,7 +63,9 @@ def test_daemon_serves_search_and_status_and_stops_cleanly(workspace: Path, tmp_
         wait_for(daemon.ready, timeout_s=120, interval_s=0.2)
         result = _cli("search", "when are deploys allowed?", "--json", "-k", "2", "--port", str(daemon.port))
         assert result.returncode == 0, result.stderr
-        hits = json.loads(result.stdout)
+        answer = json.loads(result.stdout)  # the API's SearchResponse
+        assert set(answer) == {"hits", "relevant", "pending"} and answer["relevant"] is True
+        hits = answer["hits"]
         assert hits[0]["path"] == "MEMORY.md"
         assert {"collection", "path", "start_line", "end_line", "score", "snippet"} <= set(hits[0])
         assert len(hits[0]["snippet"]) <= 700
@@ -78,7 +80,7 @@ def test_daemon_serves_search_and_status_and_stops_cleanly(workspace: Path, tmp_
 
         write(workspace / "memory" / "fresh.md", "# Fresh\n\nWAITCCCC3 written just now.\n")
         waited = _cli("search", "WAITCCCC3", "--mode", "keyword", "--wait", "--json", "--port", str(daemon.port))
-        assert [h["path"] for h in json.loads(waited.stdout)] == ["memory/fresh.md"], waited.stderr
+        assert [h["path"] for h in json.loads(waited.stdout)["hits"]] == ["memory/fresh.md"], waited.stderr
         assert "not yet indexed" not in waited.stderr
         (workspace / "memory" / "fresh.md").unlink()
 

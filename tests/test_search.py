@@ -328,7 +328,7 @@ def test_until_keeps_files_modified_before_on_every_face(tmp_path: Path, make_in
             assert paths(anyio.run(tool)["hits"]) == older
         cli = CliRunner().invoke(main, ["search", "deploy window", "--until", "7d", "--json", "--port", str(port)])
         assert cli.exit_code == 0, cli.output
-        assert paths(json.loads(cli.stdout)) == older
+        assert paths(json.loads(cli.stdout)["hits"]) == older
         typo = CliRunner().invoke(main, ["search", "deploy", "--until", "last tuesday", "--port", str(port)])
         assert typo.exit_code == 2 and "until must be a duration" in typo.output
     finally:
