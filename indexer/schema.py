@@ -24,7 +24,16 @@ import time
 from datetime import datetime
 from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, with_config
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    with_config,
+)
 from typing_extensions import TypedDict
 
 
@@ -38,13 +47,13 @@ def _clean(text: str) -> str:
 Query = Annotated[str, AfterValidator(_clean), Field(
     validation_alias=AliasChoices("query", "q"),
     description="What to look for, in natural language or exact words (names, ids).")]
-K = Annotated[int, Field(ge=1, le=1000, validation_alias=AliasChoices("k", "top_k", "limit"),
+K = Annotated[int, Field(strict=True, ge=1, le=1000, validation_alias=AliasChoices("k", "top_k", "limit"),
                          description="How many hits to return, best first.")]
-RecallK = Annotated[int | None, Field(ge=1, le=10_000, validation_alias=AliasChoices("k", "top_k", "limit"),
-                                      description=(
+RecallK = Annotated[int | None, Field(strict=True, ge=1, le=10_000,
+                                      validation_alias=AliasChoices("k", "top_k", "limit"), description=(
     "How many memories to return: hits (default 6), or files of a listing (default and at most 1000 a page; "
     "`next_offset` continues)."))]
-Offset = Annotated[int, Field(ge=0, description=(
+Offset = Annotated[int, Field(strict=True, ge=0, description=(
     "A listing's first file (0-based, in path order): the `next_offset` of the page before."))]
 Agent = Annotated[str | None, Field(description=(
     "Whose memory: this agent's only. Optional when the daemon has one agent or a configured default_agent (then "
@@ -59,7 +68,7 @@ PathPrefix = Annotated[str | None, Field(
 Kinds = Annotated[list[str] | str | None, Field(
     description="Only these source kinds (one or a list): markdown, image, audio...")]
 MinScore = Annotated[float | None, Field(
-    allow_inf_nan=False, description="Drop hits scoring below this (fused score; cosine in dense mode).")]
+    strict=True, allow_inf_nan=False, description="Drop hits scoring below this (fused score; cosine in dense mode).")]
 Since = Annotated[str | None, Field(description="Only files modified since: a duration (7d, 12h, 30m, 2w) or an "
                                                 "ISO date/date-time (2026-11-01, 2026-11-01T09:30).")]
 Until = Annotated[str | None, Field(description="Only files modified before: a duration ago (7d, 12h, 30m, 2w) or an "
@@ -70,11 +79,12 @@ FromLine = Annotated[int, Field(ge=1, validation_alias=AliasChoices("from", "fro
                                 description="First line to read, 1-based (a hit's start_line, or a page's next_from).")]
 Lines = Annotated[int | None, Field(ge=1, description="At most this many lines.")]
 MaxChars = Annotated[int, Field(ge=1, le=1_000_000, description="At most this many characters, in whole lines.")]
-BudgetChars = Annotated[int, Field(ge=1, le=1_000_000, validation_alias=AliasChoices("budget_chars", "budget"),
+BudgetChars = Annotated[int, Field(strict=True, ge=1, le=1_000_000,
+                                   validation_alias=AliasChoices("budget_chars", "budget"),
                                    description="Size of the boot context, in characters.")]
 RecallQuery = Annotated[str, Field(validation_alias=AliasChoices("query", "q"),
                                    description="What to recall; `*`, `all` or empty lists every memory file.")]
-WaitS = Annotated[float, Field(ge=0, le=10, allow_inf_nan=False, description=(
+WaitS = Annotated[float, Field(strict=True, ge=0, le=10, allow_inf_nan=False, description=(
     "Wait up to this many seconds until no file of the agent's collections is pending (changed on disk, not yet "
     "indexed), then search."))]
 BootQuery = Annotated[str | None, Field(description="Fill the budget with the best hits for this instead of the "
@@ -87,14 +97,32 @@ DEFAULT_MAX_CHARS = 12_000
 
 
 # -- requests ----------------------------------------------------------------------------------------------------
-class SearchRequest(BaseModel):
+class Request(BaseModel):
+    """What every request body shares: its published schema is what is enforced. Numbers are strict (``true`` is not
+    1, ``842.0`` is not an integer), a field the schema does not have is refused, and no text argument but the
+    query (which is cleaned, ``_clean``) may hold an unpaired UTF-16 surrogate, which JSON can carry and UTF-8
+    cannot (it reached the store's filter as a ``UnicodeEncodeError``). Each is a 422 over HTTP."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_lone_surrogate(cls, value: Any, info: ValidationInfo) -> Any:
+        texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        if info.field_name != "query" and any(_SURROGATE.search(t) for t in texts if isinstance(t, str)):
+            raise ValueError("holds an unpaired UTF-16 surrogate (not valid Unicode text)")
+        return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class SearchRequest(Request):
     """``POST /search``, and the ``memory_search`` tool's arguments (all but ``wait_s``): ``k`` hits for ``query``."""
 
     # A bad value is pydantic's ValidationError (422 over HTTP); a since/until that parse_time cannot read is a
     # ValueError when the search runs (since_ns, until_ns; 400 over HTTP). search_request also refuses an unknown
     # keyword.
-
-    model_config = ConfigDict(frozen=True)
 
     query: Query
     k: K = DEFAULT_K
@@ -159,7 +187,7 @@ def parse_time(value: str, name: str = "since", now_s: float | None = None) -> i
     return int(moment.timestamp() * 1e9)
 
 
-class RecallRequest(BaseModel):
+class RecallRequest(Request):
     """``POST /recall``: the ``k`` (default ``DEFAULT_K``) best memories for ``query``; ``*``, ``all`` or an empty
     query lists every memory file instead, in path order, from ``offset``, at most ``k`` and at most ``LIST_CAP``
     files a page (``SearchResponse.total`` and ``next_offset`` say how many there are and where the next page
@@ -171,7 +199,7 @@ class RecallRequest(BaseModel):
     agent: Agent = None
 
 
-class BootRequest(BaseModel):
+class BootRequest(Request):
     """``POST /boot``."""
 
     budget_chars: BudgetChars = DEFAULT_BUDGET_CHARS

@@ -37,11 +37,14 @@ load from a CDN).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import structlog
 from fastapi import FastAPI, HTTPException, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
 from indexer import __version__
@@ -215,6 +218,13 @@ def create_app(view: StatusView) -> FastAPI:
     app.add_middleware(Guard, host=settings.host, port=settings.port, token=settings.token)
     app.router.routes.extend(mcp_http.routes)  # the /mcp route itself, not a sub-app: no redirect, same middleware
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> Response:
+        """FastAPI's 422 answer, as ASCII JSON: it echoes the refused input, which may hold a lone surrogate that
+        UTF-8 cannot encode (the default handler then failed with a 500)."""
+        body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True)
+        return Response(content=body, status_code=422, media_type="application/json")
+
     @app.get("/health")
     def health() -> Health:
         return memory.health()
@@ -243,9 +253,10 @@ def create_app(view: StatusView) -> FastAPI:
             agent: str | None = Query(default=None, description=(
                 "Whose workspace `path` is relative to. Optional when the daemon has one agent or a configured "
                 "default_agent (then that one); with several agents and no default_agent it is required.")),
-            from_: int = Query(default=1, alias="from", description="First line to read (1-based)."),
-            lines: int | None = Query(default=None, description="At most this many lines."),
-            max_chars: int = Query(default=DEFAULT_MAX_CHARS, description="At most this many characters.")) -> Page:
+            from_: int = Query(default=1, ge=1, alias="from", description="First line to read (1-based)."),
+            lines: int | None = Query(default=None, ge=1, description="At most this many lines."),
+            max_chars: int = Query(default=DEFAULT_MAX_CHARS, ge=1,
+                                   description="At most this many characters.")) -> Page:
         return _answer(lambda: memory.get(path, from_, lines, max_chars, agent), path=path)
 
     @app.get("/metrics", include_in_schema=False)
