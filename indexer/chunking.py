@@ -19,10 +19,12 @@ a lone ``\\r`` each end a line, as editors show them; citations, snippets and ``
 from __future__ import annotations
 
 import re
+import tomllib
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 
+import yaml
 from markdown_it import MarkdownIt
 
 OVERLAP_RATIO = 0.2  # reference: 80 of 400 tokens
@@ -30,7 +32,7 @@ MAX_CONTEXT_RATIO = 0.25  # share of the window a chunk's document context may t
 MERGE_TOKENS = 128  # adjacent small sections merge while together (with context) under this many tokens
 #: version of what the built-in markdown chunking makes of a note (line ranges and context text); stored with every
 #: point so that a store built by another version is re-indexed once (see ``indexer.pipeline``)
-CHUNKING_VERSION = 2
+CHUNKING_VERSION = 3  # 3: front matter out of the chunks, its title and tags in their context
 CONTEXT_PATH = False  # whether the context also names the note's workspace-relative path
 
 
@@ -208,28 +210,71 @@ class _Section:
     heading: bool = True  # whether line ``start`` is the heading named by the last crumb (the title when none)
 
 
-_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(?:.*?\r?\n)?(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
+#: front matter as Jekyll, Hugo and Obsidian write it: ``---`` YAML closed by ``---`` or ``...``, or ``+++`` TOML
+_FRONT_MATTER = re.compile(
+    r"\A(?P<fence>---|\+\+\+)[ \t]*\r?\n(?P<body>.*?\r?\n)?(?P<close>---|\.\.\.|\+\+\+)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's safe loader where PyYAML was built with it
+_YAML_KEY = re.compile(r"\A\s*(?:#.*\n\s*)*[\w-]+\s*:")
 _DATE_NAME = re.compile(r"(\d{4}-\d{2}-\d{2})")
 _INLINE_MARKUP = re.compile(r"[`*_]+|\[([^\]]*)\]\([^)]*\)")
+_TAG_SPLIT = re.compile(r"[,\s]+")
+
+
+@dataclass(frozen=True, slots=True)
+class FrontMatter:
+    """A note's front matter: ``lines`` it spans from the top (0 when there is none), its ``title`` (None when it
+    names none) and ``tags`` (``tags`` or ``tag``: a list or a comma/space separated string, ``#`` dropped)."""
+
+    lines: int = 0
+    title: str | None = None
+    tags: tuple[str, ...] = ()
+
+
+def front_matter(text: str) -> FrontMatter:
+    """The front matter block at the very start of ``text`` (``\\n`` line ends): ``---`` YAML (closed by ``---``
+    or ``...``) or ``+++`` TOML (closed by ``+++``). A block counts when it parses to a mapping (or is empty), or,
+    YAML that does not parse, when it opens with a ``key:`` line (an editor still shows it as properties); a
+    ``---`` thematic break over a paragraph is no front matter. Its lines are never read as headings or text."""
+    match = _FRONT_MATTER.match(text)
+    if not match or (match["fence"] == "+++") != (match["close"] == "+++"):
+        return FrontMatter()
+    body = match["body"] or ""
+    lines = text.count("\n", 0, match.end()) + (0 if match.group(0).endswith("\n") else 1)
+    try:
+        data = tomllib.loads(body) if match["fence"] == "+++" else yaml.load(body, Loader=_YAML_LOADER)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, RecursionError):
+        return FrontMatter(lines) if match["fence"] == "---" and _YAML_KEY.match(body) else FrontMatter()
+    if data is None:
+        return FrontMatter(lines)
+    if not isinstance(data, dict):
+        return FrontMatter()
+    raw_title = data.get("title")
+    title = " ".join(str(raw_title).split()) if isinstance(raw_title, str | int | float) else ""
+    raw = data.get("tags", data.get("tag"))
+    items = _TAG_SPLIT.split(raw) if isinstance(raw, str) else raw if isinstance(raw, list) else []
+    tags = (str(t).strip().lstrip("#") for t in items if isinstance(t, str | int | float))
+    return FrontMatter(lines, title or None, tuple(dict.fromkeys(t for t in tags if t)))
 
 
 def front_matter_lines(text: str) -> int:
-    """How many lines a YAML front matter block (``---`` ... ``---`` or ``...`` on the first line) spans; 0 when
-    the text has none. Its lines are never read as headings (``key: value`` over ``---`` would be a setext one)."""
-    match = _FRONT_MATTER.match(text)
-    return text.count("\n", 0, match.end()) + (0 if match.group(0).endswith("\n") else 1) if match else 0
+    """How many lines the front matter block (``front_matter``) at the top of ``text`` spans; 0 when none."""
+    return front_matter(text).lines
 
 
 def _clean_heading(inline: str) -> str:
     return " ".join(_INLINE_MARKUP.sub(lambda m: m.group(1) or "", inline).split())
 
 
-def outline(text: str) -> tuple[str | None, list[_Section]]:
+def outline(text: str, skip: int | None = None) -> tuple[str | None, list[_Section]]:
     """``(first H1's text or None, sections)``: the text cut before each top-level heading (not one inside a
-    blockquote, list or HTML comment; front matter skipped). A section's ``crumbs`` are the headings above and
-    including its own, the title H1 left out; the lines before the first heading form a section with no crumbs."""
-    skip = front_matter_lines(text)
-    parsed = ("\n" * skip + text.split("\n", skip)[-1]) if skip else text
+    blockquote, list or HTML comment). A section's ``crumbs`` are the headings above and including its own, the
+    title H1 left out; the lines before the first heading form a section with no crumbs. The ``skip`` lines of
+    front matter (default: ``front_matter_lines``) are in no section, unless nothing but blank lines follows them
+    (the block is then the note's only text)."""
+    skip = front_matter_lines(text) if skip is None else skip
+    body = text.split("\n", skip)[-1] if skip else text
+    parsed = "\n" * skip + body
+    first = skip if body.strip() else 0
     tokens = MarkdownIt("commonmark").parse(parsed)
     heads: list[tuple[int, int, str]] = []  # (line, level, text)
     for i, token in enumerate(tokens):
@@ -238,8 +283,8 @@ def outline(text: str) -> tuple[str | None, list[_Section]]:
     title = next((name for _, level, name in heads if level == 1 and name), None)
     n_lines = text.count("\n") + (0 if text.endswith("\n") else 1)
     sections: list[_Section] = []
-    if not heads or heads[0][0] > 0:
-        sections.append(_Section(0, heads[0][0] if heads else n_lines, (), heading=False))
+    if not heads or heads[0][0] > first:
+        sections.append(_Section(first, heads[0][0] if heads else n_lines, (), heading=False))
     stack: list[tuple[int, str]] = []
     title_seen = False
     for n, (line, level, name) in enumerate(heads):
@@ -256,24 +301,27 @@ def outline(text: str) -> tuple[str | None, list[_Section]]:
     return title, sections
 
 
-def document_title(first_h1: str | None, rel_path: str) -> str:
-    """A note's title: its first H1, else its file name without the extension, ``-``/``_`` read as spaces."""
-    if first_h1:
-        return first_h1
+def document_title(first_h1: str | None, rel_path: str, front_matter_title: str | None = None) -> str:
+    """A note's title: its first H1, else its front matter's ``title``, else its file name without the extension,
+    ``-``/``_`` read as spaces."""
+    if first_h1 or front_matter_title:
+        return first_h1 or front_matter_title or ""
     stem = rel_path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
     return " ".join(stem.replace("-", " ").replace("_", " ").split()) or stem
 
 
-def document_context(title: str | None, crumbs: Sequence[str], rel_path: str) -> str:
-    """The context line of a chunk: ``Title > Section > Subsection``; a daily note (file named ``YYYY-MM-DD``)
-    whose title lacks its date gets it prefixed. ``title=None``: the chunk shows its title line itself, so only
-    a date (or nothing) stands for it."""
+def document_context(title: str | None, crumbs: Sequence[str], rel_path: str, tags: Sequence[str] = ()) -> str:
+    """The context of a chunk: ``Title > Section > Subsection``; a daily note (file named ``YYYY-MM-DD``) whose
+    title lacks its date gets it prefixed; the front matter's ``tags`` follow on a line of their own as hashtags
+    (``#ops #deploy``). ``title=None``: the chunk shows its title line itself, so only a date (or nothing) stands
+    for it."""
     date = _DATE_NAME.search(rel_path.rsplit("/", 1)[-1])
     shown = title or ""
     date_text = date.group(1) if date and date.group(1) not in shown and date.group(1).replace("-", " ") not in shown \
         else ""
     head = " ".join(part for part in (date_text, title or "") if part)
     line = " > ".join([part for part in (head, *crumbs) if part])
+    line = "\n".join(part for part in (line, " ".join(f"#{tag}" for tag in tags)) if part)
     return f"{rel_path}\n{line}" if CONTEXT_PATH else line
 
 
@@ -293,8 +341,9 @@ def chunk_markdown(
     rel_path: str,
     overlap_tokens: int | None = None,
 ) -> list[TextChunk]:
-    """Chunks of a markdown note, each knowing its document: ``context`` is ``document_context`` (title and
-    heading path), and ``context + "\\n" + text`` is at most ``max_tokens`` model tokens.
+    """Chunks of a markdown note, each knowing its document: ``context`` is ``document_context`` (title, heading
+    path and the front matter's tags), and ``context + "\\n" + text`` is at most ``max_tokens`` model tokens. Front
+    matter (``front_matter``) is in no chunk's text: the first chunk starts after it, at the file's own line.
 
     A heading section (``outline``) that fits the window with its context is one chunk; adjacent sections merge
     while the merged chunk is under ``MERGE_TOKENS`` and fits (their context is the heading path they share); a
@@ -306,8 +355,9 @@ def chunk_markdown(
         raise ValueError("max_tokens must be at least 1")
     if not text.strip():
         return []
-    first_h1, sections = outline(text)
-    title = document_title(first_h1, rel_path)
+    meta = front_matter(text)
+    first_h1, sections = outline(text, meta.lines)
+    title = document_title(first_h1, rel_path, meta.title)
     cap = max(1, int(max_tokens * MAX_CONTEXT_RATIO))
     pieces = _pieces(text, token_offsets(text), max_tokens - cap)
     by_line: dict[int, list[int]] = {}
@@ -317,10 +367,10 @@ def chunk_markdown(
     def context_of(crumbs: Sequence[str], shows_heading: bool = False) -> tuple[str, int]:
         # a chunk that starts with its own heading line does not repeat that heading in its context
         if shows_heading:
-            context = document_context(title, crumbs[:-1], rel_path) if crumbs else \
-                document_context(None, (), rel_path)
+            context = document_context(title, crumbs[:-1], rel_path, meta.tags) if crumbs else \
+                document_context(None, (), rel_path, meta.tags)
         else:
-            context = document_context(title, crumbs, rel_path)
+            context = document_context(title, crumbs, rel_path, meta.tags)
         if not context:
             return "", 0
         offsets = token_offsets(context + "\n")

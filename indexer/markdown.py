@@ -43,8 +43,9 @@ def decode_text(data: bytes) -> tuple[str, int]:
 
 
 class MarkdownExtractor:
-    """A markdown file to heading-section chunks sized to the embedder, each carrying its document's title and
-    heading path as ``context`` (see ``indexer.chunking.chunk_markdown``).
+    """A markdown file to heading-section chunks sized to the embedder, each carrying its document's title, heading
+    path and front matter tags as ``context``; the front matter itself is in no chunk (see
+    ``indexer.chunking.chunk_markdown``).
 
     Config ``[plugin.markdown]``: ``overlap_ratio``, the share of ``max_tokens`` consecutive windows of a long
     section may overlap by (``0 <= overlap_ratio < 1``, default ``OVERLAP_RATIO`` = 0.2). Raises ``ValueError`` for

@@ -3,7 +3,7 @@
 A search is an ``indexer.schema.SearchRequest``. A hit (``indexer.schema.Hit``, the JSON the API and ``search --json``
 return) carries ``collection``, ``agent``, ``path``
 (workspace-relative), ``start_line``/``end_line`` (1-based, inclusive: the lines the snippet shows), ``score``,
-``snippet`` (at most ``SNIPPET_CHARS`` characters, centred on the lines that best match the query), ``kind``,
+``snippet`` (at most ``SNIPPET_CHARS`` characters, starting at the lines that best match the query), ``kind``,
 ``citation`` (``path#Lstart-Lend``), ``dense_score`` (the raw cosine similarity of the query's text embedding, in
 [-1, 1]) and ``keyword_score`` (the raw BM25 score, >= 0), each ``None`` when the hit was not in that list, and,
 where they apply, the fields the extractor plugins declare in ``hit_fields`` (``Registry.hit_fields``), e.g.
@@ -39,6 +39,8 @@ from indexer.workspace import Collection
 
 SNIPPET_CHARS = 700  # the reference agent's snippet cap
 _WORD = re.compile(r"\w+", re.UNICODE)
+_HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")  # an ATX heading line
+LEAD_LINES = 2  # lines above the best-matching one a snippet may start at
 
 
 #: the former name of a search's arguments, kept for callers that build one with the query first
@@ -53,26 +55,35 @@ def _terms(text: str) -> set[str]:
 
 
 def snippet(text: str, query: str, first_line: int, limit: int = SNIPPET_CHARS) -> tuple[str, int, int]:
-    """``(snippet, start_line, end_line)``: whole lines of ``text`` (which starts at ``first_line``) around the
-    line sharing most words with ``query``, at most ``limit`` characters; a single line longer than that is cut.
-    Lines are ``split_lines``' (``\\n``, ``\\r\\n`` or a lone ``\\r`` ends one) and joined with ``\\n``."""
+    """``(snippet, start_line, end_line)``: whole lines of ``text`` (which starts at ``first_line``), at most
+    ``limit`` characters, starting at the line sharing most words with ``query`` (the first of equals; the first
+    line when no line shares a word): led in by up to ``LEAD_LINES`` lines of its paragraph above it, or, when it
+    opens its paragraph, by the heading right over it, then as many lines below it as fit. A single line longer
+    than ``limit`` is cut. Lines are ``split_lines``' (``\\n``, ``\\r\\n`` or a lone ``\\r`` ends one) and joined with
+    ``\\n``."""
     lines = split_lines(text)
-    if len(text) <= limit:
-        return "\n".join(lines), first_line, first_line + len(lines) - 1
     terms = _terms(query)
     best = max(range(len(lines)), key=lambda i: (len(terms & _terms(lines[i])), -i)) if terms else 0
-    lo = hi = best
-    size = len(lines[best])
-    while True:
-        grown = False
-        for side in (-1, 1):
-            j = lo - 1 if side < 0 else hi + 1
-            if 0 <= j < len(lines) and size + 1 + len(lines[j]) <= limit:
-                size += 1 + len(lines[j])
-                lo, hi = (j, hi) if side < 0 else (lo, j)
-                grown = True
-        if not grown:
-            break
+    lo, size = best, len(lines[best])
+    lead = limit // 2  # the lines above take at most half the snippet
+
+    def fits(j: int) -> bool:
+        return size + 1 + len(lines[j]) <= lead
+
+    while lo > 0 and best - lo < LEAD_LINES and lines[lo - 1].strip() and fits(lo - 1):
+        lo -= 1
+        size += 1 + len(lines[lo])
+    if lo == best:  # the line opens its paragraph: the heading over it (across blank lines) names its section
+        above = next((j for j in range(lo - 1, max(lo - 1 - LEAD_LINES, -1), -1) if lines[j].strip()), None)
+        if above is not None and _HEADING.match(lines[above]) and fits(above):
+            size += sum(1 + len(line) for line in lines[above:lo])
+            lo = above
+    hi = best
+    while hi + 1 < len(lines) and size + 1 + len(lines[hi + 1]) <= limit:
+        hi += 1
+        size += 1 + len(lines[hi])
+    while hi > best and not lines[hi].strip():
+        hi -= 1
     body = "\n".join(lines[lo : hi + 1])
     if len(body) > limit:
         body = body[: limit - 1] + "…"

@@ -134,8 +134,7 @@ def test_front_matter_comments_and_quotes_do_not_make_sections(embedder, monkeyp
     text = ("---\npublish: true\n---\n\n# Guide\n\nIntro.\n\n<!--\n# not a heading\n-->\n\n"
             "> [!Note]\n> ### quoted\n> text\n\n## Real\n\nBody.\n")
     chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/guide.md")
-    assert [(c.start_line, c.end_line, c.context) for c in chunks] == [
-        (1, 3, "Guide"), (5, 15, ""), (17, 19, "Guide")]
+    assert [(c.start_line, c.end_line, c.context) for c in chunks] == [(5, 15, ""), (17, 19, "Guide")]
 
 
 def test_tiny_sections_merge_under_their_parent(embedder) -> None:
@@ -190,3 +189,51 @@ def test_a_new_chunking_version_reindexes_an_existing_store_once(make_indexer, t
     third = make_indexer([{"agent": "main", "path": ws}])
     status = index_once(third)
     assert status["cache_hits"] == 0 and status["chunks_embedded"] == 0, "indexed once, then unchanged"
+
+
+FRONT_MATTER_NOTE = ("---\ntitle: Deploy windows\ntags: [ops, kubernetes]\ndate: 2026-03-02\n"
+                     "aliases:\n  - release days\n---\n\nWe ship from the main branch.\n\n## Freeze\n\n"
+                     "No deploys on Fridays; ask Dana for an exception.\n")
+
+
+def test_front_matter_stays_out_of_the_chunks_and_its_title_and_tags_feed_the_context(embedder) -> None:
+    chunks = chunk_markdown(FRONT_MATTER_NOTE, embedder.token_offsets, embedder.max_tokens, "memory/deploys.md")
+    assert chunks and chunks[0].start_line == 9  # the first line of the body, after the closing "---" (line 7)
+    for chunk in chunks:
+        embedded = f"{chunk.context}\n{chunk.text}"
+        for raw in ("tags:", "title:", "date:", "aliases:", "2026-03-02", "release days", "---"):
+            assert raw not in embedded
+        assert chunk.text == _lines(FRONT_MATTER_NOTE, chunk) and _fits(embedder, chunk)
+        # the front matter's title stands for the missing H1, its tags follow as hashtags
+        assert chunk.context.startswith("Deploy windows") and chunk.context.endswith("\n#ops #kubernetes")
+
+
+def test_toml_front_matter_is_skipped_and_a_leading_thematic_break_is_not_front_matter(embedder) -> None:
+    toml = '+++\ntitle = "Lisbon trip"\ntags = ["travel"]\n+++\n\nFlights are booked for March.\n'
+    [chunk] = chunk_markdown(toml, embedder.token_offsets, embedder.max_tokens, "memory/trip.md")
+    assert (chunk.start_line, chunk.text, chunk.context) == (6, "Flights are booked for March.", "Lisbon trip\n#travel")
+    # a thematic break over a paragraph and another break is no YAML mapping: it stays the note's text
+    rule = "---\nJust a paragraph between two rules.\n\n---\n\nMore text.\n"
+    [chunk] = chunk_markdown(rule, embedder.token_offsets, embedder.max_tokens, "memory/rule.md")
+    assert (chunk.start_line, chunk.end_line) == (1, 6)
+
+
+def test_a_note_that_is_only_front_matter_stays_findable(embedder) -> None:
+    text = "---\ntitle: Reading list\ntags: books\n---\n"
+    [chunk] = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/reading.md")
+    assert (chunk.start_line, chunk.end_line) == (1, 4)
+
+
+def test_a_front_matter_note_is_found_by_its_tag_and_cited_from_its_body(make_indexer, tmp_path) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "memory" / "deploys.md", FRONT_MATTER_NOTE)
+    write(ws / "memory" / "other.md", "# Other\n\nNo deploys on Fridays in the old team either.\n")
+    indexer = make_indexer([{"agent": "main", "path": ws}])
+    index_once(indexer)
+    stored = list(indexer.store.scroll("memory-dir-main", ["path", "text", "context", "start_line"]))
+    assert all("tags:" not in p.text and "tags:" not in p.context for p in stored)
+    assert min(p.start_line for p in stored if p.path == "memory/deploys.md") == 9
+    # the tag is in no line of the body: the note is found through its chunk context
+    [hit] = indexer.view.searcher().search(SearchParams("kubernetes", k=1, mode="keyword"))
+    assert hit["path"] == "memory/deploys.md" and hit["start_line"] >= 9
+    assert not hit["snippet"].startswith("---")

@@ -381,3 +381,28 @@ def test_hits_carry_raw_scores_and_say_when_nothing_is_relevant(indexed) -> None
     assert relevant([], floor=0.0) is False
     [keyword] = searcher.search(SearchRequest(query="ACME-4471", k=1, mode="keyword"))
     assert relevant([keyword], floor=0.0) is None  # no dense score to judge by
+
+
+def test_a_snippet_starts_at_the_lines_that_matched_not_at_the_title() -> None:
+    lines = ["# Deploy windows", "", "We ship from the main branch.", "Builds take ten minutes.", "",
+             "Rollbacks use the previous tag.", "", "Freeze: no deploys on Fridays.", "Ask Dana for an exception."]
+    body, start, end = snippet("\n".join(lines), "freeze fridays", first_line=9)
+    assert (start, end) == (16, 17) and body == "\n".join(lines[7:])
+    # the line before, in the same paragraph, leads in; so does a heading right over the paragraph
+    body, start, _ = snippet("\n".join(lines), "dana exception", first_line=9)
+    assert start == 16 and body.startswith("Freeze")
+    body, start, _ = snippet("\n".join(lines), "main branch", first_line=9)
+    assert start == 9 and body.startswith("# Deploy windows")
+    # no word in common (a dense-only hit): the chunk from its first line
+    assert snippet("\n".join(lines), "zzz", first_line=9)[1] == 9
+
+
+def test_a_hit_on_a_front_matter_note_shows_the_body_line_that_matched(make_indexer, tmp_path) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "memory" / "deploys.md",
+          "---\ntitle: Deploy windows\ntags: [ops]\n---\n\n# Deploy windows\n\nWe ship from the main branch.\n"
+          "Builds take ten minutes.\n\nRollbacks use the previous tag.\n\nFreeze: no deploys on Fridays.\n")
+    indexer = make_indexer([{"agent": "main", "path": ws}])
+    index_once(indexer)
+    [hit] = indexer.view.searcher().search(SearchRequest(query="freeze on fridays", k=1))
+    assert (hit["start_line"], hit["snippet"]) == (13, "Freeze: no deploys on Fridays.")
