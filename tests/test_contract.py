@@ -34,7 +34,7 @@ def test_values_the_schema_does_not_allow_are_refused_not_coerced(api: TestClien
 
 @pytest.mark.parametrize("field", ["path_prefix", "kind", "agent", "collection", "since", "until"])
 def test_a_lone_surrogate_in_a_text_argument_is_a_422_not_a_500(api: TestClient, field: str) -> None:
-    body = '{"query": "deploy", "%s": "memory/\\ud800x"}' % field  # JSON may carry one; UTF-8 cannot
+    body = '{"query": "deploy", "' + field + '": "memory/\\ud800x"}'  # JSON may carry one; UTF-8 cannot
     answer = api.post("/search", content=body, headers={"content-type": "application/json"})
     assert answer.status_code == 422, (answer.status_code, answer.text)
     assert "surrogate" in answer.text
