@@ -129,7 +129,7 @@ def test_two_daemons_on_one_cluster_keep_to_their_own_agents(tmp_path: Path, qdr
     running = [(d, *_run(d)) for d in daemons]  # both index at once
     try:
         for d in daemons:
-            assert d.ready.wait(120)
+            assert d.state.ready.wait(120)
     finally:
         for d, stop, thread in running:
             _stop(d, stop, thread)
@@ -138,9 +138,9 @@ def test_two_daemons_on_one_cluster_keep_to_their_own_agents(tmp_path: Path, qdr
     on_server = sorted(c["name"] for c in listed)
     assert on_server == ["memory-dir-alpha", "memory-dir-beta", "memory-root-alpha", "memory-root-beta"]
     for d in daemons:  # nothing collided: each collection holds exactly what its daemon indexed
-        for name, counts in d.status()["collections"].items():
+        for name, counts in d.view.status()["collections"].items():
             assert d.store.count(name) == counts["chunks"] > 0
-        assert not any(name.endswith("-beta" if d is alpha else "-alpha") for name in d.status()["collections"])
+        assert not any(name.endswith("-beta" if d is alpha else "-alpha") for name in d.view.status()["collections"])
     assert len(alpha.state.indexed) == 13 and len(beta.state.indexed) == 2
     honey = SearchParams("who sells lavender honey?", k=5)
     assert {h["agent"] for h in beta.view.searcher().search(honey)} == {"beta"}
