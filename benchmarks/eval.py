@@ -210,8 +210,9 @@ def with_overlap(registry: Any, overlap: float | None) -> Any:
         return registry
     from dataclasses import replace
 
+    from indexer.contract import EXTRACTORS
     from indexer.markdown import MarkdownExtractor
-    from indexer.plugins import EXTRACTORS, Registry
+    from indexer.plugins import Registry
 
     extractor = MarkdownExtractor({"overlap_ratio": overlap})
     return Registry([replace(r, obj=extractor) if (r.group, r.name, r.status) == (EXTRACTORS, "markdown", "loaded")

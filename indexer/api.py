@@ -17,7 +17,7 @@ one the ``reranker`` setting names) rescores the first fused hits::
 
     query, [hit text, ...] --Reranker.score--> [float, ...]   (higher is more relevant; the hits are re-sorted)
 
-The Protocols below are the one statement of the contract: ``indexer.plugins`` derives the load-time checks from
+The Protocols below are the one statement of the contract: ``indexer.contract`` derives the load-time checks from
 them (``CONTRACT``: annotated attributes without a default and methods are required; an attribute with a default in
 the Protocol is an optional declaration a plugin may omit) and ``indexer.testing`` runs the same checks. What a new
 media kind needs is declared by its plugins, never edited into the core: an extractor's ``media = True`` gates its
@@ -51,7 +51,7 @@ __all__ = [
     "l2_normalise", "load_sentence_transformer", "LazyModel",
 ]
 
-#: the entry-point groups, in this order: classifiers, extractors, embedders, rerankers (``indexer.plugins.PROTOCOLS``
+#: the entry-point groups, in this order: classifiers, extractors, embedders, rerankers (``indexer.contract.PROTOCOLS``
 #: maps each to the Protocol below its objects must satisfy)
 GROUPS = ("qmd_indexer.classifiers", "qmd_indexer.extractors", "qmd_indexer.embedders", "qmd_indexer.rerankers")
 

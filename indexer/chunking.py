@@ -19,13 +19,13 @@ a lone ``\\r`` each end a line, as editors show them; citations, snippets and ``
 from __future__ import annotations
 
 import re
-import tomllib
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 
-import yaml
 from markdown_it import MarkdownIt
+
+from indexer.frontmatter import front_matter, front_matter_lines
 
 OVERLAP_RATIO = 0.2  # reference: 80 of 400 tokens
 MAX_CONTEXT_RATIO = 0.25  # share of the window a chunk's document context may take
@@ -210,55 +210,8 @@ class _Section:
     heading: bool = True  # whether line ``start`` is the heading named by the last crumb (the title when none)
 
 
-#: front matter as Jekyll, Hugo and Obsidian write it: ``---`` YAML closed by ``---`` or ``...``, or ``+++`` TOML
-_FRONT_MATTER = re.compile(
-    r"\A(?P<fence>---|\+\+\+)[ \t]*\r?\n(?P<body>.*?\r?\n)?(?P<close>---|\.\.\.|\+\+\+)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's safe loader where PyYAML was built with it
-_YAML_KEY = re.compile(r"\A\s*(?:#.*\n\s*)*[\w-]+\s*:")
 _DATE_NAME = re.compile(r"(\d{4}-\d{2}-\d{2})")
 _INLINE_MARKUP = re.compile(r"[`*_]+|\[([^\]]*)\]\([^)]*\)")
-_TAG_SPLIT = re.compile(r"[,\s]+")
-
-
-@dataclass(frozen=True, slots=True)
-class FrontMatter:
-    """A note's front matter: ``lines`` it spans from the top (0 when there is none), its ``title`` (None when it
-    names none) and ``tags`` (``tags`` or ``tag``: a list or a comma/space separated string, ``#`` dropped)."""
-
-    lines: int = 0
-    title: str | None = None
-    tags: tuple[str, ...] = ()
-
-
-def front_matter(text: str) -> FrontMatter:
-    """The front matter block at the very start of ``text`` (``\\n`` line ends): ``---`` YAML (closed by ``---``
-    or ``...``) or ``+++`` TOML (closed by ``+++``). A block counts when it parses to a mapping (or is empty), or,
-    YAML that does not parse, when it opens with a ``key:`` line (an editor still shows it as properties); a
-    ``---`` thematic break over a paragraph is no front matter. Its lines are never read as headings or text."""
-    match = _FRONT_MATTER.match(text)
-    if not match or (match["fence"] == "+++") != (match["close"] == "+++"):
-        return FrontMatter()
-    body = match["body"] or ""
-    lines = text.count("\n", 0, match.end()) + (0 if match.group(0).endswith("\n") else 1)
-    try:
-        data = tomllib.loads(body) if match["fence"] == "+++" else yaml.load(body, Loader=_YAML_LOADER)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError, RecursionError):
-        return FrontMatter(lines) if match["fence"] == "---" and _YAML_KEY.match(body) else FrontMatter()
-    if data is None:
-        return FrontMatter(lines)
-    if not isinstance(data, dict):
-        return FrontMatter()
-    raw_title = data.get("title")
-    title = " ".join(str(raw_title).split()) if isinstance(raw_title, str | int | float) else ""
-    raw = data.get("tags", data.get("tag"))
-    items = _TAG_SPLIT.split(raw) if isinstance(raw, str) else raw if isinstance(raw, list) else []
-    tags = (str(t).strip().lstrip("#") for t in items if isinstance(t, str | int | float))
-    return FrontMatter(lines, title or None, tuple(dict.fromkeys(t for t in tags if t)))
-
-
-def front_matter_lines(text: str) -> int:
-    """How many lines the front matter block (``front_matter``) at the top of ``text`` spans; 0 when none."""
-    return front_matter(text).lines
 
 
 def _clean_heading(inline: str) -> str:

@@ -109,12 +109,9 @@ class Request(BaseModel):
     @classmethod
     def _no_lone_surrogate(cls, value: Any, info: ValidationInfo) -> Any:
         texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-        if info.field_name != "query" and any(_SURROGATE.search(t) for t in texts if isinstance(t, str)):
+        if info.field_name != "query" and any(isinstance(t, str) and t != _clean(t) for t in texts):
             raise ValueError("holds an unpaired UTF-16 surrogate (not valid Unicode text)")
         return value
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class SearchRequest(Request):

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from indexer.api import HEAD_BYTES, MODALITY_PATTERN, TEXT, Chunk, ExtractContext, FileInfo
+from indexer.contract import CLASSIFIERS, EMBEDDERS, EXTRACTORS, RERANKERS, check_contract, declared
 from indexer.errors import ExtractError, FileSkipped, PluginError
-from indexer.plugins import CLASSIFIERS, EMBEDDERS, EXTRACTORS, RERANKERS, check_contract, declared
 
 __all__ = [
     "check_classifier", "check_embedder", "check_extractor", "check_extractor_rejects", "check_reranker",

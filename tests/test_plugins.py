@@ -25,8 +25,9 @@ from structlog.testing import capture_logs
 from indexer import api, testing
 from indexer.api import GROUPS
 from indexer.config import load_settings
+from indexer.contract import CONTRACT, DEFAULTS, PROTOCOLS, TEXT_EMBEDDER, check_contract
 from indexer.errors import ConfigError, ExtractError
-from indexer.plugins import CONTRACT, DEFAULTS, PROTOCOLS, TEXT_EMBEDDER, check_contract, load_registry
+from indexer.plugins import load_registry
 
 try:
     import test_plugins_fakes as fakes

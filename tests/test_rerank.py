@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from conftest import Running, make_settings, write
 
+from indexer.contract import RERANKERS
 from indexer.daemon import Indexer
-from indexer.plugins import RERANKERS
 from indexer.points import Hit, Payload
 from indexer.rerank import CrossEncoderReranker, RerankStats, rerank
 from indexer.search import SearchParams
