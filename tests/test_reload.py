@@ -186,8 +186,9 @@ def test_a_plugin_installed_while_running_is_picked_up_by_a_reload(
     with capture_logs() as logs:
         assert not Reloader(indexer, lambda: indexer.settings).apply()  # the collections are the same
     [loaded] = [e for e in logs if e["event"] == "plugins_reloaded"]
-    assert loaded["added"] == ["classifiers/fake-early qmd-fake-plugins 1.2.3 loaded",
-                               "extractors/fake-ext qmd-fake-plugins 1.2.3 loaded"] and loaded["removed"] == []
+    ours = [added for added in loaded["added"] if "qmd-fake-plugins" in added]  # others may be installed meanwhile
+    assert ours == ["classifiers/fake-early qmd-fake-plugins 1.2.3 loaded",
+                    "extractors/fake-ext qmd-fake-plugins 1.2.3 loaded"] and loaded["removed"] == []
     assert "fake" in indexer.registry.extractors and indexer.view.registry is indexer.registry
     assert indexer.pipeline.registry is indexer.registry
     assert indexer.registry.embedders == running.embedders  # the running models are kept, not loaded again
@@ -204,5 +205,6 @@ def test_a_plugin_installed_while_running_is_picked_up_by_a_reload(
         Reloader(indexer, lambda: indexer.settings).apply()
     assert indexer.registry is loaded_before and "audio" not in indexer.registry.embedders
     [restart] = [e for e in logs if e["event"] == "plugins_need_restart"]
-    assert restart["added"] == ["embedders/fake-vec qmd-fake-plugins 1.2.3 loaded"]
+    assert [added for added in restart["added"] if "qmd-fake-plugins" in added] == [
+        "embedders/fake-vec qmd-fake-plugins 1.2.3 loaded"]
     assert restart["log_level"] == "warning"
