@@ -23,6 +23,21 @@ chmod +x "$3/bin/pip"
 """
 
 
+def _pip_installs(tmp_path: Path, target: str, **variables: Path) -> list[str]:
+    """Run ``make target`` of the real Makefile with ``FAKE_PYTHON`` as ``PYTHON`` (and ``variables``); returns the
+    ``pip install`` calls its recipes made, in order. Fails the test when make fails."""
+    python = tmp_path / "python3"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    log = tmp_path / "install.log"
+    run = subprocess.run(["make", "-C", str(ROOT), "--no-print-directory", target, f"PYTHON={python}",
+                          *(f"{name}={value}" for name, value in variables.items())],
+                         env={"PATH": "/usr/local/bin:/usr/bin:/bin", "FAKE_LOG": str(log)},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return [call for call in log.read_text().splitlines() if call.startswith("pip install")]
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_two_make_installs_at_once_install_once(tmp_path: Path) -> None:
     python = tmp_path / "python3"
@@ -47,15 +62,7 @@ def test_the_service_venv_is_lean_and_the_readme_steps_have_no_placeholder(tmp_p
     """The README's service steps build the service's virtualenv with ``make service-venv``: the package (int8
     included), not the test, bench and lint extras nor the media plugins that ``make install`` adds (2.4 GB), and no
     step asks the operator to fill in a ``<placeholder>``."""
-    python = tmp_path / "python3"
-    python.write_text(FAKE_PYTHON)
-    python.chmod(0o755)
-    log, prefix = tmp_path / "install.log", tmp_path / "opt"
-    run = subprocess.run(["make", "-C", str(ROOT), "--no-print-directory", "service-venv", f"PYTHON={python}",
-                          f"PREFIX={prefix}"], env={"PATH": "/usr/local/bin:/usr/bin:/bin", "FAKE_LOG": str(log)},
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    installs = [call for call in log.read_text().splitlines() if call.startswith("pip install")]
+    installs = _pip_installs(tmp_path, "service-venv", PREFIX=tmp_path / "opt")
     assert any(call.endswith("--upgrade .") for call in installs), installs
     assert not any(word in call for call in installs for word in ("test", "bench", "lint", "plugins/", "-e ")), installs
     readme = (ROOT / "README.md").read_text()
@@ -71,15 +78,7 @@ def test_make_demo_installs_the_package_alone_and_a_plain_install_gets_the_int8_
     ran fp32 (about 4x slower saves, 3x slower searches) where ``make install`` ran int8."""
     import tomllib
 
-    python = tmp_path / "python3"
-    python.write_text(FAKE_PYTHON)
-    python.chmod(0o755)
-    log, venv = tmp_path / "install.log", tmp_path / "venv"
-    run = subprocess.run(["make", "-C", str(ROOT), "--no-print-directory", "install-lean", f"PYTHON={python}",
-                          f"VENV={venv}"], env={"PATH": "/usr/local/bin:/usr/bin:/bin", "FAKE_LOG": str(log)},
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    installs = [call for call in log.read_text().splitlines() if call.startswith("pip install")]
+    installs = _pip_installs(tmp_path, "install-lean", VENV=tmp_path / "venv")
     assert installs[-1].endswith("-e ."), installs
     assert not any(word in call for call in installs for word in ("test", "bench", "lint", "plugins/")), installs
     demo = next(line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith("demo:"))
