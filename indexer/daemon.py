@@ -61,15 +61,20 @@ class Indexer:
     def __init__(self, settings: Settings, registry: Registry, store: Store, cache: EmbeddingCache,
                  terms: Bm25Terms, clock: Callable[[], float] = time.monotonic, polling: bool = False,
                  reindex: bool = False) -> None:
-        self.registry, self.store, self.terms, self.polling, self._cache = registry, store, terms, polling, cache
+        self.store, self.terms, self.polling, self._cache = store, terms, polling, cache
         self.state = IndexState(Plan.of(settings))
         self.pipeline = Pipeline(registry, cache, settings.max_file_bytes, terms)
         self.settler = Settler(settings.settle_s, clock, settings.settle_max_s)  # debounce queue
         self.metrics = Metrics()  # GET /metrics
-        self.view = StatusView(self.state, self.settler, store, registry, self.pipeline.stats, terms, self.metrics)
+        self.view = StatusView(self.state, self.settler, store, self.pipeline, terms, self.metrics)
         self.sync = Sync(self.state, self.pipeline, store, self.metrics)
         if reindex:
             self.state.rebuild_requested.set()
+
+    @property
+    def registry(self) -> Registry:
+        """The loaded plugins: the pipeline's, their one holder (a reload that finds new ones swaps them there)."""
+        return self.pipeline.registry
 
     @property
     def settings(self) -> Settings:

@@ -80,7 +80,7 @@ class Reloader:
             return self._failed(str(exc))
         plugins_changed = registry is not indexer.registry
         if plugins_changed:  # before the plan swap below: a searcher made for the new plan sees the new plugins
-            indexer.registry = indexer.pipeline.registry = indexer.view.registry = registry
+            indexer.pipeline.registry = registry  # their one holder: the indexer and the status view read it there
         restart = sorted(key for key in type(old).model_fields
                          if key not in LIVE and getattr(new, key) != getattr(old, key))
         if restart:

@@ -18,7 +18,7 @@ import structlog
 
 from indexer.bm25 import Bm25Terms
 from indexer.metrics import Metrics
-from indexer.pipeline import Stats
+from indexer.pipeline import Pipeline, Stats
 from indexer.plugins import Registry
 from indexer.points import stat_identity
 from indexer.rerank import RerankStats, rerank_status
@@ -36,15 +36,25 @@ FAILED_LISTED = 20  # the failing files ``status`` names (``failed_files``); ``f
 
 
 class StatusView:
-    """A read-only view of one daemon (see the module). ``stats``: the pipeline's counters since start;
-    ``metrics``: the daemon's metrics (a reader records its searches there and serves the scrape)."""
+    """A read-only view of one daemon (see the module). ``pipeline``: whose plugins (``registry``) and counters
+    since start (``stats``) it reports; ``metrics``: the daemon's metrics (a reader records its searches there and
+    serves the scrape)."""
 
-    def __init__(self, state: IndexState, settler: Settler, store: Store, registry: Registry, stats: Stats,
-                 terms: Bm25Terms, metrics: Metrics) -> None:
-        self.state, self.settler, self.store, self.registry = state, settler, store, registry
-        self.stats, self.terms, self.metrics = stats, terms, metrics
+    def __init__(self, state: IndexState, settler: Settler, store: Store, pipeline: Pipeline, terms: Bm25Terms,
+                 metrics: Metrics) -> None:
+        self.state, self.settler, self.store, self.pipeline = state, settler, store, pipeline
+        self.terms, self.metrics = terms, metrics
         self.rerank_stats = RerankStats()  # shared by the searchers made here; ``status`` reports it
         metrics.read_from(self)
+
+    @property
+    def registry(self) -> Registry:
+        """The loaded plugins (the pipeline's: a reload that finds new ones swaps them there)."""
+        return self.pipeline.registry
+
+    @property
+    def stats(self) -> Stats:
+        return self.pipeline.stats
 
     @property
     def plan(self) -> Plan:
