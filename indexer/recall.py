@@ -22,12 +22,21 @@ from indexer.api import HEAD_BYTES
 from indexer.chunking import split_lines
 from indexer.errors import ReadRefused
 from indexer.safeio import UnsafePath, open_beneath
-from indexer.schema import DEFAULT_K, LIST_CAP, BootContext, Hit, Omitted, Page, SearchRequest, SearchResponse
+from indexer.schema import (
+    DEFAULT_K,
+    DEFAULT_MAX_CHARS,
+    LIST_CAP,
+    BootContext,
+    Hit,
+    Omitted,
+    Page,
+    SearchRequest,
+    SearchResponse,
+)
 from indexer.search import SNIPPET_CHARS, Searcher, relevant
 from indexer.store import Store
 from indexer.workspace import Collection, anchor, route
 
-DEFAULT_MAX_CHARS = 12_000
 LIST_ALL = frozenset({"", "*", "all"})
 
 
