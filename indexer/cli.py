@@ -288,9 +288,9 @@ def mcp_(config: Path | None, port: int | None) -> None:
     """
     settings = settings_from(config, None, None, None, port)
     configure_logging(settings.log_format, settings.log_level)
-    from indexer.mcp import build_server
+    from indexer.mcp import build_server, serve_stdio
 
-    build_server(_client(config, settings.port)).run("stdio")
+    serve_stdio(build_server(_client(config, settings.port)))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,19 +24,31 @@ arguments from ``SearchRequest`` itself (``request_signature``), so a field adde
 Errors the model should read (unknown agent or collection, path refused, missing file, bad value, daemon or Qdrant
 unavailable) are raised as the SDK's ``ToolError``: the call returns ``is_error`` with the message as text.
 Arguments that do not fit the schema return the validation message the same way.
+
+JSON may carry an unpaired UTF-16 surrogate (``"\\ud800"``), which the SDK's JSON parser refuses as a parse error of
+the whole message (no id: the agent cannot tell which call failed; over stdio it waits for an answer that never
+comes). Both transports read messages through ``parseable`` first, so such a message reaches the tools with each
+unpaired surrogate read as ``?``, as the HTTP API reads the query (``indexer.schema``).
 """
 
 from __future__ import annotations
 
 import inspect
+import io
+import json
+import re
+import sys
 import typing
-from collections.abc import Callable, Collection
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection
+from typing import Any, Protocol, TypeVar, cast
 
+import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.stdio import stdio_server
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from indexer import __version__
 from indexer.client import ClientError
@@ -58,6 +70,7 @@ from indexer.schema import (
     SearchRequest,
     SearchResponse,
     Status,
+    clean_text,
     error_answer,
 )
 
@@ -192,3 +205,89 @@ def build_server(memory: Memory) -> MCPServer:
         return _ask(memory.status)
 
     return server
+
+
+#: a JSON ``\\u`` escape of a UTF-16 surrogate, paired or not: only a message holding one is re-read by ``parseable``
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def parseable(message: str) -> str:
+    """One JSON-RPC message (a line of stdio, a POST body) that the SDK's parser accepts: ``message`` itself, or
+    when it holds an unpaired surrogate escape, the same JSON with each one read as ``?`` (every string, keys too).
+    A message that is not JSON at all is returned as it is, for the SDK to answer its parse error."""
+    if not _SURROGATE_ESCAPE.search(message):
+        return message
+    try:
+        value = json.loads(message)  # Python's parser keeps unpaired surrogates
+    except ValueError:
+        return message
+    return json.dumps(_cleaned(value), ensure_ascii=False)
+
+
+def _cleaned(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [_cleaned(item) for item in value]
+    if isinstance(value, dict):
+        return {clean_text(key): _cleaned(item) for key, item in value.items()}
+    return value
+
+
+class ParseableBody:
+    """ASGI wrapper of the ``/mcp`` endpoint: a POST body is read whole (the ``Guard`` caps its size) and handed on
+    through ``parseable``; other requests pass untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left
+                await self.app(scope, _replay([message]), send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        try:
+            body = parseable(body.decode("utf-8")).encode("utf-8")
+        except UnicodeDecodeError:
+            pass  # not UTF-8: the SDK answers its parse error
+        await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive), send)
+
+
+def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
+    async def receive() -> Message:
+        if messages:
+            return messages.pop(0)
+        if then is None:
+            return {"type": "http.disconnect"}
+        return await then()
+
+    return receive
+
+
+async def _parseable_lines(lines: AsyncIterable[str]) -> AsyncIterator[str]:
+    async for line in lines:
+        yield parseable(line)
+
+
+def serve_stdio(server: MCPServer) -> None:
+    """``server.run("stdio")`` with each line read through ``parseable``. The SDK takes an explicit stdin stream only
+    at its low level, so this is its ``run_stdio_async`` with that one argument added; stdout is the SDK's own (it
+    diverts fd 1 to stderr meanwhile, so stray output never reaches the wire)."""
+
+    async def run() -> None:
+        stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+        lines = cast(anyio.AsyncFile[str], _parseable_lines(anyio.wrap_file(stdin)))
+        lowlevel = server._lowlevel_server  # noqa: SLF001 (see the docstring)
+        async with stdio_server(stdin=lines) as (read_stream, write_stream):
+            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+    anyio.run(run)

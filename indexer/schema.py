@@ -37,14 +37,14 @@ from pydantic import (
 from typing_extensions import TypedDict
 
 
-def _clean(text: str) -> str:
+def clean_text(text: str) -> str:
     """``text`` with each unpaired UTF-16 surrogate (``"\\ud800"``, which JSON may carry and no tokenizer can
     encode) replaced by ``?``."""
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------
-Query = Annotated[str, AfterValidator(_clean), Field(
+Query = Annotated[str, AfterValidator(clean_text), Field(
     validation_alias=AliasChoices("query", "q"),
     description="What to look for, in natural language or exact words (names, ids).")]
 K = Annotated[int, Field(strict=True, ge=1, le=1000, validation_alias=AliasChoices("k", "top_k", "limit"),
@@ -100,7 +100,7 @@ DEFAULT_MAX_CHARS = 12_000
 class Request(BaseModel):
     """What every request body shares: its published schema is what is enforced. Numbers are strict (``true`` is not
     1, ``842.0`` is not an integer), a field the schema does not have is refused, and no text argument but the
-    query (which is cleaned, ``_clean``) may hold an unpaired UTF-16 surrogate, which JSON can carry and UTF-8
+    query (which is cleaned, ``clean_text``) may hold an unpaired UTF-16 surrogate, which JSON can carry and UTF-8
     cannot (it reached the store's filter as a ``UnicodeEncodeError``). Each is a 422 over HTTP."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -109,7 +109,7 @@ class Request(BaseModel):
     @classmethod
     def _no_lone_surrogate(cls, value: Any, info: ValidationInfo) -> Any:
         texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-        if info.field_name != "query" and any(isinstance(t, str) and t != _clean(t) for t in texts):
+        if info.field_name != "query" and any(isinstance(t, str) and t != clean_text(t) for t in texts):
             raise ValueError("holds an unpaired UTF-16 surrogate (not valid Unicode text)")
         return value
 

@@ -205,7 +205,7 @@ def create_app(view: StatusView) -> FastAPI:
     """The API app over a daemon's ``view`` (``Indexer.view``), with the MCP tools at ``/mcp``. ``/mcp`` is a route
     of this app, so the ``Guard`` middleware (Host, Origin, token, body size) wraps it too; it needs the app's
     lifespan to run, once (uvicorn ``lifespan="on"``, or ``with TestClient(app)``); a request without it is a 500."""
-    from indexer.mcp import build_server
+    from indexer.mcp import ParseableBody, build_server
 
     memory = LocalMemory(view)
     settings = view.plan.settings  # host, port and token are read once at start (a reload does not change them)
@@ -216,7 +216,9 @@ def create_app(view: StatusView) -> FastAPI:
     app = FastAPI(title="qmd-indexer", version=__version__, summary="Semantic search over an agent's memory files",
                   lifespan=lambda _app: mcp_server.session_manager.run(), docs_url=None, redoc_url=None)
     app.add_middleware(Guard, host=settings.host, port=settings.port, token=settings.token)
-    app.router.routes.extend(mcp_http.routes)  # the /mcp route itself, not a sub-app: no redirect, same middleware
+    for route in mcp_http.routes:  # the /mcp route itself, not a sub-app: no redirect, same middleware
+        route.app = ParseableBody(route.app)  # type: ignore[attr-defined]
+    app.router.routes.extend(mcp_http.routes)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> Response:

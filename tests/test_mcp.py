@@ -4,8 +4,10 @@ on a small workspace, served by uvicorn, asked through the official ``mcp`` SDK 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -302,3 +304,43 @@ def test_event_streams_are_capped_and_a_closed_one_frees_its_place(workspace: Pa
         finally:
             for conn in opened:
                 conn.close()
+
+
+
+LONE_SURROGATE_CALL = ('{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "memory_search", '
+                       '"arguments": {"query": "ACME-4471 \\ud800", "mode": "keyword", "k": 1}}}')
+
+
+def _found_through_the_surrogate(answer: dict[str, Any]) -> None:
+    assert answer["id"] == 7 and not answer["result"]["isError"], answer
+    assert answer["result"]["structuredContent"]["hits"][0]["path"] == "memory/incidents.md"
+
+
+def test_a_lone_surrogate_over_mcp_is_read_not_a_parse_error(daemon: Served) -> None:
+    """JSON may carry an unpaired UTF-16 surrogate ("\\ud800"); the MCP SDK's parser refused the whole message
+    (-32700, no id; over stdio the agent waited for an answer that never came). Over both transports it is now read
+    as "?", as the HTTP API reads the query, and the call is answered."""
+    import httpx
+
+    over_http = httpx.post(f"http://127.0.0.1:{daemon.port}/mcp", content=LONE_SURROGATE_CALL,
+                           headers=JSON_RPC_HEADERS, timeout=60)
+    _found_through_the_surrogate(over_http.json())
+    pair = LONE_SURROGATE_CALL.replace("\\ud800", "\\ud83d\\ude00")  # a valid pair (an emoji) is kept
+    assert not httpx.post(f"http://127.0.0.1:{daemon.port}/mcp", content=pair, headers=JSON_RPC_HEADERS,
+                          timeout=60).json()["result"]["isError"]
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json"}
+    with subprocess.Popen([sys.executable, "-m", "indexer.cli", "mcp", "--port", str(daemon.port)], cwd=ROOT,
+                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True) as stdio:
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}
+        assert stdio.stdin and stdio.stdout
+        stdio.stdin.write(json.dumps(hello) + "\n")
+        stdio.stdin.write('{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        stdio.stdin.write(LONE_SURROGATE_CALL + "\n")
+        stdio.stdin.flush()
+        answers = [json.loads(stdio.stdout.readline()) for _ in range(2)]
+        assert answers[0]["id"] == 1
+        _found_through_the_surrogate(answers[1])
+        stdio.kill()
