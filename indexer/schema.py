@@ -28,9 +28,11 @@ from pydantic import (
     AfterValidator,
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     with_config,
 )
@@ -43,18 +45,43 @@ def clean_text(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
+def _integral(value: Any) -> Any:
+    """JSON Schema's ``integer`` counts a number with a zero fractional part (``842.0``) as one (JSON Schema
+    Validation, "type"); pydantic's strict ``int`` does not. Such a float is read as its integer; ``842.5``, ``true``
+    and ``"842"`` stay refused, as the published schema refuses them."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+#: an integer argument of a request body, as JSON Schema reads one (``_integral``)
+JsonInt = BeforeValidator(_integral)
+
+
+def _readable_time(value: str | None, info: ValidationInfo) -> str | None:
+    """Refuse at the contract (422) a ``since``/``until`` that ``parse_time`` cannot read (one holding a lone
+    surrogate is left to ``Request``'s check, which says so)."""
+    if value is not None and value == clean_text(value):
+        parse_time(value, info.field_name or "since", 0.0)
+    return value
+
+
+#: the forms ``parse_time`` reads, as the published schema: a duration, an RFC 3339 date or date-time
+_TIME_SCHEMA = {"anyOf": [{"type": "string", "pattern": r"^ *[0-9]+(\.[0-9]+)? *[smhdw] *$"},
+                          {"type": "string", "format": "date"}, {"type": "string", "format": "date-time"},
+                          {"type": "null"}]}
+
+
 # -- arguments ---------------------------------------------------------------------------------------------------
 Query = Annotated[str, AfterValidator(clean_text), Field(
     validation_alias=AliasChoices("query", "q"),
     description="What to look for, in natural language or exact words (names, ids).")]
 K = Annotated[int, Field(strict=True, ge=1, le=1000, validation_alias=AliasChoices("k", "top_k", "limit"),
-                         description="How many hits to return, best first.")]
+                         description="How many hits to return, best first."), JsonInt]
 RecallK = Annotated[int | None, Field(strict=True, ge=1, le=10_000,
                                       validation_alias=AliasChoices("k", "top_k", "limit"), description=(
     "How many memories to return: hits (default 6), or files of a listing (default and at most 1000 a page; "
-    "`next_offset` continues)."))]
+    "`next_offset` continues).")), JsonInt]
 Offset = Annotated[int, Field(strict=True, ge=0, description=(
-    "A listing's first file (0-based, in path order): the `next_offset` of the page before."))]
+    "A listing's first file (0-based, in path order): the `next_offset` of the page before.")), JsonInt]
 Agent = Annotated[str | None, Field(description=(
     "Whose memory: this agent's only. Optional when the daemon has one agent or a configured default_agent (then "
     "that one); with several agents and no default_agent it is required (a request without it is refused, naming "
@@ -69,10 +96,12 @@ Kinds = Annotated[list[str] | str | None, Field(
     description="Only these source kinds (one or a list): markdown, image, audio...")]
 MinScore = Annotated[float | None, Field(
     strict=True, allow_inf_nan=False, description="Drop hits scoring below this (fused score; cosine in dense mode).")]
-Since = Annotated[str | None, Field(description="Only files modified since: a duration (7d, 12h, 30m, 2w) or an "
-                                                "ISO date/date-time (2026-11-01, 2026-11-01T09:30).")]
-Until = Annotated[str | None, Field(description="Only files modified before: a duration ago (7d, 12h, 30m, 2w) or an "
-                                                "ISO date/date-time (2026-11-01, 2026-11-01T09:30).")]
+Since = Annotated[str | None, AfterValidator(_readable_time), WithJsonSchema(_TIME_SCHEMA), Field(
+    description="Only files modified since: a duration (7d, 12h, 30m, 2w) or an ISO date/date-time (2026-11-01, "
+                "2026-11-01T09:30).")]
+Until = Annotated[str | None, AfterValidator(_readable_time), WithJsonSchema(_TIME_SCHEMA), Field(
+    description="Only files modified before: a duration ago (7d, 12h, 30m, 2w) or an ISO date/date-time "
+                "(2026-11-01, 2026-11-01T09:30).")]
 MemoryPath = Annotated[str, Field(min_length=1, description="A memory file, workspace-relative (memory/2026-11-27.md, "
                                                       "MEMORY.md), as a hit's `path` gives it.")]
 FromLine = Annotated[int, Field(ge=1, validation_alias=AliasChoices("from", "from_line"),
@@ -81,7 +110,7 @@ Lines = Annotated[int | None, Field(ge=1, description="At most this many lines."
 MaxChars = Annotated[int, Field(ge=1, le=1_000_000, description="At most this many characters, in whole lines.")]
 BudgetChars = Annotated[int, Field(strict=True, ge=1, le=1_000_000,
                                    validation_alias=AliasChoices("budget_chars", "budget"),
-                                   description="Size of the boot context, in characters.")]
+                                   description="Size of the boot context, in characters."), JsonInt]
 RecallQuery = Annotated[str, Field(validation_alias=AliasChoices("query", "q"),
                                    description="What to recall; `*`, `all` or empty lists every memory file.")]
 WaitS = Annotated[float, Field(strict=True, ge=0, le=10, allow_inf_nan=False, description=(
@@ -99,9 +128,10 @@ DEFAULT_MAX_CHARS = 12_000
 # -- requests ----------------------------------------------------------------------------------------------------
 class Request(BaseModel):
     """What every request body shares: its published schema is what is enforced. Numbers are strict (``true`` is not
-    1, ``842.0`` is not an integer), a field the schema does not have is refused, and no text argument but the
-    query (which is cleaned, ``clean_text``) may hold an unpaired UTF-16 surrogate, which JSON can carry and UTF-8
-    cannot (it reached the store's filter as a ``UnicodeEncodeError``). Each is a 422 over HTTP."""
+    1, ``842.5`` is not an integer; ``842.0`` is one, as JSON Schema reads it), a field the schema does not have is
+    refused, a ``since``/``until`` must be a form ``parse_time`` reads, and no text argument but the query (which is
+    cleaned, ``clean_text``) may hold an unpaired UTF-16 surrogate, which JSON can carry and UTF-8 cannot (it reached
+    the store's filter as a ``UnicodeEncodeError``). Each is a 422 over HTTP."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -117,9 +147,8 @@ class Request(BaseModel):
 class SearchRequest(Request):
     """``POST /search``, and the ``memory_search`` tool's arguments (all but ``wait_s``): ``k`` hits for ``query``."""
 
-    # A bad value is pydantic's ValidationError (422 over HTTP); a since/until that parse_time cannot read is a
-    # ValueError when the search runs (since_ns, until_ns; 400 over HTTP). search_request also refuses an unknown
-    # keyword.
+    # A bad value, a since/until that parse_time cannot read included, is pydantic's ValidationError (422 over
+    # HTTP). search_request also refuses an unknown keyword.
 
     query: Query
     k: K = DEFAULT_K
@@ -164,24 +193,33 @@ def names(value: list[str] | str | None) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
+_DURATION = re.compile(r"^ *([0-9]+(?:\.[0-9]+)?) *(s|m|h|d|w) *$")  # as _TIME_SCHEMA publishes it
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 
 
 def parse_time(value: str, name: str = "since", now_s: float | None = None) -> int:
     """A time argument (``name``, for the error) as nanoseconds since the epoch: a duration back from ``now_s``
     (``90s``, ``30m``, ``12h``, ``7d``, ``2w``), an ISO 8601 date (``2026-11-01``: local midnight) or date-time
-    (``2026-11-01T09:30``, local time unless it carries an offset). Raises ``ValueError`` naming the accepted forms."""
+    (``2026-11-01T09:30``, local time unless it carries an offset; RFC 3339's lower-case ``t`` and ``z`` too).
+    A moment beyond what 64 bits of nanoseconds hold (before 1677, after 2262) is clamped to that range. Raises
+    ``ValueError`` naming the accepted forms."""
     match = _DURATION.match(value)
     if match:
         now = time.time() if now_s is None else now_s
-        return int((now - float(match[1]) * _SECONDS[match[2]]) * 1e9)
+        return _clamped((now - float(match[1]) * _SECONDS[match[2]]) * 1e9)
     try:
-        moment = datetime.fromisoformat(value.strip())
+        moment = datetime.fromisoformat(value.upper())
     except ValueError:
         raise ValueError(f"{name} must be a duration such as 7d, 12h, 30m, 2w or an ISO date/date-time such as "
                          f"2026-11-01 or 2026-11-01T09:30, got {value!r}") from None
-    return int(moment.timestamp() * 1e9)
+    try:
+        return _clamped(moment.timestamp() * 1e9)
+    except (OverflowError, OSError, ValueError):  # year 1 or 9999 shifted out of range by the local offset
+        return _clamped(float("-inf") if moment.year < 1970 else float("inf"))
+
+
+def _clamped(ns: float) -> int:
+    return int(max(-(2**63), min(2**63 - 1, ns)))
 
 
 class RecallRequest(Request):

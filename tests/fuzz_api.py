@@ -27,6 +27,11 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTSIDE = "OUTSIDE-FUZZ-SECRET-22c7"
+#: what every answer is checked for: no 5xx; the declared content type, status code and response schema; and that
+#: the server and the published request schema agree both ways (a request the schema allows is not refused with
+#: 4xx for its shape, one it forbids is refused)
+CHECKS = ("not_a_server_error,content_type_conformance,status_code_conformance,response_schema_conformance,"
+          "positive_data_acceptance,negative_data_rejection")
 
 
 def main() -> int:
@@ -57,7 +62,7 @@ def main() -> int:
                 return 1
             time.sleep(0.5)
         schemathesis = [str(Path(sys.executable).with_name("schemathesis")), "run", f"{url}/openapi.json",
-                        "--checks", "not_a_server_error,content_type_conformance,response_schema_conformance",
+                        "--checks", CHECKS,
                         "--max-examples", str(args.examples), "--seed", str(args.seed), "--workers", "1",
                         "--phases", "examples,coverage,fuzzing", "--request-timeout", "30"]
         print("$", " ".join(schemathesis), flush=True)
