@@ -9,7 +9,8 @@ Large collections (``qdrant_on_disk_vectors``, ``qdrant_quantization``, applied 
 copy, the HNSW graph and payload indexes are memory-mapped in Qdrant's ``Memory.Cold`` tier (read on first use;
 ``edge_config``), so a million-point shard loads reading almost nothing; ``edge_warm`` then brings the search files
 into the page cache. Without on-disk vectors the int8 copy is pinned in RAM. Dense searches use the int8 copy and
-rescore with the originals; Qdrant builds that copy when ``build_index`` optimizes a segment.
+rescore with the originals; Qdrant builds that copy when ``build_index`` optimizes a segment. On tmpfs every new
+collection is created so, whatever the setting: there the files are memory already (see ``__init__``).
 """
 
 from __future__ import annotations
@@ -76,10 +77,14 @@ class EdgeStore(Store):
         self._qe = qe
         self.root = root
         self.min_free_bytes = min_free_bytes
-        self.on_disk_vectors = on_disk_vectors  # for new collections (see the module docstring)
+        self.root.mkdir(parents=True, exist_ok=True)
+        # for new collections (see the module docstring). On tmpfs the files are memory already: Edge's default
+        # tiers would load a second copy, and the read faults of loading back the files' preallocated holes with
+        # tmpfs pages (edge_warm), so new collections there are cold too, and nothing needs warming.
+        self.on_tmpfs = filesystem_type(root) == "tmpfs"
+        self.on_disk_vectors = on_disk_vectors or self.on_tmpfs
         self.quantization = quantization  # "none" or "int8", for new collections
         self._rescored: dict[str, Any] = {}  # physical collection -> its dense search params (quantized: rescore)
-        self.root.mkdir(parents=True, exist_ok=True)
         self._shards: dict[str, Any] = {}
         self._lock_fd: int | None = None
         # while ``build_index`` runs: (physical collection copied, the writes made to it since, in order)
@@ -162,14 +167,15 @@ class EdgeStore(Store):
                         f"query it with `qmd-indexer search`, or stop it first") from None
                 raise
             self._shards[name] = shard
-            if any(v.get("memory") == "cold" for v in self._edge_config(name).get("vectors", {}).values()):
+            cold = any(v.get("memory") == "cold" for v in self._edge_config(name).get("vectors", {}).values())
+            if cold and not self.on_tmpfs:
                 self.warmer.warm(name, self.root / name)
         return shard
 
     def _ensure_room_to_load(self, name: str) -> None:
         """On tmpfs, loading a shard backs its sparse files with memory in full (``edge_warm.unallocated_bytes``) and
         a full tmpfs kills the process with SIGBUS: raise ``StateDirFull`` (logged once) unless that room is there."""
-        if filesystem_type(self.root) == "tmpfs":
+        if self.on_tmpfs:
             try:
                 self.ensure_room(unallocated_bytes(self.root / name))
             except StateDirFull as exc:

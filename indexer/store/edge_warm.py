@@ -4,6 +4,9 @@ loads, on a background thread (``Warmer``), and the room a load takes on tmpfs (
 On tmpfs, loading a shard maps its preallocated, sparse files (the vectors' 32 MiB chunk, 4 MiB payload index maps,
 32 MiB payload and sparse-vector pages) and the read faults of those maps allocate tmpfs pages: a 16-note store grew
 from 33 to 168 MB at its first restart. Other file systems map holes without allocating (1.2 MB both times on ext4).
+``EdgeStore`` creates every collection on tmpfs in the cold tier, so a load maps its vectors without reading them:
+that restart now grows the store 29 -> 101 MB (the rest is the payload indexes' maps, loaded in every tier), and
+before a load ``unallocated_bytes`` says how much room it may take.
 
 A shard created with ``qdrant_on_disk_vectors`` has its vectors, int8 copy, HNSW graph and payload indexes in
 Qdrant's ``cold`` tier: ``EdgeShard.load`` maps them and reads nothing, so a restart at a million points loads in
