@@ -6,8 +6,9 @@ before a route runs and before a body is read:
 - a ``Host`` header naming anything but the bound address, ``localhost``, ``127.0.0.1`` or ``[::1]`` with the
   bound port (403): a web page that rebinds its own DNS name to 127.0.0.1 sends its own name. On a non-loopback
   bind any IP-literal host with that port is also accepted (no DNS name can be rebound to an address literal);
-- a browser ``Origin`` that is not a loopback origin (403): no web page can drive the API, even with a simple
-  cross-origin POST that needs no preflight;
+- a browser ``Origin`` that is not a loopback origin nor the daemon's own (the allowed ``Host``, for the web page
+  opened at a LAN address) (403): no other web page can drive the API, even with a simple cross-origin POST that
+  needs no preflight;
 - without ``Authorization: Bearer <token>`` when a token is configured (401; compared in constant time), except a
   ``GET`` of the ``public`` paths: the web page's static files, which hold no data (the page asks for the token and
   sends it with each API call);
@@ -121,7 +122,8 @@ class Guard:
         if not self.host_allowed(headers.get("host", "")):
             await _reject(send, 403, "host not allowed: use http://127.0.0.1:<port> (DNS-rebinding protection)")
             return
-        if "origin" in headers and not self.origin_allowed(headers["origin"]):
+        own = {f"{scheme}://{headers.get('host', '').strip().lower()}" for scheme in ("http", "https")}
+        if "origin" in headers and not self.origin_allowed(headers["origin"]) and headers["origin"].lower() not in own:
             await _reject(send, 403, "cross-origin requests are refused: only loopback origins may call the API")
             return
         if self.token and not (scope.get("method") == "GET" and scope.get("path") in self.public):

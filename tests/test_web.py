@@ -57,6 +57,19 @@ def test_the_page_holds_no_data_and_allows_only_its_own_files(make_indexer, work
         assert client.get("/", headers={"host": "evil.example:8743"}).status_code == 403  # the Host guard holds
 
 
+def test_on_a_lan_address_the_page_may_call_the_api_and_no_other_origin_may(make_indexer, workspace: Path) -> None:
+    """Bound to all interfaces (with a token), the page opened at a LAN address sends that address as its Origin:
+    the daemon's own origin is accepted; another LAN origin, or a DNS name, is not."""
+    indexer = make_indexer([{"agent": "main", "path": workspace}], token=TOKEN, host="0.0.0.0", port=8743)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with TestClient(create_app(indexer.view), base_url="http://192.168.7.20:8743") as client:
+        own = client.post("/search", json={"query": "deploy"}, headers={**auth, "Origin": "http://192.168.7.20:8743"})
+        assert own.status_code == 200, own.text
+        for origin in ("http://192.168.7.21:8743", "http://192.168.7.20:8744", "http://evil.example:8743"):
+            answer = client.post("/search", json={"query": "deploy"}, headers={**auth, "Origin": origin})
+            assert answer.status_code == 403, origin
+
+
 # -- a real daemon in a real browser -----------------------------------------------------------------------------
 def _browser_or_skip() -> tuple[Any, str, str]:
     """selenium's webdriver module and the chromium and chromedriver paths; skips (fails under CI=true) without."""
