@@ -6,9 +6,12 @@ before a route runs and before a body is read:
 - a ``Host`` header naming anything but the bound address, ``localhost``, ``127.0.0.1`` or ``[::1]`` with the
   bound port (403): a web page that rebinds its own DNS name to 127.0.0.1 sends its own name. On a non-loopback
   bind any IP-literal host with that port is also accepted (no DNS name can be rebound to an address literal);
-- a browser ``Origin`` that is not a loopback origin (403): no web page can drive the API, even with a simple
-  cross-origin POST that needs no preflight;
-- without ``Authorization: Bearer <token>`` when a token is configured (401; compared in constant time);
+- a browser ``Origin`` that is not a loopback origin nor the daemon's own (the allowed ``Host``, for the web page
+  opened at a LAN address) (403): no other web page can drive the API, even with a simple cross-origin POST that
+  needs no preflight;
+- without ``Authorization: Bearer <token>`` when a token is configured (401; compared in constant time), except a
+  ``GET`` of the ``public`` paths: the web page's static files, which hold no data (the page asks for the token and
+  sends it with each API call);
 - a body over ``MAX_BODY_BYTES`` (413), by ``Content-Length`` or as it streams in;
 - a ``GET /mcp`` event stream beyond ``MAX_EVENT_STREAMS`` open at once (503 with ``Retry-After``): each is held
   open until the client leaves, and costs a descriptor and memory (2,000 of them cost +170 MB).
@@ -81,7 +84,8 @@ class Guard:
     """ASGI middleware applying the rules above to ``app`` for a daemon bound to ``host``:``port``."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], host: str, port: int, token: str = "",
-                 max_body_bytes: int = MAX_BODY_BYTES, max_streams: int | None = None) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, max_streams: int | None = None,
+                 public: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.port = str(port)
         self.bound = host.lower()
@@ -91,6 +95,7 @@ class Guard:
         self.max_body_bytes = max_body_bytes
         self.max_streams = MAX_EVENT_STREAMS if max_streams is None else max_streams
         self.streams = 0  # GET /mcp event streams open now (changed on the event loop only)
+        self.public = public  # paths a GET may fetch without the token (static files, no data)
 
     def host_allowed(self, value: str) -> bool:
         name, port = _split_host(value.strip().lower())
@@ -117,10 +122,11 @@ class Guard:
         if not self.host_allowed(headers.get("host", "")):
             await _reject(send, 403, "host not allowed: use http://127.0.0.1:<port> (DNS-rebinding protection)")
             return
-        if "origin" in headers and not self.origin_allowed(headers["origin"]):
+        own = {f"{scheme}://{headers.get('host', '').strip().lower()}" for scheme in ("http", "https")}
+        if "origin" in headers and not self.origin_allowed(headers["origin"]) and headers["origin"].lower() not in own:
             await _reject(send, 403, "cross-origin requests are refused: only loopback origins may call the API")
             return
-        if self.token:
+        if self.token and not (scope.get("method") == "GET" and scope.get("path") in self.public):
             scheme, _, given = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), self.token):
                 await _reject(send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])

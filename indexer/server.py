@@ -5,6 +5,8 @@ is the contract.
 =========  ===========  ==========================================================================================
 method     path         answer
 =========  ===========  ==========================================================================================
+GET        /            the web page (``PAGE_FILES``, from ``indexer/web``): search, file and status views over
+                        these routes; its static files hold no data, so they need no token (the page asks for it)
 GET        /health      ``Health``: ``{"status": "ok", "ready": bool}``; ready once the first full index has finished
 GET        /status      ``Status``: per-collection files and chunks, ``queue_depth``, embeddings since start
 POST       /search      body ``SearchRequest``; ``SearchResponse`` ``{"hits": [Hit, ...], "relevant": bool | null,
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from importlib import resources
 from typing import Any, TypeVar
 
 import structlog
@@ -83,6 +86,25 @@ _ERRORS = {
     404: "unknown agent or collection, or a missing file",
     503: "Qdrant unreachable",
 }
+
+
+#: the web page and its static files (``indexer/web``): route -> (file, media type). ``GET`` needs no token for these
+PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/web/app.js": ("app.js", "text/javascript"),
+              "/web/app.css": ("app.css", "text/css")}
+#: the page's own script and style only, API calls to this origin only, no frames, forms or plugins
+PAGE_HEADERS = {"content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src "
+                "'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                "x-content-type-options": "nosniff", "referrer-policy": "no-referrer", "cache-control": "no-cache"}
+
+
+def _add_page(app: FastAPI) -> None:
+    """Serve ``PAGE_FILES`` (read once, here) with ``PAGE_HEADERS``: the page calls the JSON routes itself."""
+    def static(body: bytes, media_type: str) -> Callable[[], Response]:
+        return lambda: Response(body, media_type=media_type, headers=PAGE_HEADERS)
+
+    for route, (name, media_type) in PAGE_FILES.items():
+        body = (resources.files("indexer") / "web" / name).read_bytes()
+        app.add_api_route(route, static(body, media_type), methods=["GET"], include_in_schema=False)
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -215,7 +237,9 @@ def create_app(view: StatusView) -> FastAPI:
     mcp_http = mcp_server.streamable_http_app(stateless_http=True, json_response=True, host=settings.host)
     app = FastAPI(title="qmd-indexer", version=__version__, summary="Semantic search over an agent's memory files",
                   lifespan=lambda _app: mcp_server.session_manager.run(), docs_url=None, redoc_url=None)
-    app.add_middleware(Guard, host=settings.host, port=settings.port, token=settings.token)
+    app.add_middleware(Guard, host=settings.host, port=settings.port, token=settings.token,
+                       public=frozenset(PAGE_FILES))
+    _add_page(app)
     for route in mcp_http.routes:  # the /mcp route itself, not a sub-app: no redirect, same middleware
         route.app = ParseableBody(route.app)  # type: ignore[attr-defined]
     app.router.routes.extend(mcp_http.routes)
