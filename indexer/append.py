@@ -195,9 +195,9 @@ def append_entry(collections: Sequence[Collection], settings: Settings, text: st
         body = entry_body(text)
         rel_parts = _parts(workspace, path if path is not None else daily_note(workspace, now))
         rel = "/".join(rel_parts)
-        owner, _ = route(collections, workspace.path / rel)
+        owner, reason = route(collections, workspace.path / rel)  # a symlinked memory/, a nested workspace...
         if owner is None or owner.workspace != workspace or owner.role != "dir":
-            raise AppendRefused(f"{rel}: refused (not a memory file of this workspace)")
+            raise AppendRefused(f"{rel}: refused ({reason or 'not a memory file of this workspace'})")
         size = len(body.encode("utf-8"))
         file_cap = min(settings.append_max_file_bytes, settings.max_file_bytes)
         if size > settings.append_max_bytes:

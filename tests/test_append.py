@@ -23,7 +23,7 @@ from mcp import Client as McpClient
 from structlog.testing import capture_logs
 from test_mcp import Served, _free_port
 
-from indexer.append import AppendRefused, EntryTooLarge, append_entry, daily_note
+from indexer.append import AppendRefused, EntryTooLarge, _open_file, append_entry, daily_note
 from indexer.client import Client, ClientError
 from indexer.config import Settings, Workspace
 from indexer.errors import ConfigError
@@ -61,7 +61,7 @@ def daemon_fixture(tmp_path: Path, workspace: Path, make_indexer) -> Iterator[tu
                             {"agent": "locked", "path": locked},
                             {"agent": "linked", "path": linked, "append": True}],
                            port=_free_port(), default_agent="main", settle_s=1.0,  # the defaults' debounce
-                           append_max_bytes=4096, append_max_file_bytes=16_384)
+                           append_max_bytes=4096, append_max_file_bytes=64 * 1024)
     with Running(indexer), Served(indexer) as served:
         yield served, workspace
 
@@ -78,23 +78,23 @@ def _found(client: Client, token: str, path: str) -> list[dict[str, Any]]:
 def test_an_append_is_searchable_within_a_second(daemon: tuple[Served, Path]) -> None:
     served, workspace = daemon
     with Client(port=served.port) as client, capture_logs() as logs:
-        answer = _entry(client, "Decided: the ZEPHYR-881 rollout moves to Wednesday.\nOwner: Dana.")
+        text = "Decided: the ZEPHYR-881 rollout moves to Wednesday.\nOwner: Dana."
+        answer = _entry(client, text)
         written = time.monotonic()
         today = daily_note(Workspace(agent="main", path=workspace))
         assert answer == {"agent": "main", "path": today, "from": 1, "to": 2, "citation": f"{today}#L1-L2",
-                          "bytes": 67}
+                          "bytes": len(text) + 1}
         hits = wait_for(lambda: _found(client, "ZEPHYR-881", today), timeout_s=SEARCH_DEADLINE_S, interval_s=0.02)
         print(f"searchable after {time.monotonic() - written:.3f} s")
         assert hits[0]["citation"] == f"{today}#L1-L2"
         page = client.get(today, answer["from"], lines=answer["to"] - answer["from"] + 1)
-        assert page["text"] == "Decided: the ZEPHYR-881 rollout moves to Wednesday.\nOwner: Dana."
+        assert page["text"] == text
 
         second = _entry(client, "Also: ZEPHYR-882 waits for the audit.")
         assert (second["from"], second["to"]) == (4, 4)  # after a blank line
-        assert (workspace / today).read_text() == ("Decided: the ZEPHYR-881 rollout moves to Wednesday.\nOwner: Dana."
-                                                   "\n\nAlso: ZEPHYR-882 waits for the audit.\n")
+        assert (workspace / today).read_text() == text + "\n\nAlso: ZEPHYR-882 waits for the audit.\n"
     appended = [e for e in logs if e["event"] == "memory_appended"]
-    assert [(e["path"], e["bytes"], e["lines"]) for e in appended] == [(today, 67, 2), (today, 39, 1)]
+    assert [(e["path"], e["bytes"], e["lines"]) for e in appended] == [(today, len(text) + 1, 2), (today, 39, 1)]
     assert not [e for e in logs if any("ZEPHYR" in str(v) for v in e.values())]
 
 
@@ -145,7 +145,7 @@ def test_refusals_write_nothing(daemon: tuple[Served, Path], tmp_path: Path) -> 
     (workspace / "memory" / "link.md").symlink_to(tmp_path / "target.md")
     write(tmp_path / "target.md", "target\n")
     (workspace / "memory" / "linkdir").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
-    write(workspace / "memory" / "big.md", "# Big\n" + "x" * 16_000 + "\n")
+    write(workspace / "memory" / "big.md", "# Big\n" + "x" * 65_000 + "\n")
     before = _tree(tmp_path)
     cases: list[tuple[dict[str, Any], int, str]] = [
         ({"agent": "locked"}, 403, "append is off for agent 'locked'"),
@@ -231,7 +231,9 @@ def test_no_log_line_carries_the_text(daemon: tuple[Served, Path], caplog: pytes
         anyio.run(main)
     assert [e["event"] for e in logs if e["event"] == "memory_appended"] == ["memory_appended"] * 2
     assert not [e for e in logs if any("PRIVATE-NOTE" in str(v) for v in e.values())]
-    assert "PRIVATE-NOTE" not in caplog.text
+    clients = ("mcp.client", "httpx", "httpcore", "urllib3")  # this test's own clients, not the daemon
+    daemon_lines = [r.getMessage() for r in caplog.records if not r.name.startswith(clients)]
+    assert daemon_lines and not [line for line in daemon_lines if "PRIVATE-NOTE" in line]
 
 
 # -- the rules, without a daemon -----------------------------------------------------------------------------------
@@ -285,3 +287,24 @@ def test_off_by_default_and_other_refusals_in_process(tmp_path: Path) -> None:
                      "a")
     assert not (ws / "memory" / "n.md").exists()
     assert (ws / "memory" / "hard.md").read_text() == "x\n"
+
+
+def test_the_open_itself_follows_no_symlink(tmp_path: Path) -> None:
+    """The path checks come first, but the open is what holds when a symlink is swapped in after them: each
+    component is opened with O_NOFOLLOW from the workspace's descriptor."""
+    collections, settings, ws = _plan(tmp_path)
+    write(tmp_path / "elsewhere" / "x.md", "x\n")
+    (ws / "memory").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(AppendRefused, match="symlink"):
+        _open_file(ws, ["memory", "x.md"], "memory/x.md", create=True)
+    (ws / "memory").unlink()
+    (ws / "memory").mkdir()
+    (ws / "memory" / "x.md").symlink_to(tmp_path / "elsewhere" / "x.md")
+    with pytest.raises(AppendRefused, match="symlink"):
+        _open_file(ws, ["memory", "x.md"], "memory/x.md", create=True)
+    (ws / "memory" / "gone.md").symlink_to(tmp_path / "elsewhere" / "new.md")  # dangling: O_CREAT must not follow
+    with pytest.raises(AppendRefused, match="symlink"):
+        _open_file(ws, ["memory", "gone.md"], "memory/gone.md", create=True)
+    assert not (tmp_path / "elsewhere" / "new.md").exists() and (tmp_path / "elsewhere" / "x.md").read_text() == "x\n"
+    answer = append_entry(collections, settings, "inside", str(ws / "memory" / "abs.md"), "a")  # absolute, inside
+    assert answer["path"] == "memory/abs.md"
