@@ -5,7 +5,8 @@ here. Heavy modules (torch, the store) are imported inside the commands that nee
 and ``--help`` start in a fraction of a second.
 
 Exit codes: 0 success; 1 runtime failure (daemon unreachable, Qdrant unreachable, collection mismatch);
-2 usage or configuration error; 3 ``index --once`` finished but some files failed (each was logged).
+2 usage or configuration error, or a request the daemon refused (4xx: a path refused, an append off or too
+large); 3 ``index --once`` finished but some files failed (each was logged).
 """
 
 from __future__ import annotations
