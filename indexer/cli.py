@@ -1,16 +1,18 @@
 """The ``qmd-indexer`` command line (click): the group, and the commands that ask a running daemon over HTTP
-(``search``, ``get``, ``recall``, ``boot``, ``status``, ``reindex``, ``mcp``). The commands that work in this
-process (``run``, ``index``, ``migrate``, ``doctor``, ``plugins``) are ``indexer.cli_local``'s, added to the group
+(``search``, ``get``, ``recall``, ``boot``, ``status``, ``append``, ``reindex``, ``mcp``). The commands that work in
+this process (``run``, ``index``, ``migrate``, ``doctor``, ``plugins``) are ``indexer.cli_local``'s, added to the group
 here. Heavy modules (torch, the store) are imported inside the commands that need them, so ``search``, ``status``
 and ``--help`` start in a fraction of a second.
 
 Exit codes: 0 success; 1 runtime failure (daemon unreachable, Qdrant unreachable, collection mismatch);
-2 usage or configuration error; 3 ``index --once`` finished but some files failed (each was logged).
+2 usage or configuration error, or a request the daemon refused (4xx: a path refused, an append off or too
+large); 3 ``index --once`` finished but some files failed (each was logged).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +258,41 @@ def status(as_json: bool, config: Path | None, port: int | None) -> None:
 
 
 @main.command()
+@click.argument("text", required=False)
+@click.option("--path", help="A markdown file under memory/, workspace-relative (memory/projects/acme.md), created if "
+                             "missing [default: today's daily note memory/YYYY-MM-DD.md, in the agent's timezone].")
+@click.option("--agent", help="Whose memory " + AGENT_DEFAULT + ".")
+@click.option("--json", "as_json", is_flag=True, help='Print the answer as JSON: {"path", "from", "to", "citation"}.')
+@config_opt
+@port_opt
+def append(text: str | None, path: str | None, agent: str | None, as_json: bool, config: Path | None,
+           port: int | None) -> None:
+    """Append TEXT (or, without TEXT or with -, standard input) to the agent's memory, through the daemon.
+
+    \b
+    The workspace needs `append = true` in the config; the entry goes whole, after a
+    blank line, to today's daily note or to --path (a .md file under memory/), and the
+    watcher indexes it within about a second. Prints its citation (path#Lfrom-Lto).
+    Exit 0: written; 2: refused or invalid, nothing written (append off, a path outside
+    memory/, not .md or a symlink, too large, unknown agent; stderr says which); 1: no
+    daemon answers, or it failed.
+
+    \b
+    Examples:
+      qmd-indexer append "Decided: deploys move to Wednesdays."
+      git log -1 --format=%B | qmd-indexer append --path memory/projects/acme.md
+    """
+    if text is None or text == "-":
+        if sys.stdin.isatty():
+            raise click.UsageError("give TEXT, or pipe the entry on standard input")
+        text = sys.stdin.read()
+    if not text.strip():
+        raise click.UsageError("the entry is empty")
+    answer = _ask(config, port, lambda client: client.append(text, path, agent))
+    click.echo(json.dumps(answer, ensure_ascii=False, indent=2) if as_json else answer["citation"])
+
+
+@main.command()
 @config_opt
 @port_opt
 def reindex(config: Path | None, port: int | None) -> None:
@@ -275,7 +312,8 @@ def mcp_(config: Path | None, port: int | None) -> None:
     """Serve the memory tools to an MCP client (an AI agent) over stdio.
 
     \b
-    Tools: memory_search, memory_get, memory_recall, memory_boot, memory_status.
+    Tools: memory_search, memory_get, memory_recall, memory_boot, memory_status;
+    memory_append too when a workspace of the config has append = true.
     They ask the running daemon (`qmd-indexer run`) on --port; this process never
     opens the store or loads the model, so it starts in about a second. With no
     daemon answering, each tool call returns an error saying how to start one.
@@ -290,7 +328,8 @@ def mcp_(config: Path | None, port: int | None) -> None:
     configure_logging(settings.log_format, settings.log_level)
     from indexer.mcp import build_server, serve_stdio
 
-    serve_stdio(build_server(_client(config, settings.port)))
+    writes = any(ws.append for ws in settings.workspace)  # memory_append is listed where the config allows it
+    serve_stdio(build_server(_client(config, settings.port), append=writes))
 
 
 if __name__ == "__main__":  # pragma: no cover

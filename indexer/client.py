@@ -26,6 +26,8 @@ from pydantic import ValidationError
 
 from indexer.schema import (
     DEFAULT_BUDGET_CHARS,
+    AppendRequest,
+    AppendResponse,
     BootContext,
     Health,
     Hit,
@@ -156,6 +158,19 @@ class Client:
         ``indexer.recall.read_memory``); ``next_from`` continues it."""
         params = {"path": path, "from": from_line, "lines": lines, "max_chars": max_chars, "agent": agent}
         return self._call("GET", "/get", params={k: v for k, v in params.items() if v is not None})
+
+    def append(self, text: str, path: str | None = None, agent: str | None = None) -> AppendResponse:
+        """Append ``text`` to ``path`` (a markdown file under ``memory/``, workspace-relative; default: today's daily
+        note) of ``agent``'s workspace (``POST /append``; the workspace needs ``append = true``). Returns ``{"agent",
+        "path", "from", "to", "citation", "bytes"}``: the entry's lines. ``ClientError`` with ``status_code`` 403
+        (append off, a path refused), 404 (unknown agent), 413 (entry or file over its cap), 400 or 422 (bad value;
+        422 before anything is sent)."""
+        try:
+            body = AppendRequest(text=text, path=path, agent=agent)
+        except ValidationError as exc:
+            raise ClientError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()),
+                              422) from None
+        return self._call("POST", "/append", json=body.model_dump(exclude_none=True))
 
     def close(self) -> None:
         self._http.close()

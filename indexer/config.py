@@ -27,6 +27,8 @@ Example file (every key optional except a workspace's ``agent`` and ``path``)::
     path = "~/agent"
     extra_paths = ["~/notes"]
     multimodal = { enabled = true, modalities = ["image", "audio"] }
+    append = true                    # let the agent append to memory/ (memory_append, POST /append); off by default
+    timezone = "Europe/Lisbon"       # IANA name: which day's note memory/YYYY-MM-DD.md is; default the system's zone
 
     [plugin.clip]                    # config table handed to the plugin named "clip"
     model = "/opt/models/clip-ViT-B-32"
@@ -105,11 +107,28 @@ class Workspace(BaseModel):
     extra_paths: tuple[Path, ...] = ()
     multimodal: Multimodal = Multimodal()
     watch: Literal["auto", "native", "poll"] = "auto"  # auto: poll roots on network/FUSE/VM-shared file systems
+    # Appends to markdown files under memory/ (indexer.append): off unless set; refused with 403 otherwise.
+    append: bool = False
+    # The agent's time zone, an IANA name ("Europe/Lisbon"): the date of its daily note memory/YYYY-MM-DD.md.
+    # Empty: the system's local zone.
+    timezone: str = ""
 
     @field_validator("path")
     @classmethod
     def _absolute_path(cls, value: Path) -> Path:
         return Path(os.path.abspath(value.expanduser()))
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        if value:
+            from zoneinfo import ZoneInfo
+
+            try:
+                ZoneInfo(value)
+            except (KeyError, ValueError, OSError):  # ZoneInfoNotFoundError is a KeyError
+                raise ValueError(f"unknown time zone {value!r} (an IANA name such as Europe/Lisbon or UTC)") from None
+        return value
 
 
 class Settings(BaseSettings):
@@ -169,6 +188,11 @@ class Settings(BaseSettings):
     state_min_free_bytes: int = Field(default=64 * MIB, ge=0)
     poll_interval_s: float = Field(default=2.0, gt=0)  # how often a polled root is compared with the disk
     max_file_bytes: int = Field(default=10 * MIB, gt=0)
+    # Appends (workspaces with append = true): at most this many bytes of UTF-8 text a call (else 413), and no
+    # append that would take the file past append_max_file_bytes (else 413; never past max_file_bytes either, so
+    # the file stays indexable).
+    append_max_bytes: int = Field(default=64 * 1024, gt=0)
+    append_max_file_bytes: int = Field(default=2 * MIB, gt=0)
     search_mode: Literal["hybrid", "dense", "keyword"] = "hybrid"
     on_model_change: Literal["rebuild", "refuse"] = "rebuild"  # collections made by another model or chunking
     # Fusion and depth chosen with `make eval` (BEIR SciFact, hybrid nDCG@10, tuned on the train queries): dbsf

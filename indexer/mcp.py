@@ -16,7 +16,14 @@ memory_get         path, from, lines, max_chars, agent                          
 memory_recall      query, k, offset, agent                                                ``SearchResponse``
 memory_boot        budget_chars, agent, query                                             ``BootContext``
 memory_status      (none)                                                                 ``Status``
+memory_append      text, path, agent (only listed where a workspace has ``append = true``) ``AppendResponse``
 =================  =====================================================================  =====================
+
+``memory_append`` is the one tool that writes, and it is listed only when the server is built with ``append=True``:
+the daemon's ``/mcp`` when a workspace of its config has ``append = true``; ``qmd-indexer mcp`` when the config it
+reads (the same file, normally) says so. An agent that may not write never sees a write tool. Listed, it is still
+the daemon that decides per workspace and per call (a workspace without ``append``, or turned off by a reload, is
+refused with an error saying how to enable it).
 
 Argument and answer types are ``indexer.schema``'s, so the tools take the API's names and aliases (``q``;
 ``top_k``/``limit``; ``from_line``; ``budget``) and publish the API's output schemas; ``memory_search`` takes its
@@ -56,6 +63,9 @@ from indexer.schema import (
     DEFAULT_BUDGET_CHARS,
     DEFAULT_MAX_CHARS,
     Agent,
+    AppendPath,
+    AppendResponse,
+    AppendText,
     BootContext,
     BootQuery,
     BudgetChars,
@@ -100,6 +110,8 @@ class Memory(Protocol):
 
     def status(self) -> Status: ...
 
+    def append(self, text: str, path: str | None = ..., agent: str | None = ...) -> AppendResponse: ...
+
 
 def _ask(call: Callable[[], T]) -> T:
     """``call()``, with the errors meant for the caller raised as ``ToolError`` (their message reaches the model)."""
@@ -135,9 +147,10 @@ def request_signature(model: type[BaseModel], exclude: Collection[str] = ()) -> 
     return decorate
 
 
-def build_server(memory: Memory) -> MCPServer:
-    """An ``MCPServer`` named ``qmd-indexer`` with the five memory tools over ``memory``. Serve it with
-    ``.run("stdio")`` or mount ``.streamable_http_app()`` (see ``indexer.server.create_app``)."""
+def build_server(memory: Memory, append: bool = False) -> MCPServer:
+    """An ``MCPServer`` named ``qmd-indexer`` with the five memory tools over ``memory``, and ``memory_append`` when
+    ``append``. Serve it with ``.run("stdio")`` or mount ``.streamable_http_app()`` (see
+    ``indexer.server.create_app``)."""
     server = MCPServer("qmd-indexer", title="Agent memory (qmd-indexer)", instructions=INSTRUCTIONS,
                        version=__version__)
     read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
@@ -204,6 +217,22 @@ def build_server(memory: Memory) -> MCPServer:
         """
         return _ask(memory.status)
 
+    def memory_append(text: AppendText, path: AppendPath = None, agent: Agent = None) -> AppendResponse:
+        """Write to long-term memory: append an entry to today's daily note (memory/YYYY-MM-DD.md), or to a
+        markdown file under memory/ named by `path` (workspace-relative, e.g. memory/projects/acme.md; created
+        if missing).
+
+        Use it for facts, decisions and summaries worth remembering in later sessions. Returns {"path", "from",
+        "to", "citation", "bytes"}: where the entry landed (lines from..to); memory_search finds it within about
+        a second. Errors say why nothing was written: appends off for this workspace, a path outside memory/ or
+        not .md, a symlink, an entry or file over its size limit.
+        """
+        return _ask(lambda: memory.append(text, path, agent))
+
+    if append:
+        writes = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                 open_world_hint=False)
+        server.add_tool(memory_append, description=inspect.cleandoc(memory_append.__doc__ or ""), annotations=writes)
     return server
 
 

@@ -119,6 +119,13 @@ WaitS = Annotated[float, Field(strict=True, ge=0, le=10, allow_inf_nan=False, de
 BootQuery = Annotated[str | None, Field(description="Fill the budget with the best hits for this instead of the "
                                                     "root memory file and the most recent notes.")]
 
+AppendText = Annotated[str, Field(min_length=1, description=(
+    "The entry to append, markdown; written whole after a blank line, with one final newline. At most the "
+    "daemon's append_max_bytes (64 KiB by default) of UTF-8."))]
+AppendPath = Annotated[str | None, Field(min_length=1, description=(
+    "A markdown file under memory/, workspace-relative (memory/projects/acme.md), created if missing; default: "
+    "today's daily note memory/YYYY-MM-DD.md in the agent's time zone."))]
+
 DEFAULT_K = 6
 LIST_CAP = 1000  # files of one recall listing page, whatever k asks
 DEFAULT_BUDGET_CHARS = 4000
@@ -242,6 +249,17 @@ class BootRequest(Request):
     query: BootQuery = None
 
 
+class AppendRequest(Request):
+    """``POST /append`` and the ``memory_append`` tool's arguments: append ``text`` to ``path`` (default: today's
+    daily note) of the agent's workspace (``indexer.append``). Strict: a field of another type is refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    text: AppendText
+    path: AppendPath = None
+    agent: Agent = None
+
+
 _ACCEPTED = frozenset(SearchRequest.model_fields).union(*(  # the fields' names and aliases (q, top_k, limit)
     f.validation_alias.choices for f in SearchRequest.model_fields.values()
     if isinstance(f.validation_alias, AliasChoices)))
@@ -303,6 +321,18 @@ Page = TypedDict("Page", {
     "line_truncated": NotRequired[Annotated[bool, Field(description="The one line returned was cut at max_chars.")]],
 })
 Page.__doc__ = "``GET /get``: a page of one memory file."
+
+
+AppendResponse = TypedDict("AppendResponse", {
+    "agent": str,
+    "path": Annotated[str, Field(description="Workspace-relative path of the file appended to.")],
+    "from": Annotated[int, Field(description="First line of the entry (1-based).")],
+    "to": Annotated[int, Field(description="Last line of the entry (inclusive).")],
+    "citation": Annotated[str, Field(description="path#Lfrom-Lto, to cite the entry.")],
+    "bytes": Annotated[int, Field(description="Bytes written, the blank line before the entry included.")],
+})
+AppendResponse.__doc__ = ("``POST /append``: where the entry landed. It is searchable once the watcher has seen "
+                          "the write (within about a second; a search with ``wait_s`` waits for it).")
 
 
 class Omitted(TypedDict):
@@ -407,18 +437,22 @@ class Health(TypedDict):
 
 
 class ErrorDetail(TypedDict):
-    """Every error answer: 400 bad value, 403 not a memory file, 404 unknown agent/collection or missing file,
-    503 Qdrant unreachable."""
+    """Every error answer: 400 bad value, 403 not a memory file (or append off), 404 unknown agent/collection or
+    missing file, 413 an entry too large, 503 Qdrant unreachable."""
 
     detail: str
 
 
 def error_answer(exc: BaseException) -> tuple[int, str] | None:
     """``(HTTP status, message)`` for an error the daemon raises on purpose while answering, else ``None``:
-    ``ReadRefused`` and ``PermissionError`` 403; ``KeyError`` (unknown agent or collection) and
-    ``FileNotFoundError`` 404; ``ValueError`` and other ``OSError`` 400; ``StoreUnavailable`` 503."""
+    ``ReadRefused`` (``AppendRefused`` too) and ``PermissionError`` 403; ``KeyError`` (unknown agent or collection)
+    and ``FileNotFoundError`` 404; ``EntryTooLarge`` 413; ``ValueError`` and other ``OSError`` 400;
+    ``StoreUnavailable`` 503."""
+    from indexer.append import EntryTooLarge
     from indexer.errors import ReadRefused, StoreUnavailable
 
+    if isinstance(exc, EntryTooLarge):
+        return 413, str(exc)
     if isinstance(exc, ReadRefused):
         return 403, str(exc)
     if isinstance(exc, KeyError):

@@ -15,6 +15,8 @@ POST       /recall      body ``RecallRequest``; ``SearchResponse``; query ``*``/
                         a page of at most ``LIST_CAP`` files from ``offset``, with ``total`` and ``next_offset``
 POST       /boot        body ``BootRequest``; ``BootContext`` (see ``indexer.recall.boot_context``)
 GET        /get         ``?path=&agent=&from=1&lines=&max_chars=``: ``Page``, a page of one memory file
+POST       /append      body ``AppendRequest``; ``AppendResponse`` ``{"path", "from", "to", "citation"...}``: appends
+                        to a memory file, on workspaces with ``append = true`` (``indexer.append``; else 403)
 POST       /reindex     ``{"rebuilding": true}``: rebuild every collection beside the live one, then swap
 POST/GET   /mcp         the MCP tools (``indexer.mcp``) over streamable HTTP, stateless, JSON answers
 GET        /metrics     Prometheus text exposition (``indexer.metrics``; OpenMetrics if ``Accept`` asks); not in
@@ -51,12 +53,15 @@ from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
 from indexer import __version__
+from indexer.append import append_entry
 from indexer.guard import Guard
 from indexer.recall import boot_context, read_memory, recall
 from indexer.report import StatusView
 from indexer.schema import (
     DEFAULT_BUDGET_CHARS,
     DEFAULT_MAX_CHARS,
+    AppendRequest,
+    AppendResponse,
     BootContext,
     BootRequest,
     ErrorDetail,
@@ -84,6 +89,7 @@ _ERRORS = {
     400: "a bad value (mode, since, from, lines...), a query over the length limit, or no agent where several exist",
     403: "not a memory file of the workspace (traversal, symlink, outside path, non-text file), or permission denied",
     404: "unknown agent or collection, or a missing file",
+    413: "an entry over append_max_bytes, or a file it would take over append_max_file_bytes",
     503: "Qdrant unreachable",
 }
 
@@ -223,6 +229,13 @@ class LocalMemory:
         return read_memory(self.view.plan.collections, path, from_line, page_lines, page_chars, self.scope(agent),
                            self.view.registry.classify_text)
 
+    def append(self, text: str, path: str | None = None, agent: str | None = None) -> AppendResponse:
+        """Append ``text`` to ``path`` (default: today's daily note) of the scoped agent's workspace
+        (``indexer.append.append_entry``: its errors, its answer); the watcher indexes it."""
+        plan = self.view.plan
+        return append_entry(plan.collections, plan.settings, text, path, self.scope(agent))
+
+
 def create_app(view: StatusView) -> FastAPI:
     """The API app over a daemon's ``view`` (``Indexer.view``), with the MCP tools at ``/mcp``. ``/mcp`` is a route
     of this app, so the ``Guard`` middleware (Host, Origin, token, body size) wraps it too; it needs the app's
@@ -231,7 +244,7 @@ def create_app(view: StatusView) -> FastAPI:
 
     memory = LocalMemory(view)
     settings = view.plan.settings  # host, port and token are read once at start (a reload does not change them)
-    mcp_server = build_server(memory)
+    mcp_server = build_server(memory, append=any(ws.append for ws in settings.workspace))
     # stateless: every POST carries a whole exchange, so nothing is held between calls and JSON answers suffice.
     # host: the SDK's own Host/Origin check against DNS rebinding is on for a loopback bind.
     mcp_http = mcp_server.streamable_http_app(stateless_http=True, json_response=True, host=settings.host)
@@ -284,6 +297,11 @@ def create_app(view: StatusView) -> FastAPI:
             max_chars: int = Query(default=DEFAULT_MAX_CHARS, ge=1,
                                    description="At most this many characters.")) -> Page:
         return _answer(lambda: memory.get(path, from_, lines, max_chars, agent), path=path)
+
+    @app.post("/append", responses=_errors(400, 403, 404, 413))
+    def append(body: AppendRequest) -> AppendResponse:
+        """Append ``text`` to ``path`` (default: today's daily note), on workspaces with ``append = true``."""
+        return _answer(lambda: memory.append(body.text, body.path, body.agent), path=body.path)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics(request: Request) -> Response:

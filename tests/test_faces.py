@@ -158,17 +158,17 @@ def test_every_agent_description_states_the_scope_rule(make_indexer, workspace: 
                 fields = spec["components"]["schemas"][body["$ref"].rsplit("/", 1)[-1]]["properties"]
                 if "agent" in fields:
                     described.append(fields["agent"]["description"])
-    assert len(described) == 4  # /search, /recall, /boot, /get
+    assert len(described) == 5  # /search, /recall, /boot, /get, /append
     for text in described:
         says_the_rule(text)
 
     async def main() -> list[Any]:
-        async with McpClient(build_server(Client(port=_free_port()))) as mcp:
+        async with McpClient(build_server(Client(port=_free_port()), append=True)) as mcp:
             return (await mcp.list_tools()).tools
 
     for tool in anyio.run(main):
         if "agent" in tool.input_schema["properties"]:
             says_the_rule(tool.input_schema["properties"]["agent"]["description"])
-    for command in ("search", "recall", "boot", "get"):
+    for command in ("search", "recall", "boot", "get", "append"):
         help_text = " ".join(_cli(command, "--help").stdout.split())
         says_the_rule(help_text[help_text.index("--agent"):])

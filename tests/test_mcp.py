@@ -85,7 +85,7 @@ def test_openapi_types_every_answer(make_indexer, workspace: Path) -> None:
     spec = create_app(make_indexer([{"agent": "main", "path": workspace}]).view).openapi()
     schemas = spec["components"]["schemas"]
     declared_errors = {"/search": {"400", "404", "503"}, "/get": {"400", "403", "404"}, "/boot": {"400", "404", "503"},
-                       "/recall": {"404", "503"}}
+                       "/recall": {"404", "503"}, "/append": {"400", "403", "404", "413"}}
     seen = set()
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
@@ -97,7 +97,7 @@ def test_openapi_types_every_answer(make_indexer, workspace: Path) -> None:
             for code in declared_errors.get(path, ()):
                 assert operation["responses"][code]["content"]["application/json"]["schema"]["$ref"].endswith(
                     "/ErrorDetail"), f"{method} {path}: {code} not declared"
-    assert seen == {"/health", "/status", "/search", "/recall", "/boot", "/get", "/reindex"}
+    assert seen == {"/health", "/status", "/search", "/recall", "/boot", "/get", "/reindex", "/append"}
     assert {"path", "start_line", "end_line", "score", "snippet", "citation", "start_s", "width"} <= set(
         schemas["Hit"]["properties"]) and schemas["Hit"]["additionalProperties"] is True
     # every field of the one search request, and at least the names clients already send
