@@ -187,10 +187,14 @@ class LocalMemory:
     def recall_response(self, query: str = "*", k: int | None = None, agent: str | None = None,
                         offset: int = 0) -> SearchResponse:
         """``POST /recall``'s answer: ``indexer.recall.recall`` (a listing pages with ``offset`` and says ``total``
-        and ``next_offset``) plus ``pending``, the scoped agent's files not yet indexed."""
+        and ``next_offset``) plus ``pending``, the scoped agent's files not yet indexed, and ``degraded`` as
+        ``search_response``'s."""
         check_query(query)
         scoped = self.scope(agent)
-        answer = recall(self.searcher, query, k, scoped, offset, self.view.plan.settings.relevance_floor)
+        degraded: list[str] = []
+        answer = recall(self.searcher, query, k, scoped, offset, self.view.plan.settings.relevance_floor, degraded)
+        if degraded:
+            answer["degraded"] = "; ".join(dict.fromkeys(degraded))
         return {**answer, "pending": self.view.pending(scoped)}
 
     def boot_context(self, budget_chars: int = DEFAULT_BUDGET_CHARS, agent: str | None = None,

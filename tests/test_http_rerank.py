@@ -294,10 +294,12 @@ def test_a_stopped_rerank_server_keeps_the_fusion_order_and_recovers(server: Any
             assert seconds < 2.0 + 1.0
             assert answer["degraded"] == "fusion order: rerank error"
             assert paths(answer) == fused_paths(indexer)
+            recalled = api.post("/recall", json={"query": QUERY, "k": 6}).json()  # a recall says so too
+            assert recalled["degraded"] == "fusion order: rerank error" and paths(recalled) == paths(answer)
             status = api.get("/status").json()["rerank"]
-            assert (status["reranked"], status["failed"], status["over_budget"]) == (1, 1, 0)
+            assert (status["reranked"], status["failed"], status["over_budget"]) == (1, 2, 0)
             assert f"{server.url}/rerank" in status["last_error"]
-            assert reranks(api) == {"reranked": 1, "failed": 1, "over_budget": 0}
+            assert reranks(api) == {"reranked": 1, "failed": 2, "over_budget": 0}
         finally:
             server.start()  # same port: the module's other tests keep their server
         again, _ = search(api)
