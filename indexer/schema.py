@@ -254,8 +254,9 @@ class SearchResponse(TypedDict):
         "A listing only: the `offset` of the next page; null when this page ends the listing."))]]
     degraded: NotRequired[Annotated[str, Field(description=(
         "Present only when the answer is less than the configured search; a short reason: \"keyword only: <why>\" "
-        "when the query could not be embedded (the hits come from keyword search), \"fusion order: rerank "
-        "<timeout|error>\" when the reranker did not answer within rerank_budget_s. Two reasons join with \"; \"."))]]
+        "when the query could not be embedded (the embedding server is down; the answer comes from keyword "
+        "search), \"fusion order: rerank <timeout|error>\" when the reranker did not answer within budget. Two "
+        "reasons join with \"; \"."))]]
 
 
 Page = TypedDict("Page", {

@@ -43,6 +43,11 @@ _HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")  # an ATX heading line
 LEAD_LINES = 2  # lines above the best-matching one a snippet may start at
 
 
+def join_degraded(notes: Sequence[str]) -> str | None:
+    """``SearchResponse.degraded`` from a search's notes: joined with ``"; "``, ``None`` when there are none."""
+    return "; ".join(dict.fromkeys(notes)) or None
+
+
 #: the former name of a search's arguments, kept for callers that build one with the query first
 SearchParams = search_request
 
@@ -253,8 +258,8 @@ class Searcher:
                 if h.payload.abs_path or h.id in payloads]
 
     def search(self, params: SearchRequest, degraded: list[str] | None = None) -> list[schema.Hit]:
-        """The ``params.k`` best hits across the selected collections, best first, as the API's hits (``degraded``:
-        as ``retrieve``'s)."""
+        """The ``params.k`` best hits across the selected collections, best first, as the API's hits; ``degraded``
+        collects why the answer is less than the configured search (``retrieve``)."""
         return [to_hit(hit, params.query, self.hit_fields) for hit in self.retrieve(params, degraded)]
 
 

@@ -67,7 +67,7 @@ from indexer.schema import (
     Status,
     error_answer,
 )
-from indexer.search import Searcher, relevant
+from indexer.search import Searcher, join_degraded, relevant
 from indexer.state import Plan
 
 T = TypeVar("T")
@@ -155,7 +155,7 @@ class LocalMemory:
 
     def search(self, request: SearchRequest, /, degraded: list[str] | None = None) -> list[Hit]:
         """The hits for ``request`` (its ``wait_s`` is the HTTP route's), scoped to one agent (``scope_agent``);
-        ``degraded`` as ``Searcher.retrieve``'s."""
+        ``degraded`` collects why the answer is less than the configured search (``Searcher.retrieve``)."""
         check_query(request.query)
         searcher = self.searcher
         scoped = request.model_copy(update={"agent": self.scope(request.agent)})
@@ -167,17 +167,17 @@ class LocalMemory:
     def search_response(self, request: SearchRequest, /) -> SearchResponse:
         """``POST /search``'s answer: after waiting up to ``request.wait_s`` seconds for the agent's pending files,
         ``{"hits", "relevant", "pending"}`` (``relevant``: ``indexer.search.relevant`` against ``relevance_floor``;
-        ``pending``: the scoped agent's files changed on disk and not yet indexed), and ``degraded`` when the
-        answer is less than the configured search (``SearchResponse.degraded``)."""
+        ``pending``: the scoped agent's files changed on disk and not yet indexed)."""
         agent = self.scope(request.agent)
         if request.wait_s:
             self.view.wait_pending(agent, request.wait_s)
-        degraded: list[str] = []
-        hits = self.search(request, degraded)
+        notes: list[str] = []
+        hits = self.search(request, notes)
         answer: SearchResponse = {"hits": hits, "relevant": relevant(hits, self.view.plan.settings.relevance_floor),
                                   "pending": self.view.pending(agent)}
-        if degraded:
-            answer["degraded"] = "; ".join(dict.fromkeys(degraded))
+        reason = join_degraded(notes)
+        if reason:
+            answer["degraded"] = reason
         return answer
 
     def recall(self, query: str = "*", k: int | None = None, agent: str | None = None) -> list[Hit]:
@@ -191,10 +191,11 @@ class LocalMemory:
         ``search_response``'s."""
         check_query(query)
         scoped = self.scope(agent)
-        degraded: list[str] = []
-        answer = recall(self.searcher, query, k, scoped, offset, self.view.plan.settings.relevance_floor, degraded)
-        if degraded:
-            answer["degraded"] = "; ".join(dict.fromkeys(degraded))
+        notes: list[str] = []
+        answer = recall(self.searcher, query, k, scoped, offset, self.view.plan.settings.relevance_floor, notes)
+        reason = join_degraded(notes)
+        if reason:
+            answer["degraded"] = reason
         return {**answer, "pending": self.view.pending(scoped)}
 
     def boot_context(self, budget_chars: int = DEFAULT_BUDGET_CHARS, agent: str | None = None,
