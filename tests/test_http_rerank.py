@@ -29,7 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from indexer.contract import RERANKERS
 from indexer.daemon import Indexer
 from indexer.http_rerank import HttpReranker, RerankError
-from indexer.rerank import DEGRADED
+from indexer.points import Hit, Payload
+from indexer.rerank import DEGRADED, RerankStats, rerank
 from indexer.server import create_app
 from indexer.worker import index_once
 
@@ -81,6 +82,39 @@ def test_request_and_answer_shapes_and_config_checks(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("QMD_TEST_RERANK_KEY", raising=False)
     with pytest.raises(ValueError, match="QMD_TEST_RERANK_KEY"):
         HttpReranker({"base_url": "http://x", "api_key_env": "QMD_TEST_RERANK_KEY"})
+
+
+def test_the_budget_is_handed_to_the_plugin_and_its_failures_keep_the_fused_order() -> None:
+    hits = [Hit(f"id{i}", 10.0 - i, Payload(text=text, path=f"memory/n{i}.md")) for i, text in enumerate(NOTES)]
+    asked: list[float | None] = []
+
+    class Remote:  # a plugin that stops waiting at the budget it is handed
+        model_id = "remote"
+
+        def score(self, query: str, texts: Any, timeout_s: float | None = None) -> list[float]:
+            asked.append(timeout_s)
+            raise TimeoutError(f"no answer within {timeout_s} s")
+
+    class Broken:
+        model_id = "broken"
+
+        def score(self, query: str, texts: Any, timeout_s: float | None = None) -> list[float]:
+            raise RerankError("HTTP 500")
+
+    class TwoArguments:  # a plugin written before timeout_s: called as before
+        model_id = "shortest-first"
+
+        def score(self, query: str, texts: Any) -> list[float]:
+            return [-float(len(t)) for t in texts]
+
+    stats, degraded = RerankStats(), []
+    assert rerank(hits, QUERY, Remote(), 20, 0.25, stats, degraded=degraded) == hits and asked == [0.25]
+    assert rerank(hits, QUERY, Broken(), 20, 0.25, stats, degraded=degraded) == hits
+    assert degraded == ["fusion order: rerank timeout", "fusion order: rerank error"]
+    assert (stats.reranked, stats.failed, stats.over_budget) == (0, 1, 1)
+    shortest = rerank(hits, QUERY, TwoArguments(), 20, 0.25, stats, degraded=degraded)
+    assert [h.payload.text for h in shortest] == sorted(NOTES, key=len) and len(degraded) == 2
+    assert (stats.reranked, stats.last_error) == (1, None)
 
 
 # -- a real server ---------------------------------------------------------------------------------------------------
