@@ -15,7 +15,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from infinity import infinity_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from indexer.contract import RERANKERS
+from indexer.contract import RERANKERS, check_contract
 from indexer.daemon import Indexer
 from indexer.http_rerank import HttpReranker, RerankError
 from indexer.points import Hit, Payload
@@ -48,7 +48,9 @@ QUERY = "who fixes the disk that filled with logs?"
 
 def test_the_distribution_declares_the_http_reranker() -> None:
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][RERANKERS]
-    assert declared["http"] == "indexer.http_rerank:HttpReranker"
+    reranker = EntryPoint("http", declared["http"], RERANKERS).load()({"base_url": "http://127.0.0.1:9/v1"})
+    check_contract(RERANKERS, reranker)
+    assert isinstance(reranker, HttpReranker) and reranker.model_id == "http://127.0.0.1:9/v1/rerank"
 
 
 def test_request_and_answer_shapes_and_config_checks(monkeypatch: pytest.MonkeyPatch) -> None:
