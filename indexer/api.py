@@ -228,15 +228,17 @@ class Reranker(Protocol):
     it (off by default), so at most one is loaded.
 
     - ``model_id``: identifies the model and its settings (``status`` shows it), e.g. the model directory.
-    - ``score(query, texts)``: one float per text, in order, higher meaning the text answers ``query`` better (e.g.
-      a cross-encoder's logit); the scores become the hits' ``score``. Raise on failure: the search then keeps the
-      fused order (it fails open) and ``status`` counts it, as it does when scoring takes longer than
-      ``rerank_budget_s``.
+    - ``score(query, texts, timeout_s=None)``: one float per text, in order, higher meaning the text answers
+      ``query`` better (e.g. a cross-encoder's logit); the scores become the hits' ``score``. ``timeout_s`` is the
+      search's ``rerank_budget_s``, in seconds: a plugin that can stop waiting (an HTTP request) gives up by then
+      and raises ``TimeoutError``. The parameter is optional in a plugin's signature: a ``score(query, texts)`` is
+      called without it. Raise on failure: the search then keeps the fused order (it fails open), says so in the
+      answer's ``degraded`` and ``status`` counts it, as it does when scoring takes longer than ``rerank_budget_s``.
     """
 
     model_id: str
 
-    def score(self, query: str, texts: Sequence[str]) -> list[float]: ...
+    def score(self, query: str, texts: Sequence[str], timeout_s: float | None = None) -> list[float]: ...
 
 
 #: the modality of the embedder that embeds text chunks and queries (always required)

@@ -19,6 +19,9 @@ name                                               type       what
 ``qmd_indexer_errors_total{kind}``                 counter    errors logged, by kind (``store_unavailable``,
                                                               ``worker_error``, a file failure's reason...)
 ``qmd_indexer_search_seconds{mode}``               histogram  one search (embedding the query included), by mode
+``qmd_indexer_reranks_total{outcome}``             counter    searches through the rerank stage (absent when it is
+                                                              off): ``reranked``, or the fused order kept because
+                                                              the reranker ``failed`` or was ``over_budget``
 ``qmd_indexer_store_write_seconds``                histogram  one file's points written to the store (upsert + delete)
 ``qmd_indexer_watch_state{root,...}``              stateset   each watched root: ``native``, ``poll`` or ``dead``
 ``qmd_indexer_last_reconcile_timestamp_seconds``   gauge      unix time of the last periodic rescan (absent before one)
@@ -158,6 +161,14 @@ class StatusCollector(Collector):
         for kind, count in sorted((Tally(view.failures()) + Tally(self.metrics.errors())).items()):
             errors.add_metric([kind], count)
         yield errors
+        rerank = status.get("rerank")
+        if rerank:
+            reranks = CounterMetricFamily("qmd_indexer_reranks", "Searches through the rerank stage since start, "
+                                          "by outcome (failed, over_budget: the fused order was kept)",
+                                          labels=["outcome"])
+            for outcome in ("reranked", "failed", "over_budget"):
+                reranks.add_metric([outcome], rerank[outcome])
+            yield reranks
         watch = StateSetMetricFamily("qmd_indexer_watch_state", "How each root is watched", labels=["root"])
         for root, mode in sorted(status["watch"].items()):
             watch.add_metric([root], {state: state == mode for state in WATCH_STATES})

@@ -167,17 +167,17 @@ def list_memories(collections: Sequence[Collection], store: Store, k: int = LIST
 
 
 def recall(searcher: Searcher, query: str, k: int | None = None, agent: str | None = None, offset: int = 0,
-           relevance_floor: float = -1.0) -> SearchResponse:
+           relevance_floor: float = -1.0, degraded: list[str] | None = None) -> SearchResponse:
     """The ``k`` (default ``DEFAULT_K``) best memories for ``query`` (the configured search mode), as ``{"hits",
     "relevant"}`` (``indexer.search.relevant`` against ``relevance_floor``); ``*``/``all``/empty lists every memory
     file instead (``list_memories``: ``k`` defaults to ``LIST_CAP``, ``offset`` pages). Raises ``KeyError`` for an
-    unknown agent."""
+    unknown agent. ``degraded``: as ``Searcher.retrieve``'s."""
     request = SearchRequest(query=query, agent=agent)
     if query.strip().lower() in LIST_ALL:
         searcher.targets(request)  # raises KeyError for an unknown agent
         return list_memories(searcher.collections, searcher.store, k or LIST_CAP, agent, offset)
     # a recall may ask for more hits than a search's k allows (RecallK): set without the search's bound
-    hits = searcher.search(request.model_copy(update={"k": k or DEFAULT_K}))
+    hits = searcher.search(request.model_copy(update={"k": k or DEFAULT_K}), degraded)
     return {"hits": hits, "relevant": relevant(hits, relevance_floor)}
 
 

@@ -4,12 +4,15 @@
 wraps sentence-transformers' ``CrossEncoder``, loaded lazily and offline from ``model`` (a local directory; no
 cross-encoder weights ship in any package here, so rerank is off unless the ``reranker`` setting names a plugin).
 ``rerank`` applies any ``indexer.api.Reranker`` and fails open: on an error, or when scoring took longer than
-``budget_s``, the fused order is returned unchanged and ``RerankStats`` counts it (``status`` shows the counters), so
-a slow or broken model never breaks a search.
+``budget_s`` (handed to the plugin as ``timeout_s`` when its ``score`` takes one, so a remote reranker stops waiting
+then: ``indexer.http_rerank``), the fused order is returned unchanged, the search's answer says so in ``degraded``
+(``DEGRADED``) and ``RerankStats`` counts it (``status`` and ``/metrics`` show the counters), so a slow or broken
+model never breaks a search.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +25,11 @@ from indexer.api import LazyModel, Reranker
 from indexer.points import Hit
 from indexer.schema import RerankStatus
 
-__all__ = ["CrossEncoderReranker", "RerankStats", "Reranker", "rerank", "rerank_status"]
+__all__ = ["DEGRADED", "CrossEncoderReranker", "RerankStats", "Reranker", "rerank", "rerank_status"]
+
+#: the answer's ``degraded`` reason when the fused order was kept: the reranker took longer than its budget
+#: (``"timeout"``) or failed (``"error"``)
+DEGRADED = {"timeout": "fusion order: rerank timeout", "error": "fusion order: rerank error"}
 
 log = structlog.get_logger("qmd_indexer.rerank")
 
@@ -57,7 +64,9 @@ class CrossEncoderReranker:
 
         return CrossEncoder(self.model_id, device=self.device)
 
-    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+    def score(self, query: str, texts: Sequence[str], timeout_s: float | None = None) -> list[float]:
+        """One logit per text; ``timeout_s`` is not used (a running ``predict`` cannot be stopped: ``rerank``
+        keeps the fused order when it took longer than the budget)."""
         scores = self.model.predict([(query, text) for text in texts], batch_size=self.batch_size,
                                     show_progress_bar=False, convert_to_numpy=True)
         return [float(s) for s in scores]
@@ -75,19 +84,38 @@ class RerankStats:
     last_error: str | None = None
 
 
+def takes_timeout(reranker: Reranker) -> bool:
+    """Whether ``reranker.score`` accepts the ``timeout_s`` keyword (a ``score(query, texts)`` of a plugin written
+    before it existed does not)."""
+    try:
+        params = inspect.signature(reranker.score).parameters
+    except (TypeError, ValueError):
+        return False
+    return "timeout_s" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def rerank(hits: Sequence[Hit], query: str, reranker: Reranker, top_n: int, budget_s: float,
-           stats: RerankStats, clock: Callable[[], float] = time.monotonic) -> list[Hit]:
+           stats: RerankStats, clock: Callable[[], float] = time.monotonic,
+           degraded: list[str] | None = None) -> list[Hit]:
     """The first ``top_n`` hits reordered by ``reranker``'s scores (which become their ``score``), the rest after
-    them in fused order. Fails open: an exception, a wrong number of scores, or scoring slower than ``budget_s``
-    seconds returns ``hits`` unchanged and counts it in ``stats``."""
+    them in fused order. ``budget_s`` is handed to ``reranker.score`` as ``timeout_s`` when it takes one
+    (``takes_timeout``). Fails open: an exception, a wrong number of scores, or scoring slower than ``budget_s``
+    seconds (a ``TimeoutError`` from the plugin, or the time taken) returns ``hits`` unchanged, counts it in
+    ``stats`` (``failed`` or ``over_budget``) and appends the reason (``DEGRADED``) to ``degraded`` when given."""
     head, tail = list(hits[:top_n]), list(hits[top_n:])
     if len(head) < 2:
         return list(hits)
+    texts = [str(h.payload.get("text", "")) for h in head]
     started = clock()
     try:
-        scores = reranker.score(query, [str(h.payload.get("text", "")) for h in head])
+        if takes_timeout(reranker):
+            scores = reranker.score(query, texts, timeout_s=budget_s)
+        else:
+            scores = reranker.score(query, texts)  # a plugin whose score has no timeout_s
         if len(scores) != len(head):
             raise ValueError(f"{len(scores)} scores for {len(head)} texts")
+    except TimeoutError as exc:
+        return _over_budget(hits, clock() - started, budget_s, stats, degraded, f"{exc}")
     except Exception as exc:  # noqa: BLE001  (fail open: a plugin's failure must not fail the search)
         stats.failed += 1
         error = f"{type(exc).__name__}: {exc}"
@@ -95,15 +123,25 @@ def rerank(hits: Sequence[Hit], query: str, reranker: Reranker, top_n: int, budg
             log.warning("rerank_failed", model_id=getattr(reranker, "model_id", "?"), error=error,
                         hint="searches keep the fused order until it works; status counts them")
         stats.last_error = error
+        if degraded is not None:
+            degraded.append(DEGRADED["error"])
         return list(hits)
     if clock() - started > budget_s:
-        stats.over_budget += 1
-        log.warning("rerank_over_budget", seconds=round(clock() - started, 3), budget_s=budget_s)
-        return list(hits)
+        return _over_budget(hits, clock() - started, budget_s, stats, degraded)
     stats.reranked += 1
     stats.last_error = None
     order = sorted(range(len(head)), key=lambda i: -scores[i])
     return [Hit(head[i].id, scores[i], head[i].payload) for i in order] + tail
+
+
+def _over_budget(hits: Sequence[Hit], seconds: float, budget_s: float, stats: RerankStats,
+                 degraded: list[str] | None, error: str | None = None) -> list[Hit]:
+    stats.over_budget += 1
+    log.warning("rerank_over_budget", seconds=round(seconds, 3), budget_s=budget_s,
+                **({"error": error} if error else {}))
+    if degraded is not None:
+        degraded.append(DEGRADED["timeout"])
+    return list(hits)
 
 
 def rerank_status(name: str, reranker: Reranker | None, top_n: int, budget_s: float,

@@ -308,6 +308,11 @@ class SearchResponse(TypedDict):
     total: NotRequired[Annotated[int, Field(description="A listing only: how many memory files there are.")]]
     next_offset: NotRequired[Annotated[int | None, Field(description=(
         "A listing only: the `offset` of the next page; null when this page ends the listing."))]]
+    degraded: NotRequired[Annotated[str, Field(description=(
+        "Present only when the answer is less than the configured search; a short reason: \"keyword only: <why>\" "
+        "when the query could not be embedded (the embedding server is down; the answer comes from keyword "
+        "search), \"fusion order: rerank <timeout|error>\" when the reranker did not answer within budget. Two "
+        "reasons join with \"; \"."))]]
 
 
 Page = TypedDict("Page", {

@@ -43,6 +43,11 @@ _HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")  # an ATX heading line
 LEAD_LINES = 2  # lines above the best-matching one a snippet may start at
 
 
+def join_degraded(notes: Sequence[str]) -> str | None:
+    """``SearchResponse.degraded`` from a search's notes: joined with ``"; "``, ``None`` when there are none."""
+    return "; ".join(dict.fromkeys(notes)) or None
+
+
 #: the former name of a search's arguments, kept for callers that build one with the query first
 SearchParams = search_request
 
@@ -190,11 +195,13 @@ class Searcher:
             chosen = [c for c in chosen if c.name in wanted]
         return chosen
 
-    def retrieve(self, params: SearchRequest) -> list[Hit]:
+    def retrieve(self, params: SearchRequest, degraded: list[str] | None = None) -> list[Hit]:
         """Fused hits (raw payloads), best first: the lists of every selected collection (ids and scores only)
         are pooled per vector (dense text, dense image, BM25), each pool cut to ``prefetch_limit``, the pools fused,
-        and the payloads of the ``k`` kept hits read by id. Raises ``KeyError`` (unknown agent or collection) and
-        ``ValueError`` (a bad mode, or a time ``parse_time`` cannot read)."""
+        and the payloads of the ``k`` kept hits read by id. Why the answer is less than the configured search (the
+        ``SearchResponse.degraded`` reasons, e.g. ``indexer.rerank.DEGRADED``) is appended to ``degraded`` when
+        given. Raises ``KeyError`` (unknown agent or collection) and ``ValueError`` (a bad mode, or a time
+        ``parse_time`` cannot read)."""
         mode = params.mode or self.mode
         if mode not in ("hybrid", "dense", "keyword"):
             raise ValueError(f"mode must be hybrid, dense or keyword, got {mode!r}")
@@ -231,7 +238,8 @@ class Searcher:
                 hits = [h for h in hits if h.score >= params.min_score]
         if self.reranker is not None:
             hits = rerank(self._with_payloads(hits[: self.rerank_top_n], where) + hits[self.rerank_top_n :],
-                          params.query, self.reranker, self.rerank_top_n, self.rerank_budget_s, self.rerank_stats)
+                          params.query, self.reranker, self.rerank_top_n, self.rerank_budget_s, self.rerank_stats,
+                          degraded=degraded)
         if self.mmr_lambda is not None:
             hits = mmr(self._with_payloads(hits, where), self.mmr_lambda, params.k)
         raw = {using: dict(pairs) for using, pairs in pools.items()}
@@ -249,9 +257,10 @@ class Searcher:
         return [h if h.payload.abs_path else replace(h, payload=payloads[h.id]) for h in hits
                 if h.payload.abs_path or h.id in payloads]
 
-    def search(self, params: SearchRequest) -> list[schema.Hit]:
-        """The ``params.k`` best hits across the selected collections, best first, as the API's hits."""
-        return [to_hit(hit, params.query, self.hit_fields) for hit in self.retrieve(params)]
+    def search(self, params: SearchRequest, degraded: list[str] | None = None) -> list[schema.Hit]:
+        """The ``params.k`` best hits across the selected collections, best first, as the API's hits; ``degraded``
+        collects why the answer is less than the configured search (``retrieve``)."""
+        return [to_hit(hit, params.query, self.hit_fields) for hit in self.retrieve(params, degraded)]
 
 
 _DAILY = re.compile(r"(?:^|/)memory/(?:.*/)?(\d{4})-(\d{2})-(\d{2})\.md$")

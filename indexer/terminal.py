@@ -98,6 +98,8 @@ def print_answer(answer: Mapping[str, Any], offset: int = 0) -> None:
     found (``relevant`` false) and, for a recall listing (``total`` present), which files of how many it shows and
     the ``--offset`` that continues it. ``offset`` is the listing's, as asked."""
     print_hits(answer["hits"])
+    if answer.get("degraded"):
+        click.echo(f"degraded: {answer['degraded']}", err=True)
     if answer.get("relevant") is False:
         click.echo("nothing relevant: no hit's dense score reaches relevance_floor"
                    + ("; the hits above are only the closest" if answer["hits"] else ""), err=True)
