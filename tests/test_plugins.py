@@ -366,12 +366,14 @@ def test_plugins_command_lists_rerankers_and_loads_the_configured_one(tmp_path: 
     assert records == {
         "cross-encoder": {"group": RRK, "name": "cross-encoder", "distribution": "qmd-indexer", "version": "0.1.0",
                           "provides": [], "status": "unused", "reason": "rerank is off: reranker not set"},
+        "http": {"group": RRK, "name": "http", "distribution": "qmd-indexer", "version": "0.1.0",
+                 "provides": [], "status": "unused", "reason": "rerank is off: reranker not set"},
         "fake-rerank": {"group": RRK, "name": "fake-rerank", "distribution": "qmd-fake-plugins", "version": "1.2.3",
                         "provides": [], "status": "unused", "reason": "rerank is off: reranker not set"},
-    }, "the built-in reranker is missing: reinstall qmd-indexer (pip install -e .) to register its entry points"
+    }, "a built-in reranker is missing: reinstall qmd-indexer (pip install -e .) to register its entry points"
     chosen = cli("plugins", "--json", site=tmp_path, env={"QMD_INDEXER_RERANKER": "fake-rerank"})
     statuses = {r["name"]: (r["status"], r["provides"]) for r in json.loads(chosen.stdout) if r["group"] == RRK}
-    assert statuses == {"fake-rerank": ("loaded", ["rerank"]), "cross-encoder": ("unused", [])}
+    assert statuses == {"fake-rerank": ("loaded", ["rerank"]), "cross-encoder": ("unused", []), "http": ("unused", [])}
     text = cli("plugins", site=tmp_path, env={"QMD_INDEXER_RERANKER": "fake-rerank"}).stdout
     assert re.search(r"^rerankers +fake-rerank +qmd-fake-plugins 1\.2\.3 +rerank +loaded$", text, re.M), text
     typo = cli("plugins", site=tmp_path, env={"QMD_INDEXER_RERANKER": "fake-rerankr"})
