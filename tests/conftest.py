@@ -21,6 +21,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from infinity import infinity_minilm  # noqa: E402,F401  (a real infinity-emb server, see there)
 from qdrant.fixtures import fault_cluster, qdrant_cluster, qdrant_server  # noqa: E402,F401  (real Qdrant servers, see there)
 
 from indexer.config import Settings  # noqa: E402
