@@ -67,7 +67,7 @@ from indexer.schema import (
     Status,
     error_answer,
 )
-from indexer.search import Searcher, relevant
+from indexer.search import Searcher, join_degraded, relevant
 from indexer.state import Plan
 
 T = TypeVar("T")
@@ -148,18 +148,23 @@ class LocalMemory:
         return scope_agent(self.view.plan, agent)
 
     def health(self) -> Health:
-        return {"status": self.view.health(), "ready": self.view.ready()}
+        reasons = self.view.reasons()
+        answer: Health = {"status": "degraded" if reasons else "ok", "ready": self.view.ready()}
+        if reasons:
+            answer["reasons"] = reasons
+        return answer
 
     def status(self) -> Status:
         return self.view.status()
 
-    def search(self, request: SearchRequest, /) -> list[Hit]:
-        """The hits for ``request`` (its ``wait_s`` is the HTTP route's), scoped to one agent (``scope_agent``)."""
+    def search(self, request: SearchRequest, /, degraded: list[str] | None = None) -> list[Hit]:
+        """The hits for ``request`` (its ``wait_s`` is the HTTP route's), scoped to one agent (``scope_agent``);
+        ``degraded`` collects why the answer is less than the configured search (``Searcher.retrieve``)."""
         check_query(request.query)
         searcher = self.searcher
         scoped = request.model_copy(update={"agent": self.scope(request.agent)})
         with self.view.metrics.search_timer() as timer:
-            hits = searcher.search(scoped)  # ValueError (a bad since): 400
+            hits = searcher.search(scoped, degraded)  # ValueError (a bad since): 400
             timer.mode = request.mode or searcher.mode  # a refused mode raised above: never a label
         return hits
 
@@ -170,9 +175,14 @@ class LocalMemory:
         agent = self.scope(request.agent)
         if request.wait_s:
             self.view.wait_pending(agent, request.wait_s)
-        hits = self.search(request)
-        return {"hits": hits, "relevant": relevant(hits, self.view.plan.settings.relevance_floor),
-                "pending": self.view.pending(agent)}
+        notes: list[str] = []
+        hits = self.search(request, notes)
+        answer: SearchResponse = {"hits": hits, "relevant": relevant(hits, self.view.plan.settings.relevance_floor),
+                                  "pending": self.view.pending(agent)}
+        reason = join_degraded(notes)
+        if reason:
+            answer["degraded"] = reason
+        return answer
 
     def recall(self, query: str = "*", k: int | None = None, agent: str | None = None) -> list[Hit]:
         """The hits of ``recall_response``."""
