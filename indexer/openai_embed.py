@@ -133,6 +133,7 @@ class OpenAIEmbedder:
         self.precision = None
         self.query_file = None
         self._tokenizer: Any = None
+        self._tokenizer_digest: str | None = None
         self._dim: int | None = None
         self._batch = self.batch_size  # halved for the rest of the run by a 413 / "batch too large"
         self._lock = threading.Lock()
@@ -152,8 +153,9 @@ class OpenAIEmbedder:
         ``chars=<max_chars>``."""
         if self.tokenizer_path is None:
             return f"chars={self.max_chars}"
-        digest = hashlib.sha256(self.tokenizer_path.read_bytes()).hexdigest()[:16]
-        return f"tokenizer={digest}/{self._max_tokens}"
+        if self._tokenizer_digest is None:
+            self._tokenizer_digest = hashlib.sha256(self.tokenizer_path.read_bytes()).hexdigest()[:16]
+        return f"tokenizer={self._tokenizer_digest}/{self._max_tokens}"
 
     def _key(self) -> str:
         """Everything the vectors depend on, but their size."""
