@@ -6,7 +6,7 @@ PORT   ?= 8743
 STATE  ?= .state/demo
 MMR_LAMBDA ?= 0.7
 
-.PHONY: install install-lean service-venv qdrant infinity demo lint check test fuzz bench cluster-kill faults load eval clean
+.PHONY: install install-lean service-venv qdrant infinity demo lint check test fuzz bench cluster-kill faults load eval endpoint clean
 
 # the package alone (what `make demo` needs): the CPU build of torch first, anything else would pull a multi-GB
 # CUDA build
@@ -89,5 +89,8 @@ eval: install ## retrieval quality, one run: SciFact test (nDCG@10, recall@100) 
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.eval --mmr $(MMR_LAMBDA) --json .eval/scifact.json
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.devvault_eval --mmr $(MMR_LAMBDA) --vault ../shared/data/vault --json .devvault/devvault.json
 
+endpoint: install infinity ## the OpenAI-compatible embedder through infinity-emb vs in-process, same model: dev set quality (ENDPOINT_ARGS=--scifact adds SciFact), vault first-index rate vs a raw client loop, search p50
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.endpoint --json .endpoint/endpoint.json $(ENDPOINT_ARGS)
+
 clean:
-	rm -rf .state .bench .eval .faults .load .pytest_cache
+	rm -rf .state .bench .eval .faults .load .endpoint .pytest_cache

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 
-from indexer.errors import EmbedError, ExtractError, FileSkipped
+from indexer.errors import EmbedError, EmbedUnavailable, ExtractError, FileSkipped
 
 if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
     from indexer.chunking import TextChunk, chunk_text
@@ -46,9 +46,9 @@ if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
     from indexer.model_loading import LazyModel, load_sentence_transformer
 
 __all__ = [
-    "GROUPS", "HEAD_BYTES", "Chunk", "Classifier", "EmbedError", "Embedder", "ExtractContext", "ExtractError",
-    "Extractor", "FileInfo", "FileSkipped", "Reranker", "TextChunk", "TextEmbedder", "chunk_text", "decode_text",
-    "l2_normalise", "load_sentence_transformer", "LazyModel",
+    "GROUPS", "HEAD_BYTES", "Chunk", "Classifier", "EmbedError", "EmbedUnavailable", "Embedder", "ExtractContext",
+    "ExtractError", "Extractor", "FileInfo", "FileSkipped", "Reranker", "TextChunk", "TextEmbedder", "chunk_text",
+    "decode_text", "l2_normalise", "load_sentence_transformer", "LazyModel",
 ]
 
 #: the entry-point groups, in this order: classifiers, extractors, embedders, rerankers (``indexer.contract.PROTOCOLS``
@@ -184,22 +184,43 @@ class Extractor(Protocol):
 class Embedder(Protocol):
     """Embeds chunks of one modality into a fixed-size dense space.
 
-    - ``model_id``: stable identifier of the model and its settings; part of the embedding-cache key and payload.
+    - ``model_id``: stable identifier of the model and its settings; part of the payload (and of the embedding-cache
+      key when there is no ``identity``).
     - ``modality``: the chunks it accepts and the Qdrant named vector it fills (``"text"``, ``"image"``, or any
       lowercase name a plugin declares; ``MODALITY_PATTERN``).
-    - ``dim``: vector size.
+    - ``dim``: vector size. May be learnt lazily (a remote model's from its first answer).
     - ``max_tokens``: token limit of one input for text embedders (chunks are sized to it), ``None`` otherwise.
 
     ``embed(chunks)`` returns ``(len(chunks), dim)`` float32, rows L2-normalised. ``embed_query(text)`` returns
     ``(dim,)`` float32, L2-normalised: the query embedded into this space (for an image embedder, its text tower),
     so a text query can search this modality. A ``"text"`` embedder must satisfy ``TextEmbedder``.
-    Errors: ``indexer.errors.EmbedError`` for an input it cannot embed (e.g. undecodable image bytes).
+
+    Errors, both from ``indexer.errors`` (re-exported here):
+
+    - ``EmbedError`` for an input it cannot embed (e.g. undecodable image bytes): the file is marked failed and its
+      points are removed.
+    - ``EmbedUnavailable`` (a subclass) when it cannot answer now (a server down, 429, 5xx, a timeout, a model still
+      loading), with ``retry_after_s`` when the server said how long to wait: indexing retries the files later with
+      backoff and never marks them failed nor removes their points; a search answers from keyword search with
+      ``degraded`` set. An embedder behind a network must raise this, not ``EmbedError``, for anything transient.
+
+    Optional declarations, read with ``getattr`` (defaults below when a plugin omits them; lazy properties are not
+    evaluated when the plugin loads):
+
+    - ``identity``: what made the vectors, in full (model, precision, a fingerprint of its files; for a remote model
+      its endpoint host, model, vector size and prefixes). A change of it rebuilds the collections safely
+      (``on_model_change``), it keys the embedding cache and ``status`` shows it. Default: ``model_id``.
+    - ``precision``: the numeric precision it runs at (``"fp32"``, ``"int8"``, ...), shown by ``status``.
+    - ``query_file``: the file single queries run on, where it differs from the chunks' model, shown by ``status``.
     """
 
     model_id: str
     modality: str
     dim: int
     max_tokens: int | None
+    identity: str = ""
+    precision: str | None = None
+    query_file: str | None = None
 
     def embed(self, chunks: Sequence[Chunk]) -> np.ndarray: ...
 
@@ -213,6 +234,14 @@ class TextEmbedder(Embedder, Protocol):
     - ``max_tokens``: how many model tokens one input may hold before the model truncates it (positive ``int``).
     - ``token_offsets(text)``: ``(start, end)`` character offsets of each model token of ``text``, no special
       tokens; the pipeline hands both to extractors as ``ExtractContext``.
+
+    Offsets: what must hold is that the list is in text order, each pair within ``0 <= start <= end <= len(text)``,
+    and that ``max_tokens`` of them cover no more text than one input may hold; chunks end on the ``end`` of a
+    token. Tokens need not be the model's own: an embedder without the model's tokenizer (a remote one) may give a
+    conservative stand-in, e.g. one "token" per character against a budget in characters. Gaps between tokens
+    (whitespace) are allowed and the tokens need not cover them. Model tokens proper (word pieces) are optional: they
+    only make chunks fuller. An input that is still too long for the model must never be truncated silently: split
+    it and embed the parts (or raise ``EmbedError``).
 
     Checked when the plugin loads: a text embedder without ``token_offsets`` fails there with a plugin error.
     """

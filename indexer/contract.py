@@ -60,7 +60,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 #: members that may be lazy properties loading a model: checked for presence at load, by value in indexer.testing
-LAZY = frozenset({"dim", "max_tokens", "model_id"})
+LAZY = frozenset({"dim", "max_tokens", "model_id", "identity"})
 
 
 def _is_int(value: Any) -> bool:
@@ -123,7 +123,7 @@ def check_contract(group: str, obj: Any) -> None:
             elif name not in LAZY:
                 _check_value(name, hint, getattr(obj, name))
         for name, hint in optional.items():
-            if hasattr(obj, name):
+            if name not in LAZY and hasattr(obj, name):
                 _check_value(name, hint, getattr(obj, name))
     if group == EXTRACTORS and not obj.kinds:
         raise PluginError("kinds must be a non-empty frozenset of str")

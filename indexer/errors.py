@@ -9,7 +9,9 @@
     ├── StateReadOnly        the state directory is read-only at start (the daemon exits 1 with one line)
     ├── FileSkipped          a file is not indexed for a stated reason (too large, not UTF-8 text, FIFO, ...)
     ├── ExtractError         an extractor could not read a file of its kind (corrupt image, bad codec, ...)
-    ├── EmbedError           an embedder could not embed an input
+    ├── EmbedError           an embedder could not embed an input (the file is marked failed)
+    │   └── EmbedUnavailable the embedder cannot answer now (server down, 429, 5xx, timeout, model loading):
+    │                        retried with backoff; the file is never marked failed nor loses its points
     └── ReadRefused          a paged read asked for a path that is not a memory file of that workspace
 """
 
@@ -68,6 +70,17 @@ class ExtractError(QmdError):
 
 class EmbedError(QmdError):
     """An embedder could not embed an input."""
+
+
+class EmbedUnavailable(EmbedError):
+    """The embedder cannot answer now: its server is down or unreachable, answered 429 or 5xx, timed out, or is
+    still loading its model. Transient: indexing retries the files later with backoff and never marks them failed
+    nor drops their points; a search answers from keyword search instead (``degraded``). ``retry_after_s``: how
+    long the server asked to wait (``Retry-After``), ``None`` when it did not say."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ReadRefused(QmdError):

@@ -1,5 +1,5 @@
 """Files skipped or failing, each logged once per file state, and the ``files_failed`` count and the failing files
-``status`` reports.
+``status`` reports; and files held back while the embedder cannot answer (``Outage``: never failures).
 
 A file is keyed by its absolute path and marked with its fingerprint (size, ``mtime_ns``, ``ctime_ns``), the reason
 and whether it is a failure, so a rescan of an unchanged bad file stays quiet, and a changed one is told again.
@@ -8,6 +8,7 @@ and whether it is a failure, so a rescan of an unchanged bad file stays quiet, a
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -43,6 +44,47 @@ def _fingerprint(path: Path) -> tuple[int, int, int]:
         return -1, -1, -1
 
 
+class Outage:
+    """Files held back because the embedder cannot answer now (``EmbedUnavailable``): not failures, their points
+    stay. ``reason`` (``None`` while it answers) is what ``/health`` says; ``deferred`` counts batches put off since
+    start (``status``); ``delay_s`` is the backoff before the next try (1 s, doubling to ``MAX_DELAY_S``, or the
+    server's ``Retry-After`` when longer, up to ``MAX_RETRY_AFTER_S``). Written by the worker thread only."""
+
+    MAX_DELAY_S = 30.0
+    MAX_RETRY_AFTER_S = 300.0
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.since: float | None = None
+        self.deferred = 0
+        self.tries = 0  # consecutive batches put off in this outage
+        self.waiting: set[str] = set()
+
+    def hold(self, paths: Iterable[str], reason: str, retry_after_s: float | None) -> float:
+        """Record that ``paths`` could not be embedded now for ``reason``; logs ``embedder_unavailable`` once per
+        outage. Returns the seconds to wait before trying them again."""
+        if self.reason is None:
+            self.since = time.time()
+            log.error("embedder_unavailable", reason=reason,
+                      hint="files are retried with backoff; their points stay, searches answer from keyword search")
+        self.reason = reason.splitlines()[0][:300] if reason else "unavailable"
+        self.deferred += 1
+        self.tries += 1
+        self.waiting.update(paths)
+        delay = min(self.MAX_DELAY_S, 2.0 ** (self.tries - 1))
+        if retry_after_s is not None:
+            delay = max(delay, min(retry_after_s, self.MAX_RETRY_AFTER_S))
+        return delay
+
+    def release(self, path: str) -> None:
+        """``path`` was embedded: it no longer waits; the first success ends the outage (logged)."""
+        self.waiting.discard(path)
+        if self.reason is not None:
+            log.info("embedder_available", after_s=round(time.time() - (self.since or 0), 1),
+                     deferred=self.deferred)
+            self.reason, self.since, self.tries = None, None, 0
+
+
 class Ledger:
     """The files skipped or failing in their current state (absolute path -> ``Mark``). Used by the worker thread
     only; ``files_failed`` may be read from any thread."""
@@ -51,6 +93,7 @@ class Ledger:
         self.marks: dict[str, Mark] = {}
         self.details: dict[str, str] = {}  # absolute path -> the detail its mark was logged with
         self.failures: Counter[str] = Counter()  # failures logged since start, by reason (``/metrics`` errors)
+        self.outage = Outage()  # files held back while the embedder cannot answer
 
     def skip(self, path: Path, reason: str, detail: str = "", failed: bool = False) -> bool:
         """Record and log that ``path`` is skipped (or failed) for ``reason``; ``detail`` defaults to the reason's

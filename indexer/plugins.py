@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("qmd_indexer.plugins")
 
 OWN_DISTRIBUTION = "qmd-indexer"
+#: embedders shipped here that run only when ``prefer`` chooses them for their modality (an endpoint to configure)
+OPT_IN_EMBEDDERS = frozenset({"openai"})
 
 @dataclass(slots=True)
 class PluginRecord:
@@ -244,6 +246,9 @@ def load_registry(
         if ep.group == RERANKERS and ep.name != reranker:
             record.status = "unused"
             record.reason = f"reranker = {reranker!r}" if reranker else "rerank is off: reranker not set"
+            continue
+        if ep.group == EMBEDDERS and ep.name in OPT_IN_EMBEDDERS and ep.name not in prefer.values():
+            record.status, record.reason = "unused", f"chosen only with prefer = {{ text = {ep.name!r} }}"
             continue
         same = running.get((ep.group, ep.name, dist, version))
         if same is not None:

@@ -23,7 +23,7 @@ from indexer.plugins import Registry
 from indexer.points import stat_identity
 from indexer.rerank import RerankStats, rerank_status
 from indexer.schema import CollectionStatus, Status
-from indexer.search import Searcher
+from indexer.search import FallbackStats, Searcher
 from indexer.state import IndexState, Plan
 from indexer.store import Store
 from indexer.watcher import Settler
@@ -45,6 +45,7 @@ class StatusView:
         self.state, self.settler, self.store, self.pipeline = state, settler, store, pipeline
         self.terms, self.metrics = terms, metrics
         self.rerank_stats = RerankStats()  # shared by the searchers made here; ``status`` reports it
+        self.fallback_stats = FallbackStats(metrics.error)  # searches answered from keyword search, likewise
         metrics.read_from(self)
 
     @property
@@ -70,7 +71,8 @@ class StatusView:
         (``Searcher.from_settings``; ``overrides`` replace any)."""
         plan = plan or self.plan
         return Searcher.from_settings(plan.settings, plan.collections, self.store, self.registry, self.terms,
-                                      **{"rerank_stats": self.rerank_stats, **overrides})
+                                      **{"rerank_stats": self.rerank_stats, "fallback_stats": self.fallback_stats,
+                                         **overrides})
 
     def failures(self) -> dict[str, int]:
         """Files failed since start, by reason (the ledger's tally)."""
@@ -82,11 +84,24 @@ class StatusView:
         self.settler.wake()
 
     def health(self) -> Literal["ok", "degraded"]:
-        """``"degraded"`` while the watcher is dead, the last reconcile found drift or store writes fail (a full state
-        dir), else ``"ok"``."""
-        watcher = self.state.watcher
-        dead = watcher is not None and (watcher.dead or not watcher.alive())
-        return "degraded" if dead or any(self.state.reconcile.drift.values()) or self.store.degraded else "ok"
+        """``"degraded"`` while the watcher is dead, the last reconcile found drift, store writes fail (a full state
+        dir) or the embedder cannot answer, else ``"ok"`` (``reasons`` names the causes)."""
+        return "degraded" if self.reasons() else "ok"
+
+    def reasons(self) -> list[str]:
+        """One short line per cause of a degraded ``health``; empty when it is ok."""
+        watcher, out = self.state.watcher, []
+        if watcher is not None and (watcher.dead or not watcher.alive()):
+            out.append("file watcher is dead")
+        drift = sum(self.state.reconcile.drift.values())
+        if drift:
+            out.append(f"last reconcile found {drift} file(s) the watcher had missed")
+        if self.store.degraded:
+            out.append("store writes are failing (retried)")
+        outage = self.state.ledger.outage
+        if outage.reason is not None:
+            out.append(f"embedder unavailable: {outage.reason} ({len(outage.waiting)} file(s) waiting, retried)")
+        return out
 
     def pending(self, agent: str | None = None) -> list[str]:
         """Workspace-relative paths (sorted, ``/`` separators) of ``agent``'s collections (every agent's when
@@ -144,6 +159,10 @@ class StatusView:
             "queue_depth": len(self.settler) + len(state.hand),
             "rebuilding": state.rebuilding,
             "hnsw": {name: dict(build) for name, build in list(state.hnsw.items())},
+            "embedder_unavailable": {"reason": state.ledger.outage.reason, "since": state.ledger.outage.since,
+                                     "deferred": state.ledger.outage.deferred,
+                                     "files_waiting": len(state.ledger.outage.waiting)},
+            "search_fallback": self.fallback_stats.as_dict(),
             "models": {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
                                   "precision": getattr(e, "precision", None)}
                        for modality, e in embedders.items()},

@@ -421,6 +421,12 @@ class Status(TypedDict):
         "HNSW builds of Qdrant Edge collections: name -> {state, points, seconds | error}."))]]
     models: NotRequired[Annotated[dict[str, dict[str, Any]], Field(description=(
         "Modality -> {model_id, identity, precision} of each embedder."))]]
+    embedder_unavailable: NotRequired[Annotated[dict[str, Any], Field(description=(
+        "The embedder could not answer (its server down, 429, 5xx): reason (null while it answers), since (unix "
+        "time), deferred (batches put off since start, retried with backoff, never failed), files_waiting."))]]
+    search_fallback: NotRequired[Annotated[dict[str, Any], Field(description=(
+        "Searches answered from keyword search because the query could not be embedded: keyword_only (count "
+        "since start), last_reason."))]]
     embedding: NotRequired[Annotated[dict[str, Any] | None, Field(description=(
         "The text embedder: model_id, precision, and with int8 the ONNX file single queries run on."))]]
     bind: NotRequired[Annotated[str, Field(description="host:port the API listens on.")]]
@@ -437,8 +443,11 @@ class Health(TypedDict):
     """``GET /health``."""
 
     status: Annotated[Literal["ok", "degraded"], Field(description=(
-        "degraded: the file watcher is dead, or the last reconcile found files it had missed (see /status)."))]
+        "degraded: the file watcher is dead, the last reconcile found files it had missed, store writes fail, or "
+        "the embedder cannot answer (see /status and reasons)."))]
     ready: Annotated[bool, Field(description="The first full index has finished.")]
+    reasons: NotRequired[Annotated[list[str], Field(description=(
+        "Present when degraded: one short line per cause."))]]
 
 
 class ErrorDetail(TypedDict):

@@ -9,6 +9,11 @@ return) carries ``collection``, ``agent``, ``path``
 where they apply, the fields the extractor plugins declare in ``hit_fields`` (``Registry.hit_fields``), e.g.
 ``start_s``/``end_s`` (audio) or ``width``/``height`` (images).
 
+When the query cannot be embedded now (the embedder raises ``EmbedUnavailable``: its server is down), a hybrid or
+dense search answers from keyword search instead, and says so: the caller's ``degraded`` list gets
+``"keyword only: <why>"`` (``SearchResponse.degraded``), and ``FallbackStats`` counts it for ``status`` and
+``/metrics``.
+
 ``relevant(hits, floor)`` says whether the best dense score among the hits clears a relevance floor: the fused
 score cannot say it, since fusion normalises each query's lists (DBSF top-1 is about 2 for any query).
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -30,6 +36,7 @@ from indexer.api import Embedder
 from indexer.bm25 import Bm25Terms
 from indexer.chunking import split_lines
 from indexer.config import Settings
+from indexer.errors import EmbedUnavailable
 from indexer.plugins import Registry
 from indexer.points import NO_PAYLOAD, SPARSE, Hit, Payload, Query, search_filter
 from indexer.rerank import Reranker, RerankStats, rerank
@@ -41,6 +48,29 @@ SNIPPET_CHARS = 700  # the reference agent's snippet cap
 _WORD = re.compile(r"\w+", re.UNICODE)
 _HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")  # an ATX heading line
 LEAD_LINES = 2  # lines above the best-matching one a snippet may start at
+
+
+class FallbackStats:
+    """Searches that answered from keyword search because the query could not be embedded (``keyword_only``), and
+    the last reason; ``on_fallback`` (e.g. ``Metrics.error``) is told each one's kind. Shared by the searchers of
+    one daemon (``StatusView``); any thread may count."""
+
+    def __init__(self, on_fallback: Callable[[str], None] | None = None) -> None:
+        self.keyword_only = 0
+        self.last_reason: str | None = None
+        self._on_fallback = on_fallback
+        self._lock = threading.Lock()
+
+    def count(self, reason: str) -> None:
+        with self._lock:
+            self.keyword_only += 1
+            self.last_reason = reason
+        if self._on_fallback is not None:
+            self._on_fallback("search_keyword_only")
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"keyword_only": int, "last_reason": str | None}`` for ``status``."""
+        return {"keyword_only": self.keyword_only, "last_reason": self.last_reason}
 
 
 def join_degraded(notes: Sequence[str]) -> str | None:
@@ -133,7 +163,8 @@ class Searcher:
                  min_scores: dict[str, float] | None = None, hit_fields: Sequence[str] = (),
                  mmr_lambda: float | None = None, half_life_days: float | None = None,
                  now: Callable[[], float] = time.time, reranker: Reranker | None = None, rerank_top_n: int = 20,
-                 rerank_budget_s: float = 2.0, rerank_stats: RerankStats | None = None) -> None:
+                 rerank_budget_s: float = 2.0, rerank_stats: RerankStats | None = None,
+                 fallback_stats: FallbackStats | None = None) -> None:
         self.collections = list(collections)
         self.store = store
         self.embedders = embedders
@@ -148,6 +179,7 @@ class Searcher:
         self.reranker, self.rerank_top_n, self.rerank_budget_s = reranker, rerank_top_n, rerank_budget_s
         # fail-open counters (``status`` reports the daemon's, shared by its searchers)
         self.rerank_stats = rerank_stats if rerank_stats is not None else RerankStats()
+        self.fallback_stats = fallback_stats if fallback_stats is not None else FallbackStats()
         self._embed_query = lru_cache(maxsize=256)(self.embed_query)
 
     @classmethod
@@ -198,10 +230,11 @@ class Searcher:
     def retrieve(self, params: SearchRequest, degraded: list[str] | None = None) -> list[Hit]:
         """Fused hits (raw payloads), best first: the lists of every selected collection (ids and scores only)
         are pooled per vector (dense text, dense image, BM25), each pool cut to ``prefetch_limit``, the pools fused,
-        and the payloads of the ``k`` kept hits read by id. Why the answer is less than the configured search (the
-        ``SearchResponse.degraded`` reasons, e.g. ``indexer.rerank.DEGRADED``) is appended to ``degraded`` when
-        given. Raises ``KeyError`` (unknown agent or collection) and ``ValueError`` (a bad mode, or a time
-        ``parse_time`` cannot read)."""
+        and the payloads of the ``k`` kept hits read by id. A query the embedders cannot embed now
+        (``EmbedUnavailable``) is answered from keyword search, with ``"keyword only: <why>"`` appended to
+        ``degraded`` (see the module); so is any other reason the answer is less than the configured search (e.g.
+        ``indexer.rerank.DEGRADED``). Raises ``KeyError`` (unknown agent or collection) and ``ValueError`` (a bad
+        mode, or a time ``parse_time`` cannot read)."""
         mode = params.mode or self.mode
         if mode not in ("hybrid", "dense", "keyword"):
             raise ValueError(f"mode must be hybrid, dense or keyword, got {mode!r}")
@@ -209,7 +242,16 @@ class Searcher:
         point_filter = search_filter(params)
         if not params.query.strip():
             return []
-        dense = dict(self._embed_query(params.query)) if mode != "keyword" else {}
+        dense: dict[str, np.ndarray] = {}
+        if mode != "keyword":
+            try:
+                dense = dict(self._embed_query(params.query))
+            except EmbedUnavailable as exc:  # the embedding server is down: keyword search can still answer
+                reason = f"keyword only: the query could not be embedded ({str(exc).splitlines()[0][:160]})"
+                self.fallback_stats.count(reason)
+                if degraded is not None:
+                    degraded.append(reason)
+                mode = "keyword"
         sparse = None
         if mode != "dense":
             sparse = self.terms.query(params.query)

@@ -176,7 +176,11 @@ class LocalMemory:
         return scope_agent(self.view.plan, agent)
 
     def health(self) -> Health:
-        return {"status": self.view.health(), "ready": self.view.ready()}
+        reasons = self.view.reasons()
+        answer: Health = {"status": "degraded" if reasons else "ok", "ready": self.view.ready()}
+        if reasons:
+            answer["reasons"] = reasons
+        return answer
 
     def status(self) -> Status:
         return self.view.status()

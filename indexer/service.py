@@ -28,6 +28,7 @@ from indexer.errors import (
     EXIT_USAGE,
     CollectionMismatch,
     ConfigError,
+    EmbedUnavailable,
     PluginError,
     StateReadOnly,
     StoreLocked,
@@ -88,7 +89,7 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
             indexer.connect()
         except (CollectionMismatch, StoreLocked) as exc:  # not transient: a config mistake, so say it and stop
             raise Refused(str(exc)) from None
-        except StoreUnavailable:
+        except (StoreUnavailable, EmbedUnavailable):
             pass  # the worker logs it once and keeps retrying; the API answers meanwhile
     except Refused as exc:
         print(f"qmd-indexer: {exc.message}", file=sys.stderr)

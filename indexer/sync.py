@@ -7,9 +7,9 @@ worker thread (``indexer.worker``) is its only caller. A file event's walk::
                                                           -> Store.replace_file / delete_file -> IndexState.put/drop
 
 What it finds is recorded in the ``IndexState`` (``put``/``drop``, the ledger for skips and failures). Paths it
-cannot finish now are handed back (``Outcome.retry``: the store was unavailable or its state dir full), and the
-files of a directory made or moved in (which arrive without events of their own) are handed back as
-``Outcome.found``; the worker queues both.
+cannot finish now are handed back (``Outcome.retry``: the store was unavailable or its state dir full, or the
+embedder could not answer now, with backoff: never failed, their points kept), and the files of a directory made or
+moved in (which arrive without events of their own) are handed back as ``Outcome.found``; the worker queues both.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import structlog
 
-from indexer.errors import EmbedError, ExtractError, FileSkipped, StateDirFull, StoreUnavailable
+from indexer.errors import EmbedError, EmbedUnavailable, ExtractError, FileSkipped, StateDirFull, StoreUnavailable
 from indexer.ledger import FAILURES
 from indexer.metrics import Metrics
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
@@ -41,11 +41,12 @@ RETRY_AFTER_S = 5.0  # a store found unreachable is tried again after this long 
 
 @dataclass(slots=True)
 class Outcome:
-    """What ``Sync.process`` hands back to the worker: files to try again later (``retry``) and files found under
-    a directory that appeared (``found``), to queue."""
+    """What ``Sync.process`` hands back to the worker: files to try again later (``retry``, in ``retry_after_s``
+    seconds) and files found under a directory that appeared (``found``), to queue."""
 
     retry: list[Path] = field(default_factory=list)
     found: list[Path] = field(default_factory=list)
+    retry_after_s: float = RETRY_AFTER_S
 
 
 class Sync:
@@ -57,6 +58,7 @@ class Sync:
         self.state, self.pipeline, self.store, self.metrics = state, pipeline, store, metrics
         self.beat: Callable[[], None] = lambda: None
         self.stopping = threading.Event()
+        self._embed_delay_s: float | None = None  # set by a batch the embedder could not answer (``process``)
 
     # -- one batch ----------------------------------------------------------------------------------------------
     def process(self, paths: Sequence[Path]) -> Outcome:
@@ -65,12 +67,15 @@ class Sync:
         ``Outcome.retry``)."""
         outcome = Outcome()
         prepared: list[Prepared] = []
+        self._embed_delay_s = None
         with self.state.holding(paths):
             for path in paths:
                 self.beat()
                 self._prepare_one(path, prepared, outcome)
             if prepared:
                 outcome.retry += self.write(prepared)
+        if self._embed_delay_s is not None:  # the embedder could not answer: back off (``ledger.Outage``)
+            outcome.retry_after_s = self._embed_delay_s
         return outcome
 
     def _prepare_one(self, path: Path, prepared: list[Prepared], outcome: Outcome) -> None:
@@ -219,6 +224,11 @@ class Sync:
             log.info("index_interrupted", files=[str(f.path) for f in prepared],
                      hint="embedded slices are cached; the next start finishes them")
             return []
+        except EmbedUnavailable as exc:  # transient: retried later; never failed, the points stay as they are
+            self.metrics.error("embedder_unavailable")
+            self._embed_delay_s = self.state.ledger.outage.hold(
+                [str(f.path) for f in prepared], f"{type(exc).__name__}: {exc}", exc.retry_after_s)
+            return [file.path for file in prepared]
         except (EmbedError, ExtractError) as exc:
             if len(prepared) == 1:
                 self.skip(prepared[0].path, "embed_failed", str(exc), failed=True)
@@ -226,6 +236,7 @@ class Sync:
             return [path for file in prepared for path in self._write_group([file], into)]  # isolate the refused file
         retry: list[Path] = []
         for file, file_vectors in zip(prepared, vectors):
+            self.state.ledger.outage.release(str(file.path))
             points = self.pipeline.points(file, file_vectors)
             started = time.monotonic()
             abs_path = str(file.path)

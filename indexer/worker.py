@@ -10,6 +10,8 @@ them to ``Sync.process`` (``indexer.sync``); it alone changes the ``IndexState``
   (``--reindex`` or ``POST /reindex``) runs here too, between batches, followed by a scan.
 - Retries: a path whose write found the store unavailable, or a batch that raised, goes back into the same queue
   with a delay of ``sync.RETRY_AFTER_S`` seconds (an event for it meanwhile takes precedence). No timer threads.
+  A batch the embedder could not answer (``EmbedUnavailable``: its server down, 429, 5xx) goes back with backoff
+  (``ledger.Outage``: 1 s doubling to 30 s, or the server's ``Retry-After``), never failed, its points kept.
 - Reload (``SIGHUP``, ``indexer.reload``): applied between batches; new collections are watched and scanned, then
   ``READY=1`` goes out again.
 - Metrics: the index lag of each path an event queued is observed when its batch is done (``indexer.metrics``).
@@ -34,7 +36,7 @@ import structlog
 
 from indexer import sync
 from indexer.daemon import Indexer
-from indexer.errors import StateDirFull, StoreUnavailable
+from indexer.errors import EmbedUnavailable, StateDirFull, StoreUnavailable
 from indexer.schema import Status
 from indexer.search import load_fusion
 from indexer.store import EdgeStore
@@ -57,10 +59,10 @@ def _no_progress(total: int) -> Iterator[Callable[[int], None]]:
     yield lambda n: None
 
 
-def retry_later(indexer: Indexer, paths: Iterable[Path]) -> None:
-    """Queue ``paths`` again, ready in ``sync.RETRY_AFTER_S`` seconds."""
+def retry_later(indexer: Indexer, paths: Iterable[Path], delay_s: float = sync.RETRY_AFTER_S) -> None:
+    """Queue ``paths`` again, ready in ``delay_s`` seconds (default ``sync.RETRY_AFTER_S``)."""
     for path in paths:
-        indexer.settler.add(path, settle=False, delay=sync.RETRY_AFTER_S)
+        indexer.settler.add(path, settle=False, delay=delay_s)
 
 
 def process_observed(indexer: Indexer, batch: list[Path]) -> None:
@@ -69,7 +71,7 @@ def process_observed(indexer: Indexer, batch: list[Path]) -> None:
     changed = indexer.settler.changed_at(batch)
     outcome = indexer.sync.process(batch)
     indexer.settler.add_many(outcome.found)
-    retry_later(indexer, outcome.retry)
+    retry_later(indexer, outcome.retry, outcome.retry_after_s)
     done = indexer.settler.clock()
     for path in changed.keys() - set(outcome.retry):
         indexer.metrics.index_lag.observe(max(0.0, done - changed[path]))
@@ -211,6 +213,12 @@ def connect_until(indexer: Indexer, stop: threading.Event) -> bool:
                 indexer.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
                 if not isinstance(exc, StateDirFull):
                     log.error("store_unavailable", error=str(exc), retry_after_s=sync.RETRY_AFTER_S)
+            reported = True
+        except EmbedUnavailable as exc:  # a remote embedder's vector size is not known yet: its server is down
+            if not reported:
+                indexer.metrics.error("embedder_unavailable")
+                log.error("embedder_unavailable", error=str(exc), retry_after_s=sync.RETRY_AFTER_S,
+                          hint="the collections open once the embedding server answers")
             reported = True
         stop.wait(sync.RETRY_AFTER_S)
     return False

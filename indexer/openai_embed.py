@@ -1,0 +1,367 @@
+"""The ``openai`` text embedder: an OpenAI-compatible embedding server (Ollama, llama.cpp ``llama-server``, vLLM,
+TEI, infinity, OpenAI) instead of the in-process model.
+
+Registered as the ``openai`` entry point of ``qmd_indexer.embedders``; used only when chosen with
+``prefer = { text = "openai" }``. Each request is ``POST {base_url}/embeddings`` with ``{"model", "input": [...]}``
+(plus ``dimensions``, ``input_type`` when configured); the answer's ``data[i].embedding`` (ordered by ``index``)
+are the vectors, L2-normalised here. Config keys (``[plugin.openai]``):
+
+- ``base_url`` (required): as the OpenAI SDK takes it, e.g. ``http://127.0.0.1:11434/v1`` (Ollama).
+- ``model`` (required): the model name the server knows.
+- ``api_key_env``: the environment variable holding the API key, sent as ``Authorization: Bearer``; the key itself
+  is never read from the config file. None: no header.
+- ``dimensions``: asked of models that can shorten their vectors (OpenAI ``text-embedding-3-*``); the vector size
+  is always the one of the first answer.
+- ``batch_size`` (default 32, TEI's default cap): inputs per request; a 413 or "batch too large" answer halves it
+  for the rest of the run. ``max_concurrency`` (default 2): requests in flight at once.
+- ``timeout_s`` (default 60): per request while indexing; ``query_timeout_s`` (default 5): for a search's query,
+  which then answers from keyword search instead of waiting.
+- ``query_prefix``/``document_prefix`` (default empty): prepended to queries/chunks, for asymmetric models (e5
+  ``"query: "``/``"passage: "``, nomic ``"search_query: "``/``"search_document: "``); or ``query_input_type``/
+  ``document_input_type``, sent as the request's ``input_type`` field (servers that take one).
+- ``tokenizer``: a ``tokenizer.json`` path (Hugging Face ``tokenizers``) to size chunks by the model's own tokens,
+  with ``max_tokens`` (default 510) tokens per chunk; without it, chunks are sized by a conservative budget of
+  ``max_chars`` characters (default 1000), one character per "token".
+- ``retries`` (default 3): attempts per request while the server is unavailable (exponential backoff from 0.5 s,
+  or the server's ``Retry-After`` when it is at most ``max_retry_after_s``, default 30); then ``EmbedUnavailable``
+  goes up and the daemon retries the files later, keeping their points.
+
+Errors: ``EmbedUnavailable`` for anything transient or of the server's setup (unreachable, timeout, 429, 5xx, 401,
+403, 404, an answer that is not embeddings); ``EmbedError`` only for an input the server refuses for itself even
+alone and split to its smallest. An input refused as too long (413, or a 400/422 saying so) is split in two at a
+space near the middle, both halves embedded and their mean taken, never truncated. Identity (``identity``):
+endpoint host and path, model, vector size, ``dimensions``, prefixes and input types, and the chunk sizing; a change
+of any rebuilds the collections safely. The vector size learnt from the first answer is remembered in
+``<state_dir>/openai-embedder.json``, so a daemon restarted while the server is down still opens its collections
+and answers keyword searches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+import structlog
+from tenacity import RetryCallState, Retrying, retry_if_exception_type
+
+from indexer.api import Chunk, l2_normalise
+from indexer.errors import EmbedError, EmbedUnavailable
+
+log = structlog.get_logger("qmd_indexer.embedding")
+
+DIM_FILE = "openai-embedder.json"  # under the state dir: the sizing key -> the vector size last answered
+# what servers say when an input or a request is too long or too big (llama.cpp, vLLM, TEI, OpenAI, Ollama)
+_TOO_LONG = re.compile(r"too (long|large|many)|maximum (context|input|sequence|batch)|context length|exceed|"
+                       r"batch size|must have less than|payload", re.IGNORECASE)
+
+
+class _TooLarge(Exception):
+    """The server refused a request as too big (413, or a 400/422 saying so): fewer inputs, or shorter ones."""
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), ``None`` when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(value))
+    with contextlib.suppress(TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
+def split_text(text: str) -> tuple[str, str]:
+    """``text`` in two halves, cut at the whitespace nearest its middle (at the middle when it has none)."""
+    middle = len(text) // 2
+    spaces = [m.start() for m in re.finditer(r"\s", text)]
+    cut = min(spaces, key=lambda i: abs(i - middle)) if spaces else middle
+    if cut <= 0 or cut >= len(text):
+        cut = middle
+    return text[:cut], text[cut:]
+
+
+class OpenAIEmbedder:
+    """Text chunks to ``(n, dim)`` float32 L2-normalised vectors through an OpenAI-compatible ``/embeddings``
+    endpoint (see the module for the config keys, errors and identity)."""
+
+    modality = "text"
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        config = dict(config or {})
+        base_url, model = config.get("base_url"), config.get("model")
+        if not base_url or not model:
+            raise ValueError("[plugin.openai] needs base_url (e.g. \"http://127.0.0.1:11434/v1\") and model")
+        self.base_url, self.model = str(base_url).rstrip("/"), str(model)
+        self.url = f"{self.base_url}/embeddings"
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"[plugin.openai] base_url must be an http(s) URL, got {base_url!r}")
+        self.endpoint = f"{parts.netloc}{parts.path}"
+        self.api_key_env = config.get("api_key_env") or None
+        self.dimensions = int(config["dimensions"]) if config.get("dimensions") else None
+        self.batch_size = max(1, int(config.get("batch_size", 32)))
+        self.max_concurrency = max(1, int(config.get("max_concurrency", 2)))
+        self.timeout_s = float(config.get("timeout_s", 60.0))
+        self.query_timeout_s = float(config.get("query_timeout_s", 5.0))
+        self.retries = max(1, int(config.get("retries", 3)))
+        self.max_retry_after_s = float(config.get("max_retry_after_s", 30.0))
+        self.query_prefix = str(config.get("query_prefix", ""))
+        self.document_prefix = str(config.get("document_prefix", ""))
+        self.query_input_type = config.get("query_input_type") or None
+        self.document_input_type = config.get("document_input_type") or None
+        self.tokenizer_path = Path(config["tokenizer"]).expanduser() if config.get("tokenizer") else None
+        if self.tokenizer_path is not None and not self.tokenizer_path.is_file():
+            raise ValueError(f"[plugin.openai] tokenizer: no tokenizer.json at {self.tokenizer_path}")
+        self.max_chars = int(config.get("max_chars", 1000))
+        self._max_tokens = int(config.get("max_tokens", 510)) if self.tokenizer_path else self.max_chars
+        self.state_dir = Path(config["state_dir"]) if config.get("state_dir") else None
+        self.precision = None
+        self.query_file = None
+        self._tokenizer: Any = None
+        self._tokenizer_digest: str | None = None
+        self._dim: int | None = None
+        self._batch = self.batch_size  # halved for the rest of the run by a 413 / "batch too large"
+        self._lock = threading.Lock()
+        self._client: httpx.Client | None = None
+        # counters since start (requests sent, retried while unavailable, batches halved, inputs split)
+        self.stats = {"requests": 0, "retries": 0, "halved": 0, "split": 0}
+
+    # -- identity and sizing ----------------------------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        """``openai:<model>@<host/path>``: the model and where it is served (payload; ``identity`` says more)."""
+        return f"openai:{self.model}@{self.endpoint}"
+
+    @property
+    def sizing(self) -> str:
+        """How chunks are sized: ``tokenizer=<sha256 of tokenizer.json, 16 hex>/<max_tokens>`` or
+        ``chars=<max_chars>``."""
+        if self.tokenizer_path is None:
+            return f"chars={self.max_chars}"
+        if self._tokenizer_digest is None:
+            self._tokenizer_digest = hashlib.sha256(self.tokenizer_path.read_bytes()).hexdigest()[:16]
+        return f"tokenizer={self._tokenizer_digest}/{self._max_tokens}"
+
+    def _key(self) -> str:
+        """Everything the vectors depend on, but their size."""
+        parts = [f"openai:{self.endpoint}", f"model={self.model}"]
+        if self.dimensions:
+            parts.append(f"dimensions={self.dimensions}")
+        if self.query_prefix or self.document_prefix:
+            parts.append(f"prefixes={json.dumps([self.query_prefix, self.document_prefix])}")
+        if self.query_input_type or self.document_input_type:
+            parts.append(f"input_type={json.dumps([self.query_input_type, self.document_input_type])}")
+        parts.append(self.sizing)
+        return "|".join(parts)
+
+    @property
+    def identity(self) -> str:
+        """``openai:<host/path>|model=<m>|dim=<n>[|dimensions=..][|prefixes=..][|input_type=..]|<sizing>``; asks
+        the server for the vector size when not known yet (``dim``)."""
+        key = self._key()
+        first, rest = key.split("|", 1)
+        return f"{first}|dim={self.dim}|{rest}"
+
+    @property
+    def dim(self) -> int:
+        """The vector size of the first answer (one probe request when nothing was embedded yet); while the server
+        is unavailable, the size it last answered (``<state_dir>/openai-embedder.json``). Raises
+        ``EmbedUnavailable`` when neither is known."""
+        if self._dim is None:
+            try:
+                self._post(["dimension probe"], self.document_input_type, self.timeout_s, self.retries)
+            except EmbedUnavailable:
+                remembered = self._read_dims().get(self._key())
+                if remembered is None:
+                    raise
+                self._dim = int(remembered)
+        assert self._dim is not None
+        return self._dim
+
+    def _read_dims(self) -> dict[str, int]:
+        if self.state_dir is None:
+            return {}
+        try:
+            record: dict[str, int] = json.loads((self.state_dir / DIM_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return record
+
+    def _remember_dim(self, dim: int) -> None:
+        if self.state_dir is None or self._read_dims().get(self._key()) == dim:
+            return
+        with contextlib.suppress(OSError):
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            path = self.state_dir / DIM_FILE
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**self._read_dims(), self._key(): dim}, indent=1, sort_keys=True))
+            tmp.replace(path)
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens one chunk may hold: ``max_tokens`` with a ``tokenizer`` (less the document prefix's tokens),
+        else ``max_chars`` (less the prefix's length), one character per token."""
+        if self.tokenizer_path is None:
+            return max(1, self.max_chars - len(self.document_prefix))
+        prefix = len(self.token_offsets(self.document_prefix)) if self.document_prefix else 0
+        return max(1, self._max_tokens - prefix)
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        """``(start, end)`` character offsets of each token of ``text``: the model's tokens with a ``tokenizer``
+        (no special tokens), else one per character (the stand-in the contract allows)."""
+        if self.tokenizer_path is None:
+            return [(i, i + 1) for i in range(len(text))]
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            self._tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
+            self._tokenizer.no_truncation()
+            self._tokenizer.no_padding()
+        return [tuple(pair) for pair in self._tokenizer.encode(text, add_special_tokens=False).offsets]
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def _http(self) -> httpx.Client:
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(limits=httpx.Limits(max_connections=self.max_concurrency + 2))
+            return self._client
+
+    def close(self) -> None:
+        """Close the connections kept open to the server (a later request opens new ones)."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _headers(self) -> dict[str, str]:
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _post_once(self, inputs: list[str], input_type: str | None, timeout_s: float) -> np.ndarray:
+        body: dict[str, Any] = {"model": self.model, "input": inputs, "encoding_format": "float"}
+        if self.dimensions:
+            body["dimensions"] = self.dimensions
+        if input_type:
+            body["input_type"] = input_type
+        self.stats["requests"] += 1
+        try:
+            answer = self._http().post(self.url, json=body, headers=self._headers(), timeout=timeout_s)
+        except httpx.TimeoutException as exc:
+            raise EmbedUnavailable(f"{self.url}: no answer within {timeout_s:g} s ({type(exc).__name__})") from exc
+        except httpx.HTTPError as exc:
+            raise EmbedUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from exc
+        status, text = answer.status_code, answer.text[:300]
+        if status == 413 or (status in (400, 422) and _TOO_LONG.search(text)):
+            raise _TooLarge(f"{status}: {text}")
+        if status == 429 or status >= 500 or status in (401, 403, 404, 408):
+            raise EmbedUnavailable(f"{self.url} answered {status}: {text}",
+                                   retry_after_s=retry_after(answer.headers.get("retry-after")))
+        if status != 200:
+            raise EmbedError(f"{self.url} refused the input ({status}): {text}")
+        try:
+            data = sorted(answer.json()["data"], key=lambda item: item["index"])
+            vectors = np.asarray([item["embedding"] for item in data], dtype=np.float32)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EmbedUnavailable(f"{self.url} answered 200 without embeddings: {text}") from exc
+        if vectors.ndim != 2 or vectors.shape[0] != len(inputs):
+            raise EmbedUnavailable(f"{self.url} answered {vectors.shape[0]} vectors for {len(inputs)} inputs")
+        if self._dim is None:
+            self._dim = int(vectors.shape[1])
+            self._remember_dim(self._dim)
+        elif vectors.shape[1] != self._dim:
+            raise EmbedUnavailable(f"{self.url} now answers vectors of size {vectors.shape[1]}, not {self._dim}: "
+                                   f"the model behind it changed; restart the daemon to rebuild")
+        return l2_normalise(vectors)
+
+    def _post(self, inputs: list[str], input_type: str | None, timeout_s: float, attempts: int) -> np.ndarray:
+        """``_post_once`` retried while the server is unavailable: ``attempts`` in all, waiting 0.5 s, 1 s, 2 s, ...
+        (at most 8 s) or the server's ``Retry-After``; one that asks for more than ``max_retry_after_s`` is not
+        waited for here (the ``EmbedUnavailable`` carries it up)."""
+
+        def asked(state: RetryCallState) -> float | None:
+            exc = state.outcome.exception() if state.outcome else None
+            value: float | None = getattr(exc, "retry_after_s", None)
+            return value
+
+        def stop(state: RetryCallState) -> bool:
+            wait = asked(state)
+            return state.attempt_number >= attempts or (wait is not None and wait > self.max_retry_after_s)
+
+        def wait(state: RetryCallState) -> float:
+            return max(min(8.0, 0.5 * 2 ** (state.attempt_number - 1)), asked(state) or 0.0)
+
+        def count(state: RetryCallState) -> None:
+            self.stats["retries"] += 1
+
+        retrying = Retrying(retry=retry_if_exception_type(EmbedUnavailable), stop=stop, wait=wait, reraise=True,
+                            before_sleep=count)
+        result: np.ndarray = retrying(self._post_once, inputs, input_type, timeout_s)
+        return result
+
+    def _embed_batch(self, texts: list[str], input_type: str | None, timeout_s: float, attempts: int) -> np.ndarray:
+        """One request for ``texts``; refused as too big: halved (and the batch size kept halved), or for a single
+        input, split in two and the mean of the halves' vectors taken."""
+        try:
+            return self._post(texts, input_type, timeout_s, attempts)
+        except _TooLarge as exc:
+            if len(texts) > 1:
+                half = len(texts) // 2
+                with self._lock:
+                    if self._batch > half:
+                        self._batch = max(1, half)
+                        self.stats["halved"] += 1
+                        log.warning("embed_batch_halved", url=self.url, batch_size=self._batch, reason=str(exc)[:200])
+                return np.concatenate([self._embed_batch(texts[:half], input_type, timeout_s, attempts),
+                                       self._embed_batch(texts[half:], input_type, timeout_s, attempts)])
+            text = texts[0]
+            if len(text) < 2:
+                raise EmbedError(f"{self.url} refused a {len(text)}-character input as too long: {exc}") from exc
+            self.stats["split"] += 1
+            log.info("embed_input_split", url=self.url, chars=len(text), reason=str(exc)[:200])
+            parts = self._embed_batch(list(split_text(text)), input_type, timeout_s, attempts)
+            return l2_normalise(parts.mean(axis=0, keepdims=True))
+
+    def encode(self, texts: Sequence[str], input_type: str | None = None, timeout_s: float | None = None,
+               attempts: int | None = None) -> np.ndarray:
+        """``(len(texts), dim)`` float32, L2-normalised, in order: requests of the current batch size, up to
+        ``max_concurrency`` at once. Raises ``EmbedUnavailable`` or ``EmbedError`` (see the module)."""
+        texts = list(texts)
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        tries = self.retries if attempts is None else attempts
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        size = self._batch
+        batches = [texts[i : i + size] for i in range(0, len(texts), size)]
+        if len(batches) == 1 or self.max_concurrency == 1:
+            parts = [self._embed_batch(b, input_type, timeout, tries) for b in batches]
+        else:
+            with ThreadPoolExecutor(min(self.max_concurrency, len(batches)), thread_name_prefix="openai-embed") as pool:
+                parts = list(pool.map(lambda b: self._embed_batch(b, input_type, timeout, tries), batches))
+        return np.concatenate(parts)
+
+    # -- contract ---------------------------------------------------------------------------------------------
+    def embed(self, chunks: Sequence[Chunk]) -> np.ndarray:
+        """``(len(chunks), dim)`` float32, L2-normalised: ``document_prefix`` + each chunk's ``embed_text``."""
+        return self.encode([self.document_prefix + chunk.embed_text for chunk in chunks], self.document_input_type)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """``(dim,)`` float32, L2-normalised: ``query_prefix`` + ``text``, one try within ``query_timeout_s`` (a
+        search answers from keyword search rather than wait). Raises ``EmbedUnavailable``."""
+        vector: np.ndarray = self.encode([self.query_prefix + text], self.query_input_type, self.query_timeout_s,
+                                         attempts=1)[0]
+        return vector
