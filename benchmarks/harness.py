@@ -121,17 +121,17 @@ class Burst:
 
 # -- the daemon ---------------------------------------------------------------------------------------------------
 class Daemon:
-    """``qmd-indexer run`` on ``ws`` as agent ``agent`` with state in ``state``, on a free port, its output (JSON log
-    lines) to ``log_path``. Run as ``python -m indexer.cli`` from this checkout, so the code measured is this tree's
-    (an installed ``qmd-indexer`` script imports whatever checkout the virtualenv was installed from).
+    """``qmd-indexer run`` on ``ws`` as agent ``agent`` with state in ``state``, on ``port`` (default: a free one), its
+    output (JSON log lines) to ``log_path``. Run as ``python -m indexer.cli`` from this checkout, so the code measured
+    is this tree's (an installed ``qmd-indexer`` script imports whatever checkout the virtualenv was installed from).
 
     The environment is this process's plus ``DAEMON_ENV``, ``FP32_ENV`` unless ``fp32`` is false, then ``env``.
     With ``sample_rss``, a thread samples the resident set every 50 ms (``sampled_peak``, bytes: ``rss_peak``'s
     fallback where ``/proc`` has no ``VmHWM``; needs psutil)."""
 
     def __init__(self, ws: Path, state: Path, log_path: Path, env: dict[str, str] | None = None,
-                 agent: str = AGENT, fp32: bool = True, sample_rss: bool = False) -> None:
-        self.port = free_port()
+                 agent: str = AGENT, fp32: bool = True, sample_rss: bool = False, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.started = time.monotonic()

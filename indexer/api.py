@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 
-from indexer.errors import EmbedError, ExtractError, FileSkipped
+from indexer.errors import EmbedError, EmbedUnavailable, ExtractError, FileSkipped
 
 if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
     from indexer.chunking import TextChunk, chunk_text
@@ -46,9 +46,9 @@ if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
     from indexer.model_loading import LazyModel, load_sentence_transformer
 
 __all__ = [
-    "GROUPS", "HEAD_BYTES", "Chunk", "Classifier", "EmbedError", "Embedder", "ExtractContext", "ExtractError",
-    "Extractor", "FileInfo", "FileSkipped", "Reranker", "TextChunk", "TextEmbedder", "chunk_text", "decode_text",
-    "l2_normalise", "load_sentence_transformer", "LazyModel",
+    "GROUPS", "HEAD_BYTES", "Chunk", "Classifier", "EmbedError", "EmbedUnavailable", "Embedder", "ExtractContext",
+    "ExtractError", "Extractor", "FileInfo", "FileSkipped", "Reranker", "TextChunk", "TextEmbedder", "chunk_text",
+    "decode_text", "l2_normalise", "load_sentence_transformer", "LazyModel",
 ]
 
 #: the entry-point groups, in this order: classifiers, extractors, embedders, rerankers (``indexer.contract.PROTOCOLS``

@@ -10,6 +10,7 @@
     ├── FileSkipped          a file is not indexed for a stated reason (too large, not UTF-8 text, FIFO, ...)
     ├── ExtractError         an extractor could not read a file of its kind (corrupt image, bad codec, ...)
     ├── EmbedError           an embedder could not embed an input
+    │   └── EmbedUnavailable the embedder cannot answer now (server down, 429, 5xx, timeout, model still loading)
     └── ReadRefused          a paged read asked for a path that is not a memory file of that workspace
 """
 
@@ -68,6 +69,16 @@ class ExtractError(QmdError):
 
 class EmbedError(QmdError):
     """An embedder could not embed an input."""
+
+
+class EmbedUnavailable(EmbedError):
+    """Transient: the embedder cannot answer now (its server is down or answered 429/5xx, a timeout, the model is
+    still loading). ``retry_after_s``: when to try again, seconds, if known. Indexing retries with backoff (never
+    marks the file failed, never drops its points); a search answers from keyword search, flagged ``degraded``."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ReadRefused(QmdError):

@@ -22,7 +22,7 @@ from indexer.pipeline import Pipeline, Stats
 from indexer.plugins import Registry
 from indexer.points import stat_identity
 from indexer.rerank import RerankStats, rerank_status
-from indexer.schema import CollectionStatus, Status
+from indexer.schema import CollectionStatus, Health, Status
 from indexer.search import Searcher
 from indexer.state import IndexState, Plan
 from indexer.store import Store
@@ -82,11 +82,31 @@ class StatusView:
         self.settler.wake()
 
     def health(self) -> Literal["ok", "degraded"]:
-        """``"degraded"`` while the watcher is dead, the last reconcile found drift or store writes fail (a full state
-        dir), else ``"ok"``."""
-        watcher = self.state.watcher
-        dead = watcher is not None and (watcher.dead or not watcher.alive())
-        return "degraded" if dead or any(self.state.reconcile.drift.values()) or self.store.degraded else "ok"
+        """``"degraded"`` while any of ``health_reasons()`` holds, else ``"ok"``."""
+        return "degraded" if self.health_reasons() else "ok"
+
+    def health_reasons(self) -> list[str]:
+        """Why the daemon is degraded, one short line per cause (empty when it is not): the watcher is dead, the last
+        reconcile found drift, store writes fail (a full state dir), a model is still loading (searches answer from
+        keyword search meanwhile)."""
+        watcher, reasons = self.state.watcher, []
+        if watcher is not None and (watcher.dead or not watcher.alive()):
+            reasons.append("file watcher dead")
+        if any(self.state.reconcile.drift.values()):
+            reasons.append("last reconcile found missed files")
+        if self.store.degraded:
+            reasons.append("store writes failing")
+        if any(getattr(e, "loading", False) for e in self.registry.embedders.values()):
+            reasons.append("model loading")
+        return reasons
+
+    def health_answer(self) -> Health:
+        """``GET /health``: ``status`` and ``ready``, and ``reasons`` when degraded."""
+        reasons = self.health_reasons()
+        answer: Health = {"status": "degraded" if reasons else "ok", "ready": self.ready()}
+        if reasons:
+            answer["reasons"] = reasons
+        return answer
 
     def pending(self, agent: str | None = None) -> list[str]:
         """Workspace-relative paths (sorted, ``/`` separators) of ``agent``'s collections (every agent's when

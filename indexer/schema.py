@@ -252,6 +252,9 @@ class SearchResponse(TypedDict):
     total: NotRequired[Annotated[int, Field(description="A listing only: how many memory files there are.")]]
     next_offset: NotRequired[Annotated[int | None, Field(description=(
         "A listing only: the `offset` of the next page; null when this page ends the listing."))]]
+    degraded: NotRequired[Annotated[str, Field(description=(
+        "Present only when the answer is less than the configured search, saying why: \"keyword only: <why>\" "
+        "when the query could not be embedded (e.g. the model still loading), so keyword search answered."))]]
 
 
 Page = TypedDict("Page", {
@@ -366,6 +369,8 @@ class Health(TypedDict):
     status: Annotated[Literal["ok", "degraded"], Field(description=(
         "degraded: the file watcher is dead, or the last reconcile found files it had missed (see /status)."))]
     ready: Annotated[bool, Field(description="The first full index has finished.")]
+    reasons: NotRequired[Annotated[list[str], Field(description=(
+        "When degraded: one short line per cause (e.g. \"model loading\", \"state dir not writable\")."))]]
 
 
 class ErrorDetail(TypedDict):

@@ -30,6 +30,7 @@ from indexer.api import Embedder
 from indexer.bm25 import Bm25Terms
 from indexer.chunking import split_lines
 from indexer.config import Settings
+from indexer.errors import EmbedUnavailable
 from indexer.plugins import Registry
 from indexer.points import NO_PAYLOAD, SPARSE, Hit, Payload, Query, search_filter
 from indexer.rerank import Reranker, RerankStats, rerank
@@ -190,11 +191,14 @@ class Searcher:
             chosen = [c for c in chosen if c.name in wanted]
         return chosen
 
-    def retrieve(self, params: SearchRequest) -> list[Hit]:
+    def retrieve(self, params: SearchRequest, degraded: list[str] | None = None) -> list[Hit]:
         """Fused hits (raw payloads), best first: the lists of every selected collection (ids and scores only)
         are pooled per vector (dense text, dense image, BM25), each pool cut to ``prefetch_limit``, the pools fused,
         and the payloads of the ``k`` kept hits read by id. Raises ``KeyError`` (unknown agent or collection) and
-        ``ValueError`` (a bad mode, or a time ``parse_time`` cannot read)."""
+        ``ValueError`` (a bad mode, or a time ``parse_time`` cannot read).
+
+        A hybrid or dense search whose query cannot be embedded now (``EmbedUnavailable``: the model still loading,
+        its server down) answers from keyword search, and ``"keyword only: <why>"`` is appended to ``degraded``."""
         mode = params.mode or self.mode
         if mode not in ("hybrid", "dense", "keyword"):
             raise ValueError(f"mode must be hybrid, dense or keyword, got {mode!r}")
@@ -202,7 +206,14 @@ class Searcher:
         point_filter = search_filter(params)
         if not params.query.strip():
             return []
-        dense = dict(self._embed_query(params.query)) if mode != "keyword" else {}
+        dense: dict[str, np.ndarray] = {}
+        if mode != "keyword":
+            try:
+                dense = dict(self._embed_query(params.query))
+            except EmbedUnavailable as exc:  # keyword search is what can still answer
+                mode = "keyword"
+                if degraded is not None:
+                    degraded.append(f"keyword only: {exc}")
         sparse = None
         if mode != "dense":
             sparse = self.terms.query(params.query)
@@ -249,9 +260,10 @@ class Searcher:
         return [h if h.payload.abs_path else replace(h, payload=payloads[h.id]) for h in hits
                 if h.payload.abs_path or h.id in payloads]
 
-    def search(self, params: SearchRequest) -> list[schema.Hit]:
-        """The ``params.k`` best hits across the selected collections, best first, as the API's hits."""
-        return [to_hit(hit, params.query, self.hit_fields) for hit in self.retrieve(params)]
+    def search(self, params: SearchRequest, degraded: list[str] | None = None) -> list[schema.Hit]:
+        """The ``params.k`` best hits across the selected collections, best first, as the API's hits (``degraded``:
+        as ``retrieve``)."""
+        return [to_hit(hit, params.query, self.hit_fields) for hit in self.retrieve(params, degraded)]
 
 
 _DAILY = re.compile(r"(?:^|/)memory/(?:.*/)?(\d{4})-(\d{2})-(\d{2})\.md$")

@@ -148,18 +148,19 @@ class LocalMemory:
         return scope_agent(self.view.plan, agent)
 
     def health(self) -> Health:
-        return {"status": self.view.health(), "ready": self.view.ready()}
+        return self.view.health_answer()
 
     def status(self) -> Status:
         return self.view.status()
 
-    def search(self, request: SearchRequest, /) -> list[Hit]:
-        """The hits for ``request`` (its ``wait_s`` is the HTTP route's), scoped to one agent (``scope_agent``)."""
+    def search(self, request: SearchRequest, /, degraded: list[str] | None = None) -> list[Hit]:
+        """The hits for ``request`` (its ``wait_s`` is the HTTP route's), scoped to one agent (``scope_agent``);
+        why the answer is less than the configured search, if it is, is appended to ``degraded``."""
         check_query(request.query)
         searcher = self.searcher
         scoped = request.model_copy(update={"agent": self.scope(request.agent)})
         with self.view.metrics.search_timer() as timer:
-            hits = searcher.search(scoped)  # ValueError (a bad since): 400
+            hits = searcher.search(scoped, degraded)  # ValueError (a bad since): 400
             timer.mode = request.mode or searcher.mode  # a refused mode raised above: never a label
         return hits
 
@@ -170,9 +171,13 @@ class LocalMemory:
         agent = self.scope(request.agent)
         if request.wait_s:
             self.view.wait_pending(agent, request.wait_s)
-        hits = self.search(request)
-        return {"hits": hits, "relevant": relevant(hits, self.view.plan.settings.relevance_floor),
-                "pending": self.view.pending(agent)}
+        degraded: list[str] = []
+        hits = self.search(request, degraded)
+        answer: SearchResponse = {"hits": hits, "relevant": relevant(hits, self.view.plan.settings.relevance_floor),
+                                  "pending": self.view.pending(agent)}
+        if degraded:
+            answer["degraded"] = "; ".join(degraded)
+        return answer
 
     def recall(self, query: str = "*", k: int | None = None, agent: str | None = None) -> list[Hit]:
         """The hits of ``recall_response``."""
