@@ -87,7 +87,8 @@ class StatusView:
 
     def health_reasons(self) -> list[str]:
         """Why the daemon is degraded, one short line per cause (empty when it is not): the watcher is dead, the last
-        reconcile found drift, store writes fail (a full state dir), a model is still loading (searches answer from
+        reconcile found drift, store writes fail (a full state dir), the state dir cannot be written (indexing waits), a
+        model is still loading (searches answer from
         keyword search meanwhile)."""
         watcher, reasons = self.state.watcher, []
         if watcher is not None and (watcher.dead or not watcher.alive()):
@@ -96,6 +97,8 @@ class StatusView:
             reasons.append("last reconcile found missed files")
         if self.store.degraded:
             reasons.append("store writes failing")
+        if not self.state.writable:
+            reasons.append("state dir not writable")
         if any(getattr(e, "loading", False) for e in self.registry.embedders.values()):
             reasons.append("model loading")
         return reasons

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,7 @@ from indexer.errors import (
     EXIT_USAGE,
     CollectionMismatch,
     ConfigError,
+    EmbedUnavailable,
     PluginError,
     StateReadOnly,
     StoreLocked,
@@ -91,7 +93,14 @@ def warm_models(indexer: Indexer) -> None:
         thread.join()
     for embedder in embedders.values():
         try:
-            embedder.embed_query("warm-up")
+            while True:
+                try:
+                    embedder.embed_query("warm-up")
+                    break
+                except EmbedUnavailable as exc:  # a load another thread began (the first index's) still runs
+                    if not getattr(embedder, "loading", False):
+                        raise
+                    time.sleep(exc.retry_after_s or 0.5)
         except Exception as exc:
             indexer.metrics.error("embedder_failed")
             log.error("embedder_failed", model_id=embedder.model_id, error=f"{type(exc).__name__}: {exc}")

@@ -85,6 +85,7 @@ class IndexState:
         self.rebuild_requested = threading.Event()
         self.started_at = time.time()
         self.startup = Startup()  # when this daemon's start reached each phase
+        self._writable = True  # whether the state dir took writes at the last check (``record_writable``)
         self._rebuilding = False
         self._hand: tuple[Path, ...] = ()
         self._reconcile = Reconcile()
@@ -94,6 +95,11 @@ class IndexState:
         self._watcher: Watcher | None = None
 
     # -- read ---------------------------------------------------------------------------------------------------
+    @property
+    def writable(self) -> bool:
+        """Whether the state dir could be written at the last check (the worker pauses indexing while not)."""
+        return self._writable
+
     @property
     def plan(self) -> Plan:
         return self._plan
@@ -196,6 +202,11 @@ class IndexState:
     def record_hnsw(self, collection: str, **build: Any) -> None:
         """The HNSW build of ``collection`` is now ``build`` (``state``, ``points``...)."""
         self._hnsw[collection] = MappingProxyType(build)
+
+    def record_writable(self, writable: bool) -> bool:
+        """Record whether the state dir can be written now; True when that changed."""
+        changed, self._writable = writable != self._writable, writable
+        return changed
 
     def watch(self, watcher: Watcher | None) -> None:
         self._watcher = watcher

@@ -24,6 +24,7 @@ them to ``Sync.process`` (``indexer.sync``); it alone changes the ``IndexState``
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -196,6 +197,22 @@ def _watch(indexer: Indexer) -> Watcher:
     return watcher
 
 
+def state_writable(indexer: Indexer) -> bool:
+    """Whether the state dir can be written now (``os.access``: a read-only mount refuses root too). A change is
+    logged once: ``state_dir_read_only`` (error; indexing waits, searches answer from what is indexed) and
+    ``state_dir_writable`` when it is back."""
+    state_dir = indexer.settings.state_dir
+    writable = os.access(state_dir, os.W_OK)
+    if indexer.state.record_writable(writable):
+        if writable:
+            log.info("state_dir_writable", state_dir=str(state_dir), queue_depth=len(indexer.settler))
+        else:
+            indexer.metrics.error("state_dir_read_only")
+            log.error("state_dir_read_only", state_dir=str(state_dir),
+                      hint="indexing waits until it is writable again; searches answer from what is indexed")
+    return writable
+
+
 def connect_until(indexer: Indexer, stop: threading.Event) -> bool:
     """``indexer.connect()``, retrying every ``sync.RETRY_AFTER_S`` while the store is unavailable; one log line per
     outage (a full state dir is logged by the store itself). False if ``stop`` was set first."""
@@ -229,6 +246,8 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
         indexer.sync.beat = supervisor.beat
     if not state.connected.is_set() and not connect_until(indexer, stop):
         return
+    if supervisor is not None and supervisor.listening is not None:
+        supervisor.listening.wait()  # the API first: a scan on this thread would slow its start (one GIL)
     _watch(indexer)
     settler = indexer.settler
     if state.rebuild_requested.is_set():
@@ -258,6 +277,9 @@ def _loop(indexer: Indexer, stop: threading.Event, supervisor: Supervisor | None
             indexer.sync.beat()
             if supervisor is not None:
                 supervisor.status(len(settler), len(state.indexed))
+            if not state_writable(indexer):  # nothing is written meanwhile: changes wait in the queue
+                stop.wait(1.0)
+                continue
             if state.rebuild_requested.is_set():
                 _rebuild(indexer)
                 settler.add_many(indexer.scan("rebuild"))
