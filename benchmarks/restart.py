@@ -9,7 +9,12 @@ answered keyword search, the first answered hybrid search and the first hybrid s
 ``degraded``). Prints p50, min and max of each over the SIGKILL restarts and over the SIGTERM ones, and writes
 ``<out>/restart-<time>.json``. Notes: 40 from ``../shared/data/vault`` when present (said on stderr), else generated.
 
+``--before DIR`` (another checkout, e.g. ``git worktree add DIR <commit>``) runs that code too, each restart of it
+right after the same restart of this tree's, each on its own state dir: on a shared machine both then meet the same
+load, which separate runs minutes apart do not.
+
     python -m benchmarks.restart [--precision auto|fp32|bf16|int8] [--kills 10] [--terms 3] [--out .restart]
+                                 [--before DIR]
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import Daemon, free_port, load_notes, log, make_workspace, words
+from benchmarks.harness import REPO, Daemon, free_port, load_notes, log, make_workspace, words
 
 NOTES = 40
 PHASES = ("imports", "store_opened", "http_listening", "keyword_answer", "hybrid_answer", "model_loaded",
@@ -57,10 +62,10 @@ def _probe(url: str, query: str, mode: str, out: dict[str, float], t0: float, st
 
 
 def restart(ws: Path, state: Path, log_path: Path, env: dict[str, str], query: str,
-            port: int | None = None) -> tuple[Daemon, dict[str, Any]]:
-    """Start a daemon and time its start (see the module); returns it running, and the figures."""
+            port: int | None = None, repo: Path = REPO) -> tuple[Daemon, dict[str, Any]]:
+    """Start a daemon of ``repo`` and time its start (see the module); returns it running, and the figures."""
     t0 = time.time()
-    daemon = Daemon(ws, state, log_path, env=env, fp32=False, port=port)
+    daemon = Daemon(ws, state, log_path, env=env, fp32=False, port=port, repo=repo)
     got: dict[str, Any] = {}
     stop = threading.Event()
     probes = [threading.Thread(target=_probe, args=(daemon.url, query, "keyword", got, t0, stop, False)),
@@ -94,63 +99,79 @@ def table(rows: list[dict[str, Any]], title: str) -> str:
     return "\n".join(lines)
 
 
+def trials(ws: Path, out: Path, env: dict[str, str], query: str, kills: int, terms: int,
+           trees: dict[str, Path]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Index ``ws`` once per tree, then the restarts, each tree in turn per restart (see the module)."""
+    import shutil
+
+    got: dict[str, dict[str, list[dict[str, Any]]]] = {name: {"sigkill": [], "sigterm": []} for name in trees}
+    for name, repo in trees.items():
+        shutil.rmtree(out / f"state-{name}", ignore_errors=True)
+        first = Daemon(ws, out / f"state-{name}", out / f"{name}-first.log", env=env, fp32=False, repo=repo)
+        log(f"{name}: first index ready in {first.wait_ready(600):.1f} s")
+        first.wait_quiet(60, quiet_s=0.5)
+        first.kill()
+    for i in range(kills):
+        for name, repo in trees.items():
+            daemon, row = restart(ws, out / f"state-{name}", out / f"{name}-kill-{i}.log", env, query, repo=repo)
+            daemon.kill()
+            got[name]["sigkill"].append(row)
+            log(f"{name} SIGKILL restart {i + 1}: " + json.dumps(row))
+    ports = {name: free_port() for name in trees}
+    running = {name: restart(ws, out / f"state-{name}", out / f"{name}-term-0.log", env, query, ports[name],
+                             repo)[0] for name, repo in trees.items()}
+    for i in range(terms):
+        for name, repo in trees.items():
+            daemon = running[name]
+            idle = httpx.Client(timeout=10)  # an idle keep-alive connection during the stop
+            idle.get(daemon.url + "/health")
+            stopping = time.monotonic()
+            code = daemon.stop()
+            stop_s = time.monotonic() - stopping
+            idle.close()
+            running[name], row = restart(ws, out / f"state-{name}", out / f"{name}-term-{i + 1}.log", env, query,
+                                         ports[name], repo)
+            row.update(stop_s=round(stop_s, 3), stop_code=code)
+            got[name]["sigterm"].append(row)
+            log(f"{name} SIGTERM restart {i + 1}: " + json.dumps(row))
+    for daemon in running.values():
+        daemon.stop()
+    return got
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "int8"])
     parser.add_argument("--kills", type=int, default=10, help="restarts after SIGKILL")
     parser.add_argument("--terms", type=int, default=3, help="restarts after SIGTERM, same port, idle client")
     parser.add_argument("--out", type=Path, default=Path(".restart"))
+    parser.add_argument("--before", type=Path, help="another checkout to run in turn with this one")
     args = parser.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     texts, source = load_notes(NOTES)
     log(f"notes: {NOTES} from {source}" + ("" if source != "generated" else " (../shared/data/vault is missing)"))
-    ws, state = out / "ws", out / f"state-{args.precision}"
+    ws = out / "ws"
     make_workspace(ws, texts)
-    import shutil
-
-    shutil.rmtree(state, ignore_errors=True)
     env = {} if args.precision == "auto" else {"QMD_INDEXER_PRECISION": args.precision}
     query = " ".join(words(texts[0])[:3]) or "memory"
+    trees = {"this": REPO, **({"before": args.before.resolve()} if args.before else {})}
     load_before = os.getloadavg()
-    first = Daemon(ws, state, out / "first.log", env=env, fp32=False)
-    first_s = first.wait_ready(600)
-    first.wait_quiet(60, quiet_s=0.5)
-    log(f"first index: ready in {first_s:.1f} s")
-    first.kill()
-    kills: list[dict[str, Any]] = []
-    for i in range(args.kills):
-        daemon, got = restart(ws, state, out / f"kill-{i}.log", env, query)
-        daemon.kill()
-        kills.append(got)
-        log(f"SIGKILL restart {i + 1}: " + json.dumps(got))
-    terms: list[dict[str, Any]] = []
-    port = free_port()
-    daemon, _ = restart(ws, state, out / "term-0.log", env, query, port)
-    for i in range(args.terms):
-        idle = httpx.Client(timeout=10)  # an idle keep-alive connection during the stop
-        idle.get(daemon.url + "/health")
-        stopping = time.monotonic()
-        code = daemon.stop()
-        stop_s = time.monotonic() - stopping
-        idle.close()
-        daemon, got = restart(ws, state, out / f"term-{i + 1}.log", env, query, port)
-        got.update(stop_s=round(stop_s, 3), stop_code=code)
-        terms.append(got)
-        log(f"SIGTERM restart {i + 1}: " + json.dumps(got))
-    daemon.stop()
+    got = trials(ws, out, env, query, args.kills, args.terms, trees)
     load_after = os.getloadavg()
+    ran = sorted({str(r.get("precision")) for runs in got.values() for rows in runs.values() for r in rows})
     report = {"at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "notes": source,
-              "precision": args.precision, "ran": sorted({str(r.get("precision")) for r in kills + terms}),
-              "load_before": load_before, "load_after": load_after, "first_index_s": first_s,
-              "sigkill": kills, "sigterm": terms}
+              "precision": args.precision, "ran": ran, "load_before": load_before, "load_after": load_after,
+              "trees": {name: str(path) for name, path in trees.items()}, "runs": got}
     name = out / f"restart-{time.strftime('%Y%m%d-%H%M%S')}.json"
     name.write_text(json.dumps(report, indent=1))
-    print(f"precision {args.precision} (ran {', '.join(report['ran'])}); notes from {source}; load average "
+    print(f"precision {args.precision} (ran {', '.join(ran)}); notes from {source}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after; seconds since the process started")
-    print(table(kills, "after SIGKILL"))
-    print()
-    print(table(terms, "after SIGTERM, same port, idle client"))
+    for tree in trees:
+        print(f"\n{tree} ({trees[tree]})")
+        print(table(got[tree]["sigkill"], "after SIGKILL"))
+        print()
+        print(table(got[tree]["sigterm"], "after SIGTERM, same port, idle client"))
     print(f"\n{name}")
 
 

@@ -163,7 +163,7 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
             indexer.state.startup.mark("http_listening")
             warming.start()  # models load now: until then searches answer from keyword search
 
-    server = Server(uvicorn.Config(create_app(indexer.view), host=settings.host, port=settings.port,
+    server = Server(uvicorn.Config(create_app(indexer.view, mcp_later=True), host=settings.host, port=settings.port,
                                    log_config=None, access_log=False, lifespan="on"))
     log.info("api_listening", url=f"http://{settings.host}:{settings.port}")
     # uvicorn handles SIGTERM/SIGINT while serving, then re-raises the signal to the handler that was installed
