@@ -93,7 +93,7 @@ class SentenceTransformerEmbedder:
     def model_id(self) -> str:
         """``base model id`` for fp32, ``id@bf16`` or ``id@int8-onnx-v<format>`` otherwise. With int8 this loads
         the model first, since a failed export or quality check means fp32."""
-        if self.precision == "int8" and not self._int8_on_disk():
+        if self.precision == "int8" and not self._model.loaded and not self._int8_on_disk():
             _ = self.model
         if self.precision == "fp32":
             return self.base_id

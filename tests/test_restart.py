@@ -10,10 +10,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import Running, write
 
 from indexer.daemon import Indexer
-from indexer.model_loading import LazyModel
+from indexer.model_loading import LazyModel, StillLoading
 from indexer.plugins import Registry
 from indexer.schema import SearchRequest
 from indexer.server import LocalMemory
@@ -78,3 +79,17 @@ def test_restart_answers_keyword_before_the_model_loads_then_hybrid_in_full(tmp_
         gate.set()
         warming.join(60) if warming.is_alive() else None
         indexer.close()
+
+
+def test_lazy_model_start_loads_on_its_own_thread_and_get_without_wait_refuses_meanwhile() -> None:
+
+    gate = threading.Event()
+    lazy: LazyModel[str] = LazyModel(lambda: "model" if gate.wait(10) else "timed out")
+    thread = lazy.start()
+    assert thread is not None and lazy.loading
+    with pytest.raises(StillLoading):
+        lazy.get(wait=False)
+    assert lazy.start() is None  # one load at a time
+    gate.set()
+    thread.join(10)
+    assert lazy.get(wait=False) == "model" and not lazy.loading and lazy.start() is None
