@@ -88,6 +88,7 @@ class SentenceTransformerEmbedder:
         self._fingerprint: str | None = None
         self._dim: int | None = _KNOWN_DIMS.get(self.base_id)
         self._max_tokens: int | None = 254 if self.base_id in _KNOWN_DIMS else None
+        self.load_times: dict[str, float] = {}  # seconds the last load took: ``load_s``, ``precision_s``
 
     @property
     def model_id(self) -> str:
@@ -159,8 +160,7 @@ class SentenceTransformerEmbedder:
         self._dim = int(model.get_embedding_dimension())
         self._max_tokens = int(model.max_seq_length) - 2  # [CLS] and [SEP]
         # seconds: the sentence-transformers load, then the precision's own step (bf16 cast; int8 export or session)
-        log.info("model_loaded", model=self.base_id, precision=self.precision, load_s=round(loaded - started, 3),
-                 precision_s=round(time.monotonic() - loaded, 3))
+        self.load_times = {"load_s": round(loaded - started, 3), "precision_s": round(time.monotonic() - loaded, 3)}
         return model
 
     def _switch_to_int8(self, model: Any) -> None:

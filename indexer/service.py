@@ -85,7 +85,8 @@ def warm_models(indexer: Indexer) -> None:
     """Load the daemon's models while it already serves (its own thread, started once the API listens): each
     embedder's model (``preload`` where it has one: its queries answer ``EmbedUnavailable`` meanwhile, so searches
     answer from keyword search, flagged ``degraded``), the fusion code and the reranker's model, then a warm-up
-    query each, so no search pays for a first call. Logs ``startup_phase`` ``model_loaded`` at the end."""
+    query each, so no search pays for a first call. Logs ``model_loaded`` per embedder (seconds of its load and of
+    its precision's step, where it says them) and ``startup_phase`` ``model_loaded`` at the end."""
     embedders = indexer.registry.embedders
     loads = [thread for e in embedders.values() if (thread := getattr(e, "preload", lambda: None)()) is not None]
     load_fusion()  # qdrant-client's fusion: not inside the first hybrid search
@@ -96,6 +97,8 @@ def warm_models(indexer: Indexer) -> None:
             while True:
                 try:
                     embedder.embed_query("warm-up")
+                    log.info("model_loaded", model_id=embedder.model_id, precision=getattr(embedder, "precision", None),
+                             **getattr(embedder, "load_times", {}))
                     break
                 except EmbedUnavailable as exc:  # a load another thread began (the first index's) still runs
                     if not getattr(embedder, "loading", False):
