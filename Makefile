@@ -6,7 +6,7 @@ PORT   ?= 8743
 STATE  ?= .state/demo
 MMR_LAMBDA ?= 0.7
 
-.PHONY: install install-lean service-venv qdrant infinity demo lint check test fuzz bench cluster-kill faults load eval endpoint clean
+.PHONY: install install-lean service-venv qdrant infinity demo lint check test fuzz bench cluster-kill faults load restart eval endpoint clean
 
 # the package alone (what `make demo` needs): the CPU build of torch first, anything else would pull a multi-GB
 # CUDA build
@@ -80,6 +80,9 @@ bench: install qdrant ## benchmark indexing and search on ../shared/data (Qdrant
 faults: install ## SIGKILL, cache damage, read-only and full state dir against a clean index (root for mounts)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.faults
 
+restart: install ## 10 restarts after SIGKILL, 3 after SIGTERM of a 40-note workspace: seconds to each start phase (p50)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.restart
+
 load: install ## 16 search clients for 60 s while a note is saved every 0.5 s: latency and save-to-searchable
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.load
 cluster-kill: install qdrant ## a node SIGKILLed mid first index of ../shared/data/vault on a 3-node cluster; end state
@@ -93,4 +96,4 @@ endpoint: install infinity ## the OpenAI-compatible embedder through infinity-em
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.endpoint --json .endpoint/endpoint.json $(ENDPOINT_ARGS)
 
 clean:
-	rm -rf .state .bench .eval .faults .load .endpoint .pytest_cache
+	rm -rf .state .bench .eval .faults .load .restart .endpoint .pytest_cache

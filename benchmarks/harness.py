@@ -121,25 +121,27 @@ class Burst:
 
 # -- the daemon ---------------------------------------------------------------------------------------------------
 class Daemon:
-    """``qmd-indexer run`` on ``ws`` as agent ``agent`` with state in ``state``, on a free port, its output (JSON log
-    lines) to ``log_path``. Run as ``python -m indexer.cli`` from this checkout, so the code measured is this tree's
-    (an installed ``qmd-indexer`` script imports whatever checkout the virtualenv was installed from).
+    """``qmd-indexer run`` on ``ws`` as agent ``agent`` with state in ``state``, on ``port`` (default: a free one), its
+    output (JSON log lines) to ``log_path``. Run as ``python -m indexer.cli`` from this checkout, so the code measured
+    is this tree's, or ``repo``'s (an installed ``qmd-indexer`` script imports whatever checkout the virtualenv was
+    installed from).
 
     The environment is this process's plus ``DAEMON_ENV``, ``FP32_ENV`` unless ``fp32`` is false, then ``env``.
     With ``sample_rss``, a thread samples the resident set every 50 ms (``sampled_peak``, bytes: ``rss_peak``'s
     fallback where ``/proc`` has no ``VmHWM``; needs psutil)."""
 
     def __init__(self, ws: Path, state: Path, log_path: Path, env: dict[str, str] | None = None,
-                 agent: str = AGENT, fp32: bool = True, sample_rss: bool = False) -> None:
-        self.port = free_port()
+                 agent: str = AGENT, fp32: bool = True, sample_rss: bool = False, port: int | None = None,
+                 repo: Path = REPO) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.started = time.monotonic()
         cmd = [sys.executable, "-m", "indexer.cli", "run", "--workspace", str(ws), "--agent", agent,
                "--state-dir", str(state), "--port", str(self.port)]
-        full_env = {**os.environ, **DAEMON_ENV, **(FP32_ENV if fp32 else {}), **(env or {})}
+        full_env = {**os.environ, **DAEMON_ENV, "PYTHONPATH": str(repo), **(FP32_ENV if fp32 else {}), **(env or {})}
         with open(log_path, "w") as output:
-            self.proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
+            self.proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, env=full_env, cwd=repo)
         self.client = httpx.Client(timeout=10)
         self.sampled_peak = 0
         self._sampling = threading.Event()

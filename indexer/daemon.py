@@ -153,12 +153,21 @@ class Indexer:
                  files=len(indexed))
 
     def close(self) -> None:
-        """Stop the watcher, flush and close the store, close the cache."""
+        """Stop the watcher, flush and close the store, close the cache. A store or cache that cannot be written
+        now (a read-only state dir) is logged (``store_close_failed``, ``cache_close_failed``), not raised: what
+        was written stays, and the next start's scan redoes what is missing."""
         if self.state.watcher:
             self.state.watcher.stop()
-        self.store.flush()
-        self.store.close()
-        self._cache.close()
+        try:
+            self.store.flush()
+            self.store.close()
+        except Exception as exc:
+            log.error("store_close_failed", error=f"{type(exc).__name__}: {exc}"[:500],
+                      hint="the next start reconciles what was not written")
+        try:
+            self._cache.close()
+        except Exception as exc:
+            log.error("cache_close_failed", error=f"{type(exc).__name__}: {exc}"[:500])
 
     def _attest(self) -> bool:
         """``rebuild.attest`` the workspaces; the files of one whose path now names another directory lose the

@@ -23,6 +23,7 @@ The precision is part of ``model_id``, so vectors of different precisions never 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,11 @@ import numpy as np
 import structlog
 
 from indexer.api import Chunk, l2_normalise
+from indexer.errors import EmbedUnavailable
 from indexer.model_loading import (
     DEFAULT_MODEL,
     LazyModel,
+    StillLoading,
     choose_precision,
     cpu_flags,
     int8_available,
@@ -41,7 +44,7 @@ from indexer.model_loading import (
     model_fingerprint,
     resolve_model,
 )
-from indexer.onnx_int8 import INT8_FORMAT, INT8_MIN_COSINE, OnnxQueryEncoder, use_int8
+from indexer.onnx_int8 import INT8_FORMAT, INT8_MIN_COSINE, OnnxQueryEncoder, int8_dir, use_int8
 
 log = structlog.get_logger("qmd_indexer.embedding")
 
@@ -85,18 +88,31 @@ class SentenceTransformerEmbedder:
         self._fingerprint: str | None = None
         self._dim: int | None = _KNOWN_DIMS.get(self.base_id)
         self._max_tokens: int | None = 254 if self.base_id in _KNOWN_DIMS else None
+        self.load_times: dict[str, float] = {}  # seconds the last load took: ``load_s``, ``precision_s``
 
     @property
     def model_id(self) -> str:
         """``base model id`` for fp32, ``id@bf16`` or ``id@int8-onnx-v<format>`` otherwise. With int8 this loads
         the model first, since a failed export or quality check means fp32."""
-        if self.precision == "int8":
+        if self.precision == "int8" and not self._model.loaded and not self._int8_on_disk():
             _ = self.model
         if self.precision == "fp32":
             return self.base_id
         if self.precision == "int8":
             return f"{self.base_id}@int8-onnx-v{INT8_FORMAT}"
         return f"{self.base_id}@{self.precision}"
+
+    def _int8_on_disk(self) -> bool:
+        """Whether an int8 export of this model's files that passed its quality check is on disk: the model then
+        runs int8 (``model_id`` needs no load to say so, so a restart does not wait for the model to open the
+        store)."""
+        import json
+
+        record = int8_dir(self.cache_dir, self.base_id, self.fingerprint) / "quality.json"
+        try:
+            return float(json.loads(record.read_text(encoding="utf-8"))["mean_cosine"]) >= INT8_MIN_COSINE
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
 
     @property
     def identity(self) -> str:
@@ -120,8 +136,21 @@ class SentenceTransformerEmbedder:
         With int8, its transformer runs in ONNX Runtime (exported on first use)."""
         return self._model.get()
 
+    @property
+    def loading(self) -> bool:
+        """Whether the model is being loaded now (``preload``): queries answer ``EmbedUnavailable`` meanwhile."""
+        return self._model.loading
+
+    def preload(self) -> threading.Thread | None:
+        """Begin loading the model on a thread of its own (``LazyModel.start``) and return it (``None``: loaded, or
+        a load already runs); meanwhile ``embed_query`` raises ``EmbedUnavailable`` ("model loading") instead of
+        waiting, and everything else waits for the load."""
+        return self._model.start()
+
     def _load(self) -> Any:
+        started = time.monotonic()
         model = load_sentence_transformer(self._load_path, self.device)
+        loaded = time.monotonic()
         if self.precision == "bf16":
             import torch
 
@@ -130,6 +159,8 @@ class SentenceTransformerEmbedder:
             self._switch_to_int8(model)
         self._dim = int(model.get_embedding_dimension())
         self._max_tokens = int(model.max_seq_length) - 2  # [CLS] and [SEP]
+        # seconds: the sentence-transformers load, then the precision's own step (bf16 cast; int8 export or session)
+        self.load_times = {"load_s": round(loaded - started, 3), "precision_s": round(time.monotonic() - loaded, 3)}
         return model
 
     def _switch_to_int8(self, model: Any) -> None:
@@ -209,8 +240,13 @@ class SentenceTransformerEmbedder:
         transformer, pooling and normalisation) without ``SentenceTransformer.encode``'s bookkeeping per call
         (device lookup, ``eval()`` over every module, length sort, output stacking; docs/performance.md). A model
         with a default prompt or a ``truncate_dim``, or on another device, goes through ``encode``, which applies
-        them."""
-        model = self.model
+        them.
+
+        Raises ``EmbedUnavailable`` while ``preload``'s load runs (a search then answers from keyword search)."""
+        try:
+            model = self._model.get(wait=False)
+        except StillLoading:
+            raise EmbedUnavailable("model loading", retry_after_s=1.0) from None
         if (getattr(model, "default_prompt_name", None) or getattr(model, "truncate_dim", None)
                 or self.device != "cpu"):
             vector: np.ndarray = self.encode([text])[0]

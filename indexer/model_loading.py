@@ -42,6 +42,8 @@ class LazyModel(Generic[T]):
     - ``load`` runs with the lock held: it may set the owner's other lazily known attributes (a vector size, a
       token limit) before the model becomes visible to other threads; it must not call ``get()`` itself
       (``RuntimeError``: the lock is not re-entrant, so that would deadlock).
+    - ``start()`` runs the load on a thread of its own now (a daemon loads its models while it already serves);
+      meanwhile ``get(wait=False)`` raises ``StillLoading`` instead of waiting (a search answers without the model).
 
     Construction is cheap (nothing is imported or loaded), as plugin factories must be (``indexer.api``)."""
 
@@ -57,27 +59,68 @@ class LazyModel(Generic[T]):
         """Whether ``load()`` has succeeded (``get()`` then returns at once)."""
         return self._held is not None
 
-    def get(self) -> T:
+    @property
+    def loading(self) -> bool:
+        """Whether a load is in progress (``start()``'s, or another caller's ``get()``)."""
+        return self._held is None and self._lock.locked()
+
+    def get(self, wait: bool = True) -> T:
         """The loaded model, loading it first if needed. Raises what ``load()`` raised (and tries again next
-        time); ``RuntimeError`` when called from inside ``load()``."""
+        time); ``RuntimeError`` when called from inside ``load()``. With ``wait=False``, a load in progress on
+        another thread (``start()``) is not waited for: ``StillLoading`` is raised instead."""
         held = self._held
         if held is None:
             if self._loading == threading.get_ident():
                 raise RuntimeError("LazyModel.get() called from inside its own load()")
-            with self._lock:
-                held = self._held
-                if held is None:
-                    self._loading = threading.get_ident()
-                    try:
-                        held = (self._load(),)
-                    except BaseException as exc:
-                        self.last_error = exc
-                        raise
-                    finally:
-                        self._loading = None
-                    self.last_error = None
-                    self._held = held
+            if not self._lock.acquire(blocking=wait):
+                raise StillLoading("the model is still loading")
+            try:
+                held = self._held or self._load_held()
+            finally:
+                self._lock.release()
         return held[0]
+
+    def start(self) -> threading.Thread | None:
+        """Begin the load now on a thread of its own (``model-load``) and return it; ``None`` when already loaded or
+        a load already runs (``get()`` waits for that one).
+        The lock is taken before this returns, so from then on ``get(wait=False)`` raises ``StillLoading`` until the
+        load ends, and ``get()`` waits for it. A load that raises is kept in ``last_error``; the next ``get()``
+        tries again."""
+        if self._held is not None or not self._lock.acquire(blocking=False):  # loaded, or a load already runs
+            return None
+        if self._held is not None:
+            self._lock.release()
+            return None
+
+        def load() -> None:
+            try:
+                self._load_held()
+            except BaseException:  # noqa: S110 - kept in ``last_error``; the next ``get()`` loads again
+                pass
+            finally:
+                self._lock.release()
+
+        thread = threading.Thread(target=load, name="model-load", daemon=True)
+        thread.start()
+        return thread
+
+    def _load_held(self) -> tuple[T]:
+        """``load()`` with the lock held by the caller: keeps and returns ``(model,)``, or records the error."""
+        self._loading = threading.get_ident()
+        try:
+            held = (self._load(),)
+        except BaseException as exc:
+            self.last_error = exc
+            raise
+        finally:
+            self._loading = None
+        self.last_error = None
+        self._held = held
+        return held
+
+
+class StillLoading(Exception):
+    """``LazyModel.get(wait=False)``: the model is being loaded on another thread."""
 
 
 def resolve_model(name: str) -> tuple[str, str]:

@@ -22,7 +22,7 @@ from indexer.pipeline import Pipeline, Stats
 from indexer.plugins import Registry
 from indexer.points import stat_identity
 from indexer.rerank import RerankStats, rerank_status
-from indexer.schema import CollectionStatus, Status
+from indexer.schema import CollectionStatus, Health, Status
 from indexer.search import FallbackStats, Searcher
 from indexer.state import IndexState, Plan
 from indexer.store import Store
@@ -84,24 +84,38 @@ class StatusView:
         self.settler.wake()
 
     def health(self) -> Literal["ok", "degraded"]:
-        """``"degraded"`` while the watcher is dead, the last reconcile found drift, store writes fail (a full state
-        dir) or the embedder cannot answer, else ``"ok"`` (``reasons`` names the causes)."""
-        return "degraded" if self.reasons() else "ok"
+        """``"degraded"`` while any of ``health_reasons()`` holds, else ``"ok"``."""
+        return "degraded" if self.health_reasons() else "ok"
 
-    def reasons(self) -> list[str]:
-        """One short line per cause of a degraded ``health``; empty when it is ok."""
-        watcher, out = self.state.watcher, []
+    def health_reasons(self) -> list[str]:
+        """Why the daemon is degraded, one short line per cause (empty when it is not): the watcher is dead, the last
+        reconcile found drift, store writes fail (a full state dir), the state dir cannot be written (indexing waits),
+        the embedder cannot answer (files wait, retried) or a model is still loading (searches answer from keyword
+        search meanwhile)."""
+        watcher, reasons = self.state.watcher, []
         if watcher is not None and (watcher.dead or not watcher.alive()):
-            out.append("file watcher is dead")
+            reasons.append("file watcher is dead")
         drift = sum(self.state.reconcile.drift.values())
         if drift:
-            out.append(f"last reconcile found {drift} file(s) the watcher had missed")
+            reasons.append(f"last reconcile found {drift} file(s) the watcher had missed")
         if self.store.degraded:
-            out.append("store writes are failing (retried)")
+            reasons.append("store writes are failing (retried)")
+        if not self.state.writable:
+            reasons.append("state dir not writable")
         outage = self.state.ledger.outage
         if outage.reason is not None:
-            out.append(f"embedder unavailable: {outage.reason} ({len(outage.waiting)} file(s) waiting, retried)")
-        return out
+            reasons.append(f"embedder unavailable: {outage.reason} ({len(outage.waiting)} file(s) waiting, retried)")
+        if any(getattr(e, "loading", False) for e in self.registry.embedders.values()):
+            reasons.append("model loading")
+        return reasons
+
+    def health_answer(self) -> Health:
+        """``GET /health``: ``status`` and ``ready``, and ``reasons`` when degraded."""
+        reasons = self.health_reasons()
+        answer: Health = {"status": "degraded" if reasons else "ok", "ready": self.ready()}
+        if reasons:
+            answer["reasons"] = reasons
+        return answer
 
     def pending(self, agent: str | None = None) -> list[str]:
         """Workspace-relative paths (sorted, ``/`` separators) of ``agent``'s collections (every agent's when

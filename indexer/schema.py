@@ -310,9 +310,9 @@ class SearchResponse(TypedDict):
         "A listing only: the `offset` of the next page; null when this page ends the listing."))]]
     degraded: NotRequired[Annotated[str, Field(description=(
         "Present only when the answer is less than the configured search; a short reason: \"keyword only: <why>\" "
-        "when the query could not be embedded (the embedding server is down; the answer comes from keyword "
-        "search), \"fusion order: rerank <timeout|error>\" when the reranker did not answer within budget. Two "
-        "reasons join with \"; \"."))]]
+        "when the query could not be embedded (the embedding server is down, or the model is still loading; the "
+        "answer comes from keyword search), \"fusion order: rerank <timeout|error>\" when the reranker did not "
+        "answer within budget. Two reasons join with \"; \"."))]]
 
 
 Page = TypedDict("Page", {
@@ -447,7 +447,7 @@ class Health(TypedDict):
         "the embedder cannot answer (see /status and reasons)."))]
     ready: Annotated[bool, Field(description="The first full index has finished.")]
     reasons: NotRequired[Annotated[list[str], Field(description=(
-        "Present when degraded: one short line per cause."))]]
+        "Present when degraded: one short line per cause (e.g. \"model loading\", \"state dir not writable\")."))]]
 
 
 class ErrorDetail(TypedDict):

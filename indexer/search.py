@@ -246,8 +246,8 @@ class Searcher:
         if mode != "keyword":
             try:
                 dense = dict(self._embed_query(params.query))
-            except EmbedUnavailable as exc:  # the embedding server is down: keyword search can still answer
-                reason = f"keyword only: the query could not be embedded ({str(exc).splitlines()[0][:160]})"
+            except EmbedUnavailable as exc:  # the model is loading or its server is down: keyword search can answer
+                reason = f"keyword only: {(str(exc).splitlines() or ['embedder unavailable'])[0][:160]}"
                 self.fallback_stats.count(reason)
                 if degraded is not None:
                     degraded.append(reason)

@@ -41,16 +41,20 @@ load from a CDN).
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any, TypeVar
 
+import anyio
+import anyio.to_thread
 import structlog
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import Route
 
 from indexer import __version__
 from indexer.append import append_entry
@@ -176,11 +180,7 @@ class LocalMemory:
         return scope_agent(self.view.plan, agent)
 
     def health(self) -> Health:
-        reasons = self.view.reasons()
-        answer: Health = {"status": "degraded" if reasons else "ok", "ready": self.view.ready()}
-        if reasons:
-            answer["reasons"] = reasons
-        return answer
+        return self.view.health_answer()
 
     def status(self) -> Status:
         return self.view.status()
@@ -251,26 +251,68 @@ class LocalMemory:
         return append_entry(plan.collections, plan.settings, text, path, self.scope(agent))
 
 
-def create_app(view: StatusView) -> FastAPI:
-    """The API app over a daemon's ``view`` (``Indexer.view``), with the MCP tools at ``/mcp``. ``/mcp`` is a route
-    of this app, so the ``Guard`` middleware (Host, Origin, token, body size) wraps it too; it needs the app's
-    lifespan to run, once (uvicorn ``lifespan="on"``, or ``with TestClient(app)``); a request without it is a 500."""
-    from indexer.mcp import ParseableBody, build_server
+class LaterMcp:
+    """``/mcp`` built after the API listens (``create_app(..., mcp_later=True)``, the daemon's): importing the MCP
+    SDK and building its server cost more than the rest of the API's start (docs/benchmarks.md, "Restart"), and a
+    restart should answer searches first. The app's lifespan builds it on a worker thread, then runs its session
+    manager; until then ``/mcp`` answers 503 with ``Retry-After: 1``."""
 
+    def __init__(self, memory: LocalMemory, host: str) -> None:
+        self.memory, self.host = memory, host
+        self.app: Callable[..., Any] | None = None  # the built route's ASGI app
+
+    def build(self) -> Any:
+        """The MCP server and its streamable HTTP app (stateless, JSON answers; see ``create_app``)."""
+        from indexer.mcp import ParseableBody, build_server
+
+        settings = self.memory.view.plan.settings
+        server = build_server(self.memory, append=any(ws.append for ws in settings.workspace))
+        http = server.streamable_http_app(stateless_http=True, json_response=True, host=self.host)
+        for route in http.routes:  # read every POST through ``parseable`` (indexer.mcp)
+            route.app = ParseableBody(route.app)  # type: ignore[attr-defined]
+        return server, http
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: Any) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._serve)
+            yield
+            tasks.cancel_scope.cancel()
+
+    async def _serve(self) -> None:
+        server, http = await anyio.to_thread.run_sync(self.build)
+        async with server.session_manager.run():
+            self.app = http.routes[0].app
+            await anyio.sleep_forever()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.app is None:
+            await Response("MCP is starting; retry in a second", 503, {"Retry-After": "1"})(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+
+def create_app(view: StatusView, mcp_later: bool = False) -> FastAPI:
+    """The API app over a daemon's ``view`` (``Indexer.view``), with the web page at ``/`` and the MCP tools at
+    ``/mcp``. ``/mcp`` is a route of this app, so the ``Guard`` middleware (Host, Origin, token, body size) wraps it
+    too; it needs the app's lifespan to run, once (uvicorn ``lifespan="on"``, or ``with TestClient(app)``); a request
+    without it is a 500. ``mcp_later``: ``/mcp`` is built once the app runs (``LaterMcp``), answering 503 until then."""
     memory = LocalMemory(view)
     settings = view.plan.settings  # host, port and token are read once at start (a reload does not change them)
-    mcp_server = build_server(memory, append=any(ws.append for ws in settings.workspace))
-    # stateless: every POST carries a whole exchange, so nothing is held between calls and JSON answers suffice.
-    # host: the SDK's own Host/Origin check against DNS rebinding is on for a loopback bind.
-    mcp_http = mcp_server.streamable_http_app(stateless_http=True, json_response=True, host=settings.host)
+    later = LaterMcp(memory, settings.host)
+    if mcp_later:
+        lifespan: Callable[[Any], Any] = later.lifespan
+    else:
+        mcp_server, mcp_http = later.build()
+        lifespan = lambda _app: mcp_server.session_manager.run()  # noqa: E731
     app = FastAPI(title="qmd-indexer", version=__version__, summary="Semantic search over an agent's memory files",
-                  lifespan=lambda _app: mcp_server.session_manager.run(), docs_url=None, redoc_url=None)
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(Guard, host=settings.host, port=settings.port, token=settings.token,
                        public=frozenset(PAGE_FILES))
     _add_page(app)
-    for route in mcp_http.routes:  # the /mcp route itself, not a sub-app: no redirect, same middleware
-        route.app = ParseableBody(route.app)  # type: ignore[attr-defined]
-    app.router.routes.extend(mcp_http.routes)
+    # the /mcp route itself, not a sub-app: no redirect, same middleware
+    app.router.routes.extend([Route("/mcp", later)] if mcp_later else mcp_http.routes)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> Response:

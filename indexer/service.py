@@ -6,6 +6,11 @@ Exit statuses (``indexer.errors``): ``EXIT_OK`` after a clean stop; ``EXIT_FAILU
 store cannot be opened (held by another process, built for another model, unreachable at open) or the API could
 not serve; ``EXIT_USAGE`` for a configuration error. Each refusal is one ``qmd-indexer: ...`` line on stderr. A
 store unreachable after opening is not fatal: the worker retries, the API answers ``ready: false`` meanwhile.
+
+A restart serves first: the store opens, the API listens, and only then do the models load (``warm_models``, on a
+thread of its own) while the worker reconciles; until they have, hybrid and dense searches answer from keyword
+search, flagged ``degraded`` ("keyword only: model loading"), and ``/health`` names "model loading". Each phase's
+time since the process started is logged (``startup_phase``; ``startup`` once ready; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +41,8 @@ from indexer.errors import (
     StoreUnavailable,
 )
 from indexer.reload import Reloader
+from indexer.search import load_fusion
+from indexer.state import process_age_s
 from indexer.systemd import Notifier, Supervisor, watchdog_interval_s
 from indexer.worker import Progress, run
 
@@ -73,17 +81,54 @@ def check_port(host: str, port: int) -> None:
                           f"(choose another with --port)") from None
 
 
+def warm_models(indexer: Indexer) -> None:
+    """Load the daemon's models while it already serves (its own thread, started once the API listens): each
+    embedder's model (``preload`` where it has one: its queries answer ``EmbedUnavailable`` meanwhile, so searches
+    answer from keyword search, flagged ``degraded``), the fusion code and the reranker's model, then a warm-up
+    query each, so no search pays for a first call. Logs ``model_loaded`` per embedder (seconds of its load and of
+    its precision's step, where it says them) and ``startup_phase`` ``model_loaded`` at the end."""
+    embedders = indexer.registry.embedders
+    loads = [thread for e in embedders.values() if (thread := getattr(e, "preload", lambda: None)()) is not None]
+    load_fusion()  # qdrant-client's fusion: not inside the first hybrid search
+    for thread in loads:
+        thread.join()
+    for embedder in embedders.values():
+        try:
+            while True:
+                try:
+                    embedder.embed_query("warm-up")
+                    log.info("model_loaded", model_id=embedder.model_id, precision=getattr(embedder, "precision", None),
+                             **getattr(embedder, "load_times", {}))
+                    break
+                except EmbedUnavailable as exc:  # a load another thread began (the first index's) still runs
+                    if not getattr(embedder, "loading", False):
+                        raise
+                    time.sleep(exc.retry_after_s or 0.5)
+        except Exception as exc:
+            indexer.metrics.error("embedder_failed")
+            log.error("embedder_failed", model_id=embedder.model_id, error=f"{type(exc).__name__}: {exc}")
+    reranker = indexer.registry.configured_reranker(indexer.settings.reranker)
+    if reranker is not None:  # not inside the first search's time budget
+        try:
+            reranker.score("warm-up", ["warm-up"])
+        except Exception as exc:  # searches keep the fused order meanwhile (indexer.rerank fails open)
+            log.error("reranker_failed", model_id=reranker.model_id, error=f"{type(exc).__name__}: {exc}")
+    indexer.state.startup.mark("model_loaded")
+
+
 def serve(settings: Settings, reindex: bool = False, progress: Progress | None = None,
           reload: Callable[[], Settings] | None = None) -> int:
     """Index, watch and serve ``settings`` until SIGTERM/SIGINT; returns the exit status. Installs signal handlers,
     so call it from the main thread. ``progress`` draws the first pass (see ``indexer.worker``). ``reload``: the
     settings again from the same sources (``load_settings`` with the same path and flags; raises ``ConfigError``),
     called on SIGHUP; without it a SIGHUP reapplies ``settings`` (nothing changes)."""
+    imported = process_age_s()
     try:
         check_port(settings.host, settings.port)
         indexer = open_indexer(settings, reindex, connect=False)
-        # the models and modules loaded by now live as long as the process: the cyclic garbage collector need not
-        # walk them again at random moments (a restart, a search; docs/performance.md, "Daemon start")
+        indexer.state.startup.mark("imports", at=imported)
+        # the modules loaded by now (and the models, once ``warm_models`` has them) live as long as the process: the
+        # cyclic garbage collector need not walk them again at random moments (docs/performance.md, "Daemon start")
         gc.freeze()
         try:
             indexer.connect()
@@ -91,6 +136,8 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
             raise Refused(str(exc)) from None
         except (StoreUnavailable, EmbedUnavailable):
             pass  # the worker logs it once and keeps retrying; the API answers meanwhile
+        else:
+            indexer.state.startup.mark("store_opened")
     except Refused as exc:
         print(f"qmd-indexer: {exc.message}", file=sys.stderr)
         return exc.code
@@ -99,6 +146,11 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
     from indexer.server import create_app
 
     stop, listening = threading.Event(), threading.Event()
+    def warm() -> None:
+        warm_models(indexer)
+        gc.freeze()  # the models live as long as the process too
+
+    warming = threading.Thread(target=warm, name="model-warm", daemon=True)
     supervisor = Supervisor(Notifier(), watchdog_interval_s(), listening=listening)
     reloader = Reloader(indexer, reload or (lambda: settings), supervisor.notifier)
     # the handler runs on the main thread between bytecodes: it takes no lock itself (the notifier's and the
@@ -111,8 +163,10 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             listening.set()  # bound and serving: READY=1 may go out
+            indexer.state.startup.mark("http_listening")
+            warming.start()  # models load now: until then searches answer from keyword search
 
-    server = Server(uvicorn.Config(create_app(indexer.view), host=settings.host, port=settings.port,
+    server = Server(uvicorn.Config(create_app(indexer.view, mcp_later=True), host=settings.host, port=settings.port,
                                    log_config=None, access_log=False, lifespan="on"))
     log.info("api_listening", url=f"http://{settings.host}:{settings.port}")
     # uvicorn handles SIGTERM/SIGINT while serving, then re-raises the signal to the handler that was installed

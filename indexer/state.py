@@ -10,6 +10,7 @@ read-only views, and a ``Plan`` is immutable, so a reader holding one sees a con
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
+
+import structlog
 
 from indexer.config import Settings
 from indexer.ledger import Ledger
@@ -26,6 +29,7 @@ from indexer.workspace import Collection, Problem, plan_collections
 if TYPE_CHECKING:
     from indexer.watcher import Watcher
 
+_log = structlog.get_logger("qmd_indexer.daemon")
 NO_DRIFT: Mapping[str, int] = MappingProxyType({"not_indexed": 0, "gone": 0, "changed": 0})
 
 
@@ -80,6 +84,8 @@ class IndexState:
         self.connected = threading.Event()
         self.rebuild_requested = threading.Event()
         self.started_at = time.time()
+        self.startup = Startup()  # when this daemon's start reached each phase
+        self._writable = True  # whether the state dir took writes at the last check (``record_writable``)
         self._rebuilding = False
         self._hand: tuple[Path, ...] = ()
         self._reconcile = Reconcile()
@@ -89,6 +95,11 @@ class IndexState:
         self._watcher: Watcher | None = None
 
     # -- read ---------------------------------------------------------------------------------------------------
+    @property
+    def writable(self) -> bool:
+        """Whether the state dir could be written at the last check (the worker pauses indexing while not)."""
+        return self._writable
+
     @property
     def plan(self) -> Plan:
         return self._plan
@@ -192,6 +203,11 @@ class IndexState:
         """The HNSW build of ``collection`` is now ``build`` (``state``, ``points``...)."""
         self._hnsw[collection] = MappingProxyType(build)
 
+    def record_writable(self, writable: bool) -> bool:
+        """Record whether the state dir can be written now; True when that changed."""
+        changed, self._writable = writable != self._writable, writable
+        return changed
+
     def watch(self, watcher: Watcher | None) -> None:
         self._watcher = watcher
 
@@ -204,3 +220,36 @@ class IndexState:
             yield
         finally:
             self._rebuilding = False
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: its start time in ``/proc/self/stat`` against ``CLOCK_BOOTTIME``,
+    10 ms resolution); elsewhere, since this module was imported."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            fields = f.read().rpartition(")")[2].split()  # the command name may hold spaces: fields after it
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic() - _IMPORTED
+
+
+_IMPORTED = time.monotonic()
+
+
+class Startup:
+    """When a daemon's start reached each phase, in seconds since the process started (``process_age_s``):
+    ``imports``, ``store_opened``, ``http_listening``, ``model_loaded``, ``ready`` (first scan drained). Each
+    ``mark`` logs ``startup_phase``; the ``ready`` mark logs ``startup`` with every phase (docs/benchmarks.md,
+    "Restart"). Marked from several threads; a phase keeps its first time."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+
+    def mark(self, phase: str, at: float | None = None, **fields: Any) -> None:
+        """Record ``phase`` as reached now (or at ``at``, seconds since the process started) and log it."""
+        if phase in self.phases:
+            return
+        self.phases[phase] = seconds = round(process_age_s() if at is None else at, 3)
+        _log.info("startup_phase", phase=phase, s=seconds, **fields)
+        if phase == "ready":
+            _log.info("startup", **{name: s for name, s in sorted(self.phases.items(), key=lambda kv: kv[1])})

@@ -3,10 +3,11 @@ them to ``Sync.process`` (``indexer.sync``); it alone changes the ``IndexState``
 
 - ``index_once(indexer)``: rebuild if asked (``--reindex``), scan, process everything queued, return ``status()``
   (``qmd-indexer index --once``).
-- ``run(indexer, stop)``: wait for the store, start the watcher, warm the embedders, reranker and fusion code,
-  scan and drain (``ready`` is set then), and keep processing settled paths until ``stop`` is set, rescanning every
-  ``rescan_interval_s`` and re-watching roots made again every ``REFRESH_S``, and reconciling at once a root whose
-  events were lost (a kernel queue overflow, a watch refused below it: ``Watcher.take_lost``). A requested rebuild
+- ``run(indexer, stop)``: wait for the store, start the watcher, scan and drain (``ready`` is set then; the daemon
+  loads its models meanwhile, ``indexer.service.warm_models``, and a file to embed waits for them), and keep
+  processing settled paths until ``stop`` is set, rescanning every ``rescan_interval_s`` and re-watching roots made
+  again every ``REFRESH_S``, and reconciling at once a root whose events were lost (a kernel queue overflow, a
+  watch refused below it: ``Watcher.take_lost``). A requested rebuild
   (``--reindex`` or ``POST /reindex``) runs here too, between batches, followed by a scan.
 - Retries: a path whose write found the store unavailable, or a batch that raised, goes back into the same queue
   with a delay of ``sync.RETRY_AFTER_S`` seconds (an event for it meanwhile takes precedence). No timer threads.
@@ -25,6 +26,7 @@ them to ``Sync.process`` (``indexer.sync``); it alone changes the ``IndexState``
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -38,7 +40,6 @@ from indexer import sync
 from indexer.daemon import Indexer
 from indexer.errors import EmbedUnavailable, StateDirFull, StoreUnavailable
 from indexer.schema import Status
-from indexer.search import load_fusion
 from indexer.store import EdgeStore
 from indexer.systemd import Supervisor
 from indexer.watcher import Watcher
@@ -198,6 +199,22 @@ def _watch(indexer: Indexer) -> Watcher:
     return watcher
 
 
+def state_writable(indexer: Indexer) -> bool:
+    """Whether the state dir can be written now (``os.access``: a read-only mount refuses root too). A change is
+    logged once: ``state_dir_read_only`` (error; indexing waits, searches answer from what is indexed) and
+    ``state_dir_writable`` when it is back."""
+    state_dir = indexer.settings.state_dir
+    writable = os.access(state_dir, os.W_OK)
+    if indexer.state.record_writable(writable):
+        if writable:
+            log.info("state_dir_writable", state_dir=str(state_dir), queue_depth=len(indexer.settler))
+        else:
+            indexer.metrics.error("state_dir_read_only")
+            log.error("state_dir_read_only", state_dir=str(state_dir),
+                      hint="indexing waits until it is writable again; searches answer from what is indexed")
+    return writable
+
+
 def connect_until(indexer: Indexer, stop: threading.Event) -> bool:
     """``indexer.connect()``, retrying every ``sync.RETRY_AFTER_S`` while the store is unavailable; one log line per
     outage (a full state dir is logged by the store itself). False if ``stop`` was set first."""
@@ -237,20 +254,9 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
         indexer.sync.beat = supervisor.beat
     if not state.connected.is_set() and not connect_until(indexer, stop):
         return
+    if supervisor is not None and supervisor.listening is not None:
+        supervisor.listening.wait()  # the API first: a scan on this thread would slow its start (one GIL)
     _watch(indexer)
-    for embedder in indexer.registry.embedders.values():  # load models now, not on the first search
-        try:
-            embedder.embed_query("warm-up")
-        except Exception as exc:
-            indexer.metrics.error("embedder_failed")
-            log.error("embedder_failed", model_id=embedder.model_id, error=f"{type(exc).__name__}: {exc}")
-    reranker = indexer.registry.configured_reranker(indexer.settings.reranker)
-    if reranker is not None:  # load its model now, not inside the first search's time budget
-        try:
-            reranker.score("warm-up", ["warm-up"])
-        except Exception as exc:  # searches keep the fused order meanwhile (indexer.rerank fails open)
-            log.error("reranker_failed", model_id=reranker.model_id, error=f"{type(exc).__name__}: {exc}")
-    load_fusion()  # not inside the first search either
     settler = indexer.settler
     if state.rebuild_requested.is_set():
         _rebuild(indexer)
@@ -260,6 +266,7 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
         return
     state.ready.set()
     log.info("daemon_ready", files=len(state.indexed), queue_depth=len(settler))
+    state.startup.mark("ready")
     if supervisor is not None:
         supervisor.ready(len(settler), len(state.indexed))
     next_scan = time.monotonic() + indexer.settings.rescan_interval_s
@@ -278,6 +285,9 @@ def _loop(indexer: Indexer, stop: threading.Event, supervisor: Supervisor | None
             indexer.sync.beat()
             if supervisor is not None:
                 supervisor.status(len(settler), len(state.indexed))
+            if not state_writable(indexer):  # nothing is written meanwhile: changes wait in the queue
+                stop.wait(1.0)
+                continue
             if state.rebuild_requested.is_set():
                 _rebuild(indexer)
                 settler.add_many(indexer.scan("rebuild"))

@@ -268,7 +268,8 @@ def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(
     record.write_text(json.dumps({**quality, "mean_cosine": 0.95}))  # as an export under the bar would leave it
     with capture_logs() as logs:
         strict = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
-        assert strict.model_id == int8_embedder.model_id  # loads the model: the chunks' int8 passed
+        assert strict.model_id == int8_embedder.model_id  # the chunks' int8 passed: its record says so unloaded
+        assert strict.model is not None
     assert strict._query_encoder is not None and strict._query_encoder.path == export / "model.onnx"
     assert [(e["event"], e["log_level"]) for e in logs] == [("int8_query_model_unavailable", "warning")]
     assert "quality check failed" in logs[0]["error"]

@@ -125,7 +125,7 @@ def test_server_killed_mid_first_index_loses_nothing(tmp_path: Path) -> None:
             assert len(before) < 61, "the first index finished before the kill: nothing was tested"
             points_before = total_points(indexer)
             wait_for(lambda: state.ledger.outage.reason is not None, timeout_s=60)
-            health = indexer.view.reasons()
+            health = indexer.view.health_reasons()
             assert view.health() == "degraded" and any(r.startswith("embedder unavailable") for r in health)
             notes_: list[str] = []
             hits = view.searcher().search(SearchRequest(query="coffee order", k=3), notes_)

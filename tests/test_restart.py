@@ -1,0 +1,95 @@
+"""A restart serves before its model has loaded: keyword searches answer at once, hybrid and dense ones answer from
+keyword search flagged ``degraded`` ("keyword only: model loading") and ``/health`` names "model loading"; once the
+model is in, hybrid answers in full. The model's load is held on an event here, so the order is the test's, not the
+machine's (how long each phase takes is ``make restart``'s)."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Running, write
+
+from indexer.daemon import Indexer
+from indexer.model_loading import LazyModel, StillLoading
+from indexer.plugins import Registry
+from indexer.schema import SearchRequest
+from indexer.server import LocalMemory
+from indexer.service import warm_models
+from indexer.worker import index_once
+
+
+def _gated(registry: Registry, gate: threading.Event) -> Registry:
+    """``registry`` with a text embedder whose model is not loaded yet: its load waits for ``gate``, then gives the
+    session's real model (loaded once for every test)."""
+    loaded = registry.embedders["text"]
+    model = loaded.model  # type: ignore[attr-defined]
+
+    def load() -> Any:
+        assert gate.wait(60), "the test never let the model load"
+        return model
+
+    embedder = copy.copy(loaded)
+    embedder._model = LazyModel(load)  # type: ignore[attr-defined]
+    gated = copy.copy(registry)
+    gated.embedders = {**registry.embedders, "text": embedder}
+    return gated
+
+
+def test_restart_answers_keyword_before_the_model_loads_then_hybrid_in_full(tmp_path: Path, registry: Registry,
+                                                                          make_indexer: Any) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "MEMORY.md", "# Memory\n\nThe deploy runbook lives in memory/deploy.md.\n")
+    write(ws / "memory" / "deploy.md", "# Deploy\n\nRoll the canary first, then the fleet. Codeword: heliotrope.\n")
+    write(ws / "memory" / "travel.md", "# Travel\n\nFlights to Lisbon on Friday; the hotel is near the river.\n")
+    first = make_indexer([{"agent": "main", "path": ws}])
+    index_once(first)
+    settings = first.settings
+    first.close()
+
+    gate = threading.Event()
+    indexer = Indexer.open(settings, registry=_gated(registry, gate))
+    warming = threading.Thread(target=warm_models, args=(indexer,))
+    try:
+        with Running(indexer):  # ready: the reconcile found nothing to embed, so it needs no model
+            warming.start()
+            memory = LocalMemory(indexer.view)
+            keyword = memory.search_response(SearchRequest(query="heliotrope canary", mode="keyword"))
+            assert keyword["hits"][0]["path"] == "memory/deploy.md" and "degraded" not in keyword
+            for mode in ("hybrid", "dense"):
+                early = memory.search_response(SearchRequest(query="heliotrope canary", mode=mode))
+                assert early["degraded"] == "keyword only: model loading"
+                assert early["hits"][0]["path"] == "memory/deploy.md"
+                assert early["hits"][0]["dense_score"] is None and early["hits"][0]["keyword_score"] > 0
+            health = memory.health()
+            assert health == {"status": "degraded", "ready": True, "reasons": ["model loading"]}
+            assert "model_loaded" not in indexer.state.startup.phases
+
+            gate.set()
+            warming.join(60)
+            assert "model_loaded" in indexer.state.startup.phases
+            full = memory.search_response(SearchRequest(query="heliotrope canary", mode="hybrid"))
+            assert "degraded" not in full
+            assert full["hits"][0]["path"] == "memory/deploy.md" and full["hits"][0]["dense_score"] is not None
+            assert memory.health() == {"status": "ok", "ready": True}
+    finally:
+        gate.set()
+        warming.join(60) if warming.is_alive() else None
+        indexer.close()
+
+
+def test_lazy_model_start_loads_on_its_own_thread_and_get_without_wait_refuses_meanwhile() -> None:
+
+    gate = threading.Event()
+    lazy: LazyModel[str] = LazyModel(lambda: "model" if gate.wait(10) else "timed out")
+    thread = lazy.start()
+    assert thread is not None and lazy.loading
+    with pytest.raises(StillLoading):
+        lazy.get(wait=False)
+    assert lazy.start() is None  # one load at a time
+    gate.set()
+    thread.join(10)
+    assert lazy.get(wait=False) == "model" and not lazy.loading and lazy.start() is None
