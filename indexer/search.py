@@ -334,7 +334,8 @@ def with_keyword_zeros(lists: Mapping[str, Sequence[tuple[Any, float]]]) -> dict
     theoretical minimum instead of the observed one is the remedy Bruch, Gai and Ingber give for score-based
     fusion ("An Analysis of Fusion Functions for Hybrid Retrieval", ACM TOIS 42(1), 2023, section 4: TMM). When
     the BM25 list was cut at the search depth, the absent candidates' scores are unknown and ``lists`` is left as
-    it is: on SciFact (10,900 chunks) every query's BM25 list is cut, so its ranking does not change."""
+    it is. Measured (docs/benchmarks.md): codeword queries in the hybrid top 5 108 -> 129 of 132; the dev set's
+    nDCG@10 (0.885) and SciFact's (0.7303), whose BM25 lists of common words are long, unchanged."""
     keyword = lists.get(SPARSE)
     if not keyword or len(lists) < 2:
         return {using: list(pairs) for using, pairs in lists.items()}
