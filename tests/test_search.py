@@ -11,7 +11,7 @@ import pytest
 from conftest import write
 from fastapi.testclient import TestClient
 
-from indexer.points import Hit, Payload
+from indexer.points import Hit, Payload, Query
 from indexer.recall import read_memory
 from indexer.schema import SearchRequest
 from indexer.search import decay, fuse_scores, mmr, relevant, snippet
@@ -406,3 +406,57 @@ def test_a_hit_on_a_front_matter_note_shows_the_body_line_that_matched(make_inde
     index_once(indexer)
     [hit] = indexer.view.searcher().search(SearchRequest(query="freeze on fridays", k=1))
     assert (hit["start_line"], hit["snippet"]) == (13, "Freeze: no deploys on Fridays.")
+
+
+# -- exact rare words in hybrid search ----------------------------------------------------------------------------
+_ADJECTIVES = ("weekly", "quarterly", "shared", "team", "release", "security", "budget", "design", "hiring",
+               "support", "travel", "vendor")
+_NOUNS = ("review", "plan", "meeting", "report", "channel", "policy", "checklist", "calendar", "template", "board",
+          "rota")
+# 132 everyday memory notes that define things, so that a "what is ...?" question has 132 strong dense rivals and the
+# dense list (100 deep) leaves out a note that only mentions a codeword in passing, as in a real workspace
+GLOSSARY_NOTES = {f"{a}-{n}.md": f"# The {a} {n}\n\nWhat is the {a} {n}? It is where the team keeps track of {a} "
+                                  f"work and decisions; Dana owns it.\n" for a in _ADJECTIVES for n in _NOUNS}
+# notes a dense model finds close to "mirthwick" (its word pieces: mirth, wick), none holding the word itself
+NEAR_NOTES = {
+    "mirth.md": "# Mirth\n\nWhat is mirth? Mirth is cheerful laughter; the team retreat was full of it.\n",
+    "wick.md": "# Candle wicks\n\nWhat is a wick? The cotton wick of a candle draws up the melted wax.\n",
+    "wicker.md": "# Wicker\n\nWhat is wicker? Woven willow; the balcony chairs are wicker.\n",
+    "mirthful.md": "# Mirthful evenings\n\nWhat is a mirthful evening? Board games and laughter at Dana's.\n",
+    "wickets.md": "# Wickets\n\nWhat is a wicket? In cricket, the three stumps the bowler aims at.\n",
+    "candles.md": "# Candles\n\nTrim the wick of the beeswax candles to 5 mm before lighting them.\n",
+}
+# the codeword sits in one sentence of a note about something else
+GARDEN = ("# Garden\n\nThe tomatoes on the balcony need water every second evening in summer, more in a heatwave.\n"
+          "Basil does better in the kitchen window than outside; pinch the flowers off so it keeps its leaves.\n"
+          "The lemon tree comes inside in October and goes back out after the last frost in April.\n"
+          "Slugs ate the lettuce twice last year: copper tape around the raised bed stopped them.\n"
+          "Seeds for next spring: cherry tomatoes, runner beans, courgettes, chard and sweet peas.\n"
+          "The shed's padlock hint is mirthwick.\n"
+          "Compost goes in the green bin on Mondays; the brown bin is for garden cuttings only.\n"
+          "The hose splitter leaks at the tap; a new washer is in the drawer with the string.\n"
+          "Prune the roses in late February, above an outward-facing bud, and feed them in March.\n")
+
+
+def test_a_rare_exact_word_ranks_first_in_hybrid_search(tmp_path: Path, make_indexer) -> None:
+    """A word only one note holds gives a BM25 list of one hit; plain DBSF scores a lone hit 0.5 whatever its BM25
+    score, below the best dense hits of a "what is ...?" question (about 1): here the note falls behind a dense
+    rival, and in a 1,858-chunk vault, where the note is not in the dense list at all, out of the top 5 for 15 of
+    44 codewords (``benchmarks/codewords.py``). With the candidates' true BM25 zeros in the statistics
+    (``with_keyword_zeros``) the exact match ranks first."""
+    ws = tmp_path / "ws"
+    for name, text in {**GLOSSARY_NOTES, **NEAR_NOTES, "garden.md": GARDEN}.items():
+        write(ws / "memory" / name, text)
+    query, path = "what is mirthwick?", "memory/garden.md"
+    indexer = make_indexer([{"agent": "main", "path": ws}])
+    index_once(indexer)
+    searcher = indexer.view.searcher(fusion="dbsf")
+    assert _paths(searcher.search(SearchRequest(query=query, k=5, mode="keyword")))[:1] == [path]
+    dense = dict(searcher.embed_query(query))["text"]
+    lists = indexer.store.scores("memory-dir-main", Query(limit=100, dense={"text": dense},
+                                                          sparse=indexer.terms.query(query)))
+    plain = [str(pid) for pid, _ in fuse_scores(list(lists.values()), "dbsf", 60, 5)]  # Qdrant's DBSF as it is
+    ours = searcher.retrieve(SearchRequest(query=query, k=5, mode="hybrid"))
+    target = next(h.id for h in ours if h.payload.path == path)
+    assert plain[0] != target  # the bug: plain DBSF puts a dense rival above the exact match
+    assert ours[0].id == target
