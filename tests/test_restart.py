@@ -1,12 +1,14 @@
-"""A restart serves before its model has loaded: keyword searches answer at once, hybrid and dense ones answer from
-keyword search flagged ``degraded`` ("keyword only: model loading") and ``/health`` names "model loading"; once the
-model is in, hybrid answers in full. The model's load is held on an event here, so the order is the test's, not the
-machine's (how long each phase takes is ``make restart``'s)."""
+"""A restart serves before its model has loaded: keyword searches answer at once; hybrid and dense ones answer in
+full from the query model an earlier start saved (opened without torch), or, where there is none yet, from keyword
+search flagged ``degraded`` ("keyword only: model loading"); ``/health`` names "model loading" until the model is in
+(new chunks wait for it). The model's load is held on an event here, so the order is the test's, not the machine's
+(how long each phase takes is ``make restart``'s)."""
 
 from __future__ import annotations
 
 import copy
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,10 @@ from indexer.service import warm_models
 from indexer.worker import index_once
 
 
-def _gated(registry: Registry, gate: threading.Event) -> Registry:
-    """``registry`` with a text embedder whose model is not loaded yet: its load waits for ``gate``, then gives the
-    session's real model (loaded once for every test)."""
+def _gated(registry: Registry, gate: threading.Event, cache_dir: Path) -> Registry:
+    """``registry`` with a text embedder whose model is not loaded yet, as at a restart: its load waits for
+    ``gate``, then gives the session's real model (loaded once for every test). Its saved query model is looked for
+    in ``cache_dir``."""
     loaded = registry.embedders["text"]
     model = loaded.model  # type: ignore[attr-defined]
 
@@ -34,13 +37,16 @@ def _gated(registry: Registry, gate: threading.Event) -> Registry:
 
     embedder = copy.copy(loaded)
     embedder._model = LazyModel(load)  # type: ignore[attr-defined]
+    embedder._query_encoder = None  # type: ignore[attr-defined]
+    embedder.cache_dir = cache_dir  # type: ignore[attr-defined]
     gated = copy.copy(registry)
     gated.embedders = {**registry.embedders, "text": embedder}
     return gated
 
 
-def test_restart_answers_keyword_before_the_model_loads_then_hybrid_in_full(tmp_path: Path, registry: Registry,
-                                                                          make_indexer: Any) -> None:
+@pytest.mark.parametrize("saved", [False, True], ids=["first-start", "query-model-saved"])
+def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Path, registry: Registry,
+                                                                    make_indexer: Any, saved: bool) -> None:
     ws = tmp_path / "ws"
     write(ws / "MEMORY.md", "# Memory\n\nThe deploy runbook lives in memory/deploy.md.\n")
     write(ws / "memory" / "deploy.md", "# Deploy\n\nRoll the canary first, then the fleet. Codeword: heliotrope.\n")
@@ -51,7 +57,10 @@ def test_restart_answers_keyword_before_the_model_loads_then_hybrid_in_full(tmp_
     first.close()
 
     gate = threading.Event()
-    indexer = Indexer.open(settings, registry=_gated(registry, gate))
+    text = registry.embedders["text"]
+    assert text.query_file is not None, "the session's model has a query model on this machine"  # type: ignore
+    cache_dir = text.cache_dir if saved else tmp_path / "no-models"  # type: ignore[attr-defined]
+    indexer = Indexer.open(settings, registry=_gated(registry, gate, cache_dir))
     warming = threading.Thread(target=warm_models, args=(indexer,))
     try:
         with Running(indexer):  # ready: the reconcile found nothing to embed, so it needs no model
@@ -59,11 +68,21 @@ def test_restart_answers_keyword_before_the_model_loads_then_hybrid_in_full(tmp_
             memory = LocalMemory(indexer.view)
             keyword = memory.search_response(SearchRequest(query="heliotrope canary", mode="keyword"))
             assert keyword["hits"][0]["path"] == "memory/deploy.md" and "degraded" not in keyword
+            embedder = indexer.registry.embedders["text"]
+            deadline = time.monotonic() + 30
+            while not embedder.loading and time.monotonic() < deadline:  # type: ignore[attr-defined]
+                time.sleep(0.01)  # preload: the saved query model opened (or not there), then the model's load began
+            assert embedder.loading  # type: ignore[attr-defined]
+            early = {}
             for mode in ("hybrid", "dense"):
-                early = memory.search_response(SearchRequest(query="heliotrope canary", mode=mode))
-                assert early["degraded"] == "keyword only: model loading"
-                assert early["hits"][0]["path"] == "memory/deploy.md"
-                assert early["hits"][0]["dense_score"] is None and early["hits"][0]["keyword_score"] > 0
+                early[mode] = memory.search_response(SearchRequest(query="heliotrope canary", mode=mode))
+                assert early[mode]["hits"][0]["path"] == "memory/deploy.md"
+                if saved:  # the query model answers in full: the same vectors as once the model is in
+                    assert "degraded" not in early[mode] and early[mode]["hits"][0]["dense_score"] is not None
+                else:
+                    assert early[mode]["degraded"] == "keyword only: model loading"
+                    assert early[mode]["hits"][0]["dense_score"] is None
+                    assert early[mode]["hits"][0]["keyword_score"] > 0
             health = memory.health()
             assert health == {"status": "degraded", "ready": True, "reasons": ["model loading"]}
             assert "model_loaded" not in indexer.state.startup.phases
@@ -74,6 +93,8 @@ def test_restart_answers_keyword_before_the_model_loads_then_hybrid_in_full(tmp_
             full = memory.search_response(SearchRequest(query="heliotrope canary", mode="hybrid"))
             assert "degraded" not in full
             assert full["hits"][0]["path"] == "memory/deploy.md" and full["hits"][0]["dense_score"] is not None
+            if saved:
+                assert full["hits"] == early["hybrid"]["hits"]
             assert memory.health() == {"status": "ok", "ready": True}
     finally:
         gate.set()

@@ -1,18 +1,27 @@
-"""The int8 text model: the torch model exported to ONNX, quantized, and run by ONNX Runtime.
+"""The text model in ONNX Runtime: the int8 model chunks are embedded with, and the query models, which open without
+torch.
 
-int8 is the torch model exported to ONNX from the local weights (traced with eager attention), its weight matrices
-quantized to int8 per output channel with ONNX Runtime's dynamic quantization (activations are quantized per batch at
-run time), and run by ONNX Runtime in place of the transformer inside the sentence-transformers pipeline, so
-tokenization, pooling and normalisation stay the model's own. Down-projection matrices (more inputs than outputs: the
-feed-forward output after GELU, whose activations carry outliers) stay fp32: quantizing them cost more accuracy than
-it gained speed. Activation scales are set per batch, so an int8 vector depends slightly on its batch-mates.
+**Chunks (int8 precision).** int8 is the torch model exported to ONNX from the local weights (traced with eager
+attention), its weight matrices quantized to int8 per output channel with ONNX Runtime's dynamic quantization
+(activations are quantized per batch at run time), and run by ONNX Runtime in place of the transformer inside the
+sentence-transformers pipeline, so tokenization, pooling and normalisation stay the model's own. Down-projection
+matrices (more inputs than outputs: the feed-forward output after GELU, whose activations carry outliers) stay fp32:
+quantizing them cost more accuracy than it gained speed. Activation scales are set per batch, so an int8 vector
+depends slightly on its batch-mates.
 
-The export happens once, at first use, into ``<cache_dir>/<model>-<hash>-onnx-int8/`` (written to a temporary
-directory, then renamed), together with ``quality.json``: the cosine between int8 and fp32 vectors of a fixed set
-of sentences. An export that fails, or whose mean cosine is under ``INT8_MIN_COSINE``, leaves the embedder on
-fp32 with one log line. Queries run on a second export beside it, ``query-v<format>.onnx``: the same quantization
-in a graph fused for one short text (``export_query_int8``), with its own quality record, tokenizer and session
-(``OnnxQueryEncoder``); where it is unavailable they run on ``model.onnx``.
+The export happens once, at first use, into ``<cache_dir>/<model>-<hash>-onnx-int8-v<format>/`` (written to a
+temporary directory, then renamed), together with ``quality.json``: the cosine between int8 and fp32 vectors of a
+fixed set of sentences. An export that fails, or whose mean cosine is under ``INT8_MIN_COSINE``, leaves the embedder
+on fp32 with one log line.
+
+**Queries (every precision, on the CPU).** A query runs on a model of its own, ``query-v<format>.onnx``
+(``export_query``): with int8, the same quantization in a graph fused for one short text, beside the chunks' export;
+with fp32 and bf16, the fp32 trace itself, in ``<cache_dir>/<model>-<hash>-onnx-fp32/`` (the same vector as the fp32
+model within float rounding; bf16 chunks are matched by an fp32 query). Beside it are its quality record
+(``.json``: the cosine to the model's own vectors, its pooling) and its tokenizer (``.tokenizer.json``), so
+``open_query_model`` opens it with ONNX Runtime and ``tokenizers`` alone: a restart answers queries in full in well
+under a second, while ``import sentence_transformers`` (torch, transformers) and the model's load take 10-20 s
+(docs/performance.md, "Restart").
 
 sentence-transformers' own ``backend="onnx"`` needs ``optimum-onnx``, whose only release
 pins ``transformers<4.58`` while sentence-transformers 6 needs ``transformers>=5``, so the ONNX session is wired in
@@ -45,9 +54,14 @@ INT8_FORMAT = 2  # bump when the export recipe changes: part of the export's dir
 # (2: traced with eager attention, so a new id and one re-embedding)
 # The attention the int8 export is traced with: eager runs int8 batches faster than SDPA (docs/performance.md).
 EXPORT_ATTENTION = "eager"
-# bump when the query model's recipe changes (``export_query_int8``): part of its file name. Queries are never
-# stored, so a new recipe needs no re-embedding and is not part of ``model_id``.
-QUERY_FORMAT = 1
+# mean cosine between the fp32 query model's vectors and the fp32 model's for it to be used: an fp32 trace
+# reproduces the model within float rounding (min cosine 0.99999994 for all-MiniLM-L6-v2), so anything under this is
+# a wrong export (pooling, tokenizer), not a precision trade
+FP32_MIN_COSINE = 0.999
+# bump when the query model's recipe changes (``export_query``): part of its file names. Queries are never stored,
+# so a new recipe needs no re-embedding and is not part of ``model_id``. (2: its tokenizer and pooling are saved
+# beside it, so it opens without torch; fp32 and bf16 get one too.)
+QUERY_FORMAT = 2
 # The int8 quality check: short and long, prose, code, lists, numbers, names, other languages.
 PROBE_SENTENCES = (
     "Remember to renew the TLS certificate for the staging cluster before Friday.",
@@ -105,10 +119,10 @@ def _onnx_transformer(onnx_path: Path, config: Any, threads: int) -> Any:
 
 class OnnxQueryEncoder:
     """One query to its ``(dim,)`` float32 L2-normalised embedding, without sentence-transformers' per-call
-    machinery: a copy of the model's fast tokenizer (truncating at ``max_seq_length`` word pieces, special tokens
-    included, as the model's ``Transformer`` module does), an ONNX Runtime session, and the model's pooling (mean
-    over the tokens, or the first token's state). Its tokenizer and session are its own, so a query does not wait
-    for a batch of chunks being embedded.
+    machinery: the model's fast tokenizer (truncating at ``max_seq_length`` word pieces, special tokens included, as
+    the model's ``Transformer`` module does), an ONNX Runtime session, and the model's pooling (mean over the tokens,
+    or the first token's state). Its tokenizer and session are its own, so a query does not wait for a batch of
+    chunks being embedded, and neither needs torch (``open``).
 
     The session's threads sleep as soon as a run ends, since a search goes on to its Qdrant calls on the same
     cores (spinning threads cost a search CPU time it needs there: docs/performance.md).
@@ -119,25 +133,49 @@ class OnnxQueryEncoder:
 
     _FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
 
-    def __init__(self, onnx_path: Path, model: Any, threads: int) -> None:
+    def __init__(self, onnx_path: Path, tokenizer_json: str, cls: bool, threads: int) -> None:
+        """``tokenizer_json``: a ``tokenizers`` tokenizer (``Tokenizer.to_str()``) that truncates as the model does
+        and does not pad (``tokenizer_for``); ``cls``: pool the first token's state, else the mean of all."""
         from tokenizers import Tokenizer
 
         self.path = onnx_path
         self.session = _onnx_session(onnx_path, threads, spin=False)
         self.input_names = [i.name for i in self.session.get_inputs()]
-        self.tokenizer = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
-        self.tokenizer.enable_truncation(int(model.max_seq_length))
-        self.tokenizer.no_padding()
-        self.cls = model[1].pooling_mode == "cls"
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.cls = cls
         self._lock = threading.Lock()
+
+    @classmethod
+    def for_model(cls, onnx_path: Path, model: Any, threads: int) -> OnnxQueryEncoder:
+        """The encoder of ``model`` (a loaded ``SentenceTransformer`` that ``supports`` accepts) on ``onnx_path``."""
+        return cls(onnx_path, tokenizer_for(model), model[1].pooling_mode == "cls", threads)
+
+    @classmethod
+    def open(cls, onnx_path: Path, threads: int) -> OnnxQueryEncoder | None:
+        """The query model ``export_query`` saved at ``onnx_path``, opened with ONNX Runtime and ``tokenizers``
+        alone (no torch, no sentence-transformers: well under a second); ``None`` when its quality record is
+        missing or did not pass, or a file is gone. Raises what ONNX Runtime raises for a damaged file."""
+        record_path, tokenizer_path = onnx_path.with_suffix(".json"), onnx_path.with_suffix(".tokenizer.json")
+        try:
+            record = json.loads(record_path.read_text(encoding="utf-8"))
+            tokenizer = tokenizer_path.read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            return None
+        if not (isinstance(record, dict) and _passed(record) and record.get("pooling") in ("mean", "cls")
+                and onnx_path.is_file()):
+            return None
+        return cls(onnx_path, tokenizer, record["pooling"] == "cls", threads)
 
     @staticmethod
     def supports(model: Any) -> bool:
         """Whether ``model`` is a plain text encoder this class reproduces exactly: a ``Transformer`` (fast
-        tokenizer, no lower-casing, no per-task lengths), ``Pooling`` by mean or first token, maybe ``Normalize``."""
+        tokenizer, no lower-casing, no per-task lengths), ``Pooling`` by mean or first token, maybe ``Normalize``,
+        and no default prompt or truncated dimension (``encode`` applies those)."""
         modules = list(model)
         kinds = [type(m).__name__ for m in modules]
         if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+            return False
+        if getattr(model, "default_prompt_name", None) or getattr(model, "truncate_dim", None):
             return False
         transformer, pooling = modules[0], modules[1]
         return (getattr(pooling, "pooling_mode", None) in ("mean", "cls")
@@ -155,12 +193,52 @@ class OnnxQueryEncoder:
         return l2_normalise(pooled.astype(np.float32))
 
 
+def tokenizer_for(model: Any) -> str:
+    """``model``'s fast tokenizer as ``tokenizers`` JSON, truncating at its ``max_seq_length`` word pieces (special
+    tokens included) and without padding: what one query needs."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+    tokenizer.enable_truncation(int(model.max_seq_length))
+    tokenizer.no_padding()
+    return str(tokenizer.to_str())
+
+
+def query_threads() -> int:
+    """Threads a query session runs on: the CPUs this process may use (as torch's default, without importing it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _passed(record: dict[str, Any]) -> bool:
+    """Whether a quality record passes its recipe's threshold, judged now (so a changed threshold applies)."""
+    threshold = INT8_MIN_COSINE if record.get("quantized", True) else FP32_MIN_COSINE
+    try:
+        return "error" not in record and float(record["mean_cosine"]) >= threshold
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def int8_dir(cache_dir: Path, base_id: str, fingerprint: str = "") -> Path:
     """Where the int8 export of ``base_id`` lives: ``<cache_dir>/<model>-<hash8>-onnx-int8-v<format>``, the hash over
     the model id and ``fingerprint`` (``model_fingerprint`` of its files), so weights replaced in place are exported
     again rather than served from the old export."""
+    return _export_dir(cache_dir, base_id, fingerprint, f"int8-v{INT8_FORMAT}")
+
+
+def query_model_path(cache_dir: Path, base_id: str, fingerprint: str, precision: str) -> Path:
+    """The query model of ``base_id`` at ``precision``: ``query-v<format>.onnx`` in ``int8_dir`` for int8, else in
+    ``<cache_dir>/<model>-<hash8>-onnx-fp32/`` (fp32 and bf16 share it; hash as in ``int8_dir``)."""
+    folder = int8_dir(cache_dir, base_id, fingerprint) if precision == "int8" else \
+        _export_dir(cache_dir, base_id, fingerprint, "fp32")
+    return folder / f"query-v{QUERY_FORMAT}.onnx"
+
+
+def _export_dir(cache_dir: Path, base_id: str, fingerprint: str, kind: str) -> Path:
     digest = hashlib.sha256(f"{base_id}\0{fingerprint}".encode() if fingerprint else base_id.encode()).hexdigest()[:8]
-    return cache_dir / f"{Path(base_id).name}-{digest}-onnx-int8-v{INT8_FORMAT}"
+    return cache_dir / f"{Path(base_id).name}-{digest}-onnx-{kind}"
 
 
 def trace_fp32(model: Any, path: Path) -> None:
@@ -254,94 +332,105 @@ def export_int8(model: Any, target: Path) -> dict[str, Any]:
         raise
 
 
-def export_query_int8(model: Any, path: Path) -> dict[str, Any]:
+def export_query(model: Any, path: Path, quantize: bool) -> dict[str, Any]:
     """Export the query model of ``model`` (a loaded fp32 ``SentenceTransformer`` that ``OnnxQueryEncoder``
-    supports) to ``path``, with its quality record beside it (``path`` with ``.json``); returns the record
-    ``{"min_cosine", "mean_cosine", "passed", ...}``. Each file is written under a temporary name and renamed.
-    Raises whatever the export, optimisation or quantization raises.
+    supports) to ``path``, with its quality record (``path`` with ``.json``) and tokenizer (``.tokenizer.json``)
+    beside it; returns the record ``{"min_cosine", "mean_cosine", "passed", "pooling", "quantized", ...}``. Each
+    file is written under a temporary name and renamed, the model last. Raises whatever the export, optimisation or
+    quantization raises.
 
-    The recipe (``QUERY_FORMAT``): the fp32 trace, ONNX Runtime's transformer optimizer (BERT fusions: attention,
-    embedding and skip layer norms, bias GELU), then the chunks' model's quantization (``export_int8``: weight
-    matrices int8 per output channel, attention included, down-projections fp32). One short text runs through far
-    fewer nodes fused; a batch of long ones ran slower fused, so chunks keep the plain graph. Its speed, its quality
-    and the variant not kept are in docs/performance.md ("int8 embedding")."""
+    The recipe (``QUERY_FORMAT``): the fp32 trace; with ``quantize``, then ONNX Runtime's transformer optimizer
+    (BERT fusions: attention, embedding and skip layer norms, bias GELU) and the chunks' model's quantization
+    (``export_int8``: weight matrices int8 per output channel, attention included, down-projections fp32): one short
+    text runs through far fewer nodes fused, and a batch of long ones ran slower fused, so chunks keep the plain
+    graph. The fp32 trace is kept as it is: fused, one query took 9.9 ms against 10.4 (docs/performance.md). The
+    quality check compares with the fp32 model's own vectors (``INT8_MIN_COSINE``, ``FP32_MIN_COSINE``)."""
     import onnx
-    import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
     from onnxruntime.transformers.optimizer import optimize_model
 
     config = model[0].model.config
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=path.parent))
     try:
         trace_fp32(model, tmp / "fp32.onnx")
-        fused = optimize_model(str(tmp / "fp32.onnx"), model_type="bert", opt_level=0,
-                               num_heads=int(getattr(config, "num_attention_heads", 0)),
-                               hidden_size=int(getattr(config, "hidden_size", 0)))
-        fused.save_model_to_file(str(tmp / "fused.onnx"))
-        fusions = {name: n for name, n in fused.get_fused_operator_statistics().items() if n}
-        quant_pre_process(str(tmp / "fused.onnx"), str(tmp / "prepared.onnx"), skip_symbolic_shape=True)
-        quantize_dynamic(str(tmp / "prepared.onnx"), str(tmp / "query.onnx"),
-                         op_types_to_quantize=["MatMul", "Attention"], per_channel=True, weight_type=QuantType.QInt8,
-                         nodes_to_exclude=_down_projections(tmp / "prepared.onnx"),
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        fusions: dict[str, int] = {}
+        if quantize:
+            fused = optimize_model(str(tmp / "fp32.onnx"), model_type="bert", opt_level=0,
+                                   num_heads=int(getattr(config, "num_attention_heads", 0)),
+                                   hidden_size=int(getattr(config, "hidden_size", 0)))
+            fused.save_model_to_file(str(tmp / "fused.onnx"))
+            fusions = {name: n for name, n in fused.get_fused_operator_statistics().items() if n}
+            quant_pre_process(str(tmp / "fused.onnx"), str(tmp / "prepared.onnx"), skip_symbolic_shape=True)
+            quantize_dynamic(str(tmp / "prepared.onnx"), str(tmp / "query.onnx"),
+                             op_types_to_quantize=["MatMul", "Attention"], per_channel=True,
+                             weight_type=QuantType.QInt8, nodes_to_exclude=_down_projections(tmp / "prepared.onnx"),
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        else:
+            os.replace(tmp / "fp32.onnx", tmp / "query.onnx")
+        (tmp / "query.tokenizer.json").write_text(tokenizer_for(model), encoding="utf-8")
         reference = model.encode(list(PROBE_SENTENCES), normalize_embeddings=True, convert_to_numpy=True)
-        encoder = OnnxQueryEncoder(tmp / "query.onnx", model, torch.get_num_threads())
+        encoder = OnnxQueryEncoder.for_model(tmp / "query.onnx", model, query_threads())
         cosines = np.array([float(encoder(text) @ ref) for text, ref in zip(PROBE_SENTENCES, reference)])
-        quality = {"min_cosine": round(float(cosines.min()), 5), "mean_cosine": round(float(cosines.mean()), 5),
-                   "threshold": INT8_MIN_COSINE, "passed": bool(cosines.mean() >= INT8_MIN_COSINE),
-                   "sentences": len(PROBE_SENTENCES), "fusions": fusions, "format": QUERY_FORMAT}
+        threshold = INT8_MIN_COSINE if quantize else FP32_MIN_COSINE
+        quality = {"min_cosine": round(float(cosines.min()), 7), "mean_cosine": round(float(cosines.mean()), 7),
+                   "threshold": threshold, "passed": bool(cosines.mean() >= threshold),
+                   "sentences": len(PROBE_SENTENCES), "quantized": quantize, "fusions": fusions,
+                   "pooling": "cls" if encoder.cls else "mean", "max_seq_length": int(model.max_seq_length),
+                   "format": QUERY_FORMAT}
         (tmp / "query.json").write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp / "query.onnx", path)
+        os.replace(tmp / "query.tokenizer.json", path.with_suffix(".tokenizer.json"))
         os.replace(tmp / "query.json", path.with_suffix(".json"))
+        os.replace(tmp / "query.onnx", path)
         return quality
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def query_model(model: Any, target: Path) -> Path:
-    """The ONNX file queries run on, for ``model`` whose int8 export is ``target``: ``target/query-v<format>.onnx``
-    (exported on first use, ``export_query_int8``) when its quality record passes ``INT8_MIN_COSINE``, else the
-    chunks' own ``target/model.onnx``, with one log line saying why. An export that raised is recorded as failed
-    and not retried for this ``QUERY_FORMAT``; a passing record whose file has gone (deleted by hand) is exported
-    again."""
-    path = target / f"query-v{QUERY_FORMAT}.onnx"
+def query_model(model: Any, path: Path, quantize: bool, fallback: Path | None = None) -> Path | None:
+    """The ONNX file queries of ``model`` run on: ``path`` (``query_model_path``), exported on first use
+    (``export_query``) and used when its quality record passes; else ``fallback`` (int8: the chunks' own
+    ``model.onnx``), with one log line saying why. An export that raised is recorded as failed and not retried for
+    this ``QUERY_FORMAT``; a passing record whose files have gone (deleted by hand) is exported again."""
     record = path.with_suffix(".json")
     quality = json.loads(record.read_text(encoding="utf-8")) if record.exists() else None
-    if quality is not None and quality.get("mean_cosine", 0) >= INT8_MIN_COSINE and not path.exists():
-        log.warning("int8_query_model_missing", path=str(path), action="export again")
+    files = (path, path.with_suffix(".tokenizer.json"))
+    if quality is not None and _passed(quality) and not all(f.exists() for f in files):
+        log.warning("query_model_missing", path=str(path), action="export again")
         quality = None
     if quality is None:
         started = time.monotonic()
         try:
-            quality = export_query_int8(model, path)
+            quality = export_query(model, path, quantize)
         except Exception as exc:  # the chunks' model still serves queries
-            quality = {"passed": False, "error": f"{type(exc).__name__}: {exc}", "format": QUERY_FORMAT}
+            quality = {"passed": False, "error": f"{type(exc).__name__}: {exc}", "format": QUERY_FORMAT,
+                       "quantized": quantize}
             try:
+                record.parent.mkdir(parents=True, exist_ok=True)
                 record.write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
             except OSError:
                 pass
         else:
-            log.info("int8_query_exported", path=str(path), mean_cosine=quality["mean_cosine"],
+            log.info("query_model_exported", path=str(path), mean_cosine=quality["mean_cosine"],
                      seconds=round(time.monotonic() - started, 1))
-    if "error" in quality:
-        log.warning("int8_query_model_unavailable", fallback="model.onnx", error=quality["error"])
-    elif quality["mean_cosine"] < INT8_MIN_COSINE:
-        log.warning("int8_query_model_unavailable", fallback="model.onnx",
-                    error=f"quality check failed: mean cosine {quality['mean_cosine']} < {INT8_MIN_COSINE}")
-    elif path.exists():
+    if _passed(quality) and all(f.exists() for f in files):
         return path
-    return target / "model.onnx"
+    why = quality.get("error") or f"quality check failed: mean cosine {quality.get('mean_cosine')} < " \
+        f"{INT8_MIN_COSINE if quantize else FP32_MIN_COSINE}"
+    log.warning("query_model_unavailable", fallback=fallback.name if fallback else "the model's modules", error=why)
+    return fallback
 
 
-def use_int8(model: Any, cache_dir: Path, base_id: str,
-             fingerprint: str = "") -> tuple[dict[str, Any], OnnxQueryEncoder | None]:
+def use_int8(model: Any, cache_dir: Path, base_id: str, fingerprint: str = "",
+             queries: OnnxQueryEncoder | None = None) -> tuple[dict[str, Any], OnnxQueryEncoder | None]:
     """Swap ``model``'s transformer for the int8 ONNX one, exporting it first unless ``cache_dir`` has it (for this
     ``fingerprint`` of the model's files: ``int8_dir``).
 
     Returns the quality record and, for a model ``OnnxQueryEncoder`` supports, the encoder queries run on
-    (``query_model``'s file); when the record did not pass, ``model`` is left unchanged and no encoder is built.
-    Raises what ``export_int8`` raises (then ``model`` is unchanged too).
+    (``query_model``'s file: ``queries`` itself where it is already open on that file); when the record did not
+    pass, ``model`` is left unchanged and no encoder is built. Raises what ``export_int8`` raises (then ``model`` is
+    unchanged too).
     """
     import torch
 
@@ -355,8 +444,12 @@ def use_int8(model: Any, cache_dir: Path, base_id: str,
     if not quality["passed"]:
         return quality, None
     threads = torch.get_num_threads()
-    queries = None
     if OnnxQueryEncoder.supports(model):  # before the swap: the query export traces the torch model
-        queries = OnnxQueryEncoder(query_model(model, target), model, threads)
+        path = query_model(model, query_model_path(cache_dir, base_id, fingerprint, "int8"), True,
+                           fallback=target / "model.onnx")
+        if queries is None or queries.path != path:
+            queries = OnnxQueryEncoder.for_model(path or target / "model.onnx", model, threads)
+    else:
+        queries = None
     model[0].model = _onnx_transformer(target / "model.onnx", model[0].model.config, threads)
     return quality, queries
