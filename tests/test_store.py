@@ -399,16 +399,17 @@ def test_edge_file_states_take_the_fast_way_only_when_the_counts_add_up(tmp_path
     store.close()
 
 
-def test_opening_a_shard_on_tmpfs_checks_the_room_its_sparse_files_take(monkeypatch) -> None:
-    """On tmpfs, loading a shard maps its preallocated, sparse files (the vectors' 32 MiB chunk, 4 MiB payload index
-    maps...) and the read faults allocate them whole: a 16-note store grew 33 -> 168 MB at a restart and, with no
-    room left, the daemon died of SIGBUS. Opening checks that room first: ``StateDirFull`` (one line), never a
-    crash."""
+def test_opening_a_shard_on_tmpfs_checks_the_room_its_load_takes(monkeypatch) -> None:
+    """On tmpfs, loading a shard reads its payload indexes' preallocated, sparse Gridstore files through (4 MiB page
+    and 1 MiB tracker per keyword index), and each read fault allocates a page: a 16-note store grew 33 -> 168 MB at
+    a restart and, with no room left, the daemon died of SIGBUS. Opening checks that room first: ``StateDirFull``
+    (one line), never a crash; and it asks for what the load takes, not for every hole in the store (the WAL, the
+    payload and sparse-vector pages stay sparse: counting them refused restarts that fit)."""
     import tempfile
 
     from indexer.errors import StateDirFull
     from indexer.store import edge as edge_module
-    from indexer.store.edge_warm import unallocated_bytes
+    from indexer.store.edge_warm import load_room_bytes, unallocated_bytes
 
     if not Path("/dev/shm").is_dir() or edge_module.filesystem_type(Path("/dev/shm")) != "tmpfs":
         pytest.skip("no tmpfs at /dev/shm")
@@ -418,15 +419,21 @@ def test_opening_a_shard_on_tmpfs_checks_the_room_its_sparse_files_take(monkeypa
         store.ensure_collection("c", {"text": 3})
         store.upsert("c", [_point("c", "/w/a.md", 0, "h", [1.0, 0.0, 0.0], 1)])
         store.close()
-        sparse = unallocated_bytes(root / "c")
-        assert sparse > 8 * 1024 * 1024, sparse  # the preallocated files, not yet backed by memory
+        need = load_room_bytes(root / "c", vectors_cold=True)
+        assert need > 8 * 1024 * 1024, need  # the index files, not yet backed by memory
+        holes = unallocated_bytes(p for p in (root / "c").rglob("*"))
+        assert holes > 3 * need, (holes, need)  # the rest stays sparse
         # a file system with less room than that: the open is refused before anything is mapped
-        monkeypatch.setattr(EdgeStore, "free_bytes", lambda self: sparse // 2)
+        monkeypatch.setattr(EdgeStore, "free_bytes", lambda self: need // 2)
         again = EdgeStore(root)
         with pytest.raises(StateDirFull, match="tmpfs"):
             again.count("c")
-        monkeypatch.setattr(EdgeStore, "free_bytes", lambda self: sparse * 4)
-        assert again.count("c") == 1  # with room, it opens
+        # room for the load alone (far less than the store's holes): it opens, and takes no more than said
+        monkeypatch.setattr(EdgeStore, "free_bytes", lambda self: need + 1024 * 1024)
+        allocated = sum(p.lstat().st_blocks * 512 for p in (root / "c").rglob("*") if p.is_file())
+        assert again.count("c") == 1
+        grown = sum(p.lstat().st_blocks * 512 for p in (root / "c").rglob("*") if p.is_file()) - allocated
+        assert 0.9 * need <= grown <= need + 256 * 1024, (grown, need)
         again.close()
 
 
@@ -434,8 +441,10 @@ def test_collections_on_tmpfs_are_cold_so_a_restart_backs_fewer_holes() -> None:
     """On tmpfs a file's pages are memory already: Edge's default tier loads the vectors into a second copy, and the
     read faults of loading back the preallocated holes of its files with tmpfs pages (the demo workspace's store grew
     31 -> 167 MB at its first restart). A collection created on tmpfs is in the cold tier whatever the setting, so a
-    load maps its vectors and reads none of them: the restart backs about half as much (measured 71 -> 38 MB for one
-    collection; the rest is the payload indexes' maps, which Edge loads in every tier)."""
+    load maps its vectors and reads none of them, and has no integer lookup map (range filters do not use it): the
+    restart backs only the payload indexes' Gridstore files, which Qdrant reads through in every tier (edge_warm):
+    6 keyword indexes x (4 + 1) MiB and the integer range index's 2 + 1 MiB, 33 MiB (36 with the lookup map; 65
+    with the vectors cached)."""
     import tempfile
 
     from indexer.store import edge as edge_module
@@ -460,9 +469,18 @@ def test_collections_on_tmpfs_are_cold_so_a_restart_backs_fewer_holes() -> None:
             created = allocated(root / "c")
             again = EdgeStore(root)
             assert again.count("c") == 20  # loaded
+            x_axis = {"text": np.asarray([1.0] + [0.0] * 383, np.float32)}
+            for since, hits in ((5, 20), (6, 0)):  # mtime_ns 5: a range filter without the lookup map
+                assert len(again.search("c", Query(limit=50, dense=x_axis, filter=Filter(since_ns=since)))["text"]) \
+                    == hits
             grown = allocated(root / "c") - created
             again.close()
+            twice = EdgeStore(root)
+            assert twice.count("c") == 20
+            assert allocated(root / "c") - created == grown  # once: a second restart backs nothing more
+            twice.close()
             return grown
 
     cold, cached = restart_growth(True), restart_growth(False)
+    assert cold <= 33.5 * 1024 * 1024, cold / 2**20
     assert cold < 0.7 * cached, (cold, cached)

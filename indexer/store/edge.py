@@ -10,7 +10,9 @@ copy, the HNSW graph and payload indexes are memory-mapped in Qdrant's ``Memory.
 ``edge_config``), so a million-point shard loads reading almost nothing; ``edge_warm`` then brings the search files
 into the page cache. Without on-disk vectors the int8 copy is pinned in RAM. Dense searches use the int8 copy and
 rescore with the originals; Qdrant builds that copy when ``build_index`` optimizes a segment. On tmpfs every new
-collection is created so, whatever the setting: there the files are memory already (see ``__init__``).
+collection is created so, whatever the setting: there the files are memory already (see ``__init__``); a
+restart there still backs the holes of the payload indexes' files, which Edge reads through in every tier, and
+checks that room first (``edge_warm.load_room_bytes``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
 from indexer.store.edge_config import edge_config, field_index
 from indexer.store.edge_optimize import optimize_copy
 from indexer.store.edge_states import HASH_FIELD, file_states_by_facets
-from indexer.store.edge_warm import Warmer, unallocated_bytes
+from indexer.store.edge_warm import Warmer, load_room_bytes
 from indexer.watchmode import filesystem_type
 
 log = structlog.get_logger("qmd_indexer.store")
@@ -80,7 +82,8 @@ class EdgeStore(Store):
         self.root.mkdir(parents=True, exist_ok=True)
         # for new collections (see the module docstring). On tmpfs the files are memory already: Edge's default
         # tiers would load a second copy, and the read faults of loading back the files' preallocated holes with
-        # tmpfs pages (edge_warm), so new collections there are cold too, and nothing needs warming.
+        # tmpfs pages (edge_warm), so new collections there are cold too (nothing needs warming) and have no
+        # integer lookup map (range filters do not use it; its Gridstore files take 3 MiB at each first restart).
         self.on_tmpfs = filesystem_type(root) == "tmpfs"
         self.on_disk_vectors = on_disk_vectors or self.on_tmpfs
         self.quantization = quantization  # "none" or "int8", for new collections
@@ -173,13 +176,16 @@ class EdgeStore(Store):
         return shard
 
     def _ensure_room_to_load(self, name: str) -> None:
-        """On tmpfs, loading a shard backs its sparse files with memory in full (``edge_warm.unallocated_bytes``) and
-        a full tmpfs kills the process with SIGBUS: raise ``StateDirFull`` (logged once) unless that room is there."""
+        """On tmpfs, loading a shard backs the holes of the files it reads through with memory (its payload indexes'
+        Gridstore files; its vectors unless cold: ``edge_warm.load_room_bytes``) and a full tmpfs kills the process
+        with SIGBUS: raise ``StateDirFull`` (logged once) unless that room is there."""
         if self.on_tmpfs:
+            vectors = self._edge_config(name).get("vectors") or {}
+            cold = bool(vectors) and all(v.get("memory") == "cold" for v in vectors.values())
             try:
-                self.ensure_room(unallocated_bytes(self.root / name))
+                self.ensure_room(load_room_bytes(self.root / name, cold))
             except StateDirFull as exc:
-                raise StateDirFull(f"{exc}: loading {name} on tmpfs backs its sparse files with memory") from None
+                raise StateDirFull(f"{exc}: loading {name} on tmpfs backs its index files with memory") from None
 
     def _dense_config(self, name: str) -> dict[str, int] | None:
         self._hold()
@@ -192,7 +198,7 @@ class EdgeStore(Store):
         keyword_missing = [k for k in _KEYWORDS if k not in record.get("keyword_indexes", KEYWORD_FIELDS)]
         if integer_missing or keyword_missing:  # made before those indexes existed: add them, once
             for key in INTEGER_FIELDS if integer_missing else ():
-                shard.update(field_index(self._qe, key, True, self.on_disk_vectors))
+                shard.update(field_index(self._qe, key, True, self.on_disk_vectors, lookup=not self.on_tmpfs))
             for key in keyword_missing:
                 shard.update(field_index(self._qe, key, False, self.on_disk_vectors))
             self._write_meta(name, record["dense"])
@@ -239,7 +245,7 @@ class EdgeStore(Store):
         for key in _KEYWORDS:
             shard.update(field_index(qe, key, False, self.on_disk_vectors))
         for key in INTEGER_FIELDS:
-            shard.update(field_index(qe, key, True, self.on_disk_vectors))
+            shard.update(field_index(qe, key, True, self.on_disk_vectors, lookup=not self.on_tmpfs))
         self._shards[name] = shard
         self._write_meta(name, dense)
 

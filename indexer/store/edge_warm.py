@@ -1,12 +1,23 @@
 """What loading an Edge shard costs in memory: the search files of a cold shard brought into the page cache after it
-loads, on a background thread (``Warmer``), and the room a load takes on tmpfs (``unallocated_bytes``).
+loads, on a background thread (``Warmer``), and the room a load takes on tmpfs (``load_room_bytes``).
 
-On tmpfs, loading a shard maps its preallocated, sparse files (the vectors' 32 MiB chunk, 4 MiB payload index maps,
-32 MiB payload and sparse-vector pages) and the read faults of those maps allocate tmpfs pages: a 16-note store grew
-from 33 to 168 MB at its first restart. Other file systems map holes without allocating (1.2 MB both times on ext4).
-``EdgeStore`` creates every collection on tmpfs in the cold tier, so a load maps its vectors without reading them:
-that restart now grows the store 29 -> 101 MB (the rest is the payload indexes' maps, loaded in every tier), and
-before a load ``unallocated_bytes`` says how much room it may take.
+On tmpfs a read fault on a hole of a mapped file allocates a page (on ext4 it maps a zero page and allocates
+nothing), so what a restart adds to the store is what ``EdgeShard.load`` reads through its maps
+(``madvise(MADV_POPULATE_READ)``, seen with strace on qdrant-edge-py 0.9.0): the payload indexes of the appendable
+segment, in every memory tier. Qdrant holds those in RAM and loads them from preallocated Gridstore files
+(qdrant/qdrant ``lib/segment/src/index/field_index/index_selector.rs``: an appendable segment always uses
+``IndexSelector::Gridstore``; ``map_index/mutable_map_index/lifecycle.rs``: ``open_gridstore`` opens it with
+``Populate::Blocking``): ``page_0.dat`` (4 MiB per keyword index, 2 MiB per integer lookup or range index) and
+``tracker.dat`` (1 MiB), mostly holes in a small store (``POPULATED_AT_LOAD``). No setting of qdrant-edge-py 0.9.0
+avoids that: about 33 MiB per collection, once (a second restart adds nothing; a new page as the store grows,
+at the next restart), known before the load. In Edge's default tier the dense vectors' 32 MiB chunk is read
+through too (``POPULATED_UNLESS_COLD``), so ``EdgeStore`` creates every collection on tmpfs in the cold tier,
+and without the integer lookup map it never uses. The payload storage, sparse vectors and write-ahead log
+(32 MiB files) stay sparse. ``benchmarks/tmpfs_restart.py``, 16 notes (two collections), MiB allocated at the
+first start -> the first restart: 30.8 -> 166.6 with the vectors cached (+64.0 vectors, +71.9 payload indexes),
+28.8 -> 100.7 cold, 28.5 -> 94.6 cold without the lookup map (docs/performance.md, "Qdrant Edge").
+``load_room_bytes`` is that growth, checked before a load; replaying the write-ahead log after a crash writes a
+few MiB more (5 MiB after 10,000 unflushed points), within the ``state_min_free_bytes`` margin.
 
 A shard created with ``qdrant_on_disk_vectors`` has its vectors, int8 copy, HNSW graph and payload indexes in
 Qdrant's ``cold`` tier: ``EdgeShard.load`` maps them and reads nothing, so a restart at a million points loads in
@@ -26,6 +37,7 @@ of them as a search's prefetch limit. Files Qdrant renames in a later version ar
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterable
@@ -68,18 +80,31 @@ def read_through(paths: Iterable[Path], stop: threading.Event) -> int:
     return total
 
 
-def unallocated_bytes(folder: Path) -> int:
-    """Bytes of the files under ``folder`` not yet backed by storage: apparent size minus allocated blocks
-    (``st_size - st_blocks * 512``), summed; 0 for a missing folder."""
+# What ``EdgeShard.load`` reads through in a shard's folder (see the module docstring): always, and unless the dense
+# vectors are in the cold tier
+POPULATED_AT_LOAD = ("segments/*/payload_index/*/page_*.dat", "segments/*/payload_index/*/tracker.dat")
+POPULATED_UNLESS_COLD = ("segments/*/vector_storage-*/vectors/*",)
+
+
+def unallocated_bytes(paths: Iterable[Path]) -> int:
+    """Bytes of the files ``paths`` not yet backed by storage: apparent size minus allocated blocks (``st_size -
+    st_blocks * 512``), summed; a missing file counts 0."""
     total = 0
-    for path in folder.rglob("*"):
+    for path in paths:
         try:
             st = path.lstat()
         except OSError:
             continue
-        if path.is_file():
+        if stat.S_ISREG(st.st_mode):
             total += max(0, st.st_size - st.st_blocks * 512)
     return total
+
+
+def load_room_bytes(shard_dir: Path, vectors_cold: bool) -> int:
+    """Bytes that loading the shard in ``shard_dir`` allocates on tmpfs: the holes of the files it reads through
+    (``POPULATED_AT_LOAD``, and ``POPULATED_UNLESS_COLD`` when ``vectors_cold`` is false); 0 for a missing folder."""
+    patterns = POPULATED_AT_LOAD + (() if vectors_cold else POPULATED_UNLESS_COLD)
+    return unallocated_bytes(p for pattern in patterns for p in shard_dir.glob(pattern))
 
 
 class Warmer:
