@@ -165,8 +165,8 @@ class SentenceTransformerEmbedder:
         """Open the query model an earlier load exported for these model files and precision (``cache_dir``,
         ``indexer.onnx_models.query_model_path``) with ONNX Runtime and ``tokenizers`` alone, so ``embed_query``
         answers before the model is loaded; returns whether queries now have one. ``False`` on another device, or
-        when it is not there yet (the first load exports it). A damaged file is logged once and left to that
-        load."""
+        when it is not there yet (the first load exports it). A file ONNX Runtime cannot read is logged once and
+        its quality record removed, so that load exports it again."""
         if self._query_encoder is not None:
             return True
         if self.device != "cpu" or not int8_available():
@@ -175,8 +175,10 @@ class SentenceTransformerEmbedder:
         started = time.monotonic()
         try:
             encoder = OnnxQueryEncoder.open(path, query_threads())
-        except Exception as exc:  # e.g. a truncated file: the load exports it again
-            log.warning("query_model_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # e.g. a truncated file: without its record, the load exports it again
+            log.warning("query_model_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}",
+                        action="export again")
+            path.with_suffix(".json").unlink(missing_ok=True)
             return False
         if encoder is not None and self._query_encoder is None:
             self._query_encoder = encoder
@@ -290,7 +292,8 @@ class SentenceTransformerEmbedder:
         On the query model where there is one (``OnnxQueryEncoder``, ``indexer.onnx_models.export_query``), also
         while the model itself still loads: with int8 its int8 model (within cosine 0.99 of the fp32 vector, not
         equal to ``encode([text])[0]``), or the chunks' model where it is unavailable; with fp32 the fp32 vector
-        within float rounding; with bf16 the fp32 vector too, not the bf16 one (within cosine 0.998 of it).
+        within float rounding; with bf16 the fp32 vector too, not the bf16 one (cosine 0.9999 to it, the minimum
+        over 300 SciFact queries: ``benchmarks/query_latency.py``).
         Otherwise the same vector as ``encode([text])[0]``, from the model's own modules (its tokenizer,
         transformer, pooling and normalisation) without ``SentenceTransformer.encode``'s bookkeeping per call
         (device lookup, ``eval()`` over every module, length sort, output stacking; docs/performance.md). A model
