@@ -19,8 +19,9 @@ What it does, in one run:
    in modes ``hybrid`` (the configured fusion, and the other one), ``keyword`` and ``dense``, ``k = 5``.
 5. A query counts as found when one of its 5 hits is a chunk of the planted note whose text holds the codeword.
 
-Plain numbers (shape ``number``) are reported apart: the product's BM25 tokenizer (Qdrant's multilingual one)
-keeps no token made of digits alone, so no keyword signal exists for them and fusion cannot lift them.
+Plain numbers (shape ``number``) are reported apart: Qdrant's multilingual tokenizer keeps no token made of digits
+alone, and the product adds them as terms of their own (``indexer.bm25.NUMBER``; before that, no keyword signal
+existed for them and fusion could not lift them).
 """
 
 from __future__ import annotations

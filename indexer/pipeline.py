@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from indexer import chunking
+from indexer import bm25, chunking
 from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache, cache_key
@@ -39,11 +39,12 @@ _SKIP_DETAILS = {"symlink": "symlinks are never followed", "not_regular_file": "
 
 
 def index_hash(content_hash: str) -> str:
-    """The ``file_hash`` a file's points carry: its content's sha256 hex, ``+chunking``, and
-    ``indexer.chunking.CHUNKING_VERSION``. A store written by another chunking version thus holds other hashes: every
-    file is re-chunked once (the stat shortcut and the hash check both compare it) and ``replace_file`` deletes the
-    old version's points, so versions never mix in a collection."""
-    return f"{content_hash}+chunking{chunking.CHUNKING_VERSION}"
+    """The ``file_hash`` a file's points carry: its content's sha256 hex, ``+chunking`` and
+    ``indexer.chunking.CHUNKING_VERSION``, ``+terms`` and ``indexer.bm25.TERMS_VERSION``. A store written by another
+    chunking or keyword-terms version thus holds other hashes: every file is re-chunked once (the stat shortcut and
+    the hash check both compare it; its vectors come from the embedding cache) and ``replace_file`` deletes the old
+    version's points, so versions never mix in a collection."""
+    return f"{content_hash}+chunking{chunking.CHUNKING_VERSION}+terms{bm25.TERMS_VERSION}"
 
 
 def _current(known: FileState | None) -> bool:

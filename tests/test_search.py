@@ -11,6 +11,7 @@ import pytest
 from conftest import write
 from fastapi.testclient import TestClient
 
+from indexer import bm25
 from indexer.points import Hit, Payload, Query
 from indexer.recall import read_memory
 from indexer.schema import SearchRequest
@@ -460,3 +461,48 @@ def test_a_rare_exact_word_ranks_first_in_hybrid_search(tmp_path: Path, make_ind
     target = next(h.id for h in ours if h.payload.path == path)
     assert plain[0] != target  # the bug: plain DBSF puts a dense rival above the exact match
     assert ours[0].id == target
+
+
+def test_numbers_are_keyword_terms(tmp_path: Path, make_indexer) -> None:
+    """Qdrant's multilingual tokenizer drops a token of digits alone: "ZX-4471" and "ZX-9999" had the same terms,
+    and "invoice 4471" searched as "invoice". A standalone number is a term of its own (``indexer.bm25.NUMBER``),
+    a number inside a word stays part of it, and a note whose points carry the old terms is re-indexed once."""
+    ws = tmp_path / "ws"
+    write(ws / "memory" / "a.md", "# Tickets\n\nTicket ZX-4471: the export job ran out of disk.\n")
+    write(ws / "memory" / "b.md", "# Tickets\n\nTicket ZX-9999: the export job ran out of disk.\n")
+    write(ws / "memory" / "c.md", "# Invoices\n\nInvoice 4471 was paid on 2024-03-12; invoice 512 is overdue.\n")
+    write(ws / "memory" / "d.md", "# Parts\n\nPart A4471 ships from the Lisbon depot.\n")
+    indexer = make_indexer([{"agent": "main", "path": ws}])
+    index_once(indexer)
+    searcher = indexer.view.searcher()
+
+    def keyword(query: str) -> list[str]:
+        return _paths(searcher.search(SearchRequest(query=query, k=5, mode="keyword")))
+
+    assert keyword("ZX-9999")[0] == "memory/b.md" and keyword("ZX-4471")[0] == "memory/a.md"
+    assert sorted(keyword("4471")) == ["memory/a.md", "memory/c.md"]
+    assert keyword("invoice 512") == ["memory/c.md"]
+    assert keyword("2024-03-12") == ["memory/c.md"]
+    assert keyword("A4471") == ["memory/d.md"]  # one word: its digits are not a number of their own
+
+
+def test_a_store_with_the_old_keyword_terms_is_reindexed_once(tmp_path: Path, make_indexer, monkeypatch) -> None:
+    """Points written before numbers were terms carry ``TERMS_VERSION`` 1 in their ``file_hash``: the next start
+    re-indexes each file once (vectors from the embedding cache), and its numbers are then found."""
+    ws = tmp_path / "ws"
+    write(ws / "memory" / "c.md", "# Invoices\n\nInvoice 4471 was paid on 2024-03-12; invoice 512 is overdue.\n")
+    write(ws / "memory" / "e.md", "# Errands\n\nBuy coffee beans and renew the passport.\n")
+    with monkeypatch.context() as old:
+        old.setattr(bm25, "TERMS_VERSION", 1)
+        old.setattr(bm25.Bm25Terms, "_number_ids", lambda self, text: set())
+        first = make_indexer([{"agent": "main", "path": ws}])
+        index_once(first)
+        assert _paths(first.view.searcher().search(SearchRequest(query="4471", k=5, mode="keyword"))) == []
+        first.store.close()
+    second = make_indexer([{"agent": "main", "path": ws}])
+    status = index_once(second)
+    assert status["cache_hits"] == 2 and status["chunks_embedded"] == 0  # re-indexed; vectors cached
+    hits = second.view.searcher().search(SearchRequest(query="4471", k=5, mode="keyword"))
+    assert _paths(hits) == ["memory/c.md"]
+    assert {h.file_hash.rsplit("+", 1)[1] for h in second.store.scroll("memory-dir-main", ["file_hash"])} == {
+        f"terms{bm25.TERMS_VERSION}"}
