@@ -189,7 +189,8 @@ def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None
     Order: with ``query``, its best hits; without, the root memory file, then notes by most recent change. Each
     piece is a header line ``## <path>#L<a>-L<b>`` and whole lines of text; a piece that does not fit is cut at the
     last whole line that does. Returns ``{"text", "used_chars", "budget_chars", "included": [citations],
-    "omitted": [{"citation", "lines"}]}``.
+    "omitted": [{"citation", "lines"}]}``, and ``"degraded"`` when the query's search was less than the configured
+    one (``Searcher.retrieve``: e.g. keyword only while the model loads).
     """
     if budget_chars < 1:
         raise ValueError("budget_chars must be >= 1")
@@ -197,7 +198,8 @@ def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None
     included: list[str] = []
     omitted: list[Omitted] = []
     used = 0
-    for path, start, text, total in _boot_pieces(searcher, agent, query, budget_chars, classify):
+    degraded: list[str] = []
+    for path, start, text, total in _boot_pieces(searcher, agent, query, budget_chars, classify, degraded):
         last = start + total - 1
         if text is None:
             omitted.append({"citation": f"{path}#L{start}-L{last}", "lines": total})
@@ -221,16 +223,21 @@ def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None
         if end < last:
             omitted.append({"citation": f"{path}#L{end + 1}-L{last}", "lines": last - end})
     text = "\n".join(parts)
-    return {"text": text, "used_chars": len(text), "budget_chars": budget_chars, "included": included,
-            "omitted": omitted}
+    context: BootContext = {"text": text, "used_chars": len(text), "budget_chars": budget_chars,
+                            "included": included, "omitted": omitted}
+    if degraded:
+        context["degraded"] = "; ".join(degraded)
+    return context
 
 
 def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None, budget_chars: int,
-                 classify: Callable[[Path, bytes], str | None] | None = None) -> list[tuple[str, int, str | None, int]]:
+                 classify: Callable[[Path, bytes], str | None] | None = None,
+                 degraded: list[str] | None = None) -> list[tuple[str, int, str | None, int]]:
     """``(path, start_line, text, total_lines)`` candidates in priority order. Without a query, files are read
-    from disk (at most ``budget_chars`` characters each, whole lines), so lines are never pieces of chunks."""
+    from disk (at most ``budget_chars`` characters each, whole lines), so lines are never pieces of chunks.
+    ``degraded`` collects why the query's search was less than the configured one."""
     if query and query.strip().lower() not in LIST_ALL:
-        hits = searcher.search(SearchRequest(query=query, k=20, agent=agent))
+        hits = searcher.search(SearchRequest(query=query, k=20, agent=agent), degraded)
         return [(h["path"], h["start_line"], h["snippet"], h["end_line"] - h["start_line"] + 1)
                 for h in hits if h["kind"] != "image"]
     targets = searcher.targets(SearchRequest(query="", agent=agent))

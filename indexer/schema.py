@@ -358,6 +358,9 @@ class BootContext(TypedDict):
     pending: NotRequired[Annotated[list[str], Field(description=(
         "Workspace-relative paths of the agent's collections changed on disk and not yet indexed (queued or in "
         "hand): the answer may miss or still show them."))]]
+    degraded: NotRequired[Annotated[str, Field(description=(
+        "With a query, present only when its search was less than the configured one; the same short reasons as "
+        "a search's `degraded` (e.g. \"keyword only: model loading\")."))]]
 
 
 class CollectionStatus(TypedDict):

@@ -83,6 +83,9 @@ def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Pa
                     assert early[mode]["degraded"] == "keyword only: model loading"
                     assert early[mode]["hits"][0]["dense_score"] is None
                     assert early[mode]["hits"][0]["keyword_score"] > 0
+            boot = memory.boot_context(2000, None, "heliotrope canary")
+            assert boot["included"][0].startswith("memory/deploy.md")
+            assert boot.get("degraded") == (None if saved else "keyword only: model loading")
             health = memory.health()
             assert health == {"status": "degraded", "ready": True, "reasons": ["model loading"]}
             assert "model_loaded" not in indexer.state.startup.phases
