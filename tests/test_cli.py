@@ -14,17 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import wait_for, write
+from server_process import free_port
 
 from indexer.store import EdgeStore
 
 CLI = [sys.executable, "-m", "indexer.cli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -35,7 +30,7 @@ class Daemon:
     """``qmd-indexer run`` as a subprocess; stderr goes to a file."""
 
     def __init__(self, workspace: Path, state: Path, log: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.log = log
         with open(log, "w") as stderr:
             self.proc = subprocess.Popen(
@@ -115,7 +110,7 @@ def test_second_daemon_on_a_held_store_exits_1(workspace: Path, tmp_path: Path) 
     try:
         wait_for(first.ready, timeout_s=120, interval_s=0.2)
         second = _cli("run", "--workspace", str(workspace), "--state-dir", str(tmp_path / "state"), "--port",
-                      str(_free_port()))
+                      str(free_port()))
         assert second.returncode == 1
         assert "in use by another process" in second.stderr.strip().splitlines()[-1]
         empty = _cli("search", "  ", "--port", str(first.port))
@@ -170,7 +165,7 @@ def test_collection_built_for_another_model_stops_with_a_reindex_hint(workspace:
 
 
 def test_search_without_a_daemon_exits_1_with_a_hint() -> None:
-    result = _cli("search", "anything", "--port", str(_free_port()))
+    result = _cli("search", "anything", "--port", str(free_port()))
     assert result.returncode == 1
     assert "no qmd-indexer daemon answers" in result.stderr and "qmd-indexer run" in result.stderr
 
@@ -220,7 +215,7 @@ def test_the_client_replaces_a_closed_connection_and_reports_a_silent_port() -> 
 
 
 def test_a_bad_since_is_a_usage_error_before_the_daemon_is_asked() -> None:
-    result = _cli("search", "anything", "--since", "last week", "--port", str(_free_port()))
+    result = _cli("search", "anything", "--since", "last week", "--port", str(free_port()))
     assert result.returncode == 2 and "7d" in result.stderr and "daemon" not in result.stderr
 
 

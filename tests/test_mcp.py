@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from mcp import Client as McpClient
 from mcp import StdioServerParameters
 from mcp.client.stdio import stdio_client
+from server_process import free_port
 
 from indexer.client import Client
 from indexer.mcp import build_server
@@ -34,12 +35,6 @@ TOOLS = {"memory_search", "memory_get", "memory_recall", "memory_boot", "memory_
 JSON_RPC_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json",
                     "mcp-protocol-version": "2025-06-18"}
 LIST_TOOLS = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:
@@ -66,7 +61,7 @@ class Served:
 def daemon_fixture(workspace: Path, make_indexer) -> Iterator[Served]:
     """The conftest workspace indexed, plus a 30-line log note, served on a free port."""
     write(workspace / "memory" / "log.md", "".join(f"line {i}\n" for i in range(1, 31)))
-    indexer = make_indexer([{"agent": "main", "path": workspace}], port=_free_port())
+    indexer = make_indexer([{"agent": "main", "path": workspace}], port=free_port())
     index_once(indexer)
     indexer.state.ready.set()
     with Served(indexer) as served:
@@ -194,7 +189,7 @@ def test_tool_errors_reach_the_model(daemon: Served, tmp_path: Path) -> None:
 
 
 def test_without_a_daemon_every_tool_says_how_to_start_one() -> None:
-    port = _free_port()
+    port = free_port()
 
     async def main() -> None:
         with Client(port=port) as client:
@@ -284,7 +279,7 @@ def test_event_streams_are_capped_and_a_closed_one_frees_its_place(workspace: Pa
 
     cap = 3
     monkeypatch.setattr(guard, "MAX_EVENT_STREAMS", cap)
-    indexer = make_indexer([{"agent": "main", "path": workspace}], port=_free_port())
+    indexer = make_indexer([{"agent": "main", "path": workspace}], port=free_port())
     opened: list[socket.socket] = []
 
     def open_stream(port: int) -> bytes:

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from conftest import wait_for, write
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from server_process import free_port
 from structlog.testing import capture_logs
 
 from indexer import safeio
@@ -46,12 +46,6 @@ RACE_S = 4.0  # long enough to reproduce the race many times over on the code be
 OUTSIDE = "OUTSIDE-SECRET-7f3a"
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _exchanger():
@@ -242,7 +236,7 @@ def test_3_run_refuses_a_non_loopback_host_without_a_token(tmp_path: Path, works
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_HOST": "0.0.0.0"}
     env.pop("QMD_INDEXER_TOKEN", None)
     command = [sys.executable, "-m", "indexer.cli", "run", "--workspace", str(workspace), "--state-dir",
-               str(tmp_path / "state"), "--port", str(_free_port())]
+               str(tmp_path / "state"), "--port", str(free_port())]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "0.0.0.0" in result.stderr and "token" in result.stderr
@@ -375,7 +369,7 @@ class Live:
             os.chmod(d, 0o755)
         os.chmod(self.ws / "memory" / "locked.md", 0o000)
         os.chmod(self.ws / "memory" / "closed", 0o000)
-        self.port = _free_port()
+        self.port = free_port()
         self.log = base / "run.log"
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "HOME": str(base), "QMD_INDEXER_LOG_FORMAT": "json",
                     "QMD_INDEXER_TOKEN": TOKEN, "QMD_INDEXER_HOST": "0.0.0.0"}

@@ -6,14 +6,9 @@ import os
 import socket
 
 import pytest
+from server_process import free_port
 
 from indexer.service import Refused, check_port
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_port_in_time_wait_does_not_refuse_a_restart() -> None:
@@ -104,7 +99,7 @@ def test_a_read_only_state_dir_at_start_exits_1_with_one_line(workspace, tmp_pat
         pytest.skip("cannot mount tmpfs here")
     try:
         done = subprocess.run([sys.executable, "-m", "indexer.cli", "run", "--workspace", str(workspace),
-                               "--state-dir", str(state), "--port", str(_free_port())], capture_output=True, text=True,
+                               "--state-dir", str(state), "--port", str(free_port())], capture_output=True, text=True,
                               timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_LOG_FORMAT": "json"})
     finally:
         subprocess.run(["umount", str(state)], check=True)

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import httpx
 import pytest
 from conftest import wait_for, write
 from fastapi.testclient import TestClient
+from server_process import free_port
 
 from indexer.server import PAGE_FILES, create_app
 
@@ -86,12 +86,6 @@ def _browser_or_skip() -> tuple[Any, str, str]:
     return webdriver, chromium, driver
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Daemon:
     """``qmd-indexer run`` over a workspace of its own, with ``TOKEN``; stderr goes to a file."""
 
@@ -104,7 +98,7 @@ class Daemon:
             "The zebra crossing permit was renewed at the town hall.\n" if i == 230 else f"routine entry {i}\n"
             for i in range(1, LOG_LINES + 1)))
         write(self.ws / "memory" / "html.md", f"# Pasted\n\nA pasted snippet with a broken tag {XSS} in it.\n")
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = base / "run.log"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HOME": str(base), "QMD_INDEXER_TOKEN": TOKEN,
