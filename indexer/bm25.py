@@ -4,10 +4,12 @@ Documents and queries must be tokenised by the same ``Bm25`` (same config), or t
 indexer builds one ``Bm25Terms`` and hands it to both the pipeline (documents) and the searcher (queries).
 
 Numbers are terms too: Qdrant's multilingual tokenizer drops a token made only of digits, so "ticket 4471" searched
-as "ticket" alone, and ``ZX-4471`` and ``ZX-9999`` (or two dates) had the same terms. A standalone digit run
-(``NUMBER``: not part of a word such as ``A4471``, which the tokenizer keeps) adds the term Qdrant's word tokenizer
-gives it, weighted as that tokenizer weighs it in the same text (BM25's term-frequency saturation with the text's
-length), and the IDF modifier weighs it by how many chunks hold it, as every term.
+as "ticket" alone, and ``ZX-4471`` and ``ZX-9999`` (or two dates) had the same terms. A standalone run of two or more
+digits (``NUMBER``: not part of a word such as ``A4471``, which the tokenizer keeps) adds the term Qdrant's word
+tokenizer gives it, weighted as that tokenizer weighs it in the same text (BM25's term-frequency saturation with the
+text's length), and the IDF modifier weighs it by how many chunks hold it, as every term. Single digits stay out:
+with them SciFact test hybrid nDCG@10 went 0.7313 -> 0.7292, with two or more 0.7304, with three or more 0.7315,
+but three would lose the month and day of a date (docs/performance.md, "Keyword search").
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ SparseVector = tuple[list[int], list[float]]  # (term ids, weights), the shape `
 # bump when the terms a text gets change: part of every point's ``file_hash`` (``pipeline.index_hash``), so each file
 # is re-indexed once with the new terms (its vectors come from the embedding cache). 2: numbers are terms.
 TERMS_VERSION = 2
-# a digit run that is a token of its own: not inside a word (letters or digits on either side); "_" separates, as in
-# Qdrant's word tokenizer ("id_77" -> "id", "77")
-NUMBER = re.compile(r"(?<![^\W_])\d+(?![^\W_])")
+# a run of two or more digits that is a token of its own: not inside a word (letters or digits on either side); "_"
+# separates, as in Qdrant's word tokenizer ("id_77" -> "id", "77")
+NUMBER = re.compile(r"(?<![^\W_])\d{2,}(?![^\W_])")
 
 
 def make_config(settings: Bm25Settings | None = None) -> Bm25Config:
