@@ -96,6 +96,7 @@ class SentenceTransformerEmbedder:
         # queries have their own tokenizer and session and wait for nothing.
         self._use = threading.Lock()
         self._query_encoder: OnnxQueryEncoder | None = None
+        self._opening = threading.Lock()  # ``open_query_model``
         self._identity: str | None = None
         self._fingerprint: str | None = None
         self._dim: int | None = _KNOWN_DIMS.get(self.base_id)
@@ -154,12 +155,14 @@ class SentenceTransformerEmbedder:
         return self._model.loading
 
     def preload(self) -> threading.Thread | None:
-        """Open the query model saved by an earlier load (``open_query_model``: no torch, well under a second), then
-        begin loading the model on a thread of its own (``LazyModel.start``) and return it (``None``: loaded, or a
-        load already runs). Meanwhile ``embed_query`` answers from the query model where it opened, else raises
-        ``EmbedUnavailable`` ("model loading") instead of waiting; everything else waits for the load."""
+        """Begin loading the model on a thread of its own (``LazyModel.start``), then open the query model saved by
+        an earlier load (``open_query_model``: no torch, well under a second) on this one; returns the load's thread
+        (``None``: loaded, or a load already runs). Meanwhile ``embed_query`` answers from the query model once it
+        is open, else raises ``EmbedUnavailable`` ("model loading") instead of waiting; everything else waits for
+        the load. The load is begun first, so a query meanwhile never loads the model on its own thread."""
+        thread = self._model.start()
         self.open_query_model()
-        return self._model.start()
+        return thread
 
     def open_query_model(self) -> bool:
         """Open the query model an earlier load exported for these model files and precision (``cache_dir``,
@@ -167,23 +170,25 @@ class SentenceTransformerEmbedder:
         answers before the model is loaded; returns whether queries now have one. ``False`` on another device, or
         when it is not there yet (the first load exports it). A file ONNX Runtime cannot read is logged once and
         its quality record removed, so that load exports it again."""
-        if self._query_encoder is not None:
-            return True
         if self.device != "cpu" or not int8_available():
             return False
-        path = query_model_path(self.cache_dir, self.base_id, self.fingerprint, self.precision)
-        started = time.monotonic()
-        try:
-            encoder = OnnxQueryEncoder.open(path, query_threads())
-        except Exception as exc:  # e.g. a truncated file: without its record, the load exports it again
-            log.warning("query_model_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}",
-                        action="export again")
-            path.with_suffix(".json").unlink(missing_ok=True)
-            return False
-        if encoder is not None and self._query_encoder is None:
+        with self._opening:  # ``preload`` and the load's first step: one opens it, the other finds it open
+            if self._query_encoder is not None:
+                return True
+            path = query_model_path(self.cache_dir, self.base_id, self.fingerprint, self.precision)
+            started = time.monotonic()
+            try:
+                encoder = OnnxQueryEncoder.open(path, query_threads())
+            except Exception as exc:  # e.g. a truncated file: without its record, the load exports it again
+                log.warning("query_model_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}",
+                            action="export again")
+                path.with_suffix(".json").unlink(missing_ok=True)
+                return False
+            if encoder is None:
+                return False
             self._query_encoder = encoder
             log.info("query_model_opened", path=str(path), seconds=round(time.monotonic() - started, 3))
-        return self._query_encoder is not None
+            return True
 
     def _load(self) -> Any:
         started = time.monotonic()

@@ -94,6 +94,8 @@ def warm_models(indexer: Indexer) -> None:
         thread.join()
     for embedder in embedders.values():
         try:
+            while getattr(embedder, "loading", False):  # a load begun elsewhere (a query may answer meanwhile)
+                time.sleep(0.1)
             while True:
                 try:
                     embedder.embed_query("warm-up")
