@@ -77,6 +77,10 @@ def restart(ws: Path, state: Path, log_path: Path, env: dict[str, str], query: s
         daemon.wait_quiet(60, quiet_s=0.5)
         for probe in probes:
             probe.join(60)
+        deadline = time.monotonic() + 120  # queries may answer in full before the model is in: wait for it too
+        while time.monotonic() < deadline and not any(
+                e.get("event") == "startup_phase" and e.get("phase") == "model_loaded" for e in daemon.events()):
+            time.sleep(0.2)
     finally:
         stop.set()
     events = daemon.events()
