@@ -20,8 +20,9 @@ import anyio
 import pytest
 from conftest import Running, wait_for, write
 from mcp import Client as McpClient
+from server_process import free_port
 from structlog.testing import capture_logs
-from test_mcp import Served, _free_port
+from test_mcp import Served
 
 from indexer.append import AppendRefused, EntryTooLarge, _open_file, append_entry, daily_note
 from indexer.client import Client, ClientError
@@ -60,7 +61,7 @@ def daemon_fixture(tmp_path: Path, workspace: Path, make_indexer) -> Iterator[tu
     indexer = make_indexer([{"agent": "main", "path": workspace, "append": True},
                             {"agent": "locked", "path": locked},
                             {"agent": "linked", "path": linked, "append": True}],
-                           port=_free_port(), default_agent="main", settle_s=1.0,  # the defaults' debounce
+                           port=free_port(), default_agent="main", settle_s=1.0,  # the defaults' debounce
                            append_max_bytes=4096, append_max_file_bytes=64 * 1024)
     with Running(indexer), Served(indexer) as served:
         yield served, workspace

@@ -16,7 +16,8 @@ import anyio
 import pytest
 from conftest import write
 from mcp import Client as McpClient
-from test_mcp import Served, _free_port
+from server_process import free_port
+from test_mcp import Served
 
 from indexer import schema
 from indexer.client import Client
@@ -35,7 +36,7 @@ def served_fixture(workspace: Path, make_indexer) -> Iterator[tuple[Served, Path
     and queued (as the watcher queues a change) but not indexed: it is pending on every face."""
     for i in range(NOTES - 4):
         write(workspace / "memory" / f"note-{i}.md", f"# Note {i}\n\nPlain note number {i}.\n")
-    indexer = make_indexer([{"agent": "main", "path": workspace}], port=_free_port(), relevance_floor=0.99)
+    indexer = make_indexer([{"agent": "main", "path": workspace}], port=free_port(), relevance_floor=0.99)
     index_once(indexer)
     indexer.state.ready.set()
     late = workspace / "memory" / "late.md"
@@ -163,7 +164,7 @@ def test_every_agent_description_states_the_scope_rule(make_indexer, workspace: 
         says_the_rule(text)
 
     async def main() -> list[Any]:
-        async with McpClient(build_server(Client(port=_free_port()), append=True)) as mcp:
+        async with McpClient(build_server(Client(port=free_port()), append=True)) as mcp:
             return (await mcp.list_tools()).tools
 
     for tool in anyio.run(main):
