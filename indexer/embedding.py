@@ -150,6 +150,12 @@ class SentenceTransformerEmbedder:
         return self._model.get()
 
     @property
+    def load_error(self) -> BaseException | None:
+        """What the last load of the model raised (``None`` once it loaded): queries may still answer from the query
+        model, but chunks cannot be embedded."""
+        return self._model.last_error
+
+    @property
     def loading(self) -> bool:
         """Whether the model is being loaded now (``preload``): queries answer ``EmbedUnavailable`` meanwhile."""
         return self._model.loading
@@ -182,7 +188,10 @@ class SentenceTransformerEmbedder:
             except Exception as exc:  # e.g. a truncated file: without its record, the load exports it again
                 log.warning("query_model_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}",
                             action="export again")
-                path.with_suffix(".json").unlink(missing_ok=True)
+                try:
+                    path.with_suffix(".json").unlink(missing_ok=True)
+                except OSError:  # a read-only cache: the load then uses the model's own modules
+                    pass
                 return False
             if encoder is None:
                 return False
@@ -224,15 +233,20 @@ class SentenceTransformerEmbedder:
 
     def _fp32_query_model(self, model: Any) -> None:
         """Queries of an fp32 or bf16 model run on its fp32 query model (exported at the first load), where ONNX
-        Runtime is installed and ``OnnxQueryEncoder`` reproduces the model; else on the model's own modules."""
-        if self.device != "cpu" or not int8_available() or not OnnxQueryEncoder.supports(model):
-            self._query_encoder = None
-            return
+        Runtime is installed and ``OnnxQueryEncoder`` reproduces the model; else on the model's own modules (an
+        int8 query model opened at the start is dropped when int8 fell back to fp32). Never raises: a query model
+        that cannot be made is logged and the model's modules answer."""
         path = query_model_path(self.cache_dir, self.base_id, self.fingerprint, "fp32")
         if self._query_encoder is not None and self._query_encoder.path == path:
             return
-        if query_model(model, path, quantize=False) is not None:
-            self._query_encoder = OnnxQueryEncoder.for_model(path, model, query_threads())
+        self._query_encoder = None
+        if self.device != "cpu" or not int8_available() or not OnnxQueryEncoder.supports(model):
+            return
+        try:
+            if query_model(model, path, quantize=False) is not None:
+                self._query_encoder = OnnxQueryEncoder.for_model(path, model, query_threads())
+        except Exception as exc:  # the model's own modules still answer queries
+            log.warning("query_model_unavailable", fallback="the model's modules", error=f"{type(exc).__name__}: {exc}")
 
     @property
     def query_file(self) -> str | None:

@@ -355,6 +355,10 @@ def export_query(model: Any, path: Path, quantize: bool) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=path.parent))
     try:
         trace_fp32(model, tmp / "fp32.onnx")
+        beside = sorted(p.name for p in tmp.iterdir() if p.name != "fp32.onnx")
+        if beside:  # over 2 GiB: torch saved the weights as files beside the graph, which one query file cannot hold
+            raise ValueError(f"the model's trace keeps its weights in {len(beside)} files beside it (a model over 2 "
+                             f"GiB): queries run on the model's own modules")
         fusions: dict[str, int] = {}
         if quantize:
             fused = optimize_model(str(tmp / "fp32.onnx"), model_type="bert", opt_level=0,
@@ -392,9 +396,15 @@ def query_model(model: Any, path: Path, quantize: bool, fallback: Path | None = 
     """The ONNX file queries of ``model`` run on: ``path`` (``query_model_path``), exported on first use
     (``export_query``) and used when its quality record passes; else ``fallback`` (int8: the chunks' own
     ``model.onnx``), with one log line saying why. An export that raised is recorded as failed and not retried for
-    this ``QUERY_FORMAT``; a passing record whose files have gone (deleted by hand) is exported again."""
+    this ``QUERY_FORMAT``; a passing record whose files have gone (deleted by hand) is exported again, and so is
+    one that cannot be read (a write cut short by a full disk)."""
     record = path.with_suffix(".json")
-    quality = json.loads(record.read_text(encoding="utf-8")) if record.exists() else None
+    try:
+        quality = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # absent, or unreadable: export (again)
+        quality = None
+    if not isinstance(quality, dict):
+        quality = None
     files = (path, path.with_suffix(".tokenizer.json"))
     if quality is not None and _passed(quality) and not all(f.exists() for f in files):
         log.warning("query_model_missing", path=str(path), action="export again")
@@ -408,7 +418,9 @@ def query_model(model: Any, path: Path, quantize: bool, fallback: Path | None = 
                        "quantized": quantize}
             try:
                 record.parent.mkdir(parents=True, exist_ok=True)
-                record.write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
+                partial = record.with_name(f".{record.name}.tmp")
+                partial.write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
+                os.replace(partial, record)
             except OSError:
                 pass
         else:

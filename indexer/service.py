@@ -96,6 +96,9 @@ def warm_models(indexer: Indexer) -> None:
         try:
             while getattr(embedder, "loading", False):  # a load begun elsewhere (a query may answer meanwhile)
                 time.sleep(0.1)
+            failed = getattr(embedder, "load_error", None)
+            if failed is not None:  # queries may answer from the query model: the load's failure is said here
+                raise failed
             while True:
                 try:
                     embedder.embed_query("warm-up")

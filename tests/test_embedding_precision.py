@@ -234,20 +234,26 @@ def test_a_saved_query_model_answers_queries_without_torch(fp32_embedder) -> Non
         np.testing.assert_allclose(np.array(vector, dtype=np.float32), fp32_embedder.embed_query(text), atol=1e-6)
 
 
-def test_a_damaged_query_model_is_exported_again(fp32_embedder, tmp_path: Path) -> None:
-    """A saved query model ONNX Runtime cannot read (a truncated copy, a disk error) is said once and exported again
-    by the load, not left to fail every start or to fail the load."""
+@pytest.mark.parametrize("damage", ["truncated model", "empty record"])
+def test_a_damaged_query_model_is_exported_again(fp32_embedder, tmp_path: Path, damage: str) -> None:
+    """A saved query model ONNX Runtime cannot read (a truncated copy, a disk error), or a quality record cut
+    short (a full disk), is exported again by the load, not left to fail every start or to fail the load."""
     cache = tmp_path / "models"
     shutil.copytree(fp32_embedder.cache_dir, cache)
     assert fp32_embedder._query_encoder is not None
     saved = cache / fp32_embedder._query_encoder.path.relative_to(fp32_embedder.cache_dir)
-    saved.write_bytes(saved.read_bytes()[:5000])  # truncated
+    if damage == "truncated model":
+        saved.write_bytes(saved.read_bytes()[:5000])
+    else:
+        saved.with_suffix(".json").write_text("")
     again = SentenceTransformerEmbedder({"precision": "fp32", "cache_dir": str(cache)})
     with capture_logs() as logs:
         assert not again.open_query_model()
         vector = again.embed_query(QUERIES[0])  # loads the model, which exports the query model again
-    assert [e["event"] for e in logs] == ["query_model_unreadable", "query_model_exported"]
+    said = ["query_model_unreadable"] if damage == "truncated model" else []
+    assert [e["event"] for e in logs] == [*said, "query_model_exported"]
     assert again.query_file == saved.name and saved.stat().st_size > 5000
+    assert json.loads(saved.with_suffix(".json").read_text())["passed"]
     np.testing.assert_allclose(vector, fp32_embedder.embed_query(QUERIES[0]), atol=1e-6)
 
 

@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 from conftest import Running, write
+from structlog.testing import capture_logs
 
+import indexer.embedding
 from indexer.daemon import Indexer
+from indexer.embedding import SentenceTransformerEmbedder
 from indexer.model_loading import LazyModel, StillLoading
 from indexer.plugins import Registry
 from indexer.schema import SearchRequest
@@ -81,8 +84,10 @@ def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Pa
             for mode in ("hybrid", "dense"):
                 early[mode] = memory.search_response(SearchRequest(query="heliotrope canary", mode=mode))
                 assert early[mode]["hits"][0]["path"] == "memory/deploy.md"
-                if saved:  # the query model answers in full: the same vectors as once the model is in
+                if saved:  # the query model answers in full, with the model's own vector (bf16's within 1e-3)
                     assert "degraded" not in early[mode] and early[mode]["hits"][0]["dense_score"] is not None
+                    query = "heliotrope canary"
+                    assert float(embedder.embed_query(query) @ text.encode([query])[0]) > 0.999
                 else:
                     assert early[mode]["degraded"] == "keyword only: model loading"
                     assert early[mode]["hits"][0]["dense_score"] is None
@@ -100,8 +105,6 @@ def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Pa
             full = memory.search_response(SearchRequest(query="heliotrope canary", mode="hybrid"))
             assert "degraded" not in full
             assert full["hits"][0]["path"] == "memory/deploy.md" and full["hits"][0]["dense_score"] is not None
-            if saved:
-                assert full["hits"] == early["hybrid"]["hits"]
             assert memory.health() == {"status": "ok", "ready": True}
     finally:
         gate.set()
@@ -121,3 +124,35 @@ def test_lazy_model_start_loads_on_its_own_thread_and_get_without_wait_refuses_m
     gate.set()
     thread.join(10)
     assert lazy.get(wait=False) == "model" and not lazy.loading and lazy.start() is None
+
+
+def test_a_failed_model_load_is_said_though_the_query_model_answers(tmp_path: Path, registry: Registry,
+                                                                   make_indexer: Any, monkeypatch) -> None:
+    """With a saved query model, queries answer whatever becomes of the model's load; a load that fails is still
+    logged as ``embedder_failed`` (chunks cannot be embedded), never as ``model_loaded``."""
+    text: Any = registry.embedders["text"]
+    ws = tmp_path / "ws"
+    write(ws / "memory" / "deploy.md", "# Deploy\n\nRoll the canary first, then the fleet. Codeword: heliotrope.\n")
+    first = make_indexer([{"agent": "main", "path": ws}])
+    index_once(first)
+    settings = first.settings
+    first.close()
+
+    def no_torch(path: str, device: str) -> Any:
+        raise ImportError("No module named 'torch'")
+
+    monkeypatch.setattr(indexer.embedding, "load_sentence_transformer", no_torch)
+    fresh = SentenceTransformerEmbedder({"precision": text.precision, "cache_dir": str(text.cache_dir)})
+    failing = copy.copy(registry)
+    failing.embedders = {**registry.embedders, "text": fresh}
+    daemon = Indexer.open(settings, registry=failing)
+    try:
+        with capture_logs() as logs:
+            warm_models(daemon)
+        events = [e["event"] for e in logs]
+        assert "embedder_failed" in events and "model_loaded" not in events, events
+        assert "ImportError" in next(e["error"] for e in logs if e["event"] == "embedder_failed")
+        answer = LocalMemory(daemon.view).search_response(SearchRequest(query="heliotrope canary", mode="hybrid"))
+        assert "degraded" not in answer and answer["hits"][0]["path"] == "memory/deploy.md"
+    finally:
+        daemon.close()

@@ -506,3 +506,7 @@ def test_a_store_with_the_old_keyword_terms_is_reindexed_once(tmp_path: Path, ma
     assert _paths(hits) == ["memory/c.md"]
     assert {h.file_hash.rsplit("+", 1)[1] for h in second.store.scroll("memory-dir-main", ["file_hash"])} == {
         f"terms{bm25.TERMS_VERSION}"}
+    second.store.close()
+    third = make_indexer([{"agent": "main", "path": ws}])
+    status = index_once(third)
+    assert status["cache_hits"] == 0 and status["chunks_embedded"] == 0, "re-indexed once, then unchanged"
