@@ -5,10 +5,13 @@ Nothing here reads ../shared: every file a test needs is written into ``tmp_path
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +23,11 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the default state dir (``$XDG_STATE_HOME/qmd-indexer``: an embedder made without ``cache_dir`` keeps its ONNX exports
+# there) is the session's own, never the user's; removed at exit
+_STATE_HOME = tempfile.mkdtemp(prefix="qmd-indexer-tests-state-")
+os.environ["XDG_STATE_HOME"] = _STATE_HOME
+atexit.register(shutil.rmtree, _STATE_HOME, True)
 
 from infinity import infinity_minilm  # noqa: E402,F401  (a real infinity-emb server, see there)
 from qdrant.fixtures import fault_cluster, qdrant_cluster, qdrant_server  # noqa: E402,F401  (real Qdrant servers, see there)
