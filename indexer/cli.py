@@ -6,7 +6,8 @@ and ``--help`` start in a fraction of a second.
 
 Exit codes: 0 success; 1 runtime failure (daemon unreachable, Qdrant unreachable, collection mismatch);
 2 usage or configuration error, or a request the daemon refused (4xx: a path refused, an append off or too
-large); 3 ``index --once`` finished but some files failed (each was logged).
+large); 3 ``index --once`` finished but some files failed (each was logged) or could not be embedded within
+``--wait-s`` (the embedding server did not answer).
 """
 
 from __future__ import annotations

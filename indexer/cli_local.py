@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -134,13 +135,17 @@ def run(config: Path | None, workspace: Path | None, agent: str | None, state_di
 @click.option("--once", is_flag=True, help="Index everything now and exit (required; `run` keeps watching).")
 @click.option("--reindex", is_flag=True, help="Rebuild the collections beside the current ones, then swap them in.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final status as JSON.")
+@click.option("--wait-s", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds to wait out an embedding server that does not answer (down, 429, 5xx, loading).")
 def index(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
-          qdrant_url: str | None, extra: tuple[Path, ...], once: bool, reindex: bool, as_json: bool) -> None:
+          qdrant_url: str | None, extra: tuple[Path, ...], once: bool, reindex: bool, as_json: bool,
+          wait_s: float) -> None:
     """Index the workspaces without the daemon, then exit (for scripts and CI).
 
     \b
     Exit status: 0 all memory files indexed or deliberately skipped; 3 some files failed
-    (each was logged); 1 the store could not be opened; 2 bad usage or config.
+    (each was logged) or could not be embedded within --wait-s; 1 the store could not be
+    opened, or the embedding server did not answer within --wait-s; 2 bad usage or config.
     Do not run it against the embedded store of a running daemon: only one process can hold it.
 
     \b
@@ -157,19 +162,24 @@ def index(config: Path | None, workspace: Path | None, agent: str | None, state_
     from indexer.terminal import progress_bar
     from indexer.worker import index_once
 
+    started = time.monotonic()
     try:
-        indexer = open_indexer(settings, reindex)
+        indexer = open_indexer(settings, reindex, wait_s=wait_s)
     except Refused as exc:
         fail(exc.message, exc.code)
     try:
-        status = index_once(indexer, progress=progress_bar)
+        status = index_once(indexer, progress=progress_bar, wait_s=max(0.0, wait_s - (time.monotonic() - started)))
     finally:
         indexer.close()
     if as_json:
         click.echo(json.dumps(status, indent=2))
     else:
         print_status(status)
-    sys.exit(EXIT_PARTIAL if status["files_failed"] else EXIT_OK)
+    outage = indexer.state.ledger.outage
+    if status["queue_depth"]:
+        click.echo(f"qmd-indexer: {status['queue_depth']} file(s) not indexed: the embedder did not answer within "
+                   f"{wait_s:g} s (--wait-s): {outage.reason or 'unavailable'}", err=True)
+    sys.exit(EXIT_PARTIAL if status["files_failed"] or status["queue_depth"] else EXIT_OK)
 
 
 @click.command()

@@ -57,16 +57,38 @@ class Refused(Exception):
         self.message, self.code = message, code
 
 
-def open_indexer(settings: Settings, reindex: bool = False, connect: bool = True) -> Indexer:
-    """``Indexer.open`` with its errors turned into ``Refused`` (config errors exit 2, the rest 1)."""
+def open_indexer(settings: Settings, reindex: bool = False, connect: bool = True, wait_s: float = 0.0) -> Indexer:
+    """``Indexer.open`` with its errors turned into ``Refused`` (config errors exit 2, the rest 1). With
+    ``connect``, an embedder that cannot answer yet (``EmbedUnavailable``: a remote one's vector size comes from its
+    first answer) is waited out, with its retry hint, for up to ``wait_s`` seconds before that is refused too."""
+    indexer = None
     try:
-        return Indexer.open(settings, reindex=reindex, connect=connect)
-    except ConfigError as exc:
-        raise Refused(f"config error: {exc}", EXIT_USAGE) from None
-    except (CollectionMismatch, StoreUnavailable, PluginError, StateReadOnly) as exc:
-        raise Refused(str(exc)) from None
-    except OSError as exc:
-        raise Refused(f"cannot open the store under {settings.state_dir}: {exc}") from None
+        indexer = Indexer.open(settings, reindex=reindex, connect=False)
+        deadline = time.monotonic() + wait_s
+        while connect:
+            try:
+                indexer.connect()
+                break
+            except EmbedUnavailable as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Refused(f"the embedding server did not answer within {wait_s:g} s: {exc}") from None
+                pause = min(exc.retry_after_s or 2.0, left)
+                log.warning("embedder_unavailable", error=str(exc), retry_after_s=round(pause, 1))
+                time.sleep(pause)
+        return indexer
+    except Exception as exc:
+        if indexer is not None:
+            indexer.close()
+        if isinstance(exc, Refused):
+            raise
+        if isinstance(exc, ConfigError):
+            raise Refused(f"config error: {exc}", EXIT_USAGE) from None
+        if isinstance(exc, (CollectionMismatch, StoreUnavailable, PluginError, StateReadOnly)):
+            raise Refused(str(exc)) from None
+        if isinstance(exc, OSError):
+            raise Refused(f"cannot open the store under {settings.state_dir}: {exc}") from None
+        raise
 
 
 def check_port(host: str, port: int) -> None:

@@ -115,14 +115,20 @@ def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progr
              chunks_embedded=stats.chunks_embedded - chunks_before)
 
 
-def index_once(indexer: Indexer, progress: Progress | None = None) -> Status:
-    """Scan and index everything now (no watcher); returns ``StatusView.status()``. Raises ``StoreUnavailable``
-    when the store cannot be reached for a delete or a read."""
+def index_once(indexer: Indexer, progress: Progress | None = None, wait_s: float = 0.0) -> Status:
+    """Scan and index everything now (no watcher); returns ``StatusView.status()``. Files held back because the
+    embedder cannot answer (``EmbedUnavailable``: they stay queued, not failed) are tried again with the outage's
+    backoff for up to ``wait_s`` seconds; whatever is still queued then is the status's ``queue_depth``. Raises
+    ``StoreUnavailable`` when the store cannot be reached for a delete or a read."""
     indexer.sync.stopping = threading.Event()
     if indexer.state.rebuild_requested.is_set():
         indexer.rebuild()
     indexer.settler.add_many(indexer.scan())
+    deadline = time.monotonic() + wait_s
     drain(indexer, progress=progress)
+    while len(indexer.settler) and time.monotonic() < deadline:
+        indexer.settler.wait(deadline - time.monotonic())
+        drain(indexer, progress=progress)
     indexer.state.ready.set()
     return indexer.view.status()
 

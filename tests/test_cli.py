@@ -277,3 +277,20 @@ def test_status_names_the_failed_files_with_their_reasons(workspace: Path, make_
     assert f"failed: {workspace / 'memory' / 'bad00.md'}: extract_failed (" in out
     assert "bad19.md" in out and "bad20.md" not in out
     assert "... and 3 more failed file(s)" in out
+
+
+def test_index_once_with_an_embedding_server_that_never_answers_gives_up_in_one_line(workspace: Path,
+                                                                                   tmp_path: Path) -> None:
+    """A remote embedder's vector size comes from its first answer: ``index --once`` waits ``--wait-s`` for the
+    server, then says so in one line and exits 1 (it was a raw traceback)."""
+    config = tmp_path / "config.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\nprefer = {{ text = "openai" }}\n'
+                      f'[[workspace]]\nagent = "main"\npath = "{workspace}"\n'
+                      f'[plugin.openai]\nbase_url = "http://127.0.0.1:{free_port()}/v1"\nmodel = "minilm"\n')
+    started = time.monotonic()
+    done = _cli("index", "--once", "--config", str(config), "--wait-s", "3")
+    assert done.returncode == 1, done.stderr
+    assert 3 <= time.monotonic() - started < 60  # waited, then gave up
+    said = [line for line in done.stderr.splitlines() if line.startswith("qmd-indexer:")]
+    assert len(said) == 1 and "did not answer within 3 s" in said[0] and "Connection refused" in said[0]
+    assert "Traceback" not in done.stderr

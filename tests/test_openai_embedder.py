@@ -281,6 +281,28 @@ def _check_faults(infinity_minilm: Infinity, fault_proxy: Callable[..., FaultPro
         close(indexer)
 
 
+def test_index_once_waits_out_an_outage_then_says_what_is_left(fault_proxy: Callable[..., FaultProxy],
+                                                                 tmp_path: Path) -> None:
+    """``index --once`` with an embedding server that answers 429 for a while: the held files (queued, not failed)
+    are tried again with the outage's backoff until ``wait_s``; without waiting they are left queued, and said so
+    (the command then exits 3, ``tests/test_cli.py``)."""
+    ws = notes(tmp_path / "ws", 4, paragraphs=2)
+    for wait_s, left in ((0.0, 5), (60.0, 0)):
+        proxy = fault_proxy()
+        indexer = open_indexer(tmp_path, ws, endpoint_registry(proxy.url, retries=0), name=f"state-{wait_s:g}")
+        try:
+            proxy.throttle = 3  # connected (the vector size is known): now every batch is refused three times
+            started = time.monotonic()
+            status = index_once(indexer, wait_s=wait_s)
+            assert status["files_failed"] == 0 and status["queue_depth"] == left
+            assert len(indexer.state.indexed) == 5 - left
+            if left == 0:  # three refusals, backed off (1 s, 2 s, 4 s at most), then indexed
+                statuses = [s for *_, s in proxy.log]
+                assert statuses.count(429) == 3 and statuses[-1] == 200 and time.monotonic() - started < 30
+        finally:
+            close(indexer)
+
+
 def build_tiny_embedding_model(root: Path) -> Path:
     """A real sentence-transformers model folder of 32 dimensions with random weights (one small BERT layer,
     MiniLM's vocabulary and tokenizer, mean pooling), written as MiniLM's own folder is laid out (``modules.json``,
