@@ -157,7 +157,8 @@ class SentenceTransformerEmbedder:
 
     @property
     def loading(self) -> bool:
-        """Whether the model is being loaded now (``preload``): queries answer ``EmbedUnavailable`` meanwhile."""
+        """Whether the model is being loaded now (``preload``): meanwhile queries answer from the query model where
+        one is open, else ``EmbedUnavailable``, and chunks wait."""
         return self._model.loading
 
     def preload(self) -> threading.Thread | None:
