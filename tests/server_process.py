@@ -41,6 +41,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def missing_executable(path: Path, what: str, install: str) -> str | None:
+    """Why ``path`` (``what``: e.g. "Qdrant server binary") cannot run, with how to get it (``install``), in one
+    line; ``None`` when it is an executable file."""
+    if not path.is_file() or not os.access(path, os.X_OK):
+        return f"no {what} at {path}; install it with {install}"
+    return None
+
+
 def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 

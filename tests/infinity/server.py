@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from server_process import end, free_port, log_tail, spawn, wait_ready
+from server_process import end, free_port, log_tail, missing_executable, spawn, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VENV = Path(os.environ.get("QMD_INFINITY_VENV") or ROOT / ".infinity" / "venv")
@@ -32,9 +32,7 @@ class InfinityMissing(FileNotFoundError):
 
 def missing() -> str | None:
     """Why no server can start (one line), or ``None`` when one can."""
-    if not EXECUTABLE.is_file() or not os.access(EXECUTABLE, os.X_OK):
-        return f"no infinity-emb server at {EXECUTABLE}; install it with `make infinity` (tests/infinity/install.sh)"
-    return None
+    return missing_executable(EXECUTABLE, "infinity-emb server", "`make infinity` (tests/infinity/install.sh)")
 
 
 def minilm_path() -> Path:

