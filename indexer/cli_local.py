@@ -175,10 +175,9 @@ def index(config: Path | None, workspace: Path | None, agent: str | None, state_
         click.echo(json.dumps(status, indent=2))
     else:
         print_status(status)
-    outage = indexer.state.ledger.outage
     if status["queue_depth"]:
         click.echo(f"qmd-indexer: {status['queue_depth']} file(s) not indexed: the embedder did not answer within "
-                   f"{wait_s:g} s (--wait-s): {outage.reason or 'unavailable'}", err=True)
+                   f"{wait_s:g} s (--wait-s): {indexer.state.ledger.outage.reason or 'unavailable'}", err=True)
     sys.exit(EXIT_PARTIAL if status["files_failed"] or status["queue_depth"] else EXIT_OK)
 
 

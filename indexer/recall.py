@@ -33,7 +33,7 @@ from indexer.schema import (
     SearchRequest,
     SearchResponse,
 )
-from indexer.search import SNIPPET_CHARS, Searcher, relevant
+from indexer.search import SNIPPET_CHARS, Searcher, join_degraded, relevant
 from indexer.store import Store
 from indexer.workspace import Collection, anchor, route
 
@@ -225,8 +225,9 @@ def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None
     text = "\n".join(parts)
     context: BootContext = {"text": text, "used_chars": len(text), "budget_chars": budget_chars,
                             "included": included, "omitted": omitted}
-    if degraded:
-        context["degraded"] = "; ".join(degraded)
+    note = join_degraded(degraded)
+    if note:
+        context["degraded"] = note
     return context
 
 
