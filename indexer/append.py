@@ -19,7 +19,9 @@ Rules, checked before anything is written (a refused call writes nothing, not ev
   checked before the write: appends racing each other may pass it together, each by at most one entry.
 - **One write**: the whole entry (a blank line before it when the file has text, the text with ``\\r\\n``/``\\r``
   made ``\\n``, one final newline) goes out in one ``os.write`` on an ``O_APPEND`` descriptor, so concurrent
-  appends, from this daemon or any other process, land whole and never interleave.
+  appends, from this daemon or any other process, land whole and never interleave. The file's end is read (for
+  the blank line) and written under an exclusive ``flock`` of the file, so two appends to an empty file never both
+  leave the blank line out (seen once in 50 concurrent appends: two entries ran together as one paragraph).
 - **Line range**: after the write the descriptor's offset (``lseek``; its own, whatever others appended since)
   says where the entry landed; the line breaks before it (``\\n``, ``\\r\\n``, lone ``\\r``: the line model of
   ``indexer.chunking.line_spans``, as hits and ``get`` count) give its first line.
@@ -29,6 +31,7 @@ Rules, checked before anything is written (a refused call writes nothing, not ev
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 from collections.abc import Sequence
@@ -211,6 +214,7 @@ def append_entry(collections: Sequence[Collection], settings: Settings, text: st
         log.warning("append_refused", agent=agent, path=asked, reason=type(exc).__name__, detail=str(exc))
         raise
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the end read below is still the end when the entry is written
         end = os.fstat(fd).st_size
         tail = os.pread(fd, 1, end - 1) if end else b""
         separator = b"" if not end else b"\n" if tail == b"\n" else b"\n\n"  # a blank line between entries
