@@ -24,7 +24,7 @@ What it does, in one run:
    - ``script``: each section with its file path prepended (``notes/X.md`` on the first line), embedded whole by
      the product's text model (the model truncates past its window) and BM25-encoded by Qdrant Edge's ``Bm25``
      (the product's configuration) into an Edge shard, searched per vector at the product's prefetch depth and
-     fused with DBSF (and RRF) by ``indexer.search.fuse_scores``.
+     fused with DBSF (and RRF) by ``indexer.ranking.fuse_scores``.
 5. Scores every run with the dev set's ``score.py``: file nDCG@10, line hit@5, recall@10 over the 52 answerable
    questions, and the top-1 score of the 8 unanswerable ones next to the answerable median (unanswerable
    separation). With ``--runs DIR`` it also writes each run as a JSONL file ``score.py`` reads.
@@ -178,12 +178,12 @@ def run_bm25s(dev: DevSet, sections: Sequence[Section]) -> dict[str, list[dict[s
 def run_script(dev: DevSet, sections: Sequence[Section], state: Path, embedder: Any, bm25: Any, cache: Any,
                prefetch: int, log: Callable[[str], None]) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """The section-chunk script: path + section text, dense (the product's model) and Qdrant Edge BM25 in one Edge
-    shard, fused with ``indexer.search.fuse_scores``. Returns label -> run."""
+    shard, fused with ``indexer.ranking.fuse_scores``. Returns label -> run."""
     import numpy as np
 
     from indexer.cache import cache_key
     from indexer.points import SPARSE, Filter, Hit, Payload, Point, Query, point_id
-    from indexer.search import fuse_scores
+    from indexer.ranking import fuse_scores
     from indexer.store import EdgeStore
 
     texts = [f"{s.path}\n{s.text}" for s in sections]
@@ -232,18 +232,22 @@ def run_script(dev: DevSet, sections: Sequence[Section], state: Path, embedder: 
 
 # -- the product --------------------------------------------------------------------------------------------------
 def run_product(dev: DevSet, indexer: Any, methods: Sequence[tuple[str, str, str]], prefetch: int,
-                mmr_lambda: float | None = None) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """``methods``: (label, mode, fusion). Every question through ``Searcher.search``; label -> run."""
+                mmr_lambda: float | None = None,
+                flags: dict[str, dict[str, bool | None]] | None = None) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """``methods``: (label, mode, fusion). Every question through ``Searcher.answer`` (what ``POST /search``
+    answers); label -> run, and into ``flags`` label -> question id -> the answer's ``relevant``."""
     from indexer.search import SearchParams
 
     runs = {}
     for label, mode, fusion in methods:
         searcher = indexer.view.searcher(mode=mode, fusion=fusion, prefetch_limit=prefetch, mmr_lambda=mmr_lambda)
-        run = {}
+        run, said = {}, {}
         for q in dev.queries:
-            hits = searcher.search(SearchParams(q["query"], k=K, mode=mode))
+            hits, said[q["id"]], _ = searcher.answer(SearchParams(q["query"], k=K, mode=mode))
             run[q["id"]] = [dict(h, path=dev_path(h["path"])) for h in hits]
         runs[label] = run
+        if flags is not None:
+            flags[label] = said
     return runs
 
 
@@ -263,26 +267,32 @@ def chunk_count(notes: Path, registry: Any) -> tuple[int, int]:
     return len(files), chunks
 
 
-def floor_report(dev: DevSet, runs: dict[str, dict[str, list[dict[str, Any]]]], floor: float) -> None:
-    """"Nothing relevant" on the dev set: the best raw dense score among the first ``FLOOR_K`` hits (what
-    ``indexer.search.relevant`` reads) of the unanswerable and the answerable questions, and how the configured
-    ``relevance_floor`` separates them."""
-    from indexer.search import relevant
+def top_right(q: dict[str, Any], results: Sequence[dict[str, Any]]) -> bool:
+    """Whether the first result overlaps a relevant line range of ``q``."""
+    return bool(results) and any(r["path"] == results[0]["path"] and r["start_line"] <= results[0]["end_line"]
+                                 and r["end_line"] >= results[0]["start_line"] for r in q["relevant"])
 
+
+def floor_report(dev: DevSet, runs: dict[str, dict[str, list[dict[str, Any]]]],
+                 flags: dict[str, dict[str, bool | None]], floor: float) -> None:
+    """"Nothing relevant" on the dev set: the best raw dense score among the first ``FLOOR_K`` hits of the
+    unanswerable and the answerable questions, and the answers' own ``relevant`` flag (``indexer.search.relevance``,
+    judged on the whole candidate lists): how many unanswerable questions it calls not relevant, and how many
+    questions whose top hit is right it calls relevant."""
     print(f"\nnothing relevant: best dense cosine among the first {FLOOR_K} hits; relevance_floor {floor}")
     for label, run in runs.items():
-        if not label.startswith("product") or label == "product keyword":
+        if label not in flags or label == "product keyword":
             continue
         best = {q["id"]: max([h["dense_score"] for h in run[q["id"]][:FLOOR_K] if h.get("dense_score") is not None],
                              default=None) for q in dev.queries}
         neg = sorted(best[q["id"]] for q in dev.queries if not q["relevant"] and best[q["id"]] is not None)
         ans = sorted(best[q["id"]] for q in dev.queries if q["relevant"] and best[q["id"]] is not None)
-        said_none = {q["id"]: relevant(run[q["id"]][:FLOOR_K], floor) is False for q in dev.queries}
-        caught = sum(said_none[q["id"]] for q in dev.queries if not q["relevant"])
-        false = sum(said_none[q["id"]] for q in dev.queries if q["relevant"])
+        caught = sum(flags[label][q["id"]] is False for q in dev.queries if not q["relevant"])
+        right = [q["id"] for q in dev.queries if q["relevant"] and top_right(q, run[q["id"]])]
+        said = sum(flags[label][qid] is True for qid in right)
         print(f"  {label:<22} unanswerable {' '.join(f'{x:.3f}' for x in neg)} | answerable min/p10/median "
-              f"{ans[0]:.3f}/{ans[len(ans) // 10]:.3f}/{statistics.median(ans):.3f} | nothing-relevant: "
-              f"{caught}/{len(neg)} unanswerable, {false}/{len(ans)} answerable (false)")
+              f"{ans[0]:.3f}/{ans[len(ans) // 10]:.3f}/{statistics.median(ans):.3f} | relevant=false: "
+              f"{caught}/{len(neg)} unanswerable; relevant=true: {said}/{len(right)} whose top hit is right")
 
 
 # -- command line -------------------------------------------------------------------------------------------------
@@ -362,15 +372,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"devvault: {len(dev.queries)} queries; {write_workspace(notes, workspace)} notes written to {workspace}")
 
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    flags: dict[str, dict[str, bool | None]] = {}
     indexer, facts = open_indexed(state, workspace, args.variant, args.bm25, None, registry, log)
     try:
         started = time.monotonic()
         methods = [("product dense", "dense", defaults.fusion), ("product keyword", "keyword", defaults.fusion),
                    ("product hybrid dbsf", "hybrid", "dbsf"), ("product hybrid rrf", "hybrid", "rrf")]
-        runs.update(run_product(dev, indexer, methods, prefetch))
+        runs.update(run_product(dev, indexer, methods, prefetch, flags=flags))
         for lam in args.mmr:
             runs.update(run_product(dev, indexer, [(f"product hybrid dbsf mmr{lam:g}", "hybrid", "dbsf")], prefetch,
-                                    mmr_lambda=lam))
+                                    mmr_lambda=lam, flags=flags))
         log(f"product searches: {time.monotonic() - started:.1f} s")
         if not args.no_baselines:
             sections = heading_sections(notes)
@@ -393,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(results, types)
     print("nDCG@10: file level, deduplicated by path; hit@5: line overlap of the first 5 hits; both from the dev "
           "set's score.py over the answerable questions. neg top1: median top-1 score of the unanswerable questions.")
-    floor_report(dev, runs, defaults.relevance_floor)
+    floor_report(dev, runs, flags, defaults.relevance_floor)
     if args.per_query:
         labels = list(results)
         print("\nper query (nDCG@10 / hit@5):")

@@ -48,8 +48,8 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "scifact"
 DEFAULT_STATE = REPO / ".eval"
 RECALL_CHUNKS = 300  # chunks asked for when measuring recall@100 (~2.3 chunks per SciFact document)
 # source files whose code decides what points the index holds; a change to any of them rebuilds the eval index
-_POINT_SHAPING = ("indexer/chunking.py", "indexer/markdown.py", "indexer/pipeline.py", "indexer/points.py",
-                  "indexer/store.py", "indexer/store/*.py")
+_POINT_SHAPING = ("indexer/chunking.py", "indexer/conversation.py", "indexer/frontmatter.py", "indexer/markdown.py",
+                  "indexer/pipeline.py", "indexer/points.py", "indexer/store.py", "indexer/store/*.py")
 
 
 # -- metrics ------------------------------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def run_collapsed(indexer: Any, data: SciFact, fusion: str, prefetch: int, rrf_k
     """Experiment, not the product path: each vector's list collapsed to one hit per document (its best chunk),
     keyed by document, before fusion with the product's ``fuse_scores``: a document whose best dense chunk and best BM25
     chunk differ gets credit from both lists."""
-    from indexer.search import fuse_scores
+    from indexer.ranking import fuse_scores
     from indexer.store import Filter, Hit, Query
 
     searcher = indexer.view.searcher()

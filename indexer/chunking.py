@@ -18,13 +18,17 @@ a lone ``\\r`` each end a line, as editors show them; citations, snippets and ``
 
 from __future__ import annotations
 
+import datetime
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
+from functools import partial
 
 from markdown_it import MarkdownIt
 
+from indexer.conversation import conversation_windows, is_conversation, speakers_of
+from indexer.dates import date_words, note_date
 from indexer.frontmatter import front_matter, front_matter_lines
 
 OVERLAP_RATIO = 0.2  # reference: 80 of 400 tokens
@@ -32,21 +36,25 @@ MAX_CONTEXT_RATIO = 0.25  # share of the window a chunk's document context may t
 MERGE_TOKENS = 128  # adjacent small sections merge while together (with context) under this many tokens
 #: version of what the built-in markdown chunking makes of a note (line ranges and context text); stored with every
 #: point so that a store built by another version is re-indexed once (see ``indexer.pipeline``)
-CHUNKING_VERSION = 3  # 3: front matter out of the chunks, its title and tags in their context
+CHUNKING_VERSION = 4  # 4: conversation logs cut into turn windows; a dated note's date and a window's speakers
+# in the context (3: front matter out of the chunks, its title and tags in their context)
 CONTEXT_PATH = False  # whether the context also names the note's workspace-relative path
 
 
 @dataclass(frozen=True, slots=True)
 class TextChunk:
     """A chunk of a text: ``text`` is ``source[start_char:end_char]``; lines are 1-based, inclusive. ``context`` is
-    the document context embedded and keyword-indexed with it (``chunk_markdown``; empty for ``chunk_text``), and
-    ``n_tokens`` counts the text's tokens plus the context's."""
+    the document context embedded and keyword-indexed with it (``chunk_markdown``; empty for ``chunk_text``),
+    ``n_tokens`` counts the text's tokens plus the context's, and ``speakers`` names those of a conversation window
+    (``indexer.conversation``; empty for other chunks)."""
 
     text: str
     start_line: int
     end_line: int
     n_tokens: int
     context: str = ""
+    speakers: tuple[str, ...] = ()  # a conversation window's speakers; empty for any other chunk
+    date: str = ""  # the note's date (``indexer.dates.note_date``) as ``YYYY-MM-DD``; empty for an undated note
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,18 +271,21 @@ def document_title(first_h1: str | None, rel_path: str, front_matter_title: str 
     return " ".join(stem.replace("-", " ").replace("_", " ").split()) or stem
 
 
-def document_context(title: str | None, crumbs: Sequence[str], rel_path: str, tags: Sequence[str] = ()) -> str:
+def document_context(title: str | None, crumbs: Sequence[str], rel_path: str, tags: Sequence[str] = (),
+                     day: datetime.date | None = None, speakers: Sequence[str] = ()) -> str:
     """The context of a chunk: ``Title > Section > Subsection``; a daily note (file named ``YYYY-MM-DD``) whose
-    title lacks its date gets it prefixed; the front matter's ``tags`` follow on a line of their own as hashtags
-    (``#ops #deploy``). ``title=None``: the chunk shows its title line itself, so only a date (or nothing) stands
-    for it."""
+    title lacks its date gets it prefixed; a dated note's date (``indexer.conversation.note_date``) follows in
+    words (``Monday, 8 May 2023``), then a conversation window's ``speakers`` (``Caroline, Melanie``), then the front
+    matter's ``tags`` as hashtags (``#ops #deploy``), each on a line of its own. ``title=None``: the chunk shows its
+    title line itself, so only a date (or nothing) stands for it."""
     date = _DATE_NAME.search(rel_path.rsplit("/", 1)[-1])
     shown = title or ""
     date_text = date.group(1) if date and date.group(1) not in shown and date.group(1).replace("-", " ") not in shown \
         else ""
     head = " ".join(part for part in (date_text, title or "") if part)
     line = " > ".join([part for part in (head, *crumbs) if part])
-    line = "\n".join(part for part in (line, " ".join(f"#{tag}" for tag in tags)) if part)
+    lines = (line, date_words(day) if day else "", ", ".join(speakers), " ".join(f"#{tag}" for tag in tags))
+    line = "\n".join(part for part in lines if part)
     return f"{rel_path}\n{line}" if CONTEXT_PATH else line
 
 
@@ -311,19 +322,21 @@ def chunk_markdown(
     meta = front_matter(text)
     first_h1, sections = outline(text, meta.lines)
     title = document_title(first_h1, rel_path, meta.title)
+    day = note_date(rel_path, meta.date, first_h1)
     cap = max(1, int(max_tokens * MAX_CONTEXT_RATIO))
     pieces = _pieces(text, token_offsets(text), max_tokens - cap)
     by_line: dict[int, list[int]] = {}
     for index, piece in enumerate(pieces):
         by_line.setdefault(piece.line, []).append(index)
+    lines = text.split("\n")
 
-    def context_of(crumbs: Sequence[str], shows_heading: bool = False) -> tuple[str, int]:
+    def context_of(crumbs: Sequence[str], shows_heading: bool = False, speakers: Sequence[str] = ()) -> tuple[str, int]:
         # a chunk that starts with its own heading line does not repeat that heading in its context
         if shows_heading:
-            context = document_context(title, crumbs[:-1], rel_path, meta.tags) if crumbs else \
-                document_context(None, (), rel_path, meta.tags)
+            context = document_context(title, crumbs[:-1], rel_path, meta.tags, day, speakers) if crumbs else \
+                document_context(None, (), rel_path, meta.tags, day, speakers)
         else:
-            context = document_context(title, crumbs, rel_path, meta.tags)
+            context = document_context(title, crumbs, rel_path, meta.tags, day, speakers)
         if not context:
             return "", 0
         offsets = token_offsets(context + "\n")
@@ -331,28 +344,40 @@ def chunk_markdown(
             context, offsets = context[: offsets[cap - 1][1]], offsets[:cap]
         return context, len(offsets)
 
-    # (first piece, last piece + 1, crumbs, n_tokens, heading line or -1) per non-blank section; a group of merged
-    # sections keeps the heading line of its first section only while that heading names the group's crumbs
-    groups: list[tuple[int, int, tuple[str, ...], int, int]] = []
+    # (first piece, last piece + 1, crumbs, n_tokens, heading line or -1, conversation) per non-blank section; a
+    # group of merged sections keeps the heading line of its first section only while that heading names the
+    # group's crumbs; a conversation log is a group of its own
+    groups: list[tuple[int, int, tuple[str, ...], int, int, bool]] = []
     for section in sections:
         idx = [i for line in range(section.start, section.end) for i in by_line.get(line, ())]
         if not idx or not text[pieces[idx[0]].start : pieces[idx[-1]].end].strip():
             continue
         n = sum(pieces[i].n_tokens for i in idx)
-        if groups:
-            lo, _, crumbs, total, heading = groups[-1]
+        talk = is_conversation(lines[section.start : section.end])
+        if groups and not talk and not groups[-1][5]:
+            lo, _, crumbs, total, heading, _ = groups[-1]
             shared = _common(crumbs, section.crumbs)
             if total + n + context_of(shared)[1] <= min(MERGE_TOKENS, max_tokens):
-                groups[-1] = (lo, idx[-1] + 1, shared, total + n, heading if shared == crumbs else -1)
+                groups[-1] = (lo, idx[-1] + 1, shared, total + n, heading if shared == crumbs else -1, False)
                 continue
-        groups.append((idx[0], idx[-1] + 1, section.crumbs, n, section.start if section.heading else -1))
+        groups.append((idx[0], idx[-1] + 1, section.crumbs, n, section.start if section.heading else -1, talk))
     chunks: list[TextChunk] = []
-    for lo, hi, crumbs, _, heading in groups:
-        budget = max_tokens - context_of(crumbs)[1]
-        overlap = int(budget * OVERLAP_RATIO) if overlap_tokens is None else overlap_tokens
+    for lo, hi, crumbs, _, heading, talk in groups:
         part = pieces[lo:hi]
-        for a, b, total in _pack(text, part, budget, overlap):
-            context, n_context = context_of(crumbs, shows_heading=part[a].line == heading)
+        everyone = speakers_of(lines, part[0].line, part[-1].line) if talk else ()
+        budget = max_tokens - context_of(crumbs, speakers=everyone)[1]
+        overlap = int(budget * OVERLAP_RATIO) if overlap_tokens is None else overlap_tokens
+        windows = conversation_windows(part, lines, budget, partial(_plain, text, part, budget, overlap)) if talk \
+            else [(a, b, ()) for a, b, _ in _pack(text, part, budget, overlap)]
+        for a, b, speakers in windows:
+            total = sum(p.n_tokens for p in part[a : b + 1])
+            context, n_context = context_of(crumbs, shows_heading=part[a].line == heading, speakers=speakers)
             chunks.append(TextChunk(text[part[a].start : part[b].end], part[a].line + 1, part[b].line + 1,
-                                    total + n_context, context))
+                                    total + n_context, context, speakers, day.isoformat() if day else ""))
     return chunks
+
+
+def _plain(text: str, pieces: Sequence[_Piece], budget: int, overlap: int, first: int,
+           last: int) -> list[tuple[int, int]]:
+    """``pieces[first..last]`` (one turn over the window) cut into plain windows (``_pack``): piece index ranges."""
+    return [(first + x, first + y) for x, y, _ in _pack(text, pieces[first : last + 1], budget, overlap)]

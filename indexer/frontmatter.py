@@ -23,11 +23,13 @@ _TAG_SPLIT = re.compile(r"[,\s]+")
 @dataclass(frozen=True, slots=True)
 class FrontMatter:
     """A note's front matter: ``lines`` it spans from the top (0 when there is none), its ``title`` (None when it
-    names none) and ``tags`` (``tags`` or ``tag``: a list or a comma/space separated string, ``#`` dropped)."""
+    names none), ``tags`` (``tags`` or ``tag``: a list or a comma/space separated string, ``#`` dropped) and
+    ``date`` (what its ``date`` key holds: YAML and TOML read a bare date as a ``datetime.date``)."""
 
     lines: int = 0
     title: str | None = None
     tags: tuple[str, ...] = ()
+    date: object = None  # its ``date`` as parsed (a ``datetime.date``/``datetime``, or a string), None when absent
 
 
 def front_matter(text: str) -> FrontMatter:
@@ -53,7 +55,7 @@ def front_matter(text: str) -> FrontMatter:
     raw = data.get("tags", data.get("tag"))
     items = _TAG_SPLIT.split(raw) if isinstance(raw, str) else raw if isinstance(raw, list) else []
     tags = (str(t).strip().lstrip("#") for t in items if isinstance(t, str | int | float))
-    return FrontMatter(lines, title or None, tuple(dict.fromkeys(t for t in tags if t)))
+    return FrontMatter(lines, title or None, tuple(dict.fromkeys(t for t in tags if t)), data.get("date"))
 
 
 def front_matter_lines(text: str) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 
 from indexer.api import Chunk, ExtractContext, FileInfo
-from indexer.chunking import OVERLAP_RATIO, chunk_markdown
+from indexer.chunking import OVERLAP_RATIO, TextChunk, chunk_markdown
 from indexer.errors import ExtractError
 
 log = structlog.get_logger("qmd_indexer.markdown")
@@ -42,6 +42,17 @@ def decode_text(data: bytes) -> tuple[str, int]:
     return text, replaced
 
 
+def _meta(chunk: TextChunk) -> dict[str, Any]:
+    """The payload fields of a chunk beside its text: ``speakers`` of a conversation window, ``note_date``
+    (``YYYY-MM-DD``) of a dated note's chunk."""
+    meta: dict[str, Any] = {}
+    if chunk.speakers:
+        meta["speakers"] = list(chunk.speakers)
+    if chunk.date:
+        meta["note_date"] = chunk.date
+    return meta
+
+
 class MarkdownExtractor:
     """A markdown file to heading-section chunks sized to the embedder, each carrying its document's title, heading
     path and front matter tags as ``context``; the front matter itself is in no chunk (see
@@ -68,4 +79,4 @@ class MarkdownExtractor:
         for chunk in chunk_markdown(text, context.token_offsets, context.max_tokens, file.rel_path,
                                     overlap_tokens=overlap):
             yield Chunk(text=chunk.text, start_line=chunk.start_line, end_line=chunk.end_line, kind="markdown",
-                        context=chunk.context)
+                        context=chunk.context, meta=_meta(chunk))

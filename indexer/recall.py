@@ -21,6 +21,7 @@ from typing import IO, Any
 from indexer.api import HEAD_BYTES
 from indexer.chunking import split_lines
 from indexer.errors import ReadRefused
+from indexer.hits import SNIPPET_CHARS
 from indexer.safeio import UnsafePath, open_beneath
 from indexer.schema import (
     DEFAULT_K,
@@ -33,7 +34,7 @@ from indexer.schema import (
     SearchRequest,
     SearchResponse,
 )
-from indexer.search import SNIPPET_CHARS, Searcher, join_degraded, relevant
+from indexer.search import Searcher, join_degraded
 from indexer.store import Store
 from indexer.workspace import Collection, anchor, route
 
@@ -167,9 +168,9 @@ def list_memories(collections: Sequence[Collection], store: Store, k: int = LIST
 
 
 def recall(searcher: Searcher, query: str, k: int | None = None, agent: str | None = None, offset: int = 0,
-           relevance_floor: float = -1.0, degraded: list[str] | None = None) -> SearchResponse:
+           degraded: list[str] | None = None) -> SearchResponse:
     """The ``k`` (default ``DEFAULT_K``) best memories for ``query`` (the configured search mode), as ``{"hits",
-    "relevant"}`` (``indexer.search.relevant`` against ``relevance_floor``); ``*``/``all``/empty lists every memory
+    "relevant"}`` (``indexer.search.relevance``); ``*``/``all``/empty lists every memory
     file instead (``list_memories``: ``k`` defaults to ``LIST_CAP``, ``offset`` pages). Raises ``KeyError`` for an
     unknown agent. ``degraded``: as ``Searcher.retrieve``'s."""
     request = SearchRequest(query=query, agent=agent)
@@ -177,8 +178,10 @@ def recall(searcher: Searcher, query: str, k: int | None = None, agent: str | No
         searcher.targets(request)  # raises KeyError for an unknown agent
         return list_memories(searcher.collections, searcher.store, k or LIST_CAP, agent, offset)
     # a recall may ask for more hits than a search's k allows (RecallK): set without the search's bound
-    hits = searcher.search(request.model_copy(update={"k": k or DEFAULT_K}), degraded)
-    return {"hits": hits, "relevant": relevant(hits, relevance_floor)}
+    answer = searcher.answer(request.model_copy(update={"k": k or DEFAULT_K}))
+    if degraded is not None:
+        degraded.extend(answer.degraded)
+    return {"hits": answer.hits, "relevant": answer.relevant}
 
 
 def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None = None,

@@ -102,6 +102,10 @@ Since = Annotated[str | None, AfterValidator(_readable_time), WithJsonSchema(_TI
 Until = Annotated[str | None, AfterValidator(_readable_time), WithJsonSchema(_TIME_SCHEMA), Field(
     description="Only files modified before: a duration ago (7d, 12h, 30m, 2w) or an ISO date/date-time "
                 "(2026-11-01, 2026-11-01T09:30).")]
+AsOf = Annotated[str | None, AfterValidator(_readable_time), WithJsonSchema(_TIME_SCHEMA), Field(
+    description="The moment a time in the query counts from (\"last week\", \"yesterday\"): an ISO date/date-time "
+                "(2026-11-01, 2026-11-01T09:30) or a duration ago (2d); default now. A time the query names only "
+                "favours notes dated then; since/until filter.")]
 MemoryPath = Annotated[str, Field(min_length=1, description="A memory file, workspace-relative (memory/2026-11-27.md, "
                                                       "MEMORY.md), as a hit's `path` gives it.")]
 FromLine = Annotated[int, Field(ge=1, validation_alias=AliasChoices("from", "from_line"),
@@ -167,6 +171,7 @@ class SearchRequest(Request):
     since: Since = None
     until: Until = None
     min_score: MinScore = None
+    as_of: AsOf = None
     wait_s: WaitS = 0.0
 
     def since_ns(self, now_s: float | None = None) -> int | None:

@@ -79,7 +79,7 @@ from indexer.schema import (
     Status,
     error_answer,
 )
-from indexer.search import Searcher, join_degraded, relevant
+from indexer.search import Answer, Searcher, join_degraded
 from indexer.state import Plan
 
 T = TypeVar("T")
@@ -188,26 +188,30 @@ class LocalMemory:
     def search(self, request: SearchRequest, /, degraded: list[str] | None = None) -> list[Hit]:
         """The hits for ``request`` (its ``wait_s`` is the HTTP route's), scoped to one agent (``scope_agent``);
         ``degraded`` collects why the answer is less than the configured search (``Searcher.retrieve``)."""
+        answer = self._answer(request)
+        if degraded is not None:
+            degraded.extend(answer.degraded)
+        return answer.hits
+
+    def _answer(self, request: SearchRequest) -> Answer:
         check_query(request.query)
         searcher = self.searcher
         scoped = request.model_copy(update={"agent": self.scope(request.agent)})
         with self.view.metrics.search_timer() as timer:
-            hits = searcher.search(scoped, degraded)  # ValueError (a bad since): 400
+            answer = searcher.answer(scoped)  # ValueError (a bad since): 400
             timer.mode = request.mode or searcher.mode  # a refused mode raised above: never a label
-        return hits
+        return answer
 
     def search_response(self, request: SearchRequest, /) -> SearchResponse:
         """``POST /search``'s answer: after waiting up to ``request.wait_s`` seconds for the agent's pending files,
-        ``{"hits", "relevant", "pending"}`` (``relevant``: ``indexer.search.relevant`` against ``relevance_floor``;
-        ``pending``: the scoped agent's files changed on disk and not yet indexed)."""
+        ``{"hits", "relevant", "pending"}`` (``relevant``: ``indexer.search.relevance``; ``pending``: the scoped
+        agent's files changed on disk and not yet indexed)."""
         agent = self.scope(request.agent)
         if request.wait_s:
             self.view.wait_pending(agent, request.wait_s)
-        notes: list[str] = []
-        hits = self.search(request, notes)
-        answer: SearchResponse = {"hits": hits, "relevant": relevant(hits, self.view.plan.settings.relevance_floor),
-                                  "pending": self.view.pending(agent)}
-        reason = join_degraded(notes)
+        found = self._answer(request)
+        answer: SearchResponse = {"hits": found.hits, "relevant": found.relevant, "pending": self.view.pending(agent)}
+        reason = join_degraded(found.degraded)
         if reason:
             answer["degraded"] = reason
         return answer
@@ -224,7 +228,7 @@ class LocalMemory:
         check_query(query)
         scoped = self.scope(agent)
         notes: list[str] = []
-        answer = recall(self.searcher, query, k, scoped, offset, self.view.plan.settings.relevance_floor, notes)
+        answer = recall(self.searcher, query, k, scoped, offset, notes)
         reason = join_degraded(notes)
         if reason:
             answer["degraded"] = reason

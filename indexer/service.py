@@ -40,8 +40,8 @@ from indexer.errors import (
     StoreLocked,
     StoreUnavailable,
 )
+from indexer.ranking import load_fusion
 from indexer.reload import Reloader
-from indexer.search import load_fusion
 from indexer.state import process_age_s
 from indexer.systemd import Notifier, Supervisor, watchdog_interval_s
 from indexer.worker import Progress, run

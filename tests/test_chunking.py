@@ -126,7 +126,8 @@ def test_the_title_falls_back_to_the_file_name_and_a_daily_note_keeps_its_date(e
     assert chunk.context == "deploy run book"
     text = "# Standup\n\nWe moved the release.\n\n## Actions\n\nDana files the ticket.\n"
     chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/2026-03-02.md")
-    assert {c.context for c in chunks} == {"2026-03-02"}  # title line and "## Actions" merged: both shown
+    # title line and "## Actions" merged: both shown; the date also in the words people ask with
+    assert {c.context for c in chunks} == {"2026-03-02\nMonday, 2 March 2026"}
 
 
 def test_front_matter_comments_and_quotes_do_not_make_sections(embedder, monkeypatch) -> None:

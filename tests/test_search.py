@@ -12,10 +12,12 @@ from conftest import write
 from fastapi.testclient import TestClient
 
 from indexer import bm25
-from indexer.points import Hit, Payload, Query
+from indexer.hits import snippet
+from indexer.points import SPARSE, Hit, Payload, Query
+from indexer.ranking import decay, fuse_scores, mmr
 from indexer.recall import read_memory
 from indexer.schema import SearchRequest
-from indexer.search import decay, fuse_scores, mmr, relevant, snippet
+from indexer.search import relevance
 from indexer.server import create_app
 from indexer.worker import index_once
 
@@ -378,10 +380,29 @@ def test_hits_carry_raw_scores_and_say_when_nothing_is_relevant(indexed) -> None
     assert -1 <= hit["dense_score"] <= 1 and hit["keyword_score"] > 0
     [dense] = searcher.search(SearchRequest(query="ACME-4471", k=1, mode="dense"))
     assert dense["keyword_score"] is None and dense["dense_score"] == pytest.approx(dense["score"], abs=1e-5)
-    assert relevant([hit], floor=-1.0) is True and relevant([hit], floor=1.01) is False
-    assert relevant([], floor=0.0) is False
     [keyword] = searcher.search(SearchRequest(query="ACME-4471", k=1, mode="keyword"))
-    assert relevant([keyword], floor=0.0) is None  # no dense score to judge by
+    assert searcher.answer(SearchRequest(query="ACME-4471", k=1, mode="keyword")).relevant is None  # no dense list
+
+
+def test_relevance_reads_the_best_cosine_or_the_keyword_score_per_term() -> None:
+    dense, keyword = [("a", 0.45), ("b", 0.2)], [("b", 6.0), ("a", 1.0)]
+    assert relevance({"text": dense}, 0, dense_floor=0.4, keyword_floor=2.5) is True
+    assert relevance({"text": dense}, 0, dense_floor=0.5, keyword_floor=2.5) is False
+    # 6.0 over 2 query terms clears 2.5 a term; over 3 terms it does not
+    assert relevance({"text": dense, SPARSE: keyword}, 2, dense_floor=0.5, keyword_floor=2.5) is True
+    assert relevance({"text": dense, SPARSE: keyword}, 3, dense_floor=0.5, keyword_floor=2.5) is False
+    assert relevance({SPARSE: keyword}, 2, dense_floor=0.5, keyword_floor=2.5) is None  # keyword-only search
+    assert relevance({}, 2, dense_floor=0.5, keyword_floor=2.5) is False
+
+
+def test_relevant_does_not_depend_on_k(indexed) -> None:
+    """The flag is judged on the whole candidate lists, so asking for fewer hits never flips it (it did: the best
+    cosine among the returned hits, so k=1 could say false where k=2 said true)."""
+    indexer, _ = indexed
+    searcher = indexer.view.searcher()
+    for query in ("when can we deploy?", "disk filled up", "ACME-4471", "recipe for banana bread"):
+        flags = {searcher.answer(SearchRequest(query=query, k=k)).relevant for k in (1, 2, 6, 20)}
+        assert len(flags) == 1, (query, flags)
 
 
 def test_a_snippet_starts_at_the_lines_that_matched_not_at_the_title() -> None:

@@ -122,8 +122,10 @@ def inprocess_split(state_dir: Path, workspace: Path, registry: Any, queries: Se
     searcher runs them) and with every candidate's payload (as the first version did), fusion, the payload read of
     the k kept hits, snippets, and the whole ``retrieve`` (query embedding cached)."""
     from indexer.daemon import Indexer
+    from indexer.hits import to_hit
     from indexer.points import Filter, Hit, Query
-    from indexer.search import SearchParams, fuse_scores, to_hit
+    from indexer.ranking import fuse_scores
+    from indexer.search import SearchParams
 
     indexer = Indexer.open(settings_for(workspace, state_dir, agent="big", qdrant_url=qdrant_url), registry=registry)
     searcher = indexer.view.searcher()

@@ -1,0 +1,102 @@
+"""Dates of notes and of questions: when a note was written, and which days a question asks about.
+
+``note_date`` finds a note's date (file name ``YYYY-MM-DD``, front matter ``date``, a dated heading) and
+``date_words`` writes it the ways people ask for it (``Monday, 8 May 2023``): chunking puts it into the chunk's
+context, embedded and keyword-indexed with the text, and into the payload (``date``).
+
+``query_period`` reads a time expression in a question (``in May 2023``, ``on October 24, 2023``, ``last week``,
+``yesterday``, ``two days ago``) with dateparser (scrapinghub/dateparser), relative to a moment (the request's
+``as_of``, else now), as the days it spans: search boosts the notes dated in them (``indexer.search``), never
+filters by them (``since``/``until`` are the filters).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from functools import lru_cache
+
+_ISO_DATE = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")
+
+
+def parse_iso_date(text: str) -> datetime.date | None:
+    """The first valid ``YYYY-MM-DD`` date in ``text``, else ``None``."""
+    for match in _ISO_DATE.finditer(text):
+        try:
+            return datetime.date(*map(int, match.groups()))
+        except ValueError:
+            continue
+    return None
+
+
+def note_date(rel_path: str, front_matter_date: object = None, title: str | None = None) -> datetime.date | None:
+    """A note's date: its file name's ``YYYY-MM-DD``, else its front matter's ``date`` (a date, a date-time or an
+    ISO string), else a ``YYYY-MM-DD`` in its title heading; ``None`` when none names one."""
+    found = parse_iso_date(rel_path.rsplit("/", 1)[-1])
+    if found is None and isinstance(front_matter_date, datetime.datetime):
+        found = front_matter_date.date()
+    elif found is None and isinstance(front_matter_date, datetime.date):
+        found = front_matter_date
+    elif found is None and isinstance(front_matter_date, str):
+        found = parse_iso_date(front_matter_date)
+    if found is None and title:
+        found = parse_iso_date(title)
+    return found
+
+
+_WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December")
+
+
+def date_words(day: datetime.date) -> str:
+    """``day`` as people write and ask for it, in English whatever the locale: ``Monday, 8 May 2023`` (which holds
+    ``May 2023`` and the weekday as words a keyword search matches)."""
+    return f"{_WEEKDAYS[day.weekday()]}, {day.day} {_MONTHS[day.month - 1]} {day.year}"
+
+
+#: a time expression dateparser found counts only when it holds one of these: a digit, a month's name (``may``
+#: only after ``in``/``of``/``early``/``late``, it is also a verb), a weekday or a relative word (dateparser also
+#: reads "we", "sat" or "second" as times)
+_CUE = re.compile(
+    r"\d|\b(?:yesterday|today|tonight|ago|last|week|weekend|month|year|january|february|march|april|june|july|"
+    r"august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec|monday|tuesday|"
+    r"wednesday|thursday|friday|saturday|sunday)\b|\b(?:in|of|early|late|mid) may\b", re.IGNORECASE)
+_PERIOD_DAYS = {"day": 1, "week": 7}
+
+
+def query_period(query: str, as_of: datetime.datetime | None = None) -> tuple[datetime.date, datetime.date] | None:
+    """``(first, last)`` days (inclusive) of the first time expression in ``query`` (English), relative to
+    ``as_of`` (naive local time; default now): a day (``on 24 October 2023``, ``yesterday``, ``two days ago``),
+    the 7 days of a week (``last week``), a month (``in May 2023``; a month without a year is the latest one not
+    after ``as_of``) or a year (``in 2023``). ``None`` when the query names no time."""
+    base = (as_of or datetime.datetime.now()).replace(microsecond=0)
+    return _period(query, base)
+
+
+@lru_cache(maxsize=1024)
+def _period(query: str, base: datetime.datetime) -> tuple[datetime.date, datetime.date] | None:
+    if not _CUE.search(query):
+        return None
+    from dateparser.date import DateDataParser
+    from dateparser.search import search_dates
+
+    settings = {"RELATIVE_BASE": base, "PREFER_DATES_FROM": "past", "RETURN_AS_TIMEZONE_AWARE": False}
+    found = search_dates(query, languages=["en"], settings=settings) or []
+    for phrase, _ in found:
+        if not _CUE.search(phrase):
+            continue
+        data = DateDataParser(languages=["en"], settings=settings).get_date_data(phrase)
+        if data.date_obj is None:
+            continue
+        day = data.date_obj.date()
+        if data.period == "year":
+            return datetime.date(day.year, 1, 1), datetime.date(day.year, 12, 31)
+        if data.period == "month":
+            following = datetime.date(day.year + day.month // 12, day.month % 12 + 1, 1)
+            return datetime.date(day.year, day.month, 1), following - datetime.timedelta(days=1)
+        if data.period == "week":
+            monday = day - datetime.timedelta(days=day.weekday())
+            return monday, monday + datetime.timedelta(days=6)
+        return day, day
+    return None
