@@ -88,13 +88,15 @@ load: install ## 16 search clients for 60 s while a note is saved every 0.5 s: l
 cluster-kill: install qdrant ## a node SIGKILLed mid first index of ../shared/data/vault on a 3-node cluster; end state
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.cluster_kill
 
-eval: install ## retrieval quality, one run: SciFact test (nDCG@10, recall@100) and the devvault dev set (nDCG@10, hit@5, unanswerable separation), each with plain baselines, and exact codewords in the top 5
+eval: install ## retrieval quality, one run: convmem (hit@5, recall@5 by category), SciFact test (nDCG@10, recall@100), the devvault dev set (nDCG@10, hit@5, unanswerable separation), each with plain baselines, exact codewords in the top 5, then one table with the relevant flag's counts
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.convmem_eval --json .convmem/convmem.json
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.eval --mmr $(MMR_LAMBDA) --json .eval/scifact.json
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.devvault_eval --mmr $(MMR_LAMBDA) --vault ../shared/data/vault --json .devvault/devvault.json
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.codewords --json .codewords/codewords.json
+	$(BIN)/python -m benchmarks.eval_table
 
 endpoint: install infinity ## the OpenAI-compatible embedder through infinity-emb vs in-process, same model: dev set quality (ENDPOINT_ARGS=--scifact adds SciFact), vault first-index rate vs a raw client loop, search p50
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.endpoint --json .endpoint/endpoint.json $(ENDPOINT_ARGS)
 
 clean:
-	rm -rf .state .bench .eval .codewords .faults .load .restart .endpoint .pytest_cache
+	rm -rf .state .bench .eval .convmem .devvault .codewords .faults .load .restart .endpoint .pytest_cache

@@ -274,11 +274,13 @@ def top_right(q: dict[str, Any], results: Sequence[dict[str, Any]]) -> bool:
 
 
 def floor_report(dev: DevSet, runs: dict[str, dict[str, list[dict[str, Any]]]],
-                 flags: dict[str, dict[str, bool | None]], floor: float) -> None:
+                 flags: dict[str, dict[str, bool | None]], floor: float) -> dict[str, list[int]]:
     """"Nothing relevant" on the dev set: the best raw dense score among the first ``FLOOR_K`` hits of the
     unanswerable and the answerable questions, and the answers' own ``relevant`` flag (``indexer.search.relevance``,
     judged on the whole candidate lists): how many unanswerable questions it calls not relevant, and how many
-    questions whose top hit is right it calls relevant."""
+    questions whose top hit is right it calls relevant. Returns label -> ``[unanswerable said false,
+    unanswerable, right said true, right]``."""
+    counts: dict[str, list[int]] = {}
     print(f"\nnothing relevant: best dense cosine among the first {FLOOR_K} hits; relevance_floor {floor}")
     for label, run in runs.items():
         if label not in flags or label == "product keyword":
@@ -293,6 +295,8 @@ def floor_report(dev: DevSet, runs: dict[str, dict[str, list[dict[str, Any]]]],
         print(f"  {label:<22} unanswerable {' '.join(f'{x:.3f}' for x in neg)} | answerable min/p10/median "
               f"{ans[0]:.3f}/{ans[len(ans) // 10]:.3f}/{statistics.median(ans):.3f} | relevant=false: "
               f"{caught}/{len(neg)} unanswerable; relevant=true: {said}/{len(right)} whose top hit is right")
+        counts[label] = [caught, len(neg), said, len(right)]
+    return counts
 
 
 # -- command line -------------------------------------------------------------------------------------------------
@@ -404,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(results, types)
     print("nDCG@10: file level, deduplicated by path; hit@5: line overlap of the first 5 hits; both from the dev "
           "set's score.py over the answerable questions. neg top1: median top-1 score of the unanswerable questions.")
-    floor_report(dev, runs, flags, defaults.relevance_floor)
+    relevance_counts = floor_report(dev, runs, flags, defaults.relevance_floor)
     if args.per_query:
         labels = list(results)
         print("\nper query (nDCG@10 / hit@5):")
@@ -431,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"index": facts, "prefetch_limit": prefetch, "k": K, "results": {
             label: {"overall": r["overall"], "by_type": r["by_type"], "neg_top1_median": r["neg_top1_median"]}
-            for label, r in results.items()}}, indent=2))
+            for label, r in results.items()}, "relevant": relevance_counts}, indent=2))
     return 0
 
 
