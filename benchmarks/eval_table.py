@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+CATEGORIES = (("1", "multi-hop"), ("2", "temporal"), ("3", "open-domain"), ("4", "single-hop"))
 FILES = {"convmem": REPO / ".convmem" / "convmem.json", "devvault": REPO / ".devvault" / "devvault.json",
          "scifact": REPO / ".eval" / "scifact.json", "codewords": REPO / ".codewords" / "codewords.json"}
 
@@ -35,8 +36,7 @@ def rows(files: dict[str, Path]) -> list[str]:
     else:
         for label, r in conv["results"].items():
             o = r["ALL"]
-            cats = "  ".join(f"{name} {r[c]['hit@5']:.3f}/{r[c]['recall@5']:.3f}" for c, name in
-                             (("1", "multi-hop"), ("2", "temporal"), ("3", "open-domain"), ("4", "single-hop")) if c in r)
+            cats = "  ".join(f"{name} {r[c]['hit@5']:.3f}/{r[c]['recall@5']:.3f}" for c, name in CATEGORIES if c in r)
             out.append(f"{'convmem':<10} {label.removeprefix('product '):<22} hit@5 {o['hit@5']:.3f}  recall@5 "
                        f"{o['recall@5']:.3f}  nDCG@10 {o['ndcg@10']:.3f}  span@5 {o['span@5']:.1f}  |  {cats}")
     dev = _load(files["devvault"])
@@ -76,7 +76,7 @@ def rows(files: dict[str, Path]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.eval_table", description=__doc__.split("\n\n")[0])
     for name, path in FILES.items():
-        parser.add_argument(f"--{name}", type=Path, default=path, help=f"[%(default)s]")
+        parser.add_argument(f"--{name}", type=Path, default=path, help="[%(default)s]")
     args = parser.parse_args(argv)
     print("\n".join(rows({name: getattr(args, name) for name in FILES})))
     return 0
