@@ -118,7 +118,7 @@ def search(query: str, as_json: bool, config: Path | None, port: int | None, **f
 
     \b
     Each hit shows path:start-end (1-based lines), score, collection and a snippet.
-    stderr says when nothing relevant was found (no hit reaches relevance_floor)
+    stderr says when nothing relevant was found (nothing reaches relevance_floor)
     and which changed files are not indexed yet. --json prints the same answer as
     the API and the MCP tool: {"hits": [{"path", "start_line", "end_line", "score",
     "snippet", ...}], "relevant": true|false|null, "pending": [path, ...]}.

@@ -110,10 +110,10 @@ class Client:
     def search_response(self, query: str | SearchRequest, /, **fields: Any) -> SearchResponse:
         """``POST /search``'s whole answer, as every face gives it: ``{"hits": [Hit, ...], "relevant": bool | None,
         "pending": [path, ...]}``. ``hits`` are the ``k`` best, best first (see ``indexer.search`` for their keys);
-        ``relevant`` is false when no hit's dense score reaches the daemon's ``relevance_floor`` (nothing relevant
-        was found), null for a keyword-only search; ``pending`` lists the workspace-relative paths changed on disk
-        and not yet indexed (the answer may miss them). ``query`` is a ``SearchRequest``, or its query with any other
-        of its fields as keywords, e.g. ``search_response("deploy", k=3, since="7d")`` (``since`` keeps files
+        ``relevant`` is false when nothing the search found reaches the daemon's ``relevance_floor`` (nothing
+        relevant was found; ``indexer.search.relevance``), null for a keyword-only search; ``pending`` lists the
+        workspace-relative paths changed on disk and not yet indexed (the answer may miss them). ``query`` is a
+        ``SearchRequest``, or its query with any other of its fields as keywords, e.g. ``search_response("deploy", k=3, since="7d")`` (``since`` keeps files
         modified since a duration or an ISO date/date-time; ``wait_s``, at most 10, first waits until no file of the
         agent's collections is pending). An unknown keyword is a ``TypeError``; a value that does not fit the
         request is a ``ClientError`` (status 422) before anything is sent. ``self.pending`` is set too."""

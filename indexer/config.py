@@ -206,11 +206,11 @@ class Settings(BaseSettings):
     image_min_score: float = 0.2
     bm25: Bm25 = Bm25()
     # "Nothing relevant": a search answers relevant=false when no candidate's raw dense cosine reaches
-    # relevance_floor and no candidate's BM25 score per query term reaches keyword_relevance_floor
+    # relevance_floor and none of the first 10 fused candidates holds relevance_coverage of the query's keyword terms
     # (indexer.search.relevance; judged before k cuts the list, so k never changes it). Calibrated on the devvault
     # and convmem dev sets: docs/performance.md, "Nothing relevant".
-    relevance_floor: float = Field(default=0.40, ge=-1, le=1)
-    keyword_relevance_floor: float = Field(default=2.5, ge=0)
+    relevance_floor: float = Field(default=0.42, ge=-1, le=1)
+    relevance_coverage: float = Field(default=0.5, ge=0, le=1)
     # Optional re-ranking of the fused hits, off by default (indexer.search.mmr / decay). MMR lowered nDCG@10 and
     # hit@5 on the devvault dev set, so it is off (docs/performance.md, "Search defaults").
     # Temporal decay of daily notes (memory/YYYY-MM-DD.md) by a half-life in days: the dev set has no dated notes,

@@ -305,8 +305,9 @@ class SearchResponse(TypedDict):
 
     hits: list[Hit]
     relevant: NotRequired[Annotated[bool | None, Field(
-        description="False when no hit's dense score reaches the relevance floor (relevance_floor): nothing "
-                    "relevant was found; null for a keyword-only search and for a listing.")]]
+        description="False when nothing the search found is close enough (relevance_floor, relevance_coverage; "
+                    "judged on every candidate, so k does not change it): nothing relevant was found; null for a "
+                    "keyword-only search and for a listing.")]]
     pending: NotRequired[Annotated[list[str], Field(description=(
         "Workspace-relative paths of the agent's collections changed on disk and not yet indexed (queued or in "
         "hand): the answer may miss or still show them."))]]

@@ -50,6 +50,8 @@ from indexer.workspace import Collection
 TIME_BOOST = 1.0
 #: hits read per hit asked before ``collapse`` thins them (overlapping windows drop out)
 COLLAPSE_DEPTH = 3
+#: fused candidates whose keyword terms ``relevance`` reads (a fixed number: ``k`` never changes the flag)
+RELEVANCE_DEPTH = 10
 
 
 class FallbackStats:
@@ -84,22 +86,33 @@ def join_degraded(notes: Sequence[str]) -> str | None:
 SearchParams = search_request
 
 
-def relevance(lists: Mapping[str, Sequence[tuple[Any, float]]], n_terms: int, dense_floor: float,
-              keyword_floor: float) -> bool | None:
+def relevance(lists: Mapping[str, Sequence[tuple[Any, float]]], coverage: Callable[[], float], dense_floor: float,
+              coverage_floor: float) -> bool | None:
     """Whether a search found anything relevant, from its whole candidate lists (vector name -> ``(point id,
     score)`` pairs, before fusion and before ``k``): the best dense cosine (``"text"``) reaches ``dense_floor``, or
-    the best BM25 score per query term (``n_terms`` terms) reaches ``keyword_floor`` (a query whose words a note
-    holds, rare ones weighing more). ``None`` for a keyword-only search (no dense list to judge by), ``False``
-    when nothing was found. Floors: ``Settings.relevance_floor`` and ``keyword_relevance_floor``."""
-    dense, keyword = lists.get("text"), lists.get(SPARSE)
-    if not dense and not keyword:
+    ``coverage()`` (the largest share of the query's keyword terms one of the first fused candidates holds, in
+    [0, 1]; asked only when the cosine falls short) reaches ``coverage_floor``. ``None`` for a keyword-only search
+    (no dense list to judge by), ``False`` when nothing was found. Floors: ``Settings.relevance_floor`` and
+    ``relevance_coverage``, calibrated on the devvault and convmem dev sets (docs/performance.md)."""
+    dense = lists.get("text")
+    if not dense and not lists.get(SPARSE):
         return False
     if not dense:
         return None
-    if max(score for _, score in dense) >= dense_floor:
-        return True
-    best_keyword = max((score for _, score in keyword or ()), default=0.0)
-    return n_terms > 0 and best_keyword / n_terms >= keyword_floor
+    return max(score for _, score in dense) >= dense_floor or coverage() >= coverage_floor
+
+
+def term_coverage(query_terms: Sequence[int], hits: Sequence[Hit], bm25: Bm25Terms) -> float:
+    """The largest share of ``query_terms`` (BM25 term ids of the query) that one of ``hits`` holds in its context
+    and text, by the same tokenizer and stemmer as the index; 0.0 when the query has no term."""
+    wanted = set(query_terms)
+    if not wanted:
+        return 0.0
+    best = 0.0
+    for h in hits:
+        vector = bm25.document(f"{h.payload.context}\n{h.payload.text}")
+        best = max(best, len(wanted & set(vector[0] if vector else ())) / len(wanted))
+    return best
 
 
 class Answer(NamedTuple):
@@ -130,20 +143,20 @@ class SearchSettings:
     rerank_top_n: int = 20
     rerank_budget_s: float = 2.0
     mmr_lambda: float | None = None
-    dense_floor: float = 0.40
-    keyword_floor: float = 2.5
+    dense_floor: float = 0.42
+    coverage_floor: float = 0.5
 
     @classmethod
     def from_settings(cls, settings: Settings, registry: Registry) -> SearchSettings:
         """The configured search of ``settings`` (``search_mode``, ``fusion``, ``rrf_k``, ``prefetch_limit``,
         ``image_min_score``, ``temporal_half_life_days``, ``rerank_top_n``, ``rerank_budget_s``, ``mmr_lambda``,
-        ``relevance_floor``, ``keyword_relevance_floor``) with ``registry``'s ``hit_fields``."""
+        ``relevance_floor``, ``relevance_coverage``) with ``registry``'s ``hit_fields``."""
         return cls(mode=settings.search_mode, fusion=settings.fusion, rrf_k=settings.rrf_k,
                    prefetch_limit=settings.prefetch_limit, min_scores={"image": settings.image_min_score},
                    hit_fields=tuple(registry.hit_fields), half_life_days=settings.temporal_half_life_days,
                    rerank_top_n=settings.rerank_top_n, rerank_budget_s=settings.rerank_budget_s,
                    mmr_lambda=settings.mmr_lambda, dense_floor=settings.relevance_floor,
-                   keyword_floor=settings.keyword_relevance_floor)
+                   coverage_floor=settings.relevance_coverage)
 
 
 _SETTING_NAMES = frozenset(f.name for f in fields(SearchSettings))
@@ -297,22 +310,26 @@ class Searcher:
             return [], False
         query, _ = self._query(params, point_filter, degraded)
         lists, whole, owner = self._pools(targets, query)
-        found = relevance(lists, len(query.sparse[0]) if query.sparse else 0, self.settings.dense_floor,
-                          self.settings.keyword_floor)
         if not lists:
-            return [], found
+            return [], False
         raw = {using: dict(pairs) for using, pairs in lists.items()}
+        pools = lists
         if self.settings.fusion == "dbsf" and whole.get(SPARSE):
             lists = with_keyword_zeros(lists)
         fused = (next(iter(lists.values())) if len(lists) == 1
                  else fuse_scores(list(lists.values()), self.settings.fusion, self.settings.rrf_k, query.limit))
         stages, need = self._stages(params, degraded)
+        kept = fused
         if params.min_score is not None and not self.settings.half_life_days:  # with decay: on the decayed scores
-            fused = [p for p in fused if p[1] >= params.min_score]
-        fused = fused[:need]  # only these become Hits with string ids and payloads
-        ids = {str(pid): pid for pid, _ in fused}  # Hit id -> the backend's point id
-        where = {key: owner[pid] for key, pid in ids.items()}
-        hits = self._with_payloads([Hit(key, score, NO_PAYLOAD) for key, (_, score) in zip(ids, fused)], where)
+            kept = [p for p in fused if p[1] >= params.min_score]
+        kept = kept[:need]  # only these (and the first candidates relevance reads) become Hits with payloads
+        ids = {str(pid): pid for pid, _ in fused[:RELEVANCE_DEPTH] + kept}  # Hit id -> the backend's point id
+        read = {h.id: h for h in self._with_payloads([Hit(key, 0.0, NO_PAYLOAD) for key in ids],
+                                                     {key: owner[pid] for key, pid in ids.items()})}
+        first = [read[str(pid)] for pid, _ in fused[:RELEVANCE_DEPTH] if str(pid) in read]
+        found = relevance(pools, lambda: term_coverage(query.sparse[0] if query.sparse else (), first, self.terms),
+                          self.settings.dense_floor, self.settings.coverage_floor)
+        hits = [replace(read[str(pid)], score=score) for pid, score in kept if str(pid) in read]
         for stage in stages:
             hits = stage(hits)
         if params.min_score is not None and self.settings.half_life_days:

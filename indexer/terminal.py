@@ -101,7 +101,7 @@ def print_answer(answer: Mapping[str, Any], offset: int = 0) -> None:
     if answer.get("degraded"):
         click.echo(f"degraded: {answer['degraded']}", err=True)
     if answer.get("relevant") is False:
-        click.echo("nothing relevant: no hit's dense score reaches relevance_floor"
+        click.echo("nothing relevant: nothing found reaches relevance_floor"
                    + ("; the hits above are only the closest" if answer["hits"] else ""), err=True)
     if "total" in answer:
         shown, total, after = len(answer["hits"]), answer["total"], answer.get("next_offset")

@@ -17,7 +17,7 @@ from indexer.points import SPARSE, Hit, Payload, Query
 from indexer.ranking import decay, fuse_scores, mmr
 from indexer.recall import read_memory
 from indexer.schema import SearchRequest
-from indexer.search import relevance
+from indexer.search import relevance, term_coverage
 from indexer.server import create_app
 from indexer.worker import index_once
 
@@ -384,15 +384,29 @@ def test_hits_carry_raw_scores_and_say_when_nothing_is_relevant(indexed) -> None
     assert searcher.answer(SearchRequest(query="ACME-4471", k=1, mode="keyword")).relevant is None  # no dense list
 
 
-def test_relevance_reads_the_best_cosine_or_the_keyword_score_per_term() -> None:
+def test_relevance_reads_the_best_cosine_then_the_terms_the_first_candidates_hold() -> None:
     dense, keyword = [("a", 0.45), ("b", 0.2)], [("b", 6.0), ("a", 1.0)]
-    assert relevance({"text": dense}, 0, dense_floor=0.4, keyword_floor=2.5) is True
-    assert relevance({"text": dense}, 0, dense_floor=0.5, keyword_floor=2.5) is False
-    # 6.0 over 2 query terms clears 2.5 a term; over 3 terms it does not
-    assert relevance({"text": dense, SPARSE: keyword}, 2, dense_floor=0.5, keyword_floor=2.5) is True
-    assert relevance({"text": dense, SPARSE: keyword}, 3, dense_floor=0.5, keyword_floor=2.5) is False
-    assert relevance({SPARSE: keyword}, 2, dense_floor=0.5, keyword_floor=2.5) is None  # keyword-only search
-    assert relevance({}, 2, dense_floor=0.5, keyword_floor=2.5) is False
+    asked = []
+
+    def coverage(share: float):
+        return lambda: asked.append(share) or share
+
+    assert relevance({"text": dense}, coverage(0.0), dense_floor=0.4, coverage_floor=0.5) is True
+    assert asked == []  # the cosine alone answers: the terms are not read
+    assert relevance({"text": dense, SPARSE: keyword}, coverage(0.4), dense_floor=0.5, coverage_floor=0.5) is False
+    assert relevance({"text": dense, SPARSE: keyword}, coverage(0.5), dense_floor=0.5, coverage_floor=0.5) is True
+    assert relevance({SPARSE: keyword}, coverage(1.0), dense_floor=0.5, coverage_floor=0.5) is None  # keyword only
+    assert relevance({}, coverage(1.0), dense_floor=0.5, coverage_floor=0.5) is False
+
+
+def test_term_coverage_counts_the_query_terms_one_hit_holds(indexed) -> None:
+    indexer, _ = indexed
+    terms = indexer.view.terms
+    hits = [Hit("a", 1.0, Payload(text="The disk filled up on the batch host.", context="Outage review")),
+            Hit("b", 0.5, Payload(text="Night pages about storage go to Marco."))]
+    query = terms.query("disk outage Marco pages")[0]
+    assert term_coverage(query, hits, terms) == pytest.approx(2 / 4)  # disk + outage (context) in one hit
+    assert term_coverage(terms.query("banana bread")[0], hits, terms) == 0.0
 
 
 def test_relevant_does_not_depend_on_k(indexed) -> None:
