@@ -77,6 +77,7 @@ class PluginRecord:
     provides: tuple[str, ...] = ()
     obj: Any = field(default=None, repr=False)
     media: tuple[str, ...] = ()  # a failed media plugin: the media kinds it would have served (``media_kinds``)
+    configured: bool = False  # failed, and meant to run: named (reranker, prefer), configured, or not optional media
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -127,6 +128,14 @@ class Registry:
         self.media_kinds: frozenset[str] = frozenset(media)
         self.hit_fields: tuple[str, ...] = tuple(fields)
         self.modalities: tuple[str, ...] = tuple(sorted(self.embedders))
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per plugin that was meant to run and failed to load (the configured reranker, a ``prefer``
+        choice, one with its own ``[plugin.<name>]`` settings, or any but an optional media plugin):
+        ``"<name> plugin <name> failed to load: <reason>"``; ``status`` and ``/health`` report them."""
+        return [f"{r.group.rsplit('.', 1)[-1][:-1]} plugin {r.name} failed to load: {r.reason}"[:300]
+                for r in self.records if r.status == "failed" and r.configured]
 
     def configured_reranker(self, name: str) -> Reranker | None:
         """The loaded reranker when it is the one named ``name`` (the ``reranker`` setting), else ``None``: rerank
@@ -263,6 +272,8 @@ def load_registry(
         except Exception as exc:  # any failure of third-party code: report and skip
             record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
             record.media = _media_kinds(ep.group, factory)
+            record.configured = (not record.media or ep.group == RERANKERS or ep.name in prefer.values()
+                                 or bool(set(config.get(ep.name, {})) - {"state_dir"}))
             (log.debug if record.media else log.warning)(
                 "plugin_failed", group=ep.group, plugin=ep.name, distribution=dist, reason=record.reason,
                 media=list(record.media))

@@ -164,7 +164,7 @@ class Searcher:
                  mmr_lambda: float | None = None, half_life_days: float | None = None,
                  now: Callable[[], float] = time.time, reranker: Reranker | None = None, rerank_top_n: int = 20,
                  rerank_budget_s: float = 2.0, rerank_stats: RerankStats | None = None,
-                 fallback_stats: FallbackStats | None = None) -> None:
+                 fallback_stats: FallbackStats | None = None, notes: Sequence[str] = ()) -> None:
         self.collections = list(collections)
         self.store = store
         self.embedders = embedders
@@ -181,6 +181,7 @@ class Searcher:
         self.rerank_stats = rerank_stats if rerank_stats is not None else RerankStats()
         self.fallback_stats = fallback_stats if fallback_stats is not None else FallbackStats()
         self._embed_query = lru_cache(maxsize=256)(self.embed_query)
+        self.notes = tuple(notes)  # said in every answer's ``degraded`` (a configured reranker that failed to load)
 
     @classmethod
     def from_settings(cls, settings: Settings, collections: Sequence[Collection], store: Store,
@@ -199,7 +200,11 @@ class Searcher:
                                     "half_life_days": settings.temporal_half_life_days,
                                     "reranker": registry.configured_reranker(settings.reranker),
                                     "rerank_top_n": settings.rerank_top_n,
-                                    "rerank_budget_s": settings.rerank_budget_s}
+                                    "rerank_budget_s": settings.rerank_budget_s,
+                                    "notes": [f"fusion order: reranker {settings.reranker} failed to load"]
+                                    if settings.reranker and registry.configured_reranker(settings.reranker) is None
+                                    and any(r.name == settings.reranker and r.status == "failed"
+                                            for r in registry.records) else []}
         return cls(collections, store, registry.embedders, terms, **{**defaults, **overrides})
 
     def embed_query(self, text: str) -> tuple[tuple[str, np.ndarray], ...]:
@@ -242,6 +247,8 @@ class Searcher:
         point_filter = search_filter(params)
         if not params.query.strip():
             return []
+        if degraded is not None:
+            degraded.extend(self.notes)
         dense: dict[str, np.ndarray] = {}
         if mode != "keyword":
             try:

@@ -24,7 +24,15 @@ from pathlib import Path
 
 import structlog
 
-from indexer.errors import EmbedError, EmbedUnavailable, ExtractError, FileSkipped, StateDirFull, StoreUnavailable
+from indexer.errors import (
+    BadVectors,
+    EmbedError,
+    EmbedUnavailable,
+    ExtractError,
+    FileSkipped,
+    StateDirFull,
+    StoreUnavailable,
+)
 from indexer.ledger import FAILURES
 from indexer.metrics import Metrics
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
@@ -230,6 +238,9 @@ class Sync:
                 [str(f.path) for f in prepared], f"{type(exc).__name__}: {exc}", exc.retry_after_s)
             return [file.path for file in prepared]
         except (EmbedError, ExtractError) as exc:
+            if len(prepared) == 1 and isinstance(exc, BadVectors):  # the answer was bad, not the file: points stay
+                self.state.ledger.skip(prepared[0].path, "bad_vectors", str(exc), failed=True)
+                return []
             if len(prepared) == 1:
                 self.skip(prepared[0].path, "embed_failed", str(exc), failed=True)
                 return []
