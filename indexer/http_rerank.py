@@ -10,13 +10,15 @@ Two wire shapes, chosen by ``api``:
 - ``"tei"``: Hugging Face text-embeddings-inference, ``POST {base_url}/rerank`` with ``{"query", "texts": [...]}``,
   answered by ``[{"index", "score"}, ...]``.
 
-The API key is read from the environment variable ``api_key_env`` names (never from the config file) and sent as
-``Authorization: Bearer <key>``. Each call has one deadline for the whole request, whatever the server's pace
-(``indexer.remote``): ``timeout_s`` seconds, or sooner when the search hands it less of its ``rerank_budget_s``; its
-answer is read up to ``max_answer_bytes`` (default 1 MiB plus twice the request's size, as some servers echo the
-texts back). Past the deadline it raises ``TimeoutError``; any other failure (connection refused, an HTTP error
-status, an answer too long or of the wrong shape: indices out of range, scores that are not finite numbers) raises
-``RerankError``, and ``indexer.rerank`` then keeps the fused order (it fails open).
+The API key is read from the environment variable ``api_key_env`` names, or ``api_key`` (accepted only from a config
+file readable by its owner alone: ``indexer.config``), and sent as ``Authorization: Bearer <key>``.
+
+Each call has one deadline for the whole request, whatever the server's pace (``indexer.remote``): ``timeout_s``
+seconds, or sooner when the search hands it less of its ``rerank_budget_s``; its answer is read up to
+``max_answer_bytes`` (default 1 MiB plus twice the request's size, as some servers echo the texts back). Past the
+deadline it raises ``TimeoutError``; any other failure (connection refused, an HTTP error status, an answer too long
+or of the wrong shape: indices out of range, scores that are not finite numbers) raises ``RerankError``, and
+``indexer.rerank`` then keeps the fused order (it fails open).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ __all__ = ["APIS", "HttpReranker", "RerankError"]
 #: the wire shapes ``api`` may name
 APIS = ("cohere", "tei")
 #: the config keys ``[plugin.http]`` may hold (``state_dir`` is added by the daemon)
-KEYS = frozenset({"base_url", "model", "api", "api_key_env", "timeout_s", "max_answer_bytes", "state_dir"})
+KEYS = frozenset({"base_url", "model", "api", "api_key_env", "api_key", "timeout_s", "max_answer_bytes",
+                  "state_dir"})
 
 
 class RerankError(RuntimeError):
@@ -55,14 +58,14 @@ class HttpReranker:
     - ``timeout_s``: the longest one call may take, seconds (default 10; a search's budget may cut it shorter).
     - ``max_answer_bytes``: the longest answer read (default 1 MiB plus twice the request's size).
 
-    Raises ``ValueError`` for a missing ``base_url``, an unknown ``api`` or key, an ``api_key`` in the config, or
-    an ``api_key_env`` naming an unset variable. Nothing is sent until the first ``score``."""
+    Raises ``ValueError`` for a missing ``base_url``, an unknown ``api`` or key, or an ``api_key_env`` naming an
+    unset variable. Nothing is sent until the first ``score``."""
+
+    #: the keys ``[plugin.http]`` may hold (``indexer.plugins`` refuses others, naming them)
+    config_keys = KEYS
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})
-        if "api_key" in config:
-            raise ValueError("[plugin.http] takes no api_key: put the key in an environment variable and name it "
-                             "with api_key_env")
         unknown = sorted(set(config) - KEYS)
         if unknown:
             raise ValueError(f"[plugin.http]: unknown setting {unknown[0]!r} (known: {', '.join(sorted(KEYS))})")
@@ -85,6 +88,8 @@ class HttpReranker:
             if not key:
                 raise ValueError(f"[plugin.http] api_key_env names {key_env!r}, which is not set in the environment")
             headers["Authorization"] = f"Bearer {key}"
+        elif config.get("api_key"):
+            headers["Authorization"] = f"Bearer {config['api_key']}"
         self.url = f"{base_url}/rerank"
         #: what ``status`` shows: the model (when named) and the route asked
         self.model_id = f"{self.model}@{self.url}" if self.model else self.url

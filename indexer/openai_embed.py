@@ -8,8 +8,9 @@ are the vectors, L2-normalised here. Config keys (``[plugin.openai]``):
 
 - ``base_url`` (required): as the OpenAI SDK takes it, e.g. ``http://127.0.0.1:11434/v1`` (Ollama).
 - ``model`` (required): the model name the server knows.
-- ``api_key_env``: the environment variable holding the API key, sent as ``Authorization: Bearer``; the key itself
-  is never read from the config file. None: no header.
+- ``api_key_env``: the environment variable holding the API key, sent as ``Authorization: Bearer``; or ``api_key``,
+  the key itself, accepted only from a config file readable by its owner alone (``indexer.config``). None: no
+  header. Any other key is refused (``config_keys``).
 - ``dimensions``: asked of models that can shorten their vectors (OpenAI ``text-embedding-3-*``); the vector size
   is always the one of the first answer.
 - ``batch_size`` (default 32, TEI's default cap): inputs per request; a 413 or "batch too large" answer halves it
@@ -110,6 +111,11 @@ class OpenAIEmbedder:
     endpoint (see the module for the config keys, errors and identity)."""
 
     modality = "text"
+    #: the keys ``[plugin.openai]`` may hold (``indexer.plugins`` refuses others, naming them)
+    config_keys = frozenset({"base_url", "model", "api_key_env", "api_key", "dimensions", "batch_size",
+                             "max_concurrency", "timeout_s", "query_timeout_s", "retries", "max_retry_after_s",
+                             "max_answer_bytes", "query_prefix", "document_prefix", "query_input_type",
+                             "document_input_type", "tokenizer", "max_chars", "max_tokens", "state_dir"})
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})
@@ -123,6 +129,7 @@ class OpenAIEmbedder:
             raise ValueError(f"[plugin.openai] base_url must be an http(s) URL, got {base_url!r}")
         self.endpoint = f"{parts.netloc}{parts.path}"
         self.api_key_env = config.get("api_key_env") or None
+        self._api_key = str(config.get("api_key") or "")
         self.dimensions = int(config["dimensions"]) if config.get("dimensions") else None
         self.batch_size = max(1, int(config.get("batch_size", 32)))
         self.max_concurrency = max(1, int(config.get("max_concurrency", 2)))
@@ -282,7 +289,7 @@ class OpenAIEmbedder:
             client.close()
 
     def _headers(self) -> dict[str, str]:
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        key = os.environ.get(self.api_key_env) if self.api_key_env else self._api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _post_once(self, inputs: list[str], input_type: str | None, timeout_s: float) -> np.ndarray:

@@ -266,9 +266,12 @@ def load_registry(
         factory: Any = None
         try:
             factory = ep.load()
+            _check_keys(ep.name, factory, config.get(ep.name, {}))
             obj = factory(dict(config.get(ep.name, {})))
             check_contract(ep.group, obj)
             record.obj, record.provides = obj, _provides(ep.group, obj)
+        except ConfigError:
+            raise
         except Exception as exc:  # any failure of third-party code: report and skip
             record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
             record.media = _media_kinds(ep.group, factory)
@@ -284,6 +287,18 @@ def load_registry(
     _resolve_conflicts(records, prefer)
     _check_names(records, allow, prefer)
     return Registry(records)
+
+
+def _check_keys(name: str, factory: Any, table: Mapping[str, Any]) -> None:
+    """Raise ``ConfigError`` naming the key and the table when ``table`` (``[plugin.<name>]``) holds a key the
+    plugin does not take: its factory's ``config_keys`` (a set of names; ``state_dir`` is always allowed). A plugin
+    that declares none is not checked."""
+    known = getattr(factory, "config_keys", None)
+    if known is None:
+        return
+    unknown = sorted(set(table) - set(known) - {"state_dir"})
+    if unknown:
+        raise ConfigError(f"[plugin.{name}]: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
 
 
 def _check_names(records: list[PluginRecord], allow: set[str], prefer: Mapping[str, str]) -> None:

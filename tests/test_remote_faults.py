@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from indexer import openai_embed
 from indexer.api import Chunk
 from indexer.daemon import Indexer
-from indexer.errors import BadVectors, EmbedUnavailable
+from indexer.errors import BadVectors, ConfigError, EmbedUnavailable
 from indexer.http_rerank import HttpReranker, RerankError
 from indexer.openai_embed import OpenAIEmbedder
 from indexer.plugins import GROUPS, Registry, load_registry
@@ -268,6 +268,20 @@ def test_an_unreachable_embedder_found_by_a_search_or_an_idle_probe_degrades_hea
         indexer.close()
 
 
+@pytest.mark.parametrize(("name", "table"), [
+    ("openai", {"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_kye": "OPENAI_KEY"}),
+    ("http", {"base_url": "http://127.0.0.1:9/v1", "top_n": 5}),
+])
+def test_a_plugin_table_with_a_key_the_plugin_does_not_take_is_a_config_error(name: str, table: dict[str, Any]) -> None:
+    """``[plugin.openai] api_kye = ...`` (a typo: the key would be ignored) refuses to start, naming the key and the
+    table, as an unknown key of the daemon's own table does."""
+    eps = [ep for group in GROUPS for ep in entry_points(group=group) if ep.name != "openai"] + [OPENAI_EP]
+    bad = next(iter(set(table) - {"base_url", "model"}))
+    with pytest.raises(ConfigError, match=rf"^\[plugin.{name}\]: unknown key '{bad}' \(known: "):
+        load_registry(config={name: table}, prefer={"text": "openai"} if name == "openai" else {}, eps=eps,
+                      reranker="http" if name == "http" else "")
+
+
 def test_a_reranker_that_failed_to_load_is_an_error_in_status_health_and_answers(fake: FakeModelServer,
                                                                                    tmp_path: Path) -> None:
     """``reranker = "http"`` with a bad ``[plugin.http]`` table: ``status`` lists the failure, ``/health`` is
@@ -275,14 +289,14 @@ def test_a_reranker_that_failed_to_load_is_an_error_in_status_health_and_answers
     ws = notes(tmp_path / "ws")
     eps = [ep for group in GROUPS for ep in entry_points(group=group) if ep.name != "openai"] + [OPENAI_EP]
     registry = load_registry(config={"openai": {"base_url": fake.url, "model": "fake"},
-                                     "http": {"base_url": fake.url, "top_n": 5}},
+                                     "http": {"base_url": fake.url, "api_key_env": "QMD_TEST_UNSET_RERANK_KEY"}},
                              prefer={"text": "openai"}, eps=eps, reranker="http")
     indexer = open_indexer(tmp_path, ws, registry, reranker="http")
     try:
         status = index_once(indexer)
-        assert status["plugin_errors"] == ["reranker plugin http failed to load: ValueError: [plugin.http]: unknown "
-                                           "setting 'top_n' (known: api, api_key_env, base_url, max_answer_bytes, "
-                                           "model, state_dir, timeout_s)"]
+        assert status["plugin_errors"] == ["reranker plugin http failed to load: ValueError: [plugin.http] "
+                                           "api_key_env names 'QMD_TEST_UNSET_RERANK_KEY', which is not set in the "
+                                           "environment"]
         health = indexer.view.health_answer()
         assert health["status"] == "degraded" and health["reasons"] == status["plugin_errors"]
         degraded: list[str] = []
