@@ -324,6 +324,9 @@ Page = TypedDict("Page", {
     "truncated": Annotated[bool, Field(description="True when `lines` or `max_chars` stopped the read early.")],
     "next_from": Annotated[int | None, Field(description="The `from` that continues the read; null at the end.")],
     "line_truncated": NotRequired[Annotated[bool, Field(description="The one line returned was cut at max_chars.")]],
+    "note": NotRequired[Annotated[str, Field(description=(
+        "Present when the path asked for names no file but one file has the same name in another Unicode "
+        "normalisation form (NFC/NFD): that file was read, and `path` is its spelling."))]],
 })
 Page.__doc__ = "``GET /get``: a page of one memory file."
 
