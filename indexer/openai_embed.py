@@ -299,6 +299,9 @@ class OpenAIEmbedder:
         except EmbedUnavailable as exc:
             self._last = (time.monotonic(), str(exc).splitlines()[0][:300] if str(exc) else "unavailable")
             raise
+        except (EmbedError, _TooLarge):  # it answered, if not well: reachable
+            self._last = (time.monotonic(), None)
+            raise
         self._last = (time.monotonic(), None)
         return vectors
 
