@@ -5,16 +5,19 @@ the embedder is ``FakeModelServer`` behind the ``openai`` plugin (nothing here d
 
 from __future__ import annotations
 
+import os
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import make_settings, write
+from case_insensitive_fs import mount_case_insensitive, unmount
+from conftest import Running, make_settings, wait_for, write
 from fake_model_server import FakeModelServer
 from fastapi.testclient import TestClient
 from test_remote_faults import fake_registry, open_indexer
 
+from indexer.daemon import Indexer
 from indexer.recall import read_memory
 from indexer.server import create_app
 from indexer.state import Plan
@@ -69,3 +72,33 @@ def test_two_files_named_alike_in_both_forms_each_read_as_asked(tmp_path: Path) 
     for path, text in ((NFD, "nfd"), (NFC, "nfc")):
         page = read_memory(collections, path)
         assert (page["text"], page["path"], "note" in page) == (text, path, False)
+
+
+def test_an_edit_through_another_case_of_the_root_file_is_indexed(tmp_path: Path) -> None:
+    """On a case-insensitive mount watched natively, an edit written through ``memory.md`` (the root file is
+    ``MEMORY.md``: one inode, one link) is routed to the indexed ``MEMORY.md`` and indexed within seconds, not left
+    to the periodic reconcile."""
+    backing, mount = tmp_path / "backing", tmp_path / "mnt"
+    write(backing / "ws" / "MEMORY.md", "# Memory\n\nShort answers.\n")
+    write(backing / "ws" / "memory" / "coffee.md", "# Coffee\n\nA flat white.\n")
+    child = mount_case_insensitive(backing, mount)
+    try:
+        ws = mount / "ws"
+        assert os.path.samestat(os.lstat(ws / "memory.md"), os.lstat(ws / "MEMORY.md"))
+        with FakeModelServer() as fake:
+            settings = make_settings(tmp_path, [{"path": str(ws), "agent": "a", "watch": "native"}],
+                                     state_dir=tmp_path / "state", rescan_interval_s=3600)
+            indexer = Indexer.open(settings, registry=fake_registry(fake.url))
+            try:
+                with Running(indexer):
+                    root = str(ws / "MEMORY.md")
+                    before = indexer.state.indexed[root].state.file_hash
+                    with open(ws / "memory.md", "a", encoding="utf-8") as handle:
+                        handle.write("\nThe deploy freeze starts on the 20th.\n")
+                    wait_for(lambda: indexer.state.indexed[root].state.file_hash != before, timeout_s=20)
+                    assert str(ws / "memory.md") not in indexer.state.indexed
+                    assert indexer.state.ledger.files_failed == 0
+            finally:
+                indexer.close()
+    finally:
+        unmount(mount, child)
