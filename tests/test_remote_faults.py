@@ -271,15 +271,17 @@ def test_an_unreachable_embedder_found_by_a_search_or_an_idle_probe_degrades_hea
 @pytest.mark.parametrize(("name", "table"), [
     ("openai", {"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_kye": "OPENAI_KEY"}),
     ("http", {"base_url": "http://127.0.0.1:9/v1", "top_n": 5}),
+    ("sentence-transformers", {"model": "all-MiniLM-L6-v2", "modle": "all-MiniLM-L12-v2"}),
+    ("cross-encoder", {"model": "/opt/models/reranker", "max_length": 512}),
 ])
 def test_a_plugin_table_with_a_key_the_plugin_does_not_take_is_a_config_error(name: str, table: dict[str, Any]) -> None:
     """``[plugin.openai] api_kye = ...`` (a typo: the key would be ignored) refuses to start, naming the key and the
     table, as an unknown key of the daemon's own table does."""
     eps = [ep for group in GROUPS for ep in entry_points(group=group) if ep.name != "openai"] + [OPENAI_EP]
-    bad = next(iter(set(table) - {"base_url", "model"}))
+    bad = next(iter(set(table) - {"base_url", "model"}))  # the one key the plugin does not take
     with pytest.raises(ConfigError, match=rf"^\[plugin.{name}\]: unknown key '{bad}' \(known: "):
         load_registry(config={name: table}, prefer={"text": "openai"} if name == "openai" else {}, eps=eps,
-                      reranker="http" if name == "http" else "")
+                      reranker=name if name in ("http", "cross-encoder") else "")
 
 
 def test_a_reranker_that_failed_to_load_is_an_error_in_status_health_and_answers(fake: FakeModelServer,
