@@ -253,6 +253,10 @@ def test_an_unreachable_embedder_found_by_a_search_or_an_idle_probe_degrades_hea
         health = indexer.view.health_answer()
         assert health["status"] == "degraded"
         assert any(r.startswith("embedder unavailable: ") and "ConnectError" in r for r in health["reasons"])
+        fake.mode = "nan"  # it answers again, if badly: reachable, so no longer "unavailable"
+        with pytest.raises(BadVectors):
+            indexer.registry.embedders["text"].embed([Chunk("flat white")])
+        assert not [r for r in indexer.view.health_reasons() if r.startswith("embedder unavailable")]
         fake.mode = "ok"
         assert indexer.view.searcher().search(SearchRequest(query="Lisbon in March", k=2))
         assert indexer.view.health() == "ok"
