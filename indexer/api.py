@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 
-from indexer.errors import EmbedError, EmbedUnavailable, ExtractError, FileSkipped
+from indexer.errors import BadVectors, EmbedError, EmbedUnavailable, ExtractError, FileSkipped
 
 if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
     from indexer.chunking import TextChunk, chunk_text
@@ -46,9 +46,9 @@ if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
     from indexer.model_loading import LazyModel, load_sentence_transformer
 
 __all__ = [
-    "GROUPS", "HEAD_BYTES", "Chunk", "Classifier", "EmbedError", "EmbedUnavailable", "Embedder", "ExtractContext",
-    "ExtractError", "Extractor", "FileInfo", "FileSkipped", "Reranker", "TextChunk", "TextEmbedder", "chunk_text",
-    "decode_text", "l2_normalise", "load_sentence_transformer", "LazyModel",
+    "GROUPS", "HEAD_BYTES", "BadVectors", "Chunk", "Classifier", "EmbedError", "EmbedUnavailable", "Embedder",
+    "ExtractContext", "ExtractError", "Extractor", "FileInfo", "FileSkipped", "Reranker", "TextChunk", "TextEmbedder",
+    "chunk_text", "check_vectors", "decode_text", "l2_normalise", "load_sentence_transformer", "LazyModel",
 ]
 
 #: the entry-point groups, in this order: classifiers, extractors, embedders, rerankers (``indexer.contract.PROTOCOLS``
@@ -275,6 +275,29 @@ TEXT = "text"
 #: what an embedder's ``modality`` may be: it names a Qdrant named vector (``bm25`` is taken by keyword search)
 MODALITY_PATTERN = r"[a-z][a-z0-9_]{0,31}"
 RESERVED_MODALITIES = frozenset({"bm25"})
+
+
+def check_vectors(vectors: Any, count: int, dim: int | None, source: str) -> np.ndarray:
+    """An embedder's answer as a ``(count, dim)`` float32 array, checked where it enters: one vector per input,
+    each of ``dim`` numbers (any size when ``dim`` is ``None``), finite, of non-zero norm. ``source`` names the
+    embedder in the error. Raises ``BadVectors`` naming the first bad row and what is wrong with it."""
+    try:
+        array = np.asarray(vectors, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise BadVectors(f"{source} answered vectors that are not numbers: {exc}") from exc
+    if array.ndim != 2 or array.shape[0] != count:
+        raise BadVectors(f"{source} answered {array.shape[0] if array.ndim else 0} vector(s) for {count} input(s)")
+    if dim is not None and array.shape[1] != dim:
+        raise BadVectors(f"{source} answered vectors of size {array.shape[1]}, not the collection's {dim}")
+    finite = np.isfinite(array).all(axis=1)
+    if not finite.all():
+        row = int(np.argmin(finite))
+        kind = "NaN" if np.isnan(array[row]).any() else "inf"
+        raise BadVectors(f"{source} answered {kind} in vector {row} of {count}")
+    zero = ~np.any(array != 0, axis=1)
+    if zero.any():
+        raise BadVectors(f"{source} answered an all-zero vector ({int(np.argmax(zero))} of {count})")
+    return array
 
 
 def l2_normalise(vectors: np.ndarray) -> np.ndarray:

@@ -120,9 +120,12 @@ class EmbeddingCache:
         self._db = self._reset(exc)
 
     def get_many(self, keys: Sequence[bytes], dim: int) -> dict[bytes, np.ndarray]:
-        """The cached ``(dim,)`` float32 vectors among ``keys``; entries of another size are ignored. A cache that
-        cannot be read answers with what it found so far (the rest is embedded again)."""
+        """The cached ``(dim,)`` float32 vectors among ``keys``; entries of another size, or not finite, or all zero
+        (stored by an older version from a bad answer) are ignored, so they are embedded again and overwritten
+        (one ``cache_entries_bad`` line per read that met any). A cache that cannot be read answers with what it
+        found so far (the rest is embedded again)."""
         found: dict[bytes, np.ndarray] = {}
+        bad = 0
         with self._lock:
             self._follow()
             try:
@@ -132,11 +135,16 @@ class EmbeddingCache:
                     for key, blob in self._db.execute(f"SELECT key, vector FROM embedding WHERE key IN ({marks})",
                                                       batch):
                         vector = np.frombuffer(blob, dtype=np.float32)
-                        if vector.shape == (dim,):
+                        if vector.shape == (dim,) and np.isfinite(vector).all() and vector.any():
                             found[bytes(key)] = vector
+                        else:
+                            bad += vector.shape == (dim,)
             except sqlite3.DatabaseError as exc:
                 log.warning("cache_read_failed", path=str(self.path), error=f"{type(exc).__name__}: {exc}")
                 self._recover(exc)
+        if bad:
+            log.warning("cache_entries_bad", path=str(self.path), entries=bad,
+                        detail="NaN, inf or all-zero vectors in the cache are embedded again and replaced")
         return found
 
     def put_many(self, items: Sequence[tuple[bytes, np.ndarray]]) -> None:

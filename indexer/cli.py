@@ -171,6 +171,8 @@ def get(path: str, agent: str | None, from_line: int, lines: int | None, max_cha
     if as_json:
         click.echo(json.dumps(page, ensure_ascii=False, indent=2))
         return
+    if page.get("note"):  # read under another spelling of the name
+        click.echo(f"[{page['note']}]", err=True)
     if page["text"]:
         click.echo(page["text"])
     if page["truncated"]:

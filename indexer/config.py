@@ -9,7 +9,10 @@ Secrets (``token``, ``qdrant_api_key``) can come, besides the file and ``QMD_IND
 own: ``token_file`` / ``qdrant_api_key_file`` (or ``QMD_INDEXER_TOKEN_FILE``...), else, under systemd,
 ``$CREDENTIALS_DIRECTORY/token`` / ``qdrant_api_key`` (``LoadCredential=token:/etc/qmd-indexer/token``). Like ssh
 with a private key, a secret file that group or others can read (mode & 0o077) is refused, and so is a config
-file that holds a secret itself; a config file without one may stay world-readable (0644, as examples are shipped).
+file that holds a secret itself: ``token``, ``qdrant_api_key``, a password inside ``qdrant_url``, or a plugin
+table's ``api_key`` (or any key named ``password``, ``secret``, ``token`` or ending so); the message names the way
+that keeps it out of the file. A config file without one may stay world-readable (0644, as examples are shipped).
+A plugin table's keys are checked against the keys the plugin declares (``config_keys``, ``indexer.plugins``).
 
 Example file (every key optional except a workspace's ``agent`` and ``path``)::
 
@@ -40,6 +43,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -50,6 +54,7 @@ ENV_PREFIX = "QMD_INDEXER_"
 MIB = 1024 * 1024
 MIN_TOKEN_CHARS = 16
 SECRETS = ("token", "qdrant_api_key")  # each may come from <key>_file or $CREDENTIALS_DIRECTORY/<key> instead
+SECRET_WORDS = ("api_key", "password", "secret", "token")  # a plugin table's key named so, or ending so, holds one
 
 
 def default_state_dir() -> Path:
@@ -269,6 +274,28 @@ def _too_open(path: Path) -> str | None:
     return f"{mode:04o}" if os.name == "posix" and mode & 0o077 else None
 
 
+def _secrets_held(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """The secrets a config file's ``data`` holds, each ``(what, the way to keep it out of the file)``."""
+    held = [(key, f"move it to {key}_file (a file of mode 0600)") for key in SECRETS if data.get(key)]
+    url = data.get("qdrant_url")
+    if isinstance(url, str) and url:
+        try:
+            password = urlsplit(url).password
+        except ValueError:
+            password = None
+        if password:
+            held.append(("a password in qdrant_url", "take it out of the URL and put Qdrant's API key in "
+                                                     "qdrant_api_key_file (a file of mode 0600)"))
+    plugins = data.get("plugin")
+    for name, table in (plugins.items() if isinstance(plugins, dict) else []):
+        for key, value in (table.items() if isinstance(table, dict) else []):
+            if value and isinstance(value, str) and (key in SECRET_WORDS or key.endswith(SECRET_WORDS)):
+                way = ("put it in an environment variable and name it with api_key_env" if key == "api_key"
+                       else "put it in an environment variable or a file of mode 0600 the plugin reads")
+                held.append((f"plugin.{name}.{key}", way))
+    return held
+
+
 def _read_secret(path: Path, key: str) -> str:
     """The secret in ``path`` (whitespace around it dropped); ``ConfigError`` when the file is missing, empty,
     unreadable or readable by group or others."""
@@ -322,11 +349,12 @@ def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | N
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     origin = str(path) if data else "config"
-    held = [key for key in SECRETS if data.get(key)]
+    held = _secrets_held(data)
     loose = _too_open(path) if held else None
     if loose:
-        raise ConfigError(f"{path}: permissions {loose} are too open for a config file that holds {held[0]}: "
-                          f"chmod 600 {path}, or move it to {held[0]}_file (a file of mode 0600)")
+        what, way = held[0]
+        raise ConfigError(f"{path}: permissions {loose} are too open for a config file that holds {what}: "
+                          f"chmod 600 {path}, or {way}")
     try:
         settings = Settings(**data)
         flags = {key: value for key, value in (overrides or {}).items() if value is not None}

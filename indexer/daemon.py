@@ -22,6 +22,7 @@ points are missing, mixed or stale; deterministic point ids make redoing idempot
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -153,9 +154,10 @@ class Indexer:
                  files=len(indexed))
 
     def close(self) -> None:
-        """Stop the watcher, flush and close the store, close the cache. A store or cache that cannot be written
-        now (a read-only state dir) is logged (``store_close_failed``, ``cache_close_failed``), not raised: what
-        was written stays, and the next start's scan redoes what is missing."""
+        """Stop the watcher, flush and close the store, close the cache and the plugins' connections. A store or
+        cache that cannot be written now (a read-only state dir) is logged (``store_close_failed``,
+        ``cache_close_failed``), not raised: what was written stays, and the next start's scan redoes what is
+        missing."""
         if self.state.watcher:
             self.state.watcher.stop()
         try:
@@ -168,6 +170,10 @@ class Indexer:
             self._cache.close()
         except Exception as exc:
             log.error("cache_close_failed", error=f"{type(exc).__name__}: {exc}"[:500])
+        registry = self.pipeline.registry  # remote plugins' connections (reopened by their next request)
+        for plugin in [*registry.embedders.values(), registry.reranker]:
+            with contextlib.suppress(Exception):
+                getattr(plugin, "close", lambda: None)()
 
     def _attest(self) -> bool:
         """``rebuild.attest`` the workspaces; the files of one whose path now names another directory lose the

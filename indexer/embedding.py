@@ -68,6 +68,8 @@ class SentenceTransformerEmbedder:
     """Text chunks to ``(n, dim)`` float32 L2-normalised vectors with a sentence-transformers model."""
 
     modality = "text"
+    #: the keys ``[plugin.sentence-transformers]`` may hold (``indexer.plugins`` refuses others, naming them)
+    config_keys = frozenset({"model", "device", "batch_size", "precision", "cache_dir", "state_dir"})
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})

@@ -10,8 +10,10 @@
     ├── FileSkipped          a file is not indexed for a stated reason (too large, not UTF-8 text, FIFO, ...)
     ├── ExtractError         an extractor could not read a file of its kind (corrupt image, bad codec, ...)
     ├── EmbedError           an embedder could not embed an input (the file is marked failed)
-    │   └── EmbedUnavailable the embedder cannot answer now (server down, 429, 5xx, timeout, model loading):
-    │                        retried with backoff; the file is never marked failed nor loses its points
+    │   ├── EmbedUnavailable the embedder cannot answer now (server down, 429, 5xx, timeout, model loading):
+    │   │                    retried with backoff; the file is never marked failed nor loses its points
+    │   └── BadVectors       the embedder answered vectors that cannot be stored (NaN, inf, zero, wrong size):
+    │                        the file is marked failed (bad_vectors) and keeps its old points; nothing is cached
     └── ReadRefused          a paged read asked for a path that is not a memory file of that workspace
 """
 
@@ -81,6 +83,13 @@ class EmbedUnavailable(EmbedError):
     def __init__(self, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class BadVectors(EmbedError):
+    """An embedder answered vectors that cannot be stored: not one per input, not the collection's size, not
+    finite numbers (NaN, inf) or of zero norm. A permanent error for those inputs (``indexer.api.check_vectors``):
+    the file is marked failed (``bad_vectors``, counted in ``status``, ``/metrics`` and ``/health``) and keeps the
+    points it had; the vectors are never cached."""
 
 
 class ReadRefused(QmdError):

@@ -10,15 +10,20 @@ Two wire shapes, chosen by ``api``:
 - ``"tei"``: Hugging Face text-embeddings-inference, ``POST {base_url}/rerank`` with ``{"query", "texts": [...]}``,
   answered by ``[{"index", "score"}, ...]``.
 
-The API key is read from the environment variable ``api_key_env`` names (never from the config file) and sent as
-``Authorization: Bearer <key>``. Each call gives up after ``timeout_s`` seconds, or sooner when the search hands it
-less of its ``rerank_budget_s``: a timeout raises ``TimeoutError``, any other failure (connection refused, an HTTP
-error status, an answer of the wrong shape) raises ``RerankError``, and ``indexer.rerank`` then keeps the fused
-order (it fails open).
+The API key is read from the environment variable ``api_key_env`` names, or ``api_key`` (accepted only from a config
+file readable by its owner alone: ``indexer.config``), and sent as ``Authorization: Bearer <key>``.
+
+Each call has one deadline for the whole request, whatever the server's pace (``indexer.remote``): ``timeout_s``
+seconds, or sooner when the search hands it less of its ``rerank_budget_s``; its answer is read up to
+``max_answer_bytes`` (default 1 MiB plus twice the request's size, as some servers echo the texts back). Past the
+deadline it raises ``TimeoutError``; any other failure (connection refused, an HTTP error status, an answer too long
+or of the wrong shape: indices out of range, scores that are not finite numbers) raises ``RerankError``, and
+``indexer.rerank`` then keeps the fused order (it fails open).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -27,12 +32,15 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from indexer.remote import AnswerTooLarge, DeadlineClient
+
 __all__ = ["APIS", "HttpReranker", "RerankError"]
 
 #: the wire shapes ``api`` may name
 APIS = ("cohere", "tei")
 #: the config keys ``[plugin.http]`` may hold (``state_dir`` is added by the daemon)
-KEYS = frozenset({"base_url", "model", "api", "api_key_env", "timeout_s", "state_dir"})
+KEYS = frozenset({"base_url", "model", "api", "api_key_env", "api_key", "timeout_s", "max_answer_bytes",
+                  "state_dir"})
 
 
 class RerankError(RuntimeError):
@@ -48,15 +56,16 @@ class HttpReranker:
     - ``api``: ``"cohere"`` (default) or ``"tei"``, the wire shape (module docstring);
     - ``api_key_env``: the name of an environment variable holding the API key (default: no key is sent);
     - ``timeout_s``: the longest one call may take, seconds (default 10; a search's budget may cut it shorter).
+    - ``max_answer_bytes``: the longest answer read (default 1 MiB plus twice the request's size).
 
-    Raises ``ValueError`` for a missing ``base_url``, an unknown ``api`` or key, an ``api_key`` in the config, or
-    an ``api_key_env`` naming an unset variable. Nothing is sent until the first ``score``."""
+    Raises ``ValueError`` for a missing ``base_url``, an unknown ``api`` or key, or an ``api_key_env`` naming an
+    unset variable. Nothing is sent until the first ``score``."""
+
+    #: the keys ``[plugin.http]`` may hold (``indexer.plugins`` refuses others, naming them)
+    config_keys = KEYS
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})
-        if "api_key" in config:
-            raise ValueError("[plugin.http] takes no api_key: put the key in an environment variable and name it "
-                             "with api_key_env")
         unknown = sorted(set(config) - KEYS)
         if unknown:
             raise ValueError(f"[plugin.http]: unknown setting {unknown[0]!r} (known: {', '.join(sorted(KEYS))})")
@@ -69,6 +78,7 @@ class HttpReranker:
             raise ValueError(f"[plugin.http] api must be one of {', '.join(APIS)}, got {self.api!r}")
         self.model = str(config.get("model", ""))
         self.timeout_s = float(config.get("timeout_s", 10.0))
+        self.max_answer_bytes = int(config["max_answer_bytes"]) if config.get("max_answer_bytes") else None
         if not self.timeout_s > 0:
             raise ValueError(f"[plugin.http] timeout_s must be > 0, got {self.timeout_s!r}")
         headers = {}
@@ -78,10 +88,12 @@ class HttpReranker:
             if not key:
                 raise ValueError(f"[plugin.http] api_key_env names {key_env!r}, which is not set in the environment")
             headers["Authorization"] = f"Bearer {key}"
+        elif config.get("api_key"):
+            headers["Authorization"] = f"Bearer {config['api_key']}"
         self.url = f"{base_url}/rerank"
         #: what ``status`` shows: the model (when named) and the route asked
         self.model_id = f"{self.model}@{self.url}" if self.model else self.url
-        self._client = httpx.Client(headers=headers)
+        self._client = DeadlineClient(headers=headers)
 
     def request(self, query: str, texts: Sequence[str]) -> dict[str, Any]:
         """The JSON body of one rerank request for ``query`` and ``texts`` in this plugin's wire shape."""
@@ -116,18 +128,22 @@ class HttpReranker:
     def score(self, query: str, texts: Sequence[str], timeout_s: float | None = None) -> list[float]:
         """One relevance score per text, in order (the server's: higher is better). ``timeout_s``: the seconds the
         search can still wait (``None``: this plugin's ``timeout_s``; the smaller of the two applies to connecting,
-        sending and each read). Raises ``TimeoutError`` past it and ``RerankError`` for any other failure."""
+        sending and the whole answer). Raises ``TimeoutError`` past it and ``RerankError`` for any other failure."""
         if not texts:
             return []
         limit = self.timeout_s if timeout_s is None else max(0.001, min(self.timeout_s, timeout_s))
+        body = self.request(query, texts)
+        cap = self.max_answer_bytes or (1 << 20) + 2 * len(json.dumps(body))
         try:
-            response = self._client.post(self.url, json=self.request(query, texts), timeout=limit)
-        except httpx.TimeoutException as exc:
-            raise TimeoutError(f"{self.url} did not answer within {limit:.3g} s") from exc
+            response = self._client.post(self.url, body, limit, cap)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{self.url} did not answer whole within {limit:.3g} s") from exc
+        except AnswerTooLarge as exc:
+            raise RerankError(str(exc)) from exc
         except httpx.HTTPError as exc:
             raise RerankError(f"{self.url}: {type(exc).__name__}: {exc}") from exc
-        if response.is_error:
-            raise RerankError(f"{self.url} answered HTTP {response.status_code}: {response.text[:200]}")
+        if response.status >= 400:
+            raise RerankError(f"{self.url} answered HTTP {response.status}: {response.text[:200]}")
         try:
             answer = response.json()
         except ValueError as exc:

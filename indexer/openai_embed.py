@@ -8,14 +8,17 @@ are the vectors, L2-normalised here. Config keys (``[plugin.openai]``):
 
 - ``base_url`` (required): as the OpenAI SDK takes it, e.g. ``http://127.0.0.1:11434/v1`` (Ollama).
 - ``model`` (required): the model name the server knows.
-- ``api_key_env``: the environment variable holding the API key, sent as ``Authorization: Bearer``; the key itself
-  is never read from the config file. None: no header.
+- ``api_key_env``: the environment variable holding the API key, sent as ``Authorization: Bearer``; or ``api_key``,
+  the key itself, accepted only from a config file readable by its owner alone (``indexer.config``). None: no
+  header. Any other key is refused (``config_keys``).
 - ``dimensions``: asked of models that can shorten their vectors (OpenAI ``text-embedding-3-*``); the vector size
   is always the one of the first answer.
 - ``batch_size`` (default 32, TEI's default cap): inputs per request; a 413 or "batch too large" answer halves it
   for the rest of the run. ``max_concurrency`` (default 2): requests in flight at once.
-- ``timeout_s`` (default 60): per request while indexing; ``query_timeout_s`` (default 5): for a search's query,
-  which then answers from keyword search instead of waiting.
+- ``timeout_s`` (default 60): the deadline of one request while indexing, the whole request whatever the server's
+  pace (``indexer.remote``); ``query_timeout_s`` (default 5): the deadline for a search's query, which then answers
+  from keyword search instead of waiting. ``max_answer_bytes`` (default 1 MiB + 256 KiB per input): a longer
+  answer is refused unread.
 - ``query_prefix``/``document_prefix`` (default empty): prepended to queries/chunks, for asymmetric models (e5
   ``"query: "``/``"passage: "``, nomic ``"search_query: "``/``"search_document: "``); or ``query_input_type``/
   ``document_input_type``, sent as the request's ``input_type`` field (servers that take one).
@@ -26,14 +29,20 @@ are the vectors, L2-normalised here. Config keys (``[plugin.openai]``):
   or the server's ``Retry-After`` when it is at most ``max_retry_after_s``, default 30); then ``EmbedUnavailable``
   goes up and the daemon retries the files later, keeping their points.
 
-Errors: ``EmbedUnavailable`` for anything transient or of the server's setup (unreachable, timeout, 429, 5xx, 401,
-403, 404, an answer that is not embeddings); ``EmbedError`` only for an input the server refuses for itself even
-alone and split to its smallest. An input refused as too long (413, or a 400/422 saying so) is split in two at a
-space near the middle, both halves embedded and their mean taken, never truncated. Identity (``identity``):
-endpoint host and path, model, vector size, ``dimensions``, prefixes and input types, and the chunk sizing; a change
-of any rebuilds the collections safely. The vector size learnt from the first answer is remembered in
-``<state_dir>/openai-embedder.json``, so a daemon restarted while the server is down still opens its collections
-and answers keyword searches.
+Errors: ``EmbedUnavailable`` for anything transient or of the server's setup (unreachable, past the deadline, 429,
+5xx, 401, 403, 404, an answer that is not JSON embeddings or is too long); ``BadVectors`` for embeddings that cannot
+be stored (``indexer.api.check_vectors``: NaN, inf, all zeros, not one per input, another size than the first
+answer's), permanent for those inputs (the file is marked failed and keeps its points; a query answers from keyword
+search); ``EmbedError`` for an input the server refuses for itself even alone and split to its smallest. An input
+refused as too long (413, or a 400/422 saying so) is split in two at a space near the middle, both halves embedded
+and their mean taken, never truncated. Identity (``identity``): endpoint host and path, model, vector size,
+``dimensions``, prefixes and input types, and the chunk sizing; a change of any rebuilds the collections safely.
+
+The vector size learnt from the first answer is remembered in ``<state_dir>/openai-embedder.json``, so a daemon
+restarted while the server is down still opens its collections and answers keyword searches. ``unavailable()``
+says why the server could not be reached at its last request (``None`` once one succeeds), for ``/health``; asked
+while the last word is older than ``PROBE_EVERY_S``, it sends one probe request in the background, so an idle
+daemon notices a server gone down.
 """
 
 from __future__ import annotations
@@ -57,11 +66,13 @@ import numpy as np
 import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-from indexer.api import Chunk, l2_normalise
-from indexer.errors import EmbedError, EmbedUnavailable
+from indexer.api import Chunk, check_vectors, l2_normalise
+from indexer.errors import BadVectors, EmbedError, EmbedUnavailable
+from indexer.remote import AnswerTooLarge, DeadlineClient, DeadlineExceeded
 
 log = structlog.get_logger("qmd_indexer.embedding")
 
+PROBE_EVERY_S = 60.0  # ``unavailable()`` probes the server in the background when its last word is older
 DIM_FILE = "openai-embedder.json"  # under the state dir: the sizing key -> the vector size last answered
 # what servers say when an input or a request is too long or too big (llama.cpp, vLLM, TEI, OpenAI, Ollama)
 _TOO_LONG = re.compile(r"too (long|large|many)|maximum (context|input|sequence|batch)|context length|exceed|"
@@ -100,6 +111,11 @@ class OpenAIEmbedder:
     endpoint (see the module for the config keys, errors and identity)."""
 
     modality = "text"
+    #: the keys ``[plugin.openai]`` may hold (``indexer.plugins`` refuses others, naming them)
+    config_keys = frozenset({"base_url", "model", "api_key_env", "api_key", "dimensions", "batch_size",
+                             "max_concurrency", "timeout_s", "query_timeout_s", "retries", "max_retry_after_s",
+                             "max_answer_bytes", "query_prefix", "document_prefix", "query_input_type",
+                             "document_input_type", "tokenizer", "max_chars", "max_tokens", "state_dir"})
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})
@@ -113,6 +129,7 @@ class OpenAIEmbedder:
             raise ValueError(f"[plugin.openai] base_url must be an http(s) URL, got {base_url!r}")
         self.endpoint = f"{parts.netloc}{parts.path}"
         self.api_key_env = config.get("api_key_env") or None
+        self._api_key = str(config.get("api_key") or "")
         self.dimensions = int(config["dimensions"]) if config.get("dimensions") else None
         self.batch_size = max(1, int(config.get("batch_size", 32)))
         self.max_concurrency = max(1, int(config.get("max_concurrency", 2)))
@@ -120,6 +137,7 @@ class OpenAIEmbedder:
         self.query_timeout_s = float(config.get("query_timeout_s", 5.0))
         self.retries = max(1, int(config.get("retries", 3)))
         self.max_retry_after_s = float(config.get("max_retry_after_s", 30.0))
+        self.max_answer_bytes = int(config["max_answer_bytes"]) if config.get("max_answer_bytes") else None
         self.query_prefix = str(config.get("query_prefix", ""))
         self.document_prefix = str(config.get("document_prefix", ""))
         self.query_input_type = config.get("query_input_type") or None
@@ -137,7 +155,10 @@ class OpenAIEmbedder:
         self._dim: int | None = None
         self._batch = self.batch_size  # halved for the rest of the run by a 413 / "batch too large"
         self._lock = threading.Lock()
-        self._client: httpx.Client | None = None
+        self._client: DeadlineClient | None = None
+        # the server's last word: (monotonic time, why it could not be reached or None); a probe in flight
+        self._last: tuple[float, str | None] = (time.monotonic(), None)
+        self._probing = threading.Event()
         # counters since start (requests sent, retried while unavailable, batches halved, inputs split)
         self.stats = {"requests": 0, "retries": 0, "halved": 0, "split": 0}
 
@@ -235,11 +256,30 @@ class OpenAIEmbedder:
         return [tuple(pair) for pair in self._tokenizer.encode(text, add_special_tokens=False).offsets]
 
     # -- requests ---------------------------------------------------------------------------------------------
-    def _http(self) -> httpx.Client:
+    def _http(self) -> DeadlineClient:
         with self._lock:
             if self._client is None:
-                self._client = httpx.Client(limits=httpx.Limits(max_connections=self.max_concurrency + 2))
+                self._client = DeadlineClient(max_connections=self.max_concurrency + 2)
             return self._client
+
+    def unavailable(self) -> str | None:
+        """Why the server could not be reached at the last request (``EmbedUnavailable``'s message), ``None`` once
+        one succeeded (or none was sent). When that word is older than ``PROBE_EVERY_S``, one probe request (one
+        input, the query deadline) is sent in a background thread; this call never waits for it."""
+        at, reason = self._last
+        if time.monotonic() - at > PROBE_EVERY_S and not self._probing.is_set():
+            self._probing.set()
+
+            def probe() -> None:
+                try:
+                    self._post_once(["probe"], self.query_input_type, self.query_timeout_s)
+                except (EmbedError, _TooLarge):
+                    pass
+                finally:
+                    self._probing.clear()
+
+            threading.Thread(target=probe, name="openai-embed-probe", daemon=True).start()
+        return reason
 
     def close(self) -> None:
         """Close the connections kept open to the server (a later request opens new ones)."""
@@ -249,23 +289,39 @@ class OpenAIEmbedder:
             client.close()
 
     def _headers(self) -> dict[str, str]:
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        key = os.environ.get(self.api_key_env) if self.api_key_env else self._api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _post_once(self, inputs: list[str], input_type: str | None, timeout_s: float) -> np.ndarray:
+        """One request: the inputs' checked, L2-normalised vectors; records the server's last word either way."""
+        try:
+            vectors = self._request(inputs, input_type, timeout_s)
+        except EmbedUnavailable as exc:
+            self._last = (time.monotonic(), str(exc).splitlines()[0][:300] if str(exc) else "unavailable")
+            raise
+        except (EmbedError, _TooLarge):  # it answered, if not well: reachable
+            self._last = (time.monotonic(), None)
+            raise
+        self._last = (time.monotonic(), None)
+        return vectors
+
+    def _request(self, inputs: list[str], input_type: str | None, timeout_s: float) -> np.ndarray:
         body: dict[str, Any] = {"model": self.model, "input": inputs, "encoding_format": "float"}
         if self.dimensions:
             body["dimensions"] = self.dimensions
         if input_type:
             body["input_type"] = input_type
         self.stats["requests"] += 1
+        cap = self.max_answer_bytes or (1 << 20) + len(inputs) * (256 << 10)
         try:
-            answer = self._http().post(self.url, json=body, headers=self._headers(), timeout=timeout_s)
-        except httpx.TimeoutException as exc:
-            raise EmbedUnavailable(f"{self.url}: no answer within {timeout_s:g} s ({type(exc).__name__})") from exc
+            answer = self._http().post(self.url, body, timeout_s, cap, headers=self._headers())
+        except DeadlineExceeded as exc:
+            raise EmbedUnavailable(f"{self.url}: no whole answer within {timeout_s:g} s") from exc
+        except AnswerTooLarge as exc:
+            raise EmbedUnavailable(str(exc)) from exc
         except httpx.HTTPError as exc:
             raise EmbedUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from exc
-        status, text = answer.status_code, answer.text[:300]
+        status, text = answer.status, answer.text[:300]
         if status == 413 or (status in (400, 422) and _TOO_LONG.search(text)):
             raise _TooLarge(f"{status}: {text}")
         if status == 429 or status >= 500 or status in (401, 403, 404, 408):
@@ -275,17 +331,13 @@ class OpenAIEmbedder:
             raise EmbedError(f"{self.url} refused the input ({status}): {text}")
         try:
             data = sorted(answer.json()["data"], key=lambda item: item["index"])
-            vectors = np.asarray([item["embedding"] for item in data], dtype=np.float32)
+            embeddings = [item["embedding"] for item in data]
         except (ValueError, KeyError, TypeError) as exc:
             raise EmbedUnavailable(f"{self.url} answered 200 without embeddings: {text}") from exc
-        if vectors.ndim != 2 or vectors.shape[0] != len(inputs):
-            raise EmbedUnavailable(f"{self.url} answered {vectors.shape[0]} vectors for {len(inputs)} inputs")
+        vectors = check_vectors(embeddings, len(inputs), self._dim, self.url)  # NaN, inf, zeros, shape: BadVectors
         if self._dim is None:
             self._dim = int(vectors.shape[1])
             self._remember_dim(self._dim)
-        elif vectors.shape[1] != self._dim:
-            raise EmbedUnavailable(f"{self.url} now answers vectors of size {vectors.shape[1]}, not {self._dim}: "
-                                   f"the model behind it changed; restart the daemon to rebuild")
         return l2_normalise(vectors)
 
     def _post(self, inputs: list[str], input_type: str | None, timeout_s: float, attempts: int) -> np.ndarray:
@@ -360,8 +412,12 @@ class OpenAIEmbedder:
         return self.encode([self.document_prefix + chunk.embed_text for chunk in chunks], self.document_input_type)
 
     def embed_query(self, text: str) -> np.ndarray:
-        """``(dim,)`` float32, L2-normalised: ``query_prefix`` + ``text``, one try within ``query_timeout_s`` (a
-        search answers from keyword search rather than wait). Raises ``EmbedUnavailable``."""
-        vector: np.ndarray = self.encode([self.query_prefix + text], self.query_input_type, self.query_timeout_s,
-                                         attempts=1)[0]
+        """``(dim,)`` float32, L2-normalised: ``query_prefix`` + ``text``, one try with the deadline
+        ``query_timeout_s`` (a search answers from keyword search rather than wait). Raises ``EmbedUnavailable``
+        (also for a bad answer: NaN, inf, zeros, wrong size)."""
+        try:
+            vector: np.ndarray = self.encode([self.query_prefix + text], self.query_input_type, self.query_timeout_s,
+                                             attempts=1)[0]
+        except BadVectors as exc:  # a bad answer to a query: the search answers from keyword search, saying why
+            raise EmbedUnavailable(f"bad answer: {exc}") from exc
         return vector

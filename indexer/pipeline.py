@@ -24,7 +24,7 @@ from typing import BinaryIO
 import numpy as np
 
 from indexer import bm25, chunking
-from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo
+from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo, check_vectors
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache, cache_key
 from indexer.errors import ExtractError, FileSkipped, PluginError
@@ -268,10 +268,8 @@ class Pipeline:
                     raise Interrupted("stop requested")
                 piece = pending[start : start + EMBED_SLICE]
                 firsts = [prepared[group[0][0]].chunks[group[0][1]] for _, group in piece]
-                fresh = np.asarray(embedder.embed(firsts), dtype=np.float32)
-                if fresh.shape != (len(firsts), dim):
-                    raise ExtractError(f"embedder {embedder.model_id} returned shape {fresh.shape}, "
-                                       f"expected ({len(firsts)}, {dim})")
+                # checked before anything is cached or stored: NaN, inf, zero or misshapen vectors raise BadVectors
+                fresh = check_vectors(embedder.embed(firsts), len(firsts), dim, f"embedder {embedder.model_id}")
                 self.cache.put_many([(key, vector) for (key, _), vector in zip(piece, fresh)])
                 for vector, (_, group) in zip(fresh, piece):
                     for n, (f, c) in enumerate(group):

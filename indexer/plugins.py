@@ -77,6 +77,7 @@ class PluginRecord:
     provides: tuple[str, ...] = ()
     obj: Any = field(default=None, repr=False)
     media: tuple[str, ...] = ()  # a failed media plugin: the media kinds it would have served (``media_kinds``)
+    configured: bool = False  # failed, and meant to run: named (reranker, prefer), configured, or not optional media
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -127,6 +128,14 @@ class Registry:
         self.media_kinds: frozenset[str] = frozenset(media)
         self.hit_fields: tuple[str, ...] = tuple(fields)
         self.modalities: tuple[str, ...] = tuple(sorted(self.embedders))
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per plugin that was meant to run and failed to load (the configured reranker, a ``prefer``
+        choice, one with its own ``[plugin.<name>]`` settings, or any but an optional media plugin):
+        ``"<name> plugin <name> failed to load: <reason>"``; ``status`` and ``/health`` report them."""
+        return [f"{r.group.rsplit('.', 1)[-1][:-1]} plugin {r.name} failed to load: {r.reason}"[:300]
+                for r in self.records if r.status == "failed" and r.configured]
 
     def configured_reranker(self, name: str) -> Reranker | None:
         """The loaded reranker when it is the one named ``name`` (the ``reranker`` setting), else ``None``: rerank
@@ -257,12 +266,17 @@ def load_registry(
         factory: Any = None
         try:
             factory = ep.load()
+            _check_keys(ep.name, factory, config.get(ep.name, {}))
             obj = factory(dict(config.get(ep.name, {})))
             check_contract(ep.group, obj)
             record.obj, record.provides = obj, _provides(ep.group, obj)
+        except ConfigError:
+            raise
         except Exception as exc:  # any failure of third-party code: report and skip
             record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
             record.media = _media_kinds(ep.group, factory)
+            record.configured = (not record.media or ep.group == RERANKERS or ep.name in prefer.values()
+                                 or bool(set(config.get(ep.name, {})) - {"state_dir"}))
             (log.debug if record.media else log.warning)(
                 "plugin_failed", group=ep.group, plugin=ep.name, distribution=dist, reason=record.reason,
                 media=list(record.media))
@@ -273,6 +287,18 @@ def load_registry(
     _resolve_conflicts(records, prefer)
     _check_names(records, allow, prefer)
     return Registry(records)
+
+
+def _check_keys(name: str, factory: Any, table: Mapping[str, Any]) -> None:
+    """Raise ``ConfigError`` naming the key and the table when ``table`` (``[plugin.<name>]``) holds a key the
+    plugin does not take: its factory's ``config_keys`` (a set of names; ``state_dir`` is always allowed). A plugin
+    that declares none is not checked."""
+    known = getattr(factory, "config_keys", None)
+    if known is None:
+        return
+    unknown = sorted(set(table) - set(known) - {"state_dir"})
+    if unknown:
+        raise ConfigError(f"[plugin.{name}]: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
 
 
 def _check_names(records: list[PluginRecord], allow: set[str], prefer: Mapping[str, str]) -> None:

@@ -3,7 +3,10 @@
 - ``read_memory``: lines ``from_line`` (1-based) onwards, at most ``lines`` of them and ``max_chars`` characters,
   streamed line by line so a 200 MB file is never loaded whole; says where to continue. Only memory files of the
   workspace are readable: ``..`` escapes, absolute paths outside it, symlinks, hidden and non-memory files are
-  refused with ``ReadRefused`` (the same rules as indexing, ``indexer.workspace.route``).
+  refused with ``ReadRefused`` (the same rules as indexing, ``indexer.workspace.route``). A name spelled under the
+  other Unicode normalisation form (NFC ``café`` for an NFD file on disk, as macOS and some editors write them) is
+  read when exactly one file matches, and the answer's ``note`` says so; otherwise ``FileNotFoundError`` names the
+  closest memory path.
 - ``recall``: the best memories for a query; ``*``, ``all`` or an empty query lists every memory file instead, a
   page of at most ``LIST_CAP`` files with the total and the next page's offset.
 - ``boot_context``: memory packed into a character budget for the start of a session: the root memory file first,
@@ -13,7 +16,9 @@
 
 from __future__ import annotations
 
+import difflib
 import os
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -36,7 +41,7 @@ from indexer.schema import (
 )
 from indexer.search import Searcher, join_degraded
 from indexer.store import Store
-from indexer.workspace import Collection, anchor, route
+from indexer.workspace import Collection, anchor, route, walk
 
 LIST_ALL = frozenset({"", "*", "all"})
 
@@ -100,7 +105,17 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     """
     if from_line < 1 or (lines is not None and lines < 1) or max_chars < 1:
         raise ValueError("from must be >= 1, lines >= 1 and max_chars >= 1")
-    collection, abs_path = resolve_memory_path(collections, path, agent, classify)
+    note = None
+    try:
+        collection, abs_path = resolve_memory_path(collections, path, agent, classify)
+        if not os.path.lexists(abs_path):
+            raise FileNotFoundError(path)
+    except FileNotFoundError:
+        respelled = _respelled(collections, path, agent)
+        if respelled is None:
+            raise FileNotFoundError(_closest(collections, path, agent)) from None
+        collection, abs_path = resolve_memory_path(collections, respelled, agent, classify)
+        note = f"no file is named {path!r}: read {respelled!r}, the same name in another Unicode normalisation form"
     out: list[str] = []
     used = 0
     line_no = 0
@@ -132,7 +147,41 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     }
     if line_cut:
         result["line_truncated"] = True
+    if note:
+        result["note"] = note
     return result
+
+
+def _respelled(collections: Sequence[Collection], path: str, agent: str | None) -> str | None:
+    """The workspace-relative ``path`` as spelled on disk when its names differ only by Unicode normalisation (each
+    component compared in NFC) and exactly one file matches; ``None`` otherwise (or for an absolute path)."""
+    if os.path.isabs(path):
+        return None
+    parts = Path(os.path.normpath(path)).parts
+    for workspace in dict.fromkeys(c.workspace for c in collections if agent is None or c.agent == agent):
+        here, found = workspace.path, []
+        for part in parts:
+            try:
+                names = [n for n in os.listdir(here) if unicodedata.normalize("NFC", n) ==
+                         unicodedata.normalize("NFC", part)]
+            except OSError:
+                break
+            if len(names) != 1:
+                break
+            here = here / names[0]
+            found.append(names[0])
+        else:
+            return "/".join(found) if here.is_file() else None
+    return None
+
+
+def _closest(collections: Sequence[Collection], path: str, agent: str | None) -> str:
+    """``FileNotFoundError``'s message for ``path``: the path, and the closest memory file's path when one is near
+    (``difflib``'s ratio of at least 0.6)."""
+    chosen = [c for c in collections if agent is None or c.agent == agent]
+    files = [os.path.relpath(p, c.workspace.path) for c, p in walk(chosen)[0]]
+    close = difflib.get_close_matches(unicodedata.normalize("NFC", path), files, n=1)
+    return f"{path} (the closest memory file is {close[0]})" if close else path
 
 
 def list_memories(collections: Sequence[Collection], store: Store, k: int = LIST_CAP, agent: str | None = None,

@@ -90,8 +90,9 @@ class StatusView:
     def health_reasons(self) -> list[str]:
         """Why the daemon is degraded, one short line per cause (empty when it is not): the watcher is dead, the last
         reconcile found drift, store writes fail (a full state dir), the state dir cannot be written (indexing waits),
-        the embedder cannot answer (files wait, retried) or a model is still loading (searches answer from keyword
-        search meanwhile)."""
+        the embedder cannot answer (files wait, retried; or a search or an idle probe could not reach it), it answered
+        vectors that cannot be stored (files failed with ``bad_vectors``), a model is still loading (searches answer
+        from keyword search meanwhile), or a plugin meant to run failed to load (``Registry.failures``)."""
         watcher, reasons = self.state.watcher, []
         if watcher is not None and (watcher.dead or not watcher.alive()):
             reasons.append("file watcher is dead")
@@ -105,8 +106,20 @@ class StatusView:
         outage = self.state.ledger.outage
         if outage.reason is not None:
             reasons.append(f"embedder unavailable: {outage.reason} ({len(outage.waiting)} file(s) waiting, retried)")
+        else:  # nothing to index: what the last search (or an idle probe) met, where the embedder can tell
+            for modality, embedder in sorted(self.registry.embedders.items()):
+                unavailable = getattr(embedder, "unavailable", None)
+                reason = unavailable() if callable(unavailable) else None
+                if reason:
+                    reasons.append(f"embedder unavailable: {reason} ({modality}: searches answer from keyword search)")
+        marks = self.state.ledger.marks
+        bad = sorted(path for path, mark in list(marks.items()) if mark[3] == "bad_vectors")
+        if bad:
+            reasons.append(f"embedder answered bad vectors for {len(bad)} file(s), which keep their old points: "
+                           f"{self.state.ledger.details.get(bad[0], '')[:200]}")
         if any(getattr(e, "loading", False) for e in self.registry.embedders.values()):
             reasons.append("model loading")
+        reasons += self.registry.failures
         return reasons
 
     def health_answer(self) -> Health:
@@ -200,6 +213,7 @@ class StatusView:
                                     settings.rerank_top_n, settings.rerank_budget_s, self.rerank_stats),
             "problems": [{"kind": p.kind, "agent": p.agent, "path": str(p.path), "detail": p.detail}
                          for p in state.problems],
+            "plugin_errors": self.registry.failures,
             "bind": f"{settings.host}:{settings.port}",
             "collections": per,
         }

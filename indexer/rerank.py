@@ -41,6 +41,9 @@ class CrossEncoderReranker:
     ``ValueError`` without a model; the model loads on the first ``score`` (offline unless ``HF_HUB_OFFLINE`` says
     otherwise), which raises ``OSError`` while it is not on disk and loads it once it is."""
 
+    #: the keys ``[plugin.cross-encoder]`` may hold (``indexer.plugins`` refuses others, naming them)
+    config_keys = frozenset({"model", "device", "batch_size", "state_dir"})
+
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})
         if not config.get("model"):

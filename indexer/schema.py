@@ -330,6 +330,9 @@ Page = TypedDict("Page", {
     "truncated": Annotated[bool, Field(description="True when `lines` or `max_chars` stopped the read early.")],
     "next_from": Annotated[int | None, Field(description="The `from` that continues the read; null at the end.")],
     "line_truncated": NotRequired[Annotated[bool, Field(description="The one line returned was cut at max_chars.")]],
+    "note": NotRequired[Annotated[str, Field(description=(
+        "Present when the path asked for names no file but one file has the same name in another Unicode "
+        "normalisation form (NFC/NFD): that file was read, and `path` is its spelling."))]],
 })
 Page.__doc__ = "``GET /get``: a page of one memory file."
 
@@ -424,6 +427,9 @@ class Status(TypedDict):
         "Paths not usable as configured, each {kind, agent, path, detail}: extra_path_missing, extra_path_overlaps, "
         "unreadable_directory."))]]
     rerank: NotRequired[Annotated[RerankStatus | None, Field(description="The rerank stage; null when off.")]]
+    plugin_errors: NotRequired[Annotated[list[str], Field(description=(
+        "Plugins meant to run (the reranker, a prefer choice, one with its own settings) that failed to load, one "
+        "line each; /health is degraded and the answers they would have shaped say so in degraded."))]]
     store_degraded: NotRequired[Annotated[bool, Field(description="Store writes are failing (being retried).")]]
     rebuilding: NotRequired[Annotated[bool, Field(description="A rebuild runs beside the live index, or is asked.")]]
     hnsw: NotRequired[Annotated[dict[str, dict[str, Any]], Field(description=(
@@ -452,8 +458,9 @@ class Health(TypedDict):
     """``GET /health``."""
 
     status: Annotated[Literal["ok", "degraded"], Field(description=(
-        "degraded: the file watcher is dead, the last reconcile found files it had missed, store writes fail, or "
-        "the embedder cannot answer (see /status and reasons)."))]
+        "degraded: the file watcher is dead, the last reconcile found files it had missed, store writes fail, "
+        "the embedder cannot answer or answered bad vectors, or a configured plugin failed to load (see /status "
+        "and reasons)."))]
     ready: Annotated[bool, Field(description="The first full index has finished.")]
     reasons: NotRequired[Annotated[list[str], Field(description=(
         "Present when degraded: one short line per cause (e.g. \"model loading\", \"state dir not writable\")."))]]

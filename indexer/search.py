@@ -169,7 +169,7 @@ class Searcher:
     def __init__(self, collections: Sequence[Collection], store: Store, embedders: Mapping[str, Embedder],
                  terms_: Bm25Terms, settings: SearchSettings | None = None, reranker: Reranker | None = None,
                  rerank_stats: RerankStats | None = None, fallback_stats: FallbackStats | None = None,
-                 now: Callable[[], float] = time.time) -> None:
+                 now: Callable[[], float] = time.time, notes: Sequence[str] = ()) -> None:
         self.collections = list(collections)
         self.store = store
         self.embedders = embedders
@@ -181,6 +181,7 @@ class Searcher:
         self.rerank_stats = rerank_stats if rerank_stats is not None else RerankStats()
         self.fallback_stats = fallback_stats if fallback_stats is not None else FallbackStats()
         self._embed_query = lru_cache(maxsize=256)(self.embed_query)
+        self.notes = tuple(notes)  # said in every answer's ``degraded`` (a configured reranker that failed to load)
 
     @classmethod
     def from_settings(cls, settings: Settings, collections: Sequence[Collection], store: Store,
@@ -192,7 +193,11 @@ class Searcher:
         way); an unknown name raises ``TypeError``."""
         search = SearchSettings.from_settings(settings, registry)
         search = replace(search, **{k: v for k, v in overrides.items() if k in _SETTING_NAMES})
-        parts = {"reranker": registry.configured_reranker(settings.reranker),
+        reranker = registry.configured_reranker(settings.reranker)
+        failed = settings.reranker and reranker is None and any(
+            r.name == settings.reranker and r.status == "failed" for r in registry.records)
+        parts = {"reranker": reranker,
+                 "notes": [f"fusion order: reranker {settings.reranker} failed to load"] if failed else [],
                  **{k: v for k, v in overrides.items() if k not in _SETTING_NAMES}}
         return cls(collections, store, registry.embedders, terms_, search, **parts)
 
@@ -308,6 +313,8 @@ class Searcher:
         point_filter = search_filter(params)
         if not params.query.strip():
             return [], False
+        if degraded is not None:
+            degraded.extend(self.notes)
         query, _ = self._query(params, point_filter, degraded)
         lists, whole, owner = self._pools(targets, query)
         if not lists:

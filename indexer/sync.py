@@ -18,20 +18,29 @@ import os
 import stat
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
-from indexer.errors import EmbedError, EmbedUnavailable, ExtractError, FileSkipped, StateDirFull, StoreUnavailable
+from indexer.errors import (
+    BadVectors,
+    EmbedError,
+    EmbedUnavailable,
+    ExtractError,
+    FileSkipped,
+    StateDirFull,
+    StoreUnavailable,
+)
 from indexer.ledger import FAILURES
 from indexer.metrics import Metrics
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
 from indexer.points import FileState
 from indexer.state import IndexState
 from indexer.store import Store
-from indexer.workspace import Collection, Skip, route, walk_dir
+from indexer.workspace import ROOT_NAMES, Collection, Skip, route, walk_dir
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
@@ -136,12 +145,20 @@ class Sync:
         prepared.append(result)
 
     def _indexed_name(self, key: str, st: os.stat_result) -> str | None:
-        """One file, two names (a hard link; ``memory.md`` linked to ``MEMORY.md``): the file is indexed once,
-        under the name the walk met first. An event names only the name written through, so for a name that is
-        not indexed this returns the indexed name of the same (device, inode), if any, still that file on disk."""
-        if st.st_nlink < 2 or not stat.S_ISREG(st.st_mode) or key in self.state.indexed:
+        """One file, two names (a hard link; ``memory.md`` linked to ``MEMORY.md``; or one name spelled another way
+        on a case-insensitive or normalising file system): the file is indexed once, under the name the walk met
+        first. An event names only the name written through, so for a name that is not indexed this returns the
+        indexed name of the same (device, inode), if any, still that file on disk. Another spelling is looked for
+        among the root memory names only (``MEMORY.md``...: the same name under case folding and NFC)."""
+        if not stat.S_ISREG(st.st_mode) or key in self.state.indexed:
             return None
-        for abs_path in self.state.indexed_as(st.st_ino, st.st_dev):
+        if st.st_nlink < 2:
+            path = Path(key)
+            spelled = _folded(path.name)
+            candidates = [str(path.parent / name) for pair in ROOT_NAMES for name in pair if _folded(name) == spelled]
+        else:
+            candidates = self.state.indexed_as(st.st_ino, st.st_dev)
+        for abs_path in [p for p in candidates if p in self.state.indexed]:
             if abs_path != key:
                 try:
                     if os.path.samestat(os.lstat(abs_path), st):
@@ -230,6 +247,9 @@ class Sync:
                 [str(f.path) for f in prepared], f"{type(exc).__name__}: {exc}", exc.retry_after_s)
             return [file.path for file in prepared]
         except (EmbedError, ExtractError) as exc:
+            if len(prepared) == 1 and isinstance(exc, BadVectors):  # the answer was bad, not the file: points stay
+                self.state.ledger.skip(prepared[0].path, "bad_vectors", str(exc), failed=True)
+                return []
             if len(prepared) == 1:
                 self.skip(prepared[0].path, "embed_failed", str(exc), failed=True)
                 return []
@@ -262,3 +282,8 @@ class Sync:
                      chunks=len(points), embedded=file.embedded, cache_hits=file.cache_hits,
                      write_ms=round((time.monotonic() - started) * 1000, 1))
         return retry
+
+
+def _folded(name: str) -> str:
+    """``name`` as a case-insensitive, normalising file system compares it: NFC, case-folded."""
+    return unicodedata.normalize("NFC", name).casefold()

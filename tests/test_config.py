@@ -125,6 +125,10 @@ def test_token_from_a_file_the_environment_or_systemd_credentials(tmp_path: Path
     (f'token = "{TOKEN}"\n', None, r"permissions 0644 are too open for a config file that holds token"),
     (f'qdrant_api_key = "{TOKEN}"\n', None, r"permissions 0644 are too open for a config file that holds "
                                               r"qdrant_api_key"),
+    ('qdrant_url = "http://qdrant:hunter2@qdrant.lan:6333"\n', None,
+     r"0644 are too open for a config file that holds a password in qdrant_url: .* qdrant_api_key_file"),
+    ('[plugin.openai]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\napi_key = "sk-in-the-file"\n', None,
+     r"0644 are too open for a config file that holds plugin.openai.api_key: .* name it with api_key_env"),
     ('token_file = "{token}"\n', 0o640, r"permissions 0640 are too open for token_file"),
     ('token_file = "{token}"\n', 0o604, r"permissions 0604 are too open for token_file"),
     ('token_file = "{token}.missing"\n', 0o600, "cannot read token_file"),

@@ -75,8 +75,6 @@ def test_request_and_answer_shapes_and_config_checks(monkeypatch: pytest.MonkeyP
 
     with pytest.raises(ValueError, match="needs `base_url`"):
         HttpReranker({})
-    with pytest.raises(ValueError, match="api_key_env"):
-        HttpReranker({"base_url": "http://x", "api_key": "sk-in-the-config-file"})
     with pytest.raises(ValueError, match="api must be one of"):
         HttpReranker({"base_url": "http://x", "api": "jina"})
     with pytest.raises(ValueError, match="unknown setting 'top_n'"):

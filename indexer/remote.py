@@ -1,0 +1,118 @@
+"""HTTP to a model server the user runs, with one wall-clock deadline per request and a cap on the answer's size.
+
+httpx's timeouts bound each connect, write and read, not the whole request: a server that trickles its answer a byte
+at a time keeps a "5 s" request alive for minutes, and an answer of any size is read whole into memory. Here each
+request runs as a coroutine of ``httpx.AsyncClient`` on the client's own event loop (one daemon thread), under
+``asyncio.timeout``: it is cancelled at its deadline whatever the server's pace, and its connection dropped. The
+answer is read in pieces and refused once it passes ``max_bytes`` (a larger ``Content-Length`` is refused before any
+body is read). Any number of threads may call ``post`` at once; the requests share the client's connection pool.
+Used by the ``openai`` embedder (``indexer.openai_embed``) and the ``http`` reranker (``indexer.http_rerank``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+__all__ = ["Answer", "AnswerTooLarge", "DeadlineClient", "DeadlineExceeded"]
+
+
+class DeadlineExceeded(TimeoutError):
+    """The whole request (connect, send, headers, body) did not finish within its deadline."""
+
+
+class AnswerTooLarge(ValueError):
+    """The answer's body passed the request's ``max_bytes``; it was not read further."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole answer: HTTP ``status``, ``headers`` and the (decoded) ``body`` bytes."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        """The body parsed as JSON; raises ``ValueError`` when it is not."""
+        return json.loads(self.body)
+
+
+class DeadlineClient:
+    """``post`` with a deadline and a size cap (see the module). ``headers``: sent with every request;
+    ``max_connections``: the pool's size. The loop thread starts at the first ``post``; ``close`` stops it."""
+
+    def __init__(self, headers: dict[str, str] | None = None, max_connections: int = 10) -> None:
+        self._headers = dict(headers or {})
+        self._max_connections = max_connections
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    def _started(self) -> tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]:
+        with self._lock:
+            if self._loop is None or self._client is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="remote-http", daemon=True)
+                thread.start()
+
+                async def make() -> httpx.AsyncClient:
+                    return httpx.AsyncClient(headers=self._headers,
+                                             limits=httpx.Limits(max_connections=self._max_connections))
+
+                self._client = asyncio.run_coroutine_threadsafe(make(), loop).result()
+                self._loop, self._thread = loop, thread
+            return self._loop, self._client
+
+    def post(self, url: str, body: Any, deadline_s: float, max_bytes: int,
+             headers: dict[str, str] | None = None) -> Answer:
+        """POST ``body`` as JSON to ``url``; the whole answer within ``deadline_s`` seconds and ``max_bytes`` bytes.
+        Raises ``DeadlineExceeded``, ``AnswerTooLarge``, or ``httpx.HTTPError`` (cannot connect, connection
+        dropped, ...). An HTTP error status is an ``Answer`` like any other."""
+        loop, client = self._started()
+        deadline_s = max(0.001, float(deadline_s))
+        future = asyncio.run_coroutine_threadsafe(self._post(client, url, body, deadline_s, max_bytes, headers), loop)
+        return future.result()
+
+    @staticmethod
+    async def _post(client: httpx.AsyncClient, url: str, body: Any, deadline_s: float, max_bytes: int,
+                    headers: dict[str, str] | None) -> Answer:
+        try:
+            async with asyncio.timeout(deadline_s):
+                async with client.stream("POST", url, json=body, headers=headers, timeout=deadline_s) as response:
+                    length = response.headers.get("content-length", "")
+                    if length.isdigit() and int(length) > max_bytes:
+                        raise AnswerTooLarge(f"{url} answered {int(length)} bytes, more than the {max_bytes} allowed")
+                    parts, size = [], 0
+                    async for part in response.aiter_bytes():
+                        size += len(part)
+                        if size > max_bytes:
+                            raise AnswerTooLarge(f"{url} answered more than the {max_bytes} bytes allowed")
+                        parts.append(part)
+                    return Answer(response.status_code, response.headers, b"".join(parts))
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise DeadlineExceeded(f"{url}: no whole answer within {deadline_s:.3g} s") from exc
+
+    def close(self) -> None:
+        """Close the connections and stop the loop thread (a later ``post`` starts them again)."""
+        with self._lock:
+            loop, client, thread = self._loop, self._client, self._thread
+            self._loop = self._client = self._thread = None
+        if loop is None:
+            return
+        if client is not None:
+            asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(10)
+        loop.close()
