@@ -31,11 +31,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from indexer import schema
-from indexer.api import Embedder
+from indexer.api import Embedder, check_vectors
 from indexer.bm25 import Bm25Terms
 from indexer.config import Settings
 from indexer.dates import query_period
-from indexer.errors import EmbedUnavailable
+from indexer.errors import BadVectors, EmbedUnavailable
 from indexer.hits import shown, to_hit
 from indexer.plugins import Registry
 from indexer.points import NO_PAYLOAD, SPARSE, Hit, Payload, Query, search_filter
@@ -208,8 +208,18 @@ class Searcher:
 
     def embed_query(self, text: str) -> tuple[tuple[str, np.ndarray], ...]:
         """``((modality, (dim,) float32 vector), ...)``: ``text`` embedded by every embedder, sorted by modality,
-        uncached (``retrieve`` caches the last 256 queries)."""
-        return tuple((modality, e.embed_query(text)) for modality, e in sorted(self.embedders.items()))
+        uncached (``retrieve`` caches the last 256 queries). Each vector is checked (``check_vectors``: the
+        embedder's size, finite, non-zero); a bad one raises ``EmbedUnavailable`` ("bad answer"), so the search
+        answers from keyword search and says why."""
+        out = []
+        for modality, embedder in sorted(self.embedders.items()):
+            vector = embedder.embed_query(text)
+            try:
+                check_vectors(np.asarray(vector)[None, :], 1, getattr(embedder, "dim", None), f"{modality} embedder")
+            except BadVectors as exc:
+                raise EmbedUnavailable(f"bad answer: {exc}") from exc
+            out.append((modality, vector))
+        return tuple(out)
 
     def warm(self, text: str) -> None:
         """Embed ``text`` into the query cache now, so a following ``retrieve`` of it times the search alone."""

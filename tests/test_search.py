@@ -7,6 +7,7 @@ import tracemalloc
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import write
 from fastapi.testclient import TestClient
@@ -545,3 +546,22 @@ def test_a_store_with_the_old_keyword_terms_is_reindexed_once(tmp_path: Path, ma
     third = make_indexer([{"agent": "main", "path": ws}])
     status = index_once(third)
     assert status["cache_hits"] == 0 and status["chunks_embedded"] == 0, "re-indexed once, then unchanged"
+
+
+def test_a_bad_query_vector_answers_from_keyword_search_and_says_why(indexed) -> None:
+    indexer, _ = indexed
+    real = indexer.view.registry.embedders["text"]
+
+    class NaNQueries:  # fault injection: the real embedder, whose query vectors come back NaN
+        def __getattr__(self, name: str):
+            return getattr(real, name)
+
+        def embed_query(self, text: str):
+            return np.full(real.dim, np.nan, dtype=np.float32)
+
+    searcher = indexer.view.searcher()
+    searcher.embedders = {"text": NaNQueries()}
+    answer = searcher.answer(SearchRequest(query="ACME-4471", k=3))
+    assert answer.hits[0]["path"] == "memory/tickets.md"
+    assert answer.degraded and answer.degraded[0].startswith("keyword only: bad answer: text embedder answered NaN")
+    assert answer.relevant is None  # judged by nothing: no dense list
