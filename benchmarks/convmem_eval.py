@@ -69,41 +69,6 @@ def load_convset(data: Path) -> ConvSet:
     return ConvSet(data, queries, score, agents)
 
 
-def open_indexed(conv: ConvSet, state: Path, variant: str, registry: Any, log: Any,
-                 extra: str = "") -> tuple[Any, dict[str, Any]]:
-    """An opened ``Indexer`` over the dev set's agents (read in place), its index complete; and index facts."""
-    from benchmarks.eval import code_fingerprint
-    from indexer.config import Settings, Workspace
-    from indexer.daemon import Indexer
-    from indexer.worker import index_once
-
-    state_dir = state / f"state-{variant}"
-    state_dir.mkdir(parents=True, exist_ok=True)
-    shared_cache = (state / "embeddings.sqlite3").resolve()
-    link = state_dir / "embeddings.sqlite3"
-    if not (link.is_symlink() and link.resolve() == shared_cache):
-        link.unlink(missing_ok=True)
-        link.symlink_to(shared_cache)
-    stamp_path = state_dir / "code.stamp"
-    stamp = code_fingerprint("convmem|" + extra)
-    reindex = not stamp_path.exists() or stamp_path.read_text() != stamp
-    workspaces = tuple(Workspace(agent=a, path=conv.root / "agents" / a) for a in conv.agents)
-    settings = Settings(state_dir=state_dir, workspace=workspaces, log_level="warning")
-    indexer = Indexer.open(settings, registry=registry, reindex=reindex)
-    stamp_path.unlink(missing_ok=True)
-    log(f"indexing variant {variant!r} ({'rebuild' if reindex else 'incremental'}) ...")
-    started = time.monotonic()
-    status = index_once(indexer)
-    seconds = time.monotonic() - started
-    stamp_path.write_text(stamp)
-    facts = {"seconds": round(seconds, 1), "files": sum(c["files"] for c in status["collections"].values()),
-             "chunks": sum(c["chunks"] for c in status["collections"].values()),
-             "chunks_embedded": status["chunks_embedded"], "cache_hits": status["cache_hits"]}
-    log(f"  {facts['files']} files, {facts['chunks']} chunks, {facts['chunks_embedded']} embedded, "
-        f"{facts['cache_hits']} from cache, {seconds:.1f} s")
-    return indexer, facts
-
-
 def run_product(conv: ConvSet, indexer: Any, mode: str,
                 overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every question through ``Searcher.answer`` (what ``POST /search`` answers); returns (query id -> results,
@@ -171,24 +136,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import structlog
 
+    from benchmarks.eval import open_indexed, set_constants
     from indexer import chunking, conversation
     from indexer.config import Settings
     from indexer.plugins import load_registry, plugin_configs
 
-    for item in args.set:
-        name, _, value = item.partition("=")
-        module = next((m for m in (chunking, conversation) if hasattr(m, name)), None)
-        if module is None:
-            print(f"convmem_eval: --set: indexer.chunking and indexer.conversation have no {name!r}", file=sys.stderr)
-            return 2
-        current = getattr(module, name)
-        setattr(module, name, value.lower() in ("1", "true", "yes") if isinstance(current, bool)
-                else type(current)(value))
+    problem = set_constants(args.set, chunking, conversation)
+    if problem:
+        print(f"convmem_eval: {problem}", file=sys.stderr)
+        return 2
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     defaults = Settings(state_dir=args.state)
     registry = load_registry(defaults.plugins, plugin_configs(defaults), defaults.prefer)
     log(f"convmem: {len(conv.queries)} questions over agents {', '.join(conv.agents)}")
-    indexer, facts = open_indexed(conv, args.state.resolve(), args.variant, registry, log, ",".join(args.set))
+    agents = {agent: conv.root / "agents" / agent for agent in conv.agents}
+    indexer, facts = open_indexed(args.state.resolve(), agents, args.variant, "default", None, registry, log,
+                                  "convmem|" + ",".join(args.set))
     runs: dict[str, dict[str, Any]] = {}
     relevance: dict[str, tuple[int, int]] = {}
     try:

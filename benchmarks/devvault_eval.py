@@ -349,22 +349,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import structlog
 
-    from indexer.config import Settings
-    try:  # the SciFact evaluation's indexing helper, wherever this tree keeps it
-        from benchmarks.eval import open_indexed
-    except ImportError:
-        from indexer.eval import open_indexed
+    from benchmarks.eval import open_indexed, set_constants
     from indexer import chunking
+    from indexer.config import Settings
     from indexer.plugins import load_registry, plugin_configs
 
-    for item in args.set:
-        name, _, value = item.partition("=")
-        if not hasattr(chunking, name):
-            print(f"devvault_eval: --set: indexer.chunking has no {name!r}", file=sys.stderr)
-            return 2
-        current = getattr(chunking, name)
-        setattr(chunking, name, value.lower() in ("1", "true", "yes") if isinstance(current, bool)
-                else type(current)(value))
+    problem = set_constants(args.set, chunking)
+    if problem:
+        print(f"devvault_eval: {problem}", file=sys.stderr)
+        return 2
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     defaults = Settings(state_dir=args.state)
     prefetch = args.prefetch_limit or defaults.prefetch_limit

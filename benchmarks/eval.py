@@ -219,10 +219,12 @@ def with_overlap(registry: Any, overlap: float | None) -> Any:
                      else r for r in registry.records])
 
 
-def open_indexed(state: Path, workspace: Path, variant: str, bm25: str, overlap: float | None, registry: Any,
-                 log: Any) -> tuple[Any, dict[str, Any]]:
-    """An opened ``Indexer`` over ``workspace`` whose index is complete; returns it and index facts (seconds,
-    chunks embedded, cache hits, chunk count)."""
+def open_indexed(state: Path, workspace: Path | dict[str, Path], variant: str, bm25: str, overlap: float | None,
+                 registry: Any, log: Any, extra: str = "") -> tuple[Any, dict[str, Any]]:
+    """An opened ``Indexer`` over ``workspace`` (agent ``scifact``; or agent -> workspace, one ``[[workspace]]``
+    each) whose index is complete; returns it and index facts (seconds, files, chunks embedded, cache hits, chunk
+    count). The index is rebuilt when the point-shaping code, ``bm25``, ``overlap`` or ``extra`` changed since the
+    variant's last run; the embedding cache ``state/embeddings.sqlite3`` is shared by every variant."""
     from indexer.chunking import OVERLAP_RATIO
     from indexer.config import Settings, Workspace
     from indexer.daemon import Indexer
@@ -236,9 +238,10 @@ def open_indexed(state: Path, workspace: Path, variant: str, bm25: str, overlap:
         link.unlink(missing_ok=True)
         link.symlink_to(shared_cache)
     stamp_path = state_dir / "code.stamp"
-    stamp = code_fingerprint(f"{bm25}|{OVERLAP_RATIO if overlap is None else overlap}")
+    stamp = code_fingerprint(f"{bm25}|{OVERLAP_RATIO if overlap is None else overlap}" + (f"|{extra}" if extra else ""))
     reindex = not stamp_path.exists() or stamp_path.read_text() != stamp
-    settings = Settings(state_dir=state_dir, workspace=(Workspace(agent="scifact", path=workspace),),
+    agents = workspace if isinstance(workspace, dict) else {"scifact": workspace}
+    settings = Settings(state_dir=state_dir, workspace=tuple(Workspace(agent=a, path=p) for a, p in agents.items()),
                         log_level="warning", bm25=bm25_variant(bm25))
     indexer = Indexer.open(settings, registry=with_overlap(registry, overlap), reindex=reindex)
     stamp_path.unlink(missing_ok=True)
@@ -253,6 +256,20 @@ def open_indexed(state: Path, workspace: Path, variant: str, bm25: str, overlap:
     log(f"  {facts['files']} files, {chunks} chunks, {facts['chunks_embedded']} embedded, "
         f"{facts['cache_hits']} from cache, {seconds:.1f} s")
     return indexer, facts
+
+
+def set_constants(items: Sequence[str], *modules: Any) -> str | None:
+    """Apply ``NAME=VALUE`` overrides to the first of ``modules`` that has ``NAME`` (a bool reads 1/true/yes, any
+    other constant its own type); returns an error line naming one no module has, else ``None``."""
+    for item in items:
+        name, _, value = item.partition("=")
+        module = next((m for m in modules if hasattr(m, name)), None)
+        if module is None:
+            return f"--set: {' and '.join(m.__name__ for m in modules)} have no {name!r}"
+        current = getattr(module, name)
+        setattr(module, name, value.lower() in ("1", "true", "yes") if isinstance(current, bool)
+                else type(current)(value))
+    return None
 
 
 def run_product(indexer: Any, data: SciFact, methods: Sequence[tuple[str, str, str]], prefetch: int, rrf_k: int,
