@@ -27,49 +27,49 @@ def _load(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def _convmem(label: str, r: dict[str, Any]) -> str:
+    o = r["ALL"]
+    cats = "  ".join(f"{name} {r[c]['hit@5']:.3f}/{r[c]['recall@5']:.3f}" for c, name in CATEGORIES if c in r)
+    return (f"hit@5 {o['hit@5']:.3f}  recall@5 {o['recall@5']:.3f}  nDCG@10 {o['ndcg@10']:.3f}  "
+            f"span@5 {o['span@5']:.1f}  |  {cats}")
+
+
+def _devvault(label: str, r: dict[str, Any]) -> str:
+    o = r["overall"]
+    return f"nDCG@10 {o['ndcg@10']:.3f}  hit@5 {o['hit@5']:.3f}  recall@10 {o['recall@10']:.3f}"
+
+
+def _scifact(label: str, m: dict[str, Any]) -> str:
+    return f"nDCG@10 {m['ndcg@10']:.4f}  recall@100 {m['recall@100']:.4f}"
+
+
+def _codewords(label: str, r: dict[str, Any]) -> str:
+    found = sum(len(v) for v in r["found"].values())
+    return f"in the top 5: {found}/{found + sum(len(v) for v in r['missed'].values())}"
+
+
+SETS = (("convmem", "convmem", _convmem), ("devvault", "devvault", _devvault), ("scifact", "SciFact", _scifact),
+        ("codewords", "codewords", _codewords))
+
+
 def rows(files: dict[str, Path]) -> list[str]:
     """The table's lines: one per set and method, then the relevance counts."""
     out = [f"{'set':<10} {'run':<22} figures"]
-    conv = _load(files["convmem"])
-    if conv is None:
-        out.append(f"{'convmem':<10} {'-':<22} not run ({files['convmem']} missing)")
-    else:
-        for label, r in conv["results"].items():
-            o = r["ALL"]
-            cats = "  ".join(f"{name} {r[c]['hit@5']:.3f}/{r[c]['recall@5']:.3f}" for c, name in CATEGORIES if c in r)
-            out.append(f"{'convmem':<10} {label.removeprefix('product '):<22} hit@5 {o['hit@5']:.3f}  recall@5 "
-                       f"{o['recall@5']:.3f}  nDCG@10 {o['ndcg@10']:.3f}  span@5 {o['span@5']:.1f}  |  {cats}")
-    dev = _load(files["devvault"])
-    if dev is None:
-        out.append(f"{'devvault':<10} {'-':<22} not run ({files['devvault']} missing)")
-    else:
-        for label, r in dev["results"].items():
-            o = r["overall"]
-            out.append(f"{'devvault':<10} {label.removeprefix('product '):<22} nDCG@10 {o['ndcg@10']:.3f}  hit@5 "
-                       f"{o['hit@5']:.3f}  recall@10 {o['recall@10']:.3f}")
-    sci = _load(files["scifact"])
-    if sci is None:
-        out.append(f"{'SciFact':<10} {'-':<22} not run ({files['scifact']} missing)")
-    else:
-        for label, m in sci["results"].items():
-            out.append(f"{'SciFact':<10} {label:<22} nDCG@10 {m['ndcg@10']:.4f}  recall@100 {m['recall@100']:.4f}")
-    words = _load(files["codewords"])
-    if words is None:
-        out.append(f"{'codewords':<10} {'-':<22} not run ({files['codewords']} missing)")
-    else:
-        for label, r in words["results"].items():
-            found = sum(len(v) for v in r["found"].values())
-            total = found + sum(len(v) for v in r["missed"].values())
-            out.append(f"{'codewords':<10} {label:<22} in the top {words['top']}: {found}/{total}")
-    if conv is not None:
-        for label, (said, right) in conv.get("relevant", {}).items():
-            if right:
-                out.append(f"{'relevant':<10} {'convmem ' + label.removeprefix('product '):<22} true on {said}/{right}"
-                           " questions whose top hit is right")
-    if dev is not None:
-        for label, (caught, neg, said, right) in dev.get("relevant", {}).items():
-            out.append(f"{'relevant':<10} {'devvault ' + label.removeprefix('product '):<22} true on {said}/{right}"
-                       f" whose top hit is right; false on {caught}/{neg} unanswerable")
+    loaded = {}
+    for key, name, line in SETS:
+        loaded[key] = data = _load(files[key])
+        if data is None:
+            out.append(f"{name:<10} {'-':<22} not run ({files[key]} missing)")
+            continue
+        out.extend(f"{name:<10} {label.removeprefix('product '):<22} {line(label, r)}"
+                   for label, r in data["results"].items())
+    for label, (said, right) in (loaded["convmem"] or {}).get("relevant", {}).items():
+        if right:
+            out.append(f"{'relevant':<10} {'convmem ' + label.removeprefix('product '):<22} true on {said}/{right}"
+                       " questions whose top hit is right")
+    for label, (caught, neg, said, right) in (loaded["devvault"] or {}).get("relevant", {}).items():
+        out.append(f"{'relevant':<10} {'devvault ' + label.removeprefix('product '):<22} true on {said}/{right}"
+                   f" whose top hit is right; false on {caught}/{neg} unanswerable")
     return out
 
 
