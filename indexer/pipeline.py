@@ -224,9 +224,13 @@ class Pipeline:
             raise
         except Exception as exc:  # a plugin's own bug must not stop the daemon; report it for this file
             raise ExtractError(f"{type(exc).__name__} in extractor for {kind!r}: {exc}") from exc
-        for chunk in chunks:
-            if chunk.modality not in self.registry.embedders:
-                raise FileSkipped("no_embedder", f"no embedder of modality {chunk.modality!r} is loaded")
+        # a chunk of a modality without a loaded embedder is left out (an image's picture without CLIP, while the
+        # text read out of it is indexed); a file left with none is skipped
+        kept = [chunk for chunk in chunks if chunk.modality in self.registry.embedders]
+        if chunks and not kept:
+            missing = sorted({chunk.modality for chunk in chunks})
+            raise FileSkipped("no_embedder", f"no embedder of modality {', '.join(map(repr, missing))} is loaded")
+        chunks = kept
         return Prepared(collection, path, info.rel_path, kind, file_hash, st.st_size, st.st_mtime_ns, chunks,
                         st.st_ctime_ns, st.st_ino, st.st_dev)
 
