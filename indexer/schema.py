@@ -418,6 +418,9 @@ class Status(TypedDict):
         "Paths not usable as configured, each {kind, agent, path, detail}: extra_path_missing, extra_path_overlaps, "
         "unreadable_directory."))]]
     rerank: NotRequired[Annotated[RerankStatus | None, Field(description="The rerank stage; null when off.")]]
+    plugin_notices: NotRequired[Annotated[dict[str, str], Field(description=(
+        "Loaded plugin -> what it runs without and what to install, e.g. image -> \"OCR off: Tesseract is not "
+        "installed (...)\"."))]]
     store_degraded: NotRequired[Annotated[bool, Field(description="Store writes are failing (being retried).")]]
     rebuilding: NotRequired[Annotated[bool, Field(description="A rebuild runs beside the live index, or is asked.")]]
     hnsw: NotRequired[Annotated[dict[str, dict[str, Any]], Field(description=(

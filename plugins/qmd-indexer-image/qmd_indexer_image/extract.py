@@ -145,16 +145,18 @@ class ImageExtractor:
 
     def read_text(self, data: bytes, facts: ImageFacts, rel_path: str = "") -> list[ocr.OcrLine]:
         """The lines of text in a picture (``data``, already confirmed by ``inspect_image`` into ``facts``), from
-        the cache when these bytes were read before; ``[]`` for a picture without text or too thin to hold any.
+        the cache when these bytes were read before; ``[]`` for a picture without text or too thin to hold any
+        (``ocr_skipped``, logged once: the verdict is remembered too).
         Raises ``ocr.OcrError`` (not remembered: the next scan tries again)."""
-        if min(facts.width, facts.height) < ocr.MIN_SIDE:
-            log.info("ocr_skipped", path=rel_path, reason=f"{facts.width}x{facts.height} pixels: thinner than "
-                                                          f"{ocr.MIN_SIDE} px, too thin to hold a line of text")
-            return []
         key = ocr.OcrCache.key(self.ocr_rules, data)
         lines = self.cache.get(key)
         if lines is not None:
             return lines
+        if min(facts.width, facts.height) < ocr.MIN_SIDE:
+            log.info("ocr_skipped", path=rel_path, reason=f"{facts.width}x{facts.height} pixels: thinner than "
+                                                          f"{ocr.MIN_SIDE} px, too thin to hold a line of text")
+            self.cache.put(key, [])
+            return []
         if facts.frames > 1:
             log.info("ocr_first_frame", path=rel_path, frames=facts.frames)
         try:

@@ -20,6 +20,7 @@ import json
 import shutil
 import sqlite3
 import threading
+import time
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,21 +139,38 @@ def union(boxes: Sequence[tuple[int, int, int, int]]) -> list[int]:
     return [min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes)]
 
 
+#: Tesseract's binarisations, tried in turn until one yields text: Otsu's global threshold (its default), then
+#: Sauvola's adaptive one, which reads low-contrast text over a noisy background where Otsu's finds none (and misses
+#: some that Otsu's reads, so it is the fallback)
+THRESHOLDINGS = ("", "-c thresholding_method=2")
+
+
 def recognise(picture: Any, languages: Sequence[str], min_confidence: float, timeout_s: float, scale: float = 1.0,
               osd: bool = True) -> list[OcrLine]:
-    """OCR of a PIL picture: its lines (``lines_from_data``). ``osd``: detect the page's orientation (mode 1;
-    needs the ``osd`` data of ``tesseract-ocr-osd``), else mode 3. Raises ``OcrError`` when Tesseract fails or
-    runs over ``timeout_s`` seconds (the process is killed)."""
+    """OCR of a PIL picture: its lines (``lines_from_data``), from the first of ``THRESHOLDINGS`` that keeps any.
+    ``osd``: detect the page's orientation (mode 1; needs the ``osd`` data of ``tesseract-ocr-osd``), else mode 3.
+    Raises ``OcrError`` when Tesseract fails or all passes together run over ``timeout_s`` seconds (the process is
+    killed)."""
     import pytesseract
 
-    try:
-        data = pytesseract.image_to_data(picture, lang="+".join(languages), config=f"--psm {1 if osd else 3}",
-                                         output_type=pytesseract.Output.DICT, timeout=timeout_s)
-    except pytesseract.TesseractError as exc:
-        raise OcrError(f"Tesseract failed: {exc.message or exc.status}") from None
-    except RuntimeError as exc:  # pytesseract's timeout: "Tesseract process timeout" (the process was killed)
-        raise OcrError(f"{exc} after {timeout_s:g} s" if "timeout" in str(exc).lower() else str(exc)) from None
-    return lines_from_data(data, min_confidence, scale)
+    deadline = time.monotonic() + timeout_s
+    lines: list[OcrLine] = []
+    for thresholding in THRESHOLDINGS:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise OcrError(f"Tesseract process timeout after {timeout_s:g} s")
+        try:
+            data = pytesseract.image_to_data(picture, lang="+".join(languages),
+                                             config=f"--psm {1 if osd else 3} {thresholding}".strip(),
+                                             output_type=pytesseract.Output.DICT, timeout=left)
+        except pytesseract.TesseractError as exc:
+            raise OcrError(f"Tesseract failed: {exc.message or exc.status}") from None
+        except RuntimeError as exc:  # pytesseract's timeout: "Tesseract process timeout" (the process was killed)
+            raise OcrError(f"{exc} after {timeout_s:g} s" if "timeout" in str(exc).lower() else str(exc)) from None
+        lines = lines_from_data(data, min_confidence, scale)
+        if lines:
+            break
+    return lines
 
 
 class OcrCache:
