@@ -238,8 +238,10 @@ class Pipeline:
     def _content(self, chunk: Chunk) -> bytes:
         return chunk.data if chunk.modality != "text" and chunk.data is not None else chunk.embed_text.encode("utf-8")
 
-    def embed(self, prepared: Sequence[Prepared], should_stop: Callable[[], bool] | None = None) -> list[np.ndarray]:
-        """Per prepared file, its ``(n_chunks, dim)`` float32 vectors; cached vectors are reused, misses embedded
+    def embed(self, prepared: Sequence[Prepared],
+              should_stop: Callable[[], bool] | None = None) -> list[list[np.ndarray]]:
+        """Per prepared file, one float32 vector per chunk, in chunk order, each of its modality's ``dim`` (a file may
+        mix modalities: an image's picture and the text read out of it); cached vectors are reused, misses embedded
         per modality in slices of ``EMBED_SLICE`` chunks, each cached as soon as it is done. Updates
         ``embedded``/``cache_hits`` of each file and ``stats`` as it goes (so progress shows in ``status``).
 
@@ -286,9 +288,9 @@ class Pipeline:
                             prepared[f].cache_hits += 1
                 self.stats.chunks_embedded += len(piece)
                 self.stats.cache_hits += sum(len(group) - 1 for _, group in piece)
-        return [np.stack(v) if v else np.zeros((0, 0), np.float32) for v in vectors]  # type: ignore[arg-type]
+        return vectors  # type: ignore[return-value]  # every slot is filled above
 
-    def points(self, file: Prepared, vectors: np.ndarray) -> list[Point]:
+    def points(self, file: Prepared, vectors: Sequence[np.ndarray]) -> list[Point]:
         """The Qdrant points of one embedded file: deterministic ids, payload with path, lines and hash."""
         out = []
         abs_path = str(file.path)

@@ -141,3 +141,25 @@ def test_without_tesseract_images_are_reported_and_the_daemon_runs(tmp_path: Pat
         assert hits[0]["path"] == "memory/notes/house.md"
     finally:
         indexer.close()
+
+
+def test_a_screenshot_gets_its_clip_vector_and_its_text(tmp_path: Path, registry: Registry) -> None:
+    """One file with chunks of two modalities (the picture for CLIP, the text read for the text model; vectors of
+    two sizes) is embedded and stored whole."""
+    tesseract_or_skip("eng")
+    from qmd_indexer_image.tiny_clip import build_tiny_clip
+
+    image = image_registry(registry, {})
+    clip = load_registry(config={"clip": {"model": str(build_tiny_clip(tmp_path / "clip"))}},
+                         eps=[e for e in entry_points(group=GROUPS[2]) if e.name == "clip"])
+    indexer = open_indexer(tmp_path, Registry(image.records + clip.records))
+    try:
+        status = index_once(indexer)
+        assert status["files_failed"] == 0
+        shot = indexer.state.indexed[str(tmp_path / "ws" / SCREENSHOTS[0][0])]
+        assert shot.state.points == 2  # the picture's point and one text chunk
+        assert {Path(p).name for p in indexer.state.indexed} >= {"empty-desktop.png", "training-crash.png"}
+        hits = indexer.view.searcher().search(SearchParams("CUDA out of memory", k=5))
+        assert hits[0]["path"] == SCREENSHOTS[0][0] and hits[0]["source"] == "ocr"  # type: ignore[typeddict-item]
+    finally:
+        indexer.close()
