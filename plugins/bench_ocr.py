@@ -53,27 +53,27 @@ CHINESE = [["内存不足错误", "请重启服务"], ["五金店的收据", "�
 
 def screenshot_text(n: int, rng: random.Random) -> tuple[list[str], str, bool]:
     """Lines of screenshot ``n``, the phrase a search asks for, and whether it is Chinese."""
-    kind = n % 5
-    if kind == 4 and n % 10 == 9:
-        lines = CHINESE[(n // 10) % len(CHINESE)]
+    kind, k = n % 5, n // 5  # five layouts, the k-th screenshot of its layout: no two phrases are the same
+    if kind == 4 and k % 2 == 1:
+        lines = CHINESE[(k // 2) % len(CHINESE)]
         return lines, lines[1], True
     if kind in (0, 1):
-        error, host = ERRORS[n % len(ERRORS)], HOSTS[n % len(HOSTS)]
+        error, host = ERRORS[(2 * k + kind) % len(ERRORS)], HOSTS[(2 * k + kind) // len(ERRORS) % len(HOSTS)]
         lines = [f"{host}-{n:02d}: job {1000 + n} failed", f"Error: {error} while syncing {host}",
                  "See the log for details"][: 2 + n % 2]
         return lines, f"{error} {host}", False
     if kind == 2:
-        store, item = STORES[n % len(STORES)], ITEMS[n % len(ITEMS)]
+        store, item = STORES[k % len(STORES)], ITEMS[k // len(STORES) % len(ITEMS)]
         lines = [store, f"{rng.randint(1, 9)} {item} {rng.randint(2, 90)}.{rng.randint(10, 99)}",
                  f"Receipt {4000 + n}", "Thank you for shopping"]
         return lines, f"{store} {item.split()[-1]}", False
     if kind == 3:
-        title = SLIDES[n % len(SLIDES)]
-        lines = [title, f"Owner: team {HOSTS[n % len(HOSTS)]}", f"Milestone {n} due in week {n % 52 + 1}"]
-        return lines, f"{title.split()[0]} {title.split()[-1]} milestone {n}", False
-    lines = [f"$ ssh admin@{HOSTS[n % len(HOSTS)]}.internal", f"ssh: connect to host port {20 + n}: timed out",
+        title = SLIDES[k % len(SLIDES)]
+        lines = [title, f"Owner: team {HOSTS[k % len(HOSTS)]}", f"Milestone {10 + n} due in week {n % 52 + 1}"]
+        return lines, f"{title.split()[0]} {title.split()[-1]} milestone {10 + n}", False
+    lines = [f"$ ssh admin@{HOSTS[k % len(HOSTS)]}.internal", f"ssh: connect to host port {20 + n}: timed out",
              f"exit code {n + 100}"]
-    return lines, f"ssh {HOSTS[n % len(HOSTS)]} timed out", False
+    return lines, f"ssh {HOSTS[k % len(HOSTS)]} port {20 + n} timed out", False
 
 
 def render_set(folder: Path, count: int, seed: int = 7) -> list[dict[str, Any]]:
@@ -253,6 +253,9 @@ def main() -> None:
     args = parser.parse_args()
     from qmd_indexer_image import ocr
 
+    from indexer.terminal import configure_logging
+
+    configure_logging("json", "warning")
     problem = ocr.engine_problem()
     if problem:
         raise SystemExit(problem)
