@@ -269,7 +269,8 @@ _ACCEPTED = frozenset(SearchRequest.model_fields).union(*(  # the fields' names 
 @with_config(ConfigDict(extra="allow"))
 class Hit(TypedDict):
     """One search hit, or one file of a recall listing (``score`` is then null). Media hits add ``start_s``/
-    ``end_s`` (audio, seconds) or ``width``/``height`` (images, pixels); plugins may add more keys."""
+    ``end_s`` (audio, seconds) or ``width``/``height`` (images, pixels), and text read out of an image ``source``
+    and ``box``; plugins may add more keys."""
 
     collection: str
     agent: str
@@ -289,6 +290,9 @@ class Hit(TypedDict):
     width: NotRequired[int]
     height: NotRequired[int]
     format: NotRequired[str]
+    source: NotRequired[Annotated[str, Field(description="\"ocr\": the snippet is text read out of the image.")]]
+    box: NotRequired[Annotated[list[int], Field(description=(
+        "OCR hits: [left, top, right, bottom], the image's pixels holding the snippet's lines."))]]
 
 
 @with_config(ConfigDict(extra="allow"))

@@ -116,8 +116,8 @@ def test_a_phrase_in_a_screenshot_finds_it_first(tmp_path: Path, registry: Regis
                 assert top["path"] == rel, (phrase, mode, options, [(h["path"], h["snippet"][:60]) for h in hits])
                 if mode == "dense" and rel == CHINESE[0]:
                     break  # the English text model: Chinese is found by keyword (hybrid), not asserted by meaning
-            assert top["kind"] == "image" and top["source"] == "ocr"  # type: ignore[typeddict-item]
-            left, upper, right, lower = top["box"]  # type: ignore[typeddict-item]
+            assert top["kind"] == "image" and top["source"] == "ocr"
+            left, upper, right, lower = top["box"]
             assert 0 <= left < right <= top["width"] and 0 <= upper < lower <= top["height"]
             assert lines[-1].split()[-1] in top["snippet"]  # the snippet is the text read
     finally:
@@ -160,6 +160,6 @@ def test_a_screenshot_gets_its_clip_vector_and_its_text(tmp_path: Path, registry
         assert shot.state.points == 2  # the picture's point and one text chunk
         assert {Path(p).name for p in indexer.state.indexed} >= {"empty-desktop.png", "training-crash.png"}
         hits = indexer.view.searcher().search(SearchParams("CUDA out of memory", k=5))
-        assert hits[0]["path"] == SCREENSHOTS[0][0] and hits[0]["source"] == "ocr"  # type: ignore[typeddict-item]
+        assert hits[0]["path"] == SCREENSHOTS[0][0] and hits[0]["source"] == "ocr"
     finally:
         indexer.close()
