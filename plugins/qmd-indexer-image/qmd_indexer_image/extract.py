@@ -147,7 +147,8 @@ class ImageExtractor:
         """The lines of text in a picture (``data``, already confirmed by ``inspect_image`` into ``facts``), from
         the cache when these bytes were read before; ``[]`` for a picture without text or too thin to hold any
         (``ocr_skipped``, logged once: the verdict is remembered too).
-        Raises ``ocr.OcrError`` (not remembered: the next scan tries again)."""
+        Raises ``ocr.OcrError``, which is not remembered: the same bytes are read again the next time they are
+        extracted (the file changed, or the index is rebuilt)."""
         key = ocr.OcrCache.key(self.ocr_rules, data)
         lines = self.cache.get(key)
         if lines is not None:

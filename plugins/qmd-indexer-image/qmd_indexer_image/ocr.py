@@ -167,6 +167,8 @@ def recognise(picture: Any, languages: Sequence[str], min_confidence: float, tim
                                              output_type=pytesseract.Output.DICT, timeout=left)
         except pytesseract.TesseractError as exc:
             raise OcrError(f"Tesseract failed: {exc.message or exc.status}") from None
+        except pytesseract.TesseractNotFoundError as exc:  # uninstalled while the daemon runs
+            raise OcrError(f"{exc}; apt-get install tesseract-ocr") from None
         except RuntimeError as exc:  # pytesseract's timeout: "Tesseract process timeout" (the process was killed)
             raise OcrError(f"{exc} after {timeout_s:g} s" if "timeout" in str(exc).lower() else str(exc)) from None
         lines = lines_from_data(data, min_confidence, scale)

@@ -178,6 +178,21 @@ def test_tesseract_out_of_time_keeps_the_picture(tmp_path: Path) -> None:
     assert line["path"] == "long.png" and "timeout after 0.05 s" in line["error"]
 
 
+def test_tesseract_removed_while_running_fails_that_picture_only(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    tesseract_or_skip("eng")
+    import pytesseract
+
+    extractor = ImageExtractor({})  # loaded with Tesseract there
+    monkeypatch.setattr(pytesseract.pytesseract, "tesseract_cmd", str(tmp_path / "uninstalled-tesseract"))
+    path = save(render(LINES)[0], tmp_path / "shot.png")
+    with structlog.testing.capture_logs() as logs:
+        chunks = list(extractor.extract(_file(path), _context()))
+    assert [c.modality for c in chunks] == ["image"]
+    (line,) = [e for e in logs if e["event"] == "ocr_failed"]
+    assert "apt-get install tesseract-ocr" in line["error"]
+
+
 def test_languages_are_checked_when_the_plugin_loads() -> None:
     tesseract_or_skip("eng")
     with pytest.raises(ValueError, match=r"no Tesseract data for xyz_abc .*apt-get install tesseract-ocr-xyz-abc"):
