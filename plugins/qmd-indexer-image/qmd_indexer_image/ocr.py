@@ -131,9 +131,14 @@ def lines_from_data(data: dict[str, list[Any]], min_confidence: float, scale: fl
     for key in order:
         kept = words[key]
         box = (min(w[2] for w in kept), min(w[3] for w in kept), max(w[4] for w in kept), max(w[5] for w in kept))
-        lines.append(OcrLine(join_words([w[0] for w in kept]), tuple(round(v / scale) for v in box),  # type: ignore[arg-type]
+        lines.append(OcrLine(join_words([w[0] for w in kept]), shrunk(box, scale),
                              round(sum(w[1] for w in kept) / len(kept), 1)))
     return lines
+
+
+def shrunk(box: tuple[int, int, int, int], scale: float) -> tuple[int, int, int, int]:
+    """``box`` divided by ``scale`` (the factor a picture was shrunk by), rounded to whole pixels."""
+    return round(box[0] / scale), round(box[1] / scale), round(box[2] / scale), round(box[3] / scale)
 
 
 def union(boxes: Sequence[tuple[int, int, int, int]]) -> list[int]:
@@ -147,22 +152,34 @@ def union(boxes: Sequence[tuple[int, int, int, int]]) -> list[int]:
 THRESHOLDINGS = ("", "-c thresholding_method=2")
 
 
+def unturn(box: tuple[int, int, int, int], angle: int, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """``box`` found in a picture of ``size`` (width, height) turned ``angle`` (90 or 270) degrees counter-clockwise
+    (``Image.rotate(angle, expand=True)``), in the unturned picture's pixels."""
+    left, top, right, bottom = box
+    width, height = size
+    if angle == 90:  # (x, y) went to (y, width - x)
+        return width - bottom, left, width - top, right
+    return top, height - right, bottom, height - left  # 270: (x, y) went to (height - y, x)
+
+
 def recognise(picture: Any, languages: Sequence[str], min_confidence: float, timeout_s: float, scale: float = 1.0,
               osd: bool = True) -> list[OcrLine]:
     """OCR of a PIL picture: its lines (``lines_from_data``), from the first of ``THRESHOLDINGS`` that keeps any.
     ``osd``: detect the page's orientation (mode 1; needs the ``osd`` data of ``tesseract-ocr-osd``), else mode 3.
-    Raises ``OcrError`` when Tesseract fails or all passes together run over ``timeout_s`` seconds (the process is
-    killed)."""
+    Orientation detection needs enough characters (two short lines of Chinese are too few): a picture taller than
+    wide in which neither pass keeps a word is also read turned 90 and 270 degrees, and the turn that keeps more
+    characters wins. Boxes are in the picture's own pixels, divided by ``scale``. Raises ``OcrError`` when
+    Tesseract fails or all passes together run over ``timeout_s`` seconds (the process is killed)."""
     import pytesseract
 
     deadline = time.monotonic() + timeout_s
-    lines: list[OcrLine] = []
-    for thresholding in THRESHOLDINGS:
+
+    def read(image: Any, thresholding: str) -> list[OcrLine]:
         left = deadline - time.monotonic()
         if left <= 0:
             raise OcrError(f"Tesseract process timeout after {timeout_s:g} s")
         try:
-            data = pytesseract.image_to_data(picture, lang="+".join(languages),
+            data = pytesseract.image_to_data(image, lang="+".join(languages),
                                              config=f"--psm {1 if osd else 3} {thresholding}".strip(),
                                              output_type=pytesseract.Output.DICT, timeout=left)
         except pytesseract.TesseractError as exc:
@@ -171,10 +188,18 @@ def recognise(picture: Any, languages: Sequence[str], min_confidence: float, tim
             raise OcrError(f"{exc}; apt-get install tesseract-ocr") from None
         except RuntimeError as exc:  # pytesseract's timeout: "Tesseract process timeout" (the process was killed)
             raise OcrError(f"{exc} after {timeout_s:g} s" if "timeout" in str(exc).lower() else str(exc)) from None
-        lines = lines_from_data(data, min_confidence, scale)
+        return lines_from_data(data, min_confidence)
+
+    lines: list[OcrLine] = []
+    for thresholding in THRESHOLDINGS:
+        lines = read(picture, thresholding)
         if lines:
             break
-    return lines
+    if not lines and picture.height > picture.width:
+        turns = [(angle, read(picture.rotate(angle, expand=True), THRESHOLDINGS[0])) for angle in (90, 270)]
+        angle, lines = max(turns, key=lambda turn: sum(len(line.text) for line in turn[1]))
+        lines = [OcrLine(line.text, unturn(line.box, angle, picture.size), line.confidence) for line in lines]
+    return [OcrLine(line.text, shrunk(line.box, scale), line.confidence) for line in lines]
 
 
 class OcrCache:

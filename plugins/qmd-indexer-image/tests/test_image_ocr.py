@@ -95,6 +95,32 @@ def test_chinese_with_english(tmp_path: Path) -> None:
     assert text.text.splitlines() == ["内存不足错误请重启服务", "五金店的收据合计十五元"]  # no spaces between Han
 
 
+@pytest.mark.parametrize("angle", [90, 270])
+def test_chinese_turned_on_its_side(tmp_path: Path, angle: int) -> None:
+    """Two short lines of Chinese are too few characters for Tesseract's orientation detection: the picture, taller
+    than wide and read as empty, is read turned both ways too, and the boxes come back in its own pixels."""
+    tesseract_or_skip("eng", "chi_sim", cjk=True)
+    picture, boxes = render(CHINESE, cjk=True, size=(720, 360), angle=angle)
+    path = save(picture, tmp_path / "turned.png")
+    (text,) = text_chunks(check_extractor(ImageExtractor({"ocr_languages": ["eng", "chi_sim"]}), path, "image"))
+    first, second = text.text.splitlines()  # both lines, in order (turned 90 degrees, "的" may be missed)
+    assert first == "内存不足错误请重启服务" and second.startswith("五金店") and second.endswith("收据合计十五元")
+    mask = Image.new("L", (720, 360), 0)
+    mask.paste(255, tuple(ocr.union(boxes)))  # where the text was drawn, turned as the picture was
+    where = mask.rotate(angle, expand=True).getbbox()
+    box = text.meta["box"]
+    assert overlaps([box[0] - 8, box[1] - 8, box[2] + 8, box[3] + 8], where)
+    assert overlaps(where, box, margin=12)  # and not much more
+
+
+def test_unturn_maps_boxes_back() -> None:
+    base = Image.new("L", (40, 20), 0)
+    base.paste(255, (5, 2, 15, 8))  # box (5, 2, 15, 8) in a 40x20 picture
+    for angle in (90, 270):
+        turned = base.rotate(angle, expand=True)
+        assert ocr.unturn(turned.getbbox(), angle, (40, 20)) == (5, 2, 15, 8)
+
+
 def test_a_picture_without_text_makes_no_text_chunk(tmp_path: Path) -> None:
     tesseract_or_skip("eng")
     noise = render([], noise=40)[0]
