@@ -171,11 +171,15 @@ class Extractor(Protocol):
       never served by ``read``.
     - ``hit_fields``: payload fields (from ``Chunk.start_s``/``end_s`` or ``Chunk.meta``) that search hits carry
       through to the API, e.g. ``("start_s", "end_s")`` or ``("width", "height", "format")``.
+    - ``notice``: one line saying what the loaded plugin runs without and what to install (e.g. ``"OCR off:
+      Tesseract is not installed (...)"``); empty: nothing. ``qmd-indexer plugins`` and ``status`` show it, and
+      it is logged once (``plugin_limited``) where a workspace enables the plugin's media kinds.
     """
 
     kinds: frozenset[str]
     media: bool = False
     hit_fields: tuple[str, ...] = ()
+    notice: str = ""
 
     def extract(self, file: FileInfo, context: ExtractContext) -> Iterator[Chunk]: ...
 

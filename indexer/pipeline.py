@@ -224,9 +224,13 @@ class Pipeline:
             raise
         except Exception as exc:  # a plugin's own bug must not stop the daemon; report it for this file
             raise ExtractError(f"{type(exc).__name__} in extractor for {kind!r}: {exc}") from exc
-        for chunk in chunks:
-            if chunk.modality not in self.registry.embedders:
-                raise FileSkipped("no_embedder", f"no embedder of modality {chunk.modality!r} is loaded")
+        # a chunk of a modality without a loaded embedder is left out (an image's picture without CLIP, while the
+        # text read out of it is indexed); a file left with none is skipped
+        kept = [chunk for chunk in chunks if chunk.modality in self.registry.embedders]
+        if chunks and not kept:
+            missing = sorted({chunk.modality for chunk in chunks})
+            raise FileSkipped("no_embedder", f"no embedder of modality {', '.join(map(repr, missing))} is loaded")
+        chunks = kept
         return Prepared(collection, path, info.rel_path, kind, file_hash, st.st_size, st.st_mtime_ns, chunks,
                         st.st_ctime_ns, st.st_ino, st.st_dev)
 
@@ -234,8 +238,10 @@ class Pipeline:
     def _content(self, chunk: Chunk) -> bytes:
         return chunk.data if chunk.modality != "text" and chunk.data is not None else chunk.embed_text.encode("utf-8")
 
-    def embed(self, prepared: Sequence[Prepared], should_stop: Callable[[], bool] | None = None) -> list[np.ndarray]:
-        """Per prepared file, its ``(n_chunks, dim)`` float32 vectors; cached vectors are reused, misses embedded
+    def embed(self, prepared: Sequence[Prepared],
+              should_stop: Callable[[], bool] | None = None) -> list[list[np.ndarray]]:
+        """Per prepared file, one float32 vector per chunk, in chunk order, each of its modality's ``dim`` (a file may
+        mix modalities: an image's picture and the text read out of it); cached vectors are reused, misses embedded
         per modality in slices of ``EMBED_SLICE`` chunks, each cached as soon as it is done. Updates
         ``embedded``/``cache_hits`` of each file and ``stats`` as it goes (so progress shows in ``status``).
 
@@ -280,9 +286,9 @@ class Pipeline:
                             prepared[f].cache_hits += 1
                 self.stats.chunks_embedded += len(piece)
                 self.stats.cache_hits += sum(len(group) - 1 for _, group in piece)
-        return [np.stack(v) if v else np.zeros((0, 0), np.float32) for v in vectors]  # type: ignore[arg-type]
+        return vectors  # type: ignore[return-value]  # every slot is filled above
 
-    def points(self, file: Prepared, vectors: np.ndarray) -> list[Point]:
+    def points(self, file: Prepared, vectors: Sequence[np.ndarray]) -> list[Point]:
         """The Qdrant points of one embedded file: deterministic ids, payload with path, lines and hash."""
         out = []
         abs_path = str(file.path)

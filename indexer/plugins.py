@@ -66,7 +66,7 @@ OPT_IN_EMBEDDERS = frozenset({"openai"})
 class PluginRecord:
     """What ``qmd-indexer plugins`` shows for one entry point. ``status`` is ``loaded``, ``failed``, ``disabled``
     (not on the allow-list) or ``unused`` (lost a ``prefer`` choice, or a reranker the ``reranker`` setting does not
-    name)."""
+    name); ``reason`` says why, or for a loaded extractor its ``notice`` (what it runs without)."""
 
     group: str
     name: str
@@ -157,6 +157,12 @@ class Registry:
         wanted = {agent: set(names) for agent, names in media_kinds.items()}
         unavailable: set[str] = set()
         for record in self.records:
+            if record.status == "loaded" and record.reason and record.group == EXTRACTORS:
+                kinds = set(record.obj.kinds) if declared(EXTRACTORS, record.obj, "media") else set()
+                limited = sorted(a for a, names in wanted.items() if "all" in names or names & kinds)
+                if limited:  # the plugin's ``notice``: loaded, but running without something
+                    log.warning("plugin_limited", plugin=record.name, distribution=record.distribution,
+                                kinds=sorted(kinds), agents=limited, notice=record.reason)
             agents = sorted(a for a, names in wanted.items() if "all" in names or names & set(record.media))
             if record.status == "failed" and record.media and agents:
                 unavailable |= set(record.media)
@@ -261,7 +267,7 @@ def load_registry(
             continue
         same = running.get((ep.group, ep.name, dist, version))
         if same is not None:
-            record.obj, record.provides = same.obj, same.provides
+            record.obj, record.provides, record.reason = same.obj, same.provides, same.reason
             continue
         factory: Any = None
         try:
@@ -270,6 +276,8 @@ def load_registry(
             obj = factory(dict(config.get(ep.name, {})))
             check_contract(ep.group, obj)
             record.obj, record.provides = obj, _provides(ep.group, obj)
+            if ep.group == EXTRACTORS:
+                record.reason = declared(EXTRACTORS, obj, "notice")  # what it runs without, e.g. "OCR off: ..."
         except ConfigError:
             raise
         except Exception as exc:  # any failure of third-party code: report and skip

@@ -211,6 +211,8 @@ class StatusView:
             "drift": dict(reconcile.drift),
             "rerank": rerank_status(settings.reranker, self.registry.configured_reranker(settings.reranker),
                                     settings.rerank_top_n, settings.rerank_budget_s, self.rerank_stats),
+            # loaded plugins running without something (an extractor's ``notice``, e.g. OCR without Tesseract)
+            "plugin_notices": {r.name: r.reason for r in self.registry.records if r.status == "loaded" and r.reason},
             "problems": [{"kind": p.kind, "agent": p.agent, "path": str(p.path), "detail": p.detail}
                          for p in state.problems],
             "plugin_errors": self.registry.failures,

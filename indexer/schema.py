@@ -274,7 +274,8 @@ _ACCEPTED = frozenset(SearchRequest.model_fields).union(*(  # the fields' names 
 @with_config(ConfigDict(extra="allow"))
 class Hit(TypedDict):
     """One search hit, or one file of a recall listing (``score`` is then null). Media hits add ``start_s``/
-    ``end_s`` (audio, seconds) or ``width``/``height`` (images, pixels); plugins may add more keys."""
+    ``end_s`` (audio, seconds) or ``width``/``height`` (images, pixels), and text read out of an image ``source``
+    and ``box``; plugins may add more keys."""
 
     collection: str
     agent: str
@@ -294,6 +295,9 @@ class Hit(TypedDict):
     width: NotRequired[int]
     height: NotRequired[int]
     format: NotRequired[str]
+    source: NotRequired[Annotated[str, Field(description="\"ocr\": the snippet is text read out of the image.")]]
+    box: NotRequired[Annotated[list[int], Field(description=(
+        "OCR hits: [left, top, right, bottom], the image's pixels holding the snippet's lines."))]]
 
 
 @with_config(ConfigDict(extra="allow"))
@@ -430,6 +434,9 @@ class Status(TypedDict):
     plugin_errors: NotRequired[Annotated[list[str], Field(description=(
         "Plugins meant to run (the reranker, a prefer choice, one with its own settings) that failed to load, one "
         "line each; /health is degraded and the answers they would have shaped say so in degraded."))]]
+    plugin_notices: NotRequired[Annotated[dict[str, str], Field(description=(
+        "Loaded plugin -> what it runs without and what to install, e.g. image -> \"OCR off: Tesseract is not "
+        "installed (...)\"."))]]
     store_degraded: NotRequired[Annotated[bool, Field(description="Store writes are failing (being retried).")]]
     rebuilding: NotRequired[Annotated[bool, Field(description="A rebuild runs beside the live index, or is asked.")]]
     hnsw: NotRequired[Annotated[dict[str, dict[str, Any]], Field(description=(

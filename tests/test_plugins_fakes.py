@@ -195,3 +195,10 @@ class WeightlessImageEmbedder(LazyImageEmbedder):
 
     def __init__(self, config: dict[str, Any]) -> None:
         raise LookupError('image model not found; set [plugin.pictures] model = "/path/to/model"')
+
+
+class LimitedVideoExtractor(VideoExtractor):
+    """Loads, but runs without something it would use (like the image plugin without Tesseract): says so in
+    ``notice``."""
+
+    notice = "frame captions off: no caption model (install one)"

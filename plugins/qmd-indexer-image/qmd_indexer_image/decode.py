@@ -99,14 +99,39 @@ def to_rgb(data: bytes, side: int = EMBED_SIDE) -> Any:
             with Image.open(io.BytesIO(data)) as im:
                 im.draft("RGB", (side, side))  # JPEG: decode at a reduced scale, much faster
                 im.seek(0)
-                if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
-                    rgba = im.convert("RGBA")
-                    picture = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-                    picture.alpha_composite(rgba)
-                    picture = picture.convert("RGB")
-                else:
-                    picture = im.convert("RGB")
+                picture = _flatten(Image, im)
         picture.thumbnail((side, side))
         return picture
     except Exception as exc:
         raise ImageDecodeError(f"{type(exc).__name__}: {exc}") from None
+
+
+def ocr_picture(data: bytes, max_pixels: int) -> tuple[Any, float]:
+    """``data``'s first frame as a PIL RGB picture for OCR (transparency composited onto white), shrunk to at most
+    ``max_pixels`` pixels, and the factor it was shrunk by (1.0: full size). Raises ``ImageDecodeError``."""
+    Image = _image_module()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                width, height = im.size
+                scale = min(1.0, (max_pixels / (width * height)) ** 0.5)
+                if scale < 1.0:
+                    im.draft("RGB", (int(width * scale), int(height * scale)))  # JPEG: decode at a reduced scale
+                im.seek(0)
+                picture = _flatten(Image, im)
+        if scale < 1.0:
+            picture = picture.resize((max(1, int(width * scale)), max(1, int(height * scale))), Image.LANCZOS)
+        return picture, (picture.size[0] / width)
+    except Exception as exc:
+        raise ImageDecodeError(f"{type(exc).__name__}: {exc}") from None
+
+
+def _flatten(Image: Any, im: Any) -> Any:
+    """``im`` in RGB, transparency composited onto white (text drawn on a transparent layer stays readable)."""
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        picture = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        picture.alpha_composite(rgba)
+        return picture.convert("RGB")
+    return im.convert("RGB")

@@ -1,0 +1,257 @@
+"""Text read out of pictures with Tesseract (through pytesseract): lines in reading order, each with its pixel box.
+
+Tesseract runs as its own process (pytesseract starts the ``tesseract`` command), killed after ``timeout_s``; the
+picture handed to it is first shrunk to at most ``max_pixels`` (``decode.ocr_picture``), and boxes are scaled back
+to the original picture's pixels. Page segmentation mode 1 (automatic, with orientation and script detection) reads
+text turned by 90, 180 or 270 degrees in the same pass, boxes still in the unturned picture's coordinates.
+
+Words Tesseract is less than ``min_confidence`` sure of (0-100) are dropped: on noise and photos it reports
+fragments such as ``"Ke"`` or ``"3c"`` at 20-45, while rendered text scores 90 and over. ``plugins/bench_ocr.py``
+measured the threshold on 50 rendered screenshots and 6 photos: word precision 0.969 at 0, 0.973 at 50-60, 0.975 at
+70, 0.978 at 80; recall 0.960 at 0, 0.957 from 30 to 70, 0.955 at 80, 0.943 at 90. 60 keeps all of the recall
+30-70 keep and most of the precision, with a margin below real screenshots' lower scores.
+
+Results are remembered by content in a SQLite file (``OcrCache``), keyed like an embedding: by the sha256 of the
+picture's bytes and of everything that could change the text (languages, threshold, pixel cap, Tesseract's version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sqlite3
+import threading
+import time
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from indexer.cache import cache_key
+
+log = structlog.get_logger("qmd_indexer.image")
+
+DEFAULT_LANGUAGES = ("eng",)
+#: words below this Tesseract confidence (0-100) are dropped (measured: see the module docstring)
+DEFAULT_MIN_CONFIDENCE = 60
+#: pictures over this many pixels are shrunk before OCR (a 4K screenshot is 8.3 MP)
+DEFAULT_OCR_MAX_PIXELS = 8_300_000
+DEFAULT_TIMEOUT_S = 60.0
+#: a picture whose shorter side is under this many pixels holds no legible line (a 1x50000 strip): OCR is skipped
+MIN_SIDE = 8
+CACHE_VERSION = 1  # bump when what is stored, or how lines are built, changes
+
+
+class OcrError(RuntimeError):
+    """Tesseract failed or ran out of time on one picture; the message says which."""
+
+
+def debian_package(language: str) -> str:
+    """The Debian package holding Tesseract's data for ``language`` (``"chi_sim"`` -> ``tesseract-ocr-chi-sim``)."""
+    return "tesseract-ocr-" + language.lower().replace("_", "-")
+
+
+def engine_problem() -> str | None:
+    """Why OCR cannot run here (pytesseract or the ``tesseract`` command missing), in one line saying what to
+    install; ``None`` when it can."""
+    try:
+        import pytesseract
+    except ImportError:
+        return "OCR off: pytesseract is not installed (pip install pytesseract)"
+    command = pytesseract.pytesseract.tesseract_cmd
+    if shutil.which(command) is None:
+        return f"OCR off: Tesseract is not installed ({command!r} not found; apt-get install tesseract-ocr)"
+    return None
+
+
+def installed_languages() -> set[str]:
+    """The language data Tesseract finds (``tesseract --list-langs``), e.g. ``{"eng", "chi_sim", "osd"}``."""
+    import pytesseract
+
+    return set(pytesseract.get_languages(config=""))
+
+
+def check_languages(languages: Sequence[str], installed: set[str]) -> None:
+    """Raise ``ValueError`` naming the Debian package of each of ``languages`` not in ``installed``."""
+    missing = [lang for lang in languages if lang not in installed]
+    if missing:
+        packages = " ".join(debian_package(lang) for lang in missing)
+        raise ValueError(f"[plugin.image] ocr_languages: no Tesseract data for {', '.join(missing)} (installed: "
+                         f"{', '.join(sorted(installed - {'osd'})) or 'none'}); apt-get install {packages}")
+
+
+@dataclass(frozen=True, slots=True)
+class OcrLine:
+    """One line of recognised text: ``text`` (its kept words in reading order), ``box`` ``(left, top, right,
+    bottom)`` in the original picture's pixels, and ``confidence``: the mean of its words' (0-100)."""
+
+    text: str
+    box: tuple[int, int, int, int]
+    confidence: float
+
+
+def _wide(ch: str) -> bool:
+    """Whether ``ch`` belongs to a script written without spaces between words (Han, kana, Hangul syllables)."""
+    return unicodedata.east_asian_width(ch) in ("W", "F")
+
+
+def join_words(words: Sequence[str]) -> str:
+    """Words of one line as text: a space between words, none where both sides are CJK (Tesseract's ``chi_sim``
+    returns ``硬件 商店``, written ``硬件商店``)."""
+    out = ""
+    for word in words:
+        if out and not (_wide(out[-1]) and _wide(word[0])):
+            out += " "
+        out += word
+    return out
+
+
+def lines_from_data(data: dict[str, list[Any]], min_confidence: float, scale: float = 1.0) -> list[OcrLine]:
+    """Lines out of pytesseract's ``image_to_data`` dictionary, in Tesseract's reading order (block, paragraph,
+    line); words under ``min_confidence`` are dropped, and so is a line left empty. Boxes are divided by ``scale``
+    (the factor the picture was shrunk by) and rounded to whole pixels."""
+    order: list[tuple[int, int, int, int]] = []
+    words: dict[tuple[int, int, int, int], list[tuple[str, float, int, int, int, int]]] = {}
+    for i, raw in enumerate(data["text"]):
+        word = str(raw).strip()
+        confidence = float(data["conf"][i])
+        if not word or confidence < min_confidence:
+            continue
+        key = (int(data["page_num"][i]), int(data["block_num"][i]), int(data["par_num"][i]), int(data["line_num"][i]))
+        if key not in words:
+            order.append(key)
+            words[key] = []
+        left, top = int(data["left"][i]), int(data["top"][i])
+        words[key].append((word, confidence, left, top, left + int(data["width"][i]), top + int(data["height"][i])))
+    lines = []
+    for key in order:
+        kept = words[key]
+        box = (min(w[2] for w in kept), min(w[3] for w in kept), max(w[4] for w in kept), max(w[5] for w in kept))
+        lines.append(OcrLine(join_words([w[0] for w in kept]), shrunk(box, scale),
+                             round(sum(w[1] for w in kept) / len(kept), 1)))
+    return lines
+
+
+def shrunk(box: tuple[int, int, int, int], scale: float) -> tuple[int, int, int, int]:
+    """``box`` divided by ``scale`` (the factor a picture was shrunk by), rounded to whole pixels."""
+    return round(box[0] / scale), round(box[1] / scale), round(box[2] / scale), round(box[3] / scale)
+
+
+def union(boxes: Sequence[tuple[int, int, int, int]]) -> list[int]:
+    """The smallest ``[left, top, right, bottom]`` holding every box of ``boxes``."""
+    return [min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes)]
+
+
+#: Tesseract's binarisations, tried in turn until one yields text: Otsu's global threshold (its default), then
+#: Sauvola's adaptive one, which reads low-contrast text over a noisy background where Otsu's finds none (and misses
+#: some that Otsu's reads, so it is the fallback)
+THRESHOLDINGS = ("", "-c thresholding_method=2")
+
+
+def unturn(box: tuple[int, int, int, int], angle: int, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """``box`` found in a picture of ``size`` (width, height) turned ``angle`` (90 or 270) degrees counter-clockwise
+    (``Image.rotate(angle, expand=True)``), in the unturned picture's pixels."""
+    left, top, right, bottom = box
+    width, height = size
+    if angle == 90:  # (x, y) went to (y, width - x)
+        return width - bottom, left, width - top, right
+    return top, height - right, bottom, height - left  # 270: (x, y) went to (height - y, x)
+
+
+def recognise(picture: Any, languages: Sequence[str], min_confidence: float, timeout_s: float, scale: float = 1.0,
+              osd: bool = True) -> list[OcrLine]:
+    """OCR of a PIL picture: its lines (``lines_from_data``), from the first of ``THRESHOLDINGS`` that keeps any.
+    ``osd``: detect the page's orientation (mode 1; needs the ``osd`` data of ``tesseract-ocr-osd``), else mode 3.
+    Orientation detection needs enough characters (two short lines of Chinese are too few): a picture taller than
+    wide in which neither pass keeps a word is also read turned 90 and 270 degrees, and the turn that keeps more
+    characters wins. Boxes are in the picture's own pixels, divided by ``scale``. Raises ``OcrError`` when
+    Tesseract fails or all passes together run over ``timeout_s`` seconds (the process is killed)."""
+    import pytesseract
+
+    deadline = time.monotonic() + timeout_s
+
+    def read(image: Any, thresholding: str) -> list[OcrLine]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise OcrError(f"Tesseract process timeout after {timeout_s:g} s")
+        try:
+            data = pytesseract.image_to_data(image, lang="+".join(languages),
+                                             config=f"--psm {1 if osd else 3} {thresholding}".strip(),
+                                             output_type=pytesseract.Output.DICT, timeout=left)
+        except pytesseract.TesseractError as exc:
+            raise OcrError(f"Tesseract failed: {exc.message or exc.status}") from None
+        except pytesseract.TesseractNotFoundError as exc:  # uninstalled while the daemon runs
+            raise OcrError(f"{exc}; apt-get install tesseract-ocr") from None
+        except RuntimeError as exc:  # pytesseract's timeout: "Tesseract process timeout" (the process was killed)
+            raise OcrError(f"{exc} after {timeout_s:g} s" if "timeout" in str(exc).lower() else str(exc)) from None
+        return lines_from_data(data, min_confidence)
+
+    lines: list[OcrLine] = []
+    for thresholding in THRESHOLDINGS:
+        lines = read(picture, thresholding)
+        if lines:
+            break
+    if not lines and picture.height > picture.width:
+        turns = [(angle, read(picture.rotate(angle, expand=True), THRESHOLDINGS[0])) for angle in (90, 270)]
+        angle, lines = max(turns, key=lambda turn: sum(len(line.text) for line in turn[1]))
+        lines = [OcrLine(line.text, unturn(line.box, angle, picture.size), line.confidence) for line in lines]
+    return [OcrLine(line.text, shrunk(line.box, scale), line.confidence) for line in lines]
+
+
+class OcrCache:
+    """Lines remembered by ``key`` (``cache_key(rules, sha256 of the bytes)``) in a SQLite file (``None``: in memory,
+    for this process), opened on first use so that loading the plugin touches no disk. Thread-safe. A database error
+    is logged once (``ocr_cache_failed``) and then treated as a miss: the picture is read again."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._db: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._reported = False
+
+    @staticmethod
+    def key(rules: str, data: bytes) -> bytes:
+        """32 bytes for a picture's bytes ``data`` under ``rules``."""
+        return cache_key(rules, hashlib.sha256(data).digest())
+
+    def _open(self) -> sqlite3.Connection:
+        if self._db is None:
+            if self.path is not None:
+                try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise sqlite3.OperationalError(f"cannot create {self.path.parent}: {exc}") from exc
+            db = sqlite3.connect(str(self.path) if self.path else ":memory:", check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE IF NOT EXISTS ocr (key BLOB PRIMARY KEY, lines TEXT NOT NULL)")
+            self._db = db
+        return self._db
+
+    def _failed(self, exc: sqlite3.Error) -> None:
+        if not self._reported:
+            self._reported = True
+            log.warning("ocr_cache_failed", path=str(self.path), error=str(exc))
+
+    def get(self, key: bytes) -> list[OcrLine] | None:
+        """The lines remembered for ``key`` (``[]``: a picture without text), or ``None``."""
+        try:
+            with self._lock:
+                row = self._open().execute("SELECT lines FROM ocr WHERE key = ?", (key,)).fetchone()
+        except sqlite3.Error as exc:
+            self._failed(exc)
+            return None
+        if row is None:
+            return None
+        return [OcrLine(text, (b[0], b[1], b[2], b[3]), conf) for text, b, conf in json.loads(row[0])]
+
+    def put(self, key: bytes, lines: Sequence[OcrLine]) -> None:
+        blob = json.dumps([[line.text, list(line.box), line.confidence] for line in lines], ensure_ascii=False)
+        try:
+            with self._lock, self._open() as db:
+                db.execute("INSERT OR REPLACE INTO ocr (key, lines) VALUES (?, ?)", (key, blob))
+        except sqlite3.Error as exc:
+            self._failed(exc)
