@@ -277,8 +277,7 @@ def status(as_json: bool, config: Path | None, port: int | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print the answer as JSON: {"path", "from", "to", "citation"}.')
 @config_opt
 @port_opt
-def append(text: str | None, path: str | None, agent: str | None, as_json: bool, config: Path | None,
-           port: int | None) -> None:
+def append(text: str | None, as_json: bool, config: Path | None, port: int | None, **fields: Any) -> None:
     """Append TEXT (or, without TEXT or with -, standard input) to the agent's memory, through the daemon.
 
     \b
@@ -300,7 +299,7 @@ def append(text: str | None, path: str | None, agent: str | None, as_json: bool,
         text = sys.stdin.read()
     if not text.strip():
         raise click.UsageError("the entry is empty")
-    request = _request("AppendRequest", text=text, path=path, agent=agent)
+    request = _request("AppendRequest", text=text, **fields)  # --path, --agent
     answer = _ask(config, port, lambda client: client.ask(request))
     click.echo(json.dumps(answer, ensure_ascii=False, indent=2) if as_json else answer["citation"])
 
