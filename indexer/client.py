@@ -115,10 +115,10 @@ class Client:
 
     def ask(self, request: Request) -> Any:
         """The daemon's answer to ``request`` (any request model of ``indexer.schema``), sent to its route
-        (``ROUTES``) by name, without the fields left at ``None``; ``self.pending`` is set from an answer that
-        carries ``pending``. Raises ``DaemonUnavailable`` and ``ClientError`` as ``_call``."""
+        (``ROUTES``) by the API's names (``from``), without the fields left at ``None``; ``self.pending`` is set from
+        an answer that carries ``pending``. Raises ``DaemonUnavailable`` and ``ClientError`` as ``_call``."""
         method, path = ROUTES[type(request)]
-        values = request.model_dump(mode="json", exclude_none=True)
+        values = request.model_dump(mode="json", exclude_none=True, by_alias=True)  # the API's names: from
         answer = self._call(method, path, **{"params" if method == "GET" else "json": values})
         if "pending" in answer:
             self.pending = list(answer["pending"])

@@ -106,7 +106,7 @@ Until = Annotated[str | None, AfterValidator(_readable_time), WithJsonSchema(_TI
                 "(2026-11-01, 2026-11-01T09:30).")]
 MemoryPath = Annotated[str, Field(min_length=1, description="A memory file, workspace-relative (memory/2026-11-27.md, "
                                                       "MEMORY.md), as a hit's `path` gives it.")]
-FromLine = Annotated[int, Field(ge=1, validation_alias=AliasChoices("from", "from_line"),
+FromLine = Annotated[int, Field(ge=1, validation_alias=AliasChoices("from", "from_line"), serialization_alias="from",
                                 description="First line to read, 1-based (a hit's start_line, or a page's next_from).")]
 Lines = Annotated[int | None, Field(ge=1, description="At most this many lines.")]
 MaxChars = Annotated[int, Field(ge=1, description=(
