@@ -371,3 +371,25 @@ def test_tools_refuse_unknown_arguments(daemon: Served) -> None:
                 raise AssertionError("/boot took an unknown field")
 
     anyio.run(main)
+
+
+def test_mcp_built_after_the_api_listens_answers_503_until_then(workspace: Path, make_indexer) -> None:
+    """The daemon's ``/mcp`` (``create_app(..., mcp_later=True)``): built on a worker thread once the app runs, a
+    503 with ``Retry-After`` until then, then the same tools; the API answers meanwhile."""
+    indexer = make_indexer([{"agent": "main", "path": workspace}], port=free_port())
+    index_once(indexer)
+    app = create_app(indexer.view, mcp_later=True)
+    host = {"host": f"127.0.0.1:{indexer.settings.port}"}
+    with TestClient(app, headers=host) as api:
+        assert api.get("/health").status_code == 200
+        answers = []
+
+        def built() -> bool:
+            answer = api.post("/mcp", json=LIST_TOOLS, headers=JSON_RPC_HEADERS)
+            answers.append(answer)
+            return answer.status_code != 503
+
+        wait_for(built, timeout_s=60)
+        refused = [a for a in answers if a.status_code == 503]
+        assert all(a.headers["retry-after"] == "1" for a in refused)
+        assert {tool["name"] for tool in answers[-1].json()["result"]["tools"]} == TOOLS
