@@ -12,8 +12,9 @@ Rules, checked before anything is written (a refused call writes nothing, not ev
   ``memory/``): else ``AppendRefused`` (403). An empty name, a NUL byte, a trailing ``/`` or a name over 255 bytes
   is a ``ValueError`` (400).
 - **No symlinks**: the file is opened from a descriptor of the workspace, one component at a time with
-  ``O_NOFOLLOW`` (``openat``), so a symlinked ``memory/``, sub-folder or file is refused (403) even when swapped
-  in during the call; it must be a regular file with one link (a hard link could reach a file outside).
+  ``O_NOFOLLOW`` (``indexer.safeio.open_append``), so a symlinked ``memory/``, sub-folder or file is refused (403)
+  even when swapped in during the call; it must be a regular file with one link (a hard link could reach a file
+  outside).
 - **Size**: the entry's text at most ``append_max_bytes`` bytes of UTF-8 (``EntryTooLarge``, 413), and the file
   after it at most ``append_max_file_bytes`` (and ``max_file_bytes``, so it stays indexable; 413). The file cap is
   checked before the write: appends racing each other may pass it together, each by at most one entry.
@@ -33,7 +34,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import stat
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,26 +42,19 @@ from zoneinfo import ZoneInfo
 import structlog
 
 from indexer.config import Settings, Workspace
-from indexer.errors import QmdError, ReadRefused
-from indexer.schema import AppendResponse
+from indexer.errors import AppendRefused, EntryTooLarge
+from indexer.safeio import UnsafePath, open_append
+from indexer.schema import AppendRequest, AppendResponse
 from indexer.workspace import MEMORY_DIR, REPAIR_DIR, Collection, route
 
 log = structlog.get_logger("qmd_indexer.append")
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 NAME_MAX = 255  # bytes of one path component (Linux, most file systems)
 
 
-class AppendRefused(ReadRefused):
-    """The append is not allowed: the workspace has ``append`` off, or the path is not a markdown file under its
-    ``memory/`` (outside, ``..``, a symlink, hidden, another agent's, not ``.md``, not a regular file). 403."""
-
-
-class EntryTooLarge(QmdError):
-    """The entry is over ``append_max_bytes``, or would take the file over its cap. 413."""
+#: what the refusal says for each ``UnsafePath`` reason of ``indexer.safeio.open_append``
+_UNSAFE = {"symlink": "symlink", "not_directory": "not a directory", "not_regular_file": "not a regular file",
+           "hard_link": "hard link", "outside": "outside", "changing": "a folder on the way keeps changing"}
 
 
 def daily_note(workspace: Workspace, now: datetime | None = None) -> str:
@@ -108,65 +101,6 @@ def _parts(workspace: Workspace, path: str) -> list[str]:
     return raw
 
 
-def _open_dir(dir_fd: int, name: str, rel: str) -> int:
-    """Directory ``name`` beneath ``dir_fd`` (made when missing), never through a symlink."""
-    for _ in range(2):
-        try:
-            return os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=dir_fd)
-        except FileNotFoundError:
-            try:
-                os.mkdir(name, 0o777, dir_fd=dir_fd)  # the umask decides, as for any new folder
-            except FileExistsError:
-                pass
-        except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                raise
-            link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-            raise AppendRefused(f"{rel}: refused ({'symlink' if link else 'not a directory'})") from None
-    raise AppendRefused(f"{rel}: refused (the folder {name!r} keeps changing)")
-
-
-def _open_file(root: Path, parts: list[str], rel: str, create: bool) -> int:
-    """An ``O_RDWR | O_APPEND`` descriptor of ``parts`` beneath ``root``: no symlink followed at any component, a
-    regular file with one link. Folders on the way are made only when ``create``."""
-    root_fd = os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
-    current = root_fd
-    try:
-        for name in parts[:-1]:
-            fd = _open_dir(current, name, rel) if create else os.open(
-                name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=current)
-            if current != root_fd:
-                os.close(current)
-            current = fd
-        try:  # never open a FIFO, socket or device for writing, not even to look
-            st = os.stat(parts[-1], dir_fd=current, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                raise AppendRefused(f"{rel}: refused (symlink)")
-            if not stat.S_ISREG(st.st_mode):
-                raise AppendRefused(f"{rel}: refused (not a regular file)")
-        except FileNotFoundError:
-            if not create:
-                raise
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC
-        try:
-            fd = os.open(parts[-1], flags, 0o666, dir_fd=current)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise AppendRefused(f"{rel}: refused (symlink)") from None
-            if exc.errno in (errno.EISDIR, errno.ENXIO):
-                raise AppendRefused(f"{rel}: refused (not a regular file)") from None
-            raise
-    finally:
-        if current != root_fd:
-            os.close(current)
-        os.close(root_fd)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
-        os.close(fd)
-        raise AppendRefused(f"{rel}: refused ({'hard link' if stat.S_ISREG(st.st_mode) else 'not a regular file'})")
-    return fd
-
-
 def _breaks_before(fd: int, offset: int) -> int:
     """Line breaks (``\\n``, ``\\r\\n``, lone ``\\r``) in the first ``offset`` bytes of ``fd``."""
     data = bytearray()
@@ -178,15 +112,17 @@ def _breaks_before(fd: int, offset: int) -> int:
     return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
 
 
-def append_entry(collections: Sequence[Collection], settings: Settings, text: str, path: str | None = None,
-                 agent: str | None = None, now: datetime | None = None) -> AppendResponse:
-    """Append ``text`` to ``path`` (default: today's daily note) of ``agent``'s workspace (see the module rules).
+def append_entry(collections: Sequence[Collection], settings: Settings, request: AppendRequest,
+                 now: datetime | None = None) -> AppendResponse:
+    """Append ``request.text`` to ``request.path`` (default: today's daily note, ``now`` the moment) of
+    ``request.agent``'s workspace (see the module rules).
 
     Returns ``{"agent", "path", "from", "to", "citation", "bytes"}``: the workspace-relative path, the entry's
     first and last line (1-based, inclusive), ``path#Lfrom-Lto``, and the bytes written (separator included).
     Raises ``KeyError`` (unknown agent, 404), ``AppendRefused`` (403), ``EntryTooLarge`` (413), ``ValueError``
     (empty text, NUL byte, malformed path: 400), ``PermissionError`` and other ``OSError`` from the file system.
     """
+    text, path, agent = request.text, request.path, request.agent
     chosen = [c for c in collections if c.agent == agent]
     if not chosen:
         raise KeyError(f"unknown agent {agent!r}")
@@ -209,30 +145,41 @@ def append_entry(collections: Sequence[Collection], settings: Settings, text: st
         if size + 2 > file_cap:
             raise EntryTooLarge(f"the entry is {size} bytes; a file may hold at most {file_cap} "
                                 f"(append_max_file_bytes)")
-        fd = _open_file(workspace.path, rel_parts, rel, create=True)
+        try:
+            fd = open_append(workspace.path, rel)
+        except UnsafePath as exc:
+            raise AppendRefused(f"{rel}: refused ({_UNSAFE.get(exc.reason, exc.reason)})") from None
     except (AppendRefused, EntryTooLarge, ValueError, OSError) as exc:
         log.warning("append_refused", agent=agent, path=asked, reason=type(exc).__name__, detail=str(exc))
         raise
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # the end read below is still the end when the entry is written
-        end = os.fstat(fd).st_size
-        tail = os.pread(fd, 1, end - 1) if end else b""
-        separator = b"" if not end else b"\n" if tail == b"\n" else b"\n\n"  # a blank line between entries
-        data = separator + body.encode("utf-8")
-        if end + len(data) > file_cap:
-            log.warning("append_refused", agent=agent, path=rel, reason="EntryTooLarge", file_bytes=end)
-            raise EntryTooLarge(f"{rel} holds {end} bytes; with this entry ({len(data)}) it would pass the limit of "
-                                f"{file_cap} (append_max_file_bytes): append to another file")
-        written = os.write(fd, data)  # one write on O_APPEND: the kernel puts it whole at the end
-        if written != len(data):  # a full disk, or a quota: the entry is cut, say so
-            log.error("append_short_write", agent=agent, path=rel, bytes=len(data), written=written)
-            raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes were written", rel)
-        landed = os.lseek(fd, 0, os.SEEK_CUR) - len(data)  # this descriptor's offset: after our own write
-        first = _breaks_before(fd, landed + len(separator)) + 1
+        first, written = _write_entry(fd, body.encode("utf-8"), file_cap, rel, agent)
     finally:
         os.close(fd)
     last = first + body.count("\n") - 1
-    log.info("memory_appended", agent=agent, path=rel, bytes=len(data), lines=last - first + 1, from_line=first,
+    log.info("memory_appended", agent=agent, path=rel, bytes=written, lines=last - first + 1, from_line=first,
              to_line=last)
     return {"agent": workspace.agent, "path": rel, "from": first, "to": last, "citation": f"{rel}#L{first}-L{last}",
-            "bytes": len(data)}
+            "bytes": written}
+
+
+def _write_entry(fd: int, entry: bytes, file_cap: int, rel: str, agent: str | None) -> tuple[int, int]:
+    """Write ``entry`` at the end of ``fd`` (a blank line before it when the file has text) in one ``os.write``,
+    under an exclusive ``flock`` so the end read is still the end when it is written; returns the entry's first
+    line and the bytes written. Raises ``EntryTooLarge`` when the file would pass ``file_cap``, ``OSError`` for a
+    short write."""
+    fcntl.flock(fd, fcntl.LOCK_EX)  # released when the caller closes fd
+    end = os.fstat(fd).st_size
+    tail = os.pread(fd, 1, end - 1) if end else b""
+    separator = b"" if not end else b"\n" if tail == b"\n" else b"\n\n"  # a blank line between entries
+    data = separator + entry
+    if end + len(data) > file_cap:
+        log.warning("append_refused", agent=agent, path=rel, reason="EntryTooLarge", file_bytes=end)
+        raise EntryTooLarge(f"{rel} holds {end} bytes; with this entry ({len(data)}) it would pass the limit of "
+                            f"{file_cap} (append_max_file_bytes): append to another file")
+    written = os.write(fd, data)  # one write on O_APPEND: the kernel puts it whole at the end
+    if written != len(data):  # a full disk, or a quota: the entry is cut, say so
+        log.error("append_short_write", agent=agent, path=rel, bytes=len(data), written=written)
+        raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes were written", rel)
+    landed = os.lseek(fd, 0, os.SEEK_CUR) - len(data)  # this descriptor's offset: after our own write
+    return _breaks_before(fd, landed + len(separator)) + 1, written

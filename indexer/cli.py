@@ -32,21 +32,29 @@ AGENT_HELP = "Only this agent's memory " + AGENT_DEFAULT + "."
 def _search_request(query: str, fields: dict[str, Any]) -> Any:
     """The ``SearchRequest`` of the ``search`` command's flags (named as its fields; a repeatable flag's values
     become a list), checked here so a bad value is a usage error (exit 2) before the daemon is asked."""
-    from pydantic import ValidationError
-
-    from indexer.schema import search_request
-
     given = {name: list(value) if isinstance(value, tuple) else value for name, value in fields.items()
-             if value is not None and value != ()}
+             if value != ()}
+    request = _request("SearchRequest", query=query, **given)
     try:
-        request = search_request(query, **given)
         request.since_ns(), request.until_ns()  # the daemon answers 400 to a time it cannot read
-    except ValidationError as exc:
-        raise click.UsageError("; ".join(f"--{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
-                                         for e in exc.errors())) from None
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     return request
+
+
+def _request(model: str, **flags: Any) -> Any:
+    """The request model ``model`` (an ``indexer.schema`` name) of a command's flags, named as its fields (those left
+    at ``None`` take the model's defaults); a value that does not fit is a usage error naming the flag (exit 2)
+    before the daemon is asked. The one flag-to-model step of every command that asks the daemon."""
+    from pydantic import ValidationError
+
+    from indexer import schema
+
+    try:
+        return getattr(schema, model)(**{name: value for name, value in flags.items() if value is not None})
+    except ValidationError as exc:
+        raise click.UsageError("; ".join(f"--{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+                                         for e in exc.errors())) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -153,8 +161,7 @@ def search(query: str, as_json: bool, config: Path | None, port: int | None, **f
 @click.option("--json", "as_json", is_flag=True, help="Print the page as JSON, with next_from.")
 @config_opt
 @port_opt
-def get(path: str, agent: str | None, from_line: int, lines: int | None, max_chars: int, as_json: bool,
-        config: Path | None, port: int | None) -> None:
+def get(path: str, as_json: bool, config: Path | None, port: int | None, **fields: Any) -> None:
     """Read part of one memory file through the daemon (streamed: huge files are fine).
 
     \b
@@ -167,7 +174,8 @@ def get(path: str, agent: str | None, from_line: int, lines: int | None, max_cha
       qmd-indexer get MEMORY.md
       qmd-indexer get memory/2026-11-27.md --from 40 --lines 20
     """
-    page = _ask(config, port, lambda client: client.get(path, from_line, lines, max_chars, agent))
+    request = _request("GetRequest", path=path, **fields)  # every option but --json, --config and --port
+    page = _ask(config, port, lambda client: client.ask(request))
     if as_json:
         click.echo(json.dumps(page, ensure_ascii=False, indent=2))
         return
@@ -192,8 +200,8 @@ def get(path: str, agent: str | None, from_line: int, lines: int | None, max_cha
                    '"next_offset".')
 @config_opt
 @port_opt
-def recall(query: str, k: int | None, top_k: int | None, offset: int, agent: str | None, as_json: bool,
-           config: Path | None, port: int | None) -> None:
+def recall(query: str, top_k: int | None, offset: int, as_json: bool, config: Path | None, port: int | None,
+           **fields: Any) -> None:
     """The best memories for QUERY; `*`, `all` or no QUERY lists every memory file.
 
     \b
@@ -206,8 +214,11 @@ def recall(query: str, k: int | None, top_k: int | None, offset: int, agent: str
       qmd-indexer recall --agent main             # list memory files
       qmd-indexer recall -k 100 --offset 100      # the second page of 100
     """
+    if top_k is not None:  # the former name of -k
+        fields["k"] = top_k
+    request = _request("RecallRequest", query=query, offset=offset, **fields)
     client = _client(config, port)
-    answer = _ask(config, port, lambda _: client.recall_response(query, top_k or k, agent, offset))
+    answer = _ask(config, port, lambda _: client.ask(request))
     if as_json:
         click.echo(json.dumps(answer, ensure_ascii=False, indent=2))
     else:
@@ -223,8 +234,7 @@ def recall(query: str, k: int | None, top_k: int | None, offset: int, agent: str
 @click.option("--json", "as_json", is_flag=True, help="Print text, included and omitted as JSON.")
 @config_opt
 @port_opt
-def boot(budget_chars: int, agent: str | None, query: str | None, as_json: bool, config: Path | None,
-         port: int | None) -> None:
+def boot(as_json: bool, config: Path | None, port: int | None, **fields: Any) -> None:
     """Print a boot context: memory for the start of an agent session, within a budget.
 
     \b
@@ -235,8 +245,9 @@ def boot(budget_chars: int, agent: str | None, query: str | None, as_json: bool,
     Example:
       qmd-indexer boot --agent main --budget-chars 6000
     """
+    request = _request("BootRequest", **fields)  # every option but --json, --config and --port
     client = _client(config, port)
-    context = _ask(config, port, lambda _: client.boot_context(budget_chars, agent, query))
+    context = _ask(config, port, lambda _: client.ask(request))
     _note_pending(client)
     if as_json:
         click.echo(json.dumps(context, ensure_ascii=False, indent=2))
@@ -268,8 +279,7 @@ def status(as_json: bool, config: Path | None, port: int | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print the answer as JSON: {"path", "from", "to", "citation"}.')
 @config_opt
 @port_opt
-def append(text: str | None, path: str | None, agent: str | None, as_json: bool, config: Path | None,
-           port: int | None) -> None:
+def append(text: str | None, as_json: bool, config: Path | None, port: int | None, **fields: Any) -> None:
     """Append TEXT (or, without TEXT or with -, standard input) to the agent's memory, through the daemon.
 
     \b
@@ -291,7 +301,8 @@ def append(text: str | None, path: str | None, agent: str | None, as_json: bool,
         text = sys.stdin.read()
     if not text.strip():
         raise click.UsageError("the entry is empty")
-    answer = _ask(config, port, lambda client: client.append(text, path, agent))
+    request = _request("AppendRequest", text=text, **fields)  # --path, --agent
+    answer = _ask(config, port, lambda client: client.ask(request))
     click.echo(json.dumps(answer, ensure_ascii=False, indent=2) if as_json else answer["citation"])
 
 
@@ -329,10 +340,11 @@ def mcp_(config: Path | None, port: int | None) -> None:
     """
     settings = settings_from(config, None, None, None, port)
     configure_logging(settings.log_format, settings.log_level)
+    from indexer.client import RemoteMemory
     from indexer.mcp import build_server, serve_stdio
 
     writes = any(ws.append for ws in settings.workspace)  # memory_append is listed where the config allows it
-    serve_stdio(build_server(_client(config, settings.port), append=writes))
+    serve_stdio(build_server(RemoteMemory(_client(config, settings.port)), append=writes))
 
 
 if __name__ == "__main__":  # pragma: no cover

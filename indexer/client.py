@@ -8,7 +8,9 @@ torch, no model, so a search from a script or the shell costs one HTTP round tri
     >>> answer["hits"], answer["relevant"], answer["pending"]
 
 Answers are plain dicts typed by ``indexer.schema`` (``Hit``, ``SearchResponse``, ``Page``, ``BootContext``, ``Status``,
-``Health``).
+``Health``). Every operation is one request model sent by one helper, ``Client.ask`` (``ROUTES``: the model's
+method and path); the keyword methods build the model from their arguments. ``RemoteMemory`` is the
+``indexer.memory.Memory`` of a daemon over this client (the ``qmd-indexer mcp`` tools).
 Raises ``DaemonUnavailable`` when nothing answers on the port, ``ClientError`` for an error answer (its message
 is the daemon's ``detail``).
 
@@ -19,19 +21,22 @@ a request. Importing it takes about half of httpx's time, which a CLI call pays 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import urllib3
 from pydantic import ValidationError
 
 from indexer.schema import (
-    DEFAULT_BUDGET_CHARS,
     AppendRequest,
     AppendResponse,
     BootContext,
+    BootRequest,
+    GetRequest,
     Health,
     Hit,
     Page,
+    RecallRequest,
+    Request,
     SearchRequest,
     SearchResponse,
     Status,
@@ -39,6 +44,11 @@ from indexer.schema import (
 )
 
 DEFAULT_PORT = 8743
+#: each request model's route: (method, path); a ``GET``'s model goes as query parameters, a ``POST``'s as the body
+ROUTES: dict[type[Request], tuple[str, str]] = {
+    SearchRequest: ("POST", "/search"), RecallRequest: ("POST", "/recall"), GetRequest: ("GET", "/get"),
+    BootRequest: ("POST", "/boot"), AppendRequest: ("POST", "/append")}
+R = TypeVar("R", bound=Request)
 
 
 class ClientError(Exception):
@@ -103,6 +113,17 @@ class Client:
         returns at once with ``{"rebuilding": true}``."""
         return self._call("POST", "/reindex")
 
+    def ask(self, request: Request) -> Any:
+        """The daemon's answer to ``request`` (any request model of ``indexer.schema``), sent to its route
+        (``ROUTES``) by the API's names (``from``), without the fields left at ``None``; ``self.pending`` is set from
+        an answer that carries ``pending``. Raises ``DaemonUnavailable`` and ``ClientError`` as ``_call``."""
+        method, path = ROUTES[type(request)]
+        values = request.model_dump(mode="json", exclude_none=True, by_alias=True)  # the API's names: from
+        answer = self._call(method, path, **{"params" if method == "GET" else "json": values})
+        if "pending" in answer:
+            self.pending = list(answer["pending"])
+        return answer
+
     def search(self, query: str | SearchRequest, /, **fields: Any) -> list[Hit]:
         """The hits of ``search_response`` alone (``self.pending`` then holds its ``pending``)."""
         return self.search_response(query, **fields)["hits"]
@@ -121,57 +142,45 @@ class Client:
         try:
             request = search_request(query, **fields)
         except ValidationError as exc:
-            raise ClientError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()),
-                              422) from None
-        answer: SearchResponse = self._call("POST", "/search", json=request.model_dump(mode="json", exclude_none=True))
-        self.pending = list(answer.get("pending", []))
+            raise _invalid(exc) from None
+        answer: SearchResponse = self.ask(request)
         return answer
 
-    def recall(self, query: str = "*", k: int | None = None, agent: str | None = None, *,
-               top_k: int | None = None) -> list[Hit]:
+    def recall(self, query: str = "*", k: int | None = None, agent: str | None = None, *, top_k: int | None = None,
+               **fields: Any) -> list[Hit]:
         """The hits of ``recall_response`` alone (``top_k`` is the former name of ``k``, still accepted)."""
-        return self.recall_response(query, k if top_k is None else top_k, agent)["hits"]
+        return self.recall_response(query, k=k if top_k is None else top_k, agent=agent, **fields)["hits"]
 
-    def recall_response(self, query: str = "*", k: int | None = None, agent: str | None = None,
-                        offset: int = 0) -> SearchResponse:
+    def recall_response(self, query: str = "*", **fields: Any) -> SearchResponse:
         """``POST /recall``'s whole answer: the ``k`` (default 6) best memories for ``query`` as
         ``{"hits", "relevant", "pending"}`` like ``search_response``; ``*``, ``all`` or ``""`` lists every memory
         file instead, in path order: a page of at most ``k`` files (default and at most ``LIST_CAP``, 1000) from
         ``offset`` (0-based), with ``total`` (files in all) and ``next_offset`` (the next page's ``offset``, null
-        after the last) and ``relevant`` null."""
-        body = {"query": query, "k": k, "agent": agent, "offset": offset or None}
-        answer: SearchResponse = self._call("POST", "/recall",
-                                            json={name: v for name, v in body.items() if v is not None})
-        self.pending = list(answer.get("pending", []))
+        after the last) and ``relevant`` null. ``fields``: ``RecallRequest``'s (``k``, ``offset``, ``agent``)."""
+        answer: SearchResponse = self.ask(_model(RecallRequest, query=query, **fields))
         return answer
 
-    def boot_context(self, budget_chars: int = DEFAULT_BUDGET_CHARS, agent: str | None = None,
-                     query: str | None = None) -> BootContext:
-        """Memory packed into ``budget_chars`` characters: ``{"text", "used_chars", "included", "omitted"...}``."""
-        body = {"budget_chars": budget_chars, "agent": agent, "query": query}
-        answer = self._call("POST", "/boot", json={k: v for k, v in body.items() if v is not None})
-        self.pending = list(answer.get("pending", []))
+    def boot_context(self, **fields: Any) -> BootContext:
+        """Memory packed into ``budget_chars`` characters: ``{"text", "used_chars", "included", "omitted",
+        "pending"...}``; ``fields``: ``BootRequest``'s (``budget_chars``, ``agent``, ``query``)."""
+        answer: BootContext = self.ask(_model(BootRequest, **fields))
         return answer
 
-    def get(self, path: str, from_line: int = 1, lines: int | None = None, max_chars: int | None = None,
-            agent: str | None = None) -> Page:
+    def get(self, path: str, from_line: int = 1, **fields: Any) -> Page:
         """A page of memory file ``path`` from line ``from_line`` (the API's ``from``; see
-        ``indexer.recall.read_memory``); ``next_from`` continues it."""
-        params = {"path": path, "from": from_line, "lines": lines, "max_chars": max_chars, "agent": agent}
-        return self._call("GET", "/get", params={k: v for k, v in params.items() if v is not None})
+        ``indexer.recall.read_memory``); ``next_from`` continues it. ``fields``: ``GetRequest``'s (``lines``,
+        ``max_chars``, ``agent``)."""
+        answer: Page = self.ask(_model(GetRequest, path=path, from_line=from_line, **fields))
+        return answer
 
-    def append(self, text: str, path: str | None = None, agent: str | None = None) -> AppendResponse:
+    def append(self, text: str, **fields: Any) -> AppendResponse:
         """Append ``text`` to ``path`` (a markdown file under ``memory/``, workspace-relative; default: today's daily
         note) of ``agent``'s workspace (``POST /append``; the workspace needs ``append = true``). Returns ``{"agent",
         "path", "from", "to", "citation", "bytes"}``: the entry's lines. ``ClientError`` with ``status_code`` 403
         (append off, a path refused), 404 (unknown agent), 413 (entry or file over its cap), 400 or 422 (bad value;
         422 before anything is sent)."""
-        try:
-            body = AppendRequest(text=text, path=path, agent=agent)
-        except ValidationError as exc:
-            raise ClientError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()),
-                              422) from None
-        return self._call("POST", "/append", json=body.model_dump(exclude_none=True))
+        answer: AppendResponse = self.ask(_model(AppendRequest, text=text, **fields))
+        return answer
 
     def close(self) -> None:
         self._http.close()
@@ -181,3 +190,47 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RemoteMemory:
+    """``indexer.memory.Memory`` over a ``Client``: each operation is ``client.ask(request)``."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def search(self, request: SearchRequest, /) -> SearchResponse:
+        answer: SearchResponse = self.client.ask(request)
+        return answer
+
+    def recall(self, request: RecallRequest, /) -> SearchResponse:
+        answer: SearchResponse = self.client.ask(request)
+        return answer
+
+    def get(self, request: GetRequest, /) -> Page:
+        answer: Page = self.client.ask(request)
+        return answer
+
+    def boot(self, request: BootRequest, /) -> BootContext:
+        answer: BootContext = self.client.ask(request)
+        return answer
+
+    def append(self, request: AppendRequest, /) -> AppendResponse:
+        answer: AppendResponse = self.client.ask(request)
+        return answer
+
+    def status(self) -> Status:
+        return self.client.status()
+
+
+def _model(model: type[R], **fields: Any) -> R:
+    """``model(**fields)`` without the fields given as ``None`` (left to the model's defaults); a value that does
+    not fit, or a field it does not have, is a ``ClientError`` (422) before anything is sent."""
+    try:
+        return model(**{name: value for name, value in fields.items() if value is not None})
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: ValidationError) -> ClientError:
+    """A ``ClientError`` (422) of one line per bad field, as the daemon's 422 reads."""
+    return ClientError("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()), 422)

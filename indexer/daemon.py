@@ -42,7 +42,7 @@ from indexer.rebuild import attest, check_identity, hold_state_lock, model_ident
 from indexer.report import StatusView
 from indexer.state import Indexed, IndexState, Plan
 from indexer.store import ServerOptions, Store, open_store
-from indexer.sync import Sync
+from indexer.sync import Pace, Sync
 from indexer.watcher import Settler
 from indexer.workspace import Collection, overlaps, walk, walk_paths
 
@@ -225,12 +225,12 @@ class Indexer:
         return entry is not None and entry.collection == collection and unchanged_by_stat(entry.state, st)
 
     # -- rebuilding ---------------------------------------------------------------------------------------------
-    def rebuild(self) -> bool:
+    def rebuild(self, pace: Pace | None = None) -> bool:
         """Rebuild every collection beside the live one and swap the new ones in when all are complete (the worker
-        calls it; searches meanwhile answer from the old collections). Vectors come from the embedding cache where
-        it has them, so only what is not cached is embedded. Returns False, leaving the old collections serving and
-        the new ones for ``connect()`` to sweep at the next start, when a stop was requested or the store failed;
-        raises ``StoreUnavailable`` from the store's own calls."""
+        calls it, with its ``Pace``; searches meanwhile answer from the old collections). Vectors come from the
+        embedding cache where it has them, so only what is not cached is embedded. Returns False, leaving the old
+        collections serving and the new ones for ``connect()`` to sweep at the next start, when ``pace``'s stop was
+        set or the store failed; raises ``StoreUnavailable`` from the store's own calls."""
         store, stats, collections = self.store, self.pipeline.stats, self.collections
         with self.state.rebuilding_now():
             started, before = time.monotonic(), stats.chunks_embedded
@@ -240,7 +240,7 @@ class Indexer:
             for target in into.values():
                 store.ensure_collection(target, dims)
             found, _ = walk(collections)  # skips are logged by the scan that follows
-            if not self.sync.fill(found, into, REBUILD_BATCH_FILES):
+            if not self.sync.fill(found, into, REBUILD_BATCH_FILES, pace):
                 log.warning("rebuild_abandoned", reason="stop requested or store unavailable",
                             hint="the old collections keep serving; the next start sweeps the new ones")
                 return False

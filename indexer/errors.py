@@ -14,7 +14,9 @@
     │   │                    retried with backoff; the file is never marked failed nor loses its points
     │   └── BadVectors       the embedder answered vectors that cannot be stored (NaN, inf, zero, wrong size):
     │                        the file is marked failed (bad_vectors) and keeps its old points; nothing is cached
-    └── ReadRefused          a paged read asked for a path that is not a memory file of that workspace
+    ├── ReadRefused          a paged read asked for a path that is not a memory file of that workspace
+    │   └── AppendRefused    an append is not allowed there (append off, not a markdown file under memory/)
+    └── EntryTooLarge        an append's entry is over append_max_bytes, or would take its file over its cap
 """
 
 from __future__ import annotations
@@ -94,3 +96,12 @@ class BadVectors(EmbedError):
 
 class ReadRefused(QmdError):
     """A read asked for a path that is not a memory file of the workspace."""
+
+
+class AppendRefused(ReadRefused):
+    """The append is not allowed: the workspace has ``append`` off, or the path is not a markdown file under its
+    ``memory/`` (outside, ``..``, a symlink, hidden, another agent's, not ``.md``, not a regular file). 403."""
+
+
+class EntryTooLarge(QmdError):
+    """The entry is over ``append_max_bytes``, or would take the file over its cap. 413."""

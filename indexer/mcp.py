@@ -1,23 +1,29 @@
 """Memory tools for AI agents over the Model Context Protocol (the official ``mcp`` SDK, 2.x ``MCPServer``).
 
-The same five tools are served two ways:
+The same tools are served two ways, over the same ``indexer.memory.Memory`` operations:
 
 - ``qmd-indexer mcp``: stdio, for an agent that starts its MCP servers itself. It talks to the running daemon
-  through ``indexer.client`` (the embedded store is single-process, so this process never opens it, and it
-  imports no torch); when no daemon answers, every tool call is a tool error naming the port and how to start one.
-- ``/mcp`` on the daemon's own port: streamable HTTP, answered in-process (``indexer.server.LocalMemory``) and
-  behind whatever middleware wraps the API.
+  through ``indexer.client.RemoteMemory`` (the embedded store is single-process, so this process never opens it, and
+  it imports no torch); when no daemon answers, every tool call is a tool error naming the port and how to start one.
+- ``/mcp`` on the daemon's own port (``McpEndpoint``): streamable HTTP, answered in-process
+  (``indexer.memory.LocalMemory``) and behind whatever middleware wraps the API.
 
-=================  =====================================================================  =====================
-tool               arguments                                                              returns
-=================  =====================================================================  =====================
-memory_search      ``SearchRequest``'s fields but ``wait_s``                              ``SearchResponse``
-memory_get         path, from, lines, max_chars, agent                                    ``Page``
-memory_recall      query, k, offset, agent                                                ``SearchResponse``
-memory_boot        budget_chars, agent, query                                             ``BootContext``
-memory_status      (none)                                                                 ``Status``
-memory_append      text, path, agent (only listed where a workspace has ``append = true``) ``AppendResponse``
-=================  =====================================================================  =====================
+=================  =========================================================  ======================================
+tool               arguments: the fields of                                   returns
+=================  =========================================================  ======================================
+memory_search      ``SearchRequest`` but ``wait_s``                           ``SearchResponse``
+memory_get         ``GetRequest`` (path, from, lines, max_chars, agent)       ``Page``
+memory_recall      ``RecallRequest`` (query, k, offset, agent)                ``SearchResponse``
+memory_boot        ``BootRequest`` (budget_chars, agent, query)               ``BootContext`` (with ``pending``)
+memory_status      (none)                                                     ``Status``
+memory_append      ``AppendRequest`` (text, path, agent); only listed where   ``AppendResponse``
+                   a workspace has ``append = true``
+=================  =========================================================  ======================================
+
+Each tool is built from its row of ``TOOLS``: its arguments are the request model's fields (``request_parameters``),
+with their descriptions, bounds and aliases (``q``; ``top_k``/``limit``; ``from_line``; ``budget``), so a field
+added to a request is a tool argument too; the tool builds the model and calls the operation. An argument the model
+does not have is refused, as the HTTP API refuses it (422): the call returns ``is_error`` naming it.
 
 ``memory_append`` is the one tool that writes, and it is listed only when the server is built with ``append=True``:
 the daemon's ``/mcp`` when a workspace of its config has ``append = true``; ``qmd-indexer mcp`` when the config it
@@ -25,9 +31,6 @@ reads (the same file, normally) says so. An agent that may not write never sees 
 the daemon that decides per workspace and per call (a workspace without ``append``, or turned off by a reload, is
 refused with an error saying how to enable it).
 
-Argument and answer types are ``indexer.schema``'s, so the tools take the API's names and aliases (``q``;
-``top_k``/``limit``; ``from_line``; ``budget``) and publish the API's output schemas; ``memory_search`` takes its
-arguments from ``SearchRequest`` itself (``request_signature``), so a field added there is a tool argument too.
 Errors the model should read (unknown agent or collection, path refused, missing file, bad value, daemon or Qdrant
 unavailable) are raised as the SDK's ``ToolError``: the call returns ``is_error`` with the message as text.
 Arguments that do not fit the schema return the validation message the same way.
@@ -36,10 +39,14 @@ JSON may carry an unpaired UTF-16 surrogate (``"\\ud800"``), which the SDK's JSO
 the whole message (no id: the agent cannot tell which call failed; over stdio it waits for an answer that never
 comes). Both transports read messages through ``parseable`` first, so such a message reaches the tools with each
 unpaired surrogate read as ``?``, as the HTTP API reads the query (``indexer.schema``).
+
+The SDK is imported where a server is built, not with this module: the daemon's API answers before it is loaded
+(``McpEndpoint(later=True)``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import json
@@ -47,42 +54,39 @@ import re
 import sys
 import typing
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection
-from typing import Any, Protocol, TypeVar, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.server.stdio import stdio_server
-from mcp.types import ToolAnnotations
-from pydantic import BaseModel
+import anyio.to_thread
+from pydantic import ConfigDict
+from starlette.responses import Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from indexer import __version__
-from indexer.client import ClientError
+from indexer.client import Client, ClientError, RemoteMemory
 from indexer.schema import (
-    DEFAULT_BUDGET_CHARS,
-    DEFAULT_MAX_CHARS,
-    Agent,
-    AppendPath,
+    AppendRequest,
     AppendResponse,
-    AppendText,
     BootContext,
-    BootQuery,
-    BudgetChars,
-    FromLine,
-    Lines,
-    MaxChars,
-    MemoryPath,
-    Offset,
+    BootRequest,
+    GetRequest,
     Page,
-    RecallK,
-    RecallQuery,
+    RecallRequest,
+    Request,
     SearchRequest,
     SearchResponse,
     Status,
     clean_text,
     error_answer,
 )
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.tools import Tool
+
+    from indexer.memory import Memory
 
 T = TypeVar("T")
 
@@ -93,28 +97,73 @@ cite hits by their `citation`. Use memory_get to read more around a hit (from = 
 a session, memory_boot gives a compact context; memory_status says whether the index is ready."""
 
 
-class Memory(Protocol):
-    """What the tools need: ``indexer.client.Client`` (the stdio server) or ``indexer.server.LocalMemory`` (the
-    daemon's ``/mcp``). Errors are ``ClientError`` or the daemon's own (see ``indexer.schema.error_answer``)."""
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool: its ``name``, the ``Memory`` ``operation`` it calls with a ``request`` model (``None``: no
+    arguments) built from its arguments (the model's fields but ``exclude``), the answer type, whether it
+    ``writes``, and the description the model reads."""
 
-    def search_response(self, request: SearchRequest, /) -> SearchResponse: ...
+    name: str
+    operation: str
+    request: type[Request] | None
+    answer: Any
+    description: str
+    writes: bool = False
+    exclude: frozenset[str] = frozenset()
 
-    def get(self, path: str, from_line: int = ..., lines: int | None = ..., max_chars: int | None = ...,
-            agent: str | None = ...) -> Page: ...
 
-    def recall_response(self, query: str = ..., k: int | None = ..., agent: str | None = ...,
-                        offset: int = ...) -> SearchResponse: ...
+TOOLS = (
+    ToolSpec("memory_search", "search", SearchRequest, SearchResponse, """\
+        Search the agent's long-term memory (MEMORY.md and notes under memory/) by meaning and exact words.
 
-    def boot_context(self, budget_chars: int = ..., agent: str | None = ...,
-                     query: str | None = ...) -> BootContext: ...
+        Use it before answering anything about earlier conversations, decisions, people, preferences, projects
+        or dates. Returns {"hits": [...], "relevant": ..., "pending": [...]}: hits best first, each with path,
+        start_line, end_line, score, a snippet of at most 700 characters, and a citation (path#Lstart-Lend) to
+        quote; `relevant` false means nothing relevant was found (no hit reaches the relevance floor: do not treat
+        the hits as an answer); `pending` lists files changed on disk and not indexed yet (the answer may miss
+        them). Read more around a hit with memory_get(path, from=start_line). Errors name an unknown agent or
+        collection, a missing agent where several exist, or a bad `since`.""", exclude=frozenset({"wait_s"})),
+    ToolSpec("memory_get", "get", GetRequest, Page, """\
+        Read one memory file, or part of it, by line: the full text around a search hit, or a whole note.
 
-    def status(self) -> Status: ...
+        Returns whole lines `from`..`to` as `text`; when `truncated` is true, call again with from=`next_from`
+        to continue. Only memory files of the workspace are readable: paths outside it, symlinks and non-memory
+        files are refused with an error saying so."""),
+    ToolSpec("memory_recall", "recall", RecallRequest, SearchResponse, """\
+        Recall memories for a topic, or list every memory file with query "*".
 
-    def append(self, text: str, path: str | None = ..., agent: str | None = ...) -> AppendResponse: ...
+        Returns {"hits": [...], "relevant": ..., "pending": [...]} like memory_search (k hits, default 6). With
+        "*", "all" or "" it lists memory files instead, sorted by path, each hit one file (its first lines as
+        snippet, score null): a page of at most k files (default and at most 1000) from `offset`, with `total`
+        (how many files there are) and `next_offset` (call again with offset=next_offset; null at the end)."""),
+    ToolSpec("memory_boot", "boot", BootRequest, BootContext, """\
+        Memory to load at the start of a session, packed into `budget_chars` characters.
+
+        Returns `text` (the root memory file first, then the most recently changed notes, or with `query` its
+        best hits; whole lines, each piece under a `## path#La-Lb` header), `included` citations, `omitted`
+        pieces that did not fit (read them with memory_get when needed), and `pending` (files changed on disk and
+        not indexed yet)."""),
+    ToolSpec("memory_status", "status", None, Status, """\
+        Whether memory search is ready, and what is indexed.
+
+        Returns `ready` (the first full index has finished), `queue_depth` (files waiting), `files_failed`, and
+        per collection its agent, files and chunks. Use it when a search returns nothing unexpectedly."""),
+    ToolSpec("memory_append", "append", AppendRequest, AppendResponse, """\
+        Write to long-term memory: append an entry to today's daily note (memory/YYYY-MM-DD.md), or to a
+        markdown file under memory/ named by `path` (workspace-relative, e.g. memory/projects/acme.md; created
+        if missing).
+
+        Use it for facts, decisions and summaries worth remembering in later sessions. Returns {"path", "from",
+        "to", "citation", "bytes"}: where the entry landed (lines from..to); memory_search finds it within about
+        a second. Errors say why nothing was written: appends off for this workspace, a path outside memory/ or
+        not .md, a symlink, an entry or file over its size limit.""", writes=True),
+)
 
 
 def _ask(call: Callable[[], T]) -> T:
     """``call()``, with the errors meant for the caller raised as ``ToolError`` (their message reaches the model)."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
     try:
         return call()
     except ClientError as exc:  # includes DaemonUnavailable
@@ -126,114 +175,102 @@ def _ask(call: Callable[[], T]) -> T:
         raise ToolError(known[1]) from None
 
 
-def request_signature(model: type[BaseModel], exclude: Collection[str] = ()) -> Callable[[Callable[..., T]],
-                                                                                      Callable[..., T]]:
-    """Decorator: give a tool function taking ``**arguments`` one keyword argument per field of ``model`` (but
-    ``exclude``), annotated and defaulted as the model declares it. The SDK builds the tool's input schema and
-    argument validation from the signature, so the tool takes exactly the model's fields, with their descriptions,
-    bounds and aliases."""
+def request_parameters(model: type[Request], exclude: Collection[str] = ()) -> list[inspect.Parameter]:
+    """One keyword parameter per field of ``model`` (but ``exclude``), annotated and defaulted as the model declares
+    it: the SDK builds a tool's input schema and argument validation from its signature, so the tool takes exactly
+    the model's fields, with their descriptions, bounds and aliases."""
     hints = typing.get_type_hints(model, include_extras=True)
-
-    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
-        params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[name],
-                                    default=inspect.Parameter.empty if field.is_required() else field.default)
-                  for name, field in model.model_fields.items() if name not in exclude]
-        returns = typing.get_type_hints(fn)["return"]
-        tool: Any = fn  # a function object takes the attributes inspect reads
-        tool.__signature__ = inspect.Signature(params, return_annotation=returns)
-        tool.__annotations__ = {**{p.name: p.annotation for p in params}, "return": returns}
-        return fn
-
-    return decorate
+    return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[name],
+                              default=inspect.Parameter.empty if field.is_required() else field.default)
+            for name, field in model.model_fields.items() if name not in exclude]
 
 
-def build_server(memory: Memory, append: bool = False) -> MCPServer:
-    """An ``MCPServer`` named ``qmd-indexer`` with the five memory tools over ``memory``, and ``memory_append`` when
-    ``append``. Serve it with ``.run("stdio")`` or mount ``.streamable_http_app()`` (see
-    ``indexer.server.create_app``)."""
-    server = MCPServer("qmd-indexer", title="Agent memory (qmd-indexer)", instructions=INSTRUCTIONS,
-                       version=__version__)
-    read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+def build_tool(memory: Memory, spec: ToolSpec) -> Tool:
+    """The SDK ``Tool`` of ``spec`` over ``memory``: arguments from its request model, the operation called with
+    the model built from them, any other argument refused (its arguments model forbids extra keys, and its
+    published input schema says ``additionalProperties: false``)."""
+    from mcp.server.mcpserver.tools import Tool
+    from mcp.types import ToolAnnotations
 
-    def tool(fn: Callable[..., T]) -> Callable[..., T]:
-        server.add_tool(fn, description=inspect.cleandoc(fn.__doc__ or ""), annotations=read_only)
-        return fn
+    call = getattr(memory, spec.operation)
+    model = spec.request
 
-    @tool
-    @request_signature(SearchRequest, exclude={"wait_s"})
-    def memory_search(**arguments: Any) -> SearchResponse:
-        """Search the agent's long-term memory (MEMORY.md and notes under memory/) by meaning and exact words.
+    def run(**arguments: Any) -> Any:
+        return _ask(lambda: call(model(**arguments)) if model is not None else call())
 
-        Use it before answering anything about earlier conversations, decisions, people, preferences, projects
-        or dates. Returns {"hits": [...], "relevant": ..., "pending": [...]}: hits best first, each with path,
-        start_line, end_line, score, a snippet of at most 700 characters, and a citation (path#Lstart-Lend) to
-        quote; `relevant` false means nothing relevant was found (no hit reaches the relevance floor: do not treat
-        the hits as an answer); `pending` lists files changed on disk and not indexed yet (the answer may miss
-        them). Read more around a hit with memory_get(path, from=start_line). Errors name an unknown agent or
-        collection, a missing agent where several exist, or a bad `since`.
-        """
-        return _ask(lambda: memory.search_response(SearchRequest(**arguments)))
+    params = request_parameters(model, spec.exclude) if model is not None else []
+    tool_fn: Any = run  # a function object takes the attributes inspect reads
+    tool_fn.__name__ = spec.name
+    tool_fn.__signature__ = inspect.Signature(params, return_annotation=spec.answer)
+    tool_fn.__annotations__ = {**{p.name: p.annotation for p in params}, "return": spec.answer}
+    annotations = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                  open_world_hint=False) if spec.writes else ToolAnnotations(
+        read_only_hint=True, open_world_hint=False)
+    tool = Tool.from_function(tool_fn, name=spec.name, description=inspect.cleandoc(spec.description),
+                              annotations=annotations)
+    base = tool.fn_metadata.arg_model
+    strict = type(base.__name__, (base,), {"model_config": ConfigDict(extra="forbid"), "__module__": __name__})
+    return tool.model_copy(update={"fn_metadata": tool.fn_metadata.model_copy(update={"arg_model": strict}),
+                                   "parameters": {**tool.parameters, "additionalProperties": False}})
 
-    @tool
-    def memory_get(path: MemoryPath, from_line: FromLine = 1, lines: Lines = None,
-                   max_chars: MaxChars = DEFAULT_MAX_CHARS, agent: Agent = None) -> Page:
-        """Read one memory file, or part of it, by line: the full text around a search hit, or a whole note.
 
-        Returns whole lines `from`..`to` as `text`; when `truncated` is true, call again with from=`next_from`
-        to continue. Only memory files of the workspace are readable: paths outside it, symlinks and non-memory
-        files are refused with an error saying so.
-        """
-        return _ask(lambda: memory.get(path, from_line, lines, max_chars, agent))
+def build_server(memory: Memory | Client, append: bool = False) -> MCPServer:
+    """An ``MCPServer`` named ``qmd-indexer`` with the memory tools of ``TOOLS`` over ``memory`` (a ``Client`` is
+    asked through ``RemoteMemory``), ``memory_append`` only when ``append``. Serve it with ``serve_stdio`` or over
+    HTTP with ``McpEndpoint``."""
+    from mcp.server.mcpserver import MCPServer
 
-    @tool
-    def memory_recall(query: RecallQuery = "*", k: RecallK = None, offset: Offset = 0,
-                      agent: Agent = None) -> SearchResponse:
-        """Recall memories for a topic, or list every memory file with query "*".
+    if isinstance(memory, Client):
+        memory = RemoteMemory(memory)
 
-        Returns {"hits": [...], "relevant": ..., "pending": [...]} like memory_search (k hits, default 6). With
-        "*", "all" or "" it lists memory files instead, sorted by path, each hit one file (its first lines as
-        snippet, score null): a page of at most k files (default and at most 1000) from `offset`, with `total`
-        (how many files there are) and `next_offset` (call again with offset=next_offset; null at the end).
-        """
-        return _ask(lambda: memory.recall_response(query, k, agent, offset))
+    tools = [build_tool(memory, spec) for spec in TOOLS if append or not spec.writes]
+    return MCPServer("qmd-indexer", title="Agent memory (qmd-indexer)", instructions=INSTRUCTIONS,
+                     version=__version__, tools=tools)
 
-    @tool
-    def memory_boot(budget_chars: BudgetChars = DEFAULT_BUDGET_CHARS, agent: Agent = None,
-                    query: BootQuery = None) -> BootContext:
-        """Memory to load at the start of a session, packed into `budget_chars` characters.
 
-        Returns `text` (the root memory file first, then the most recently changed notes, or with `query` its
-        best hits; whole lines, each piece under a `## path#La-Lb` header), `included` citations, and `omitted`
-        pieces that did not fit (read them with memory_get when needed).
-        """
-        return _ask(lambda: memory.boot_context(budget_chars, agent, query))
+class McpEndpoint:
+    """``/mcp`` of the daemon's API: the tools over ``memory`` (``LocalMemory``) on the SDK's streamable HTTP app
+    (stateless, JSON answers), every POST read through ``ParseableBody``. The app's ``lifespan`` runs the SDK's
+    session manager (a request without it is a 500). With ``later`` (the daemon's) the server is built on a worker
+    thread once the app runs, since importing the SDK and building its server cost more than the rest of the API's
+    start (docs/benchmarks.md, "Restart") and a restart should answer searches first; until then ``/mcp`` answers
+    503 with ``Retry-After: 1``."""
 
-    @tool
-    def memory_status() -> Status:
-        """Whether memory search is ready, and what is indexed.
+    def __init__(self, memory: Memory, host: str, append: bool = False, later: bool = False) -> None:
+        self.memory, self.host, self.append = memory, host, append
+        self.app: ASGIApp | None = None  # the SDK's endpoint behind ParseableBody, once built
+        self._server: MCPServer | None = None
+        if not later:
+            self._server, self.app = self._make()
 
-        Returns `ready` (the first full index has finished), `queue_depth` (files waiting), `files_failed`, and
-        per collection its agent, files and chunks. Use it when a search returns nothing unexpectedly.
-        """
-        return _ask(memory.status)
+    def _make(self) -> tuple[MCPServer, ASGIApp]:
+        """The server and its endpoint: the SDK app's one route (``/mcp``), read and wrapped, never changed."""
+        server = build_server(self.memory, append=self.append)
+        http = server.streamable_http_app(stateless_http=True, json_response=True, host=self.host)
+        return server, ParseableBody(cast(Route, http.routes[0]).app)
 
-    def memory_append(text: AppendText, path: AppendPath = None, agent: Agent = None) -> AppendResponse:
-        """Write to long-term memory: append an entry to today's daily note (memory/YYYY-MM-DD.md), or to a
-        markdown file under memory/ named by `path` (workspace-relative, e.g. memory/projects/acme.md; created
-        if missing).
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: Any) -> AsyncIterator[None]:
+        if self._server is not None:
+            async with self._server.session_manager.run():
+                yield
+            return
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._serve_later)
+            yield
+            tasks.cancel_scope.cancel()
 
-        Use it for facts, decisions and summaries worth remembering in later sessions. Returns {"path", "from",
-        "to", "citation", "bytes"}: where the entry landed (lines from..to); memory_search finds it within about
-        a second. Errors say why nothing was written: appends off for this workspace, a path outside memory/ or
-        not .md, a symlink, an entry or file over its size limit.
-        """
-        return _ask(lambda: memory.append(text, path, agent))
+    async def _serve_later(self) -> None:
+        server, app = await anyio.to_thread.run_sync(self._make)
+        async with server.session_manager.run():
+            self.app = app  # answered from now on, with its session manager running
+            await anyio.sleep_forever()
 
-    if append:
-        writes = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
-                                 open_world_hint=False)
-        server.add_tool(memory_append, description=inspect.cleandoc(memory_append.__doc__ or ""), annotations=writes)
-    return server
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.app is None:
+            await Response("MCP is starting; retry in a second", 503, {"Retry-After": "1"})(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 #: a JSON ``\\u`` escape of a UTF-16 surrogate, paired or not: only a message holding one is re-read by ``parseable``
@@ -311,6 +348,8 @@ def serve_stdio(server: MCPServer) -> None:
     """``server.run("stdio")`` with each line read through ``parseable``. The SDK takes an explicit stdin stream only
     at its low level, so this is its ``run_stdio_async`` with that one argument added; stdout is the SDK's own (it
     diverts fd 1 to stderr meanwhile, so stray output never reaches the wire)."""
+
+    from mcp.server.stdio import stdio_server
 
     async def run() -> None:
         stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")

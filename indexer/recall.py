@@ -33,9 +33,11 @@ from indexer.schema import (
     DEFAULT_MAX_CHARS,
     LIST_CAP,
     BootContext,
+    BootRequest,
     Hit,
     Omitted,
     Page,
+    RecallRequest,
     SearchRequest,
     SearchResponse,
 )
@@ -184,13 +186,13 @@ def _closest(collections: Sequence[Collection], path: str, agent: str | None) ->
     return f"{path} (the closest memory file is {close[0]})" if close else path
 
 
-def list_memories(collections: Sequence[Collection], store: Store, k: int = LIST_CAP, agent: str | None = None,
-                  offset: int = 0) -> SearchResponse:
-    """Every memory file of the (agent's) collections, one entry each, sorted by agent then path: the page of at most
-    ``min(k, LIST_CAP)`` entries from ``offset`` (0-based), as ``{"hits", "relevant": None, "total",
-    "next_offset"}`` (``total`` files in all; ``next_offset`` the next page's ``offset``, ``None`` after the last).
-    An entry is a ``Hit`` of the whole file: lines 1 to its last chunk's end, the first chunk's text as snippet,
-    ``score`` null."""
+def list_memories(collections: Sequence[Collection], store: Store, request: RecallRequest) -> SearchResponse:
+    """Every memory file of the (``request.agent``'s) collections, one entry each, sorted by agent then path: the
+    page of at most ``min(request.k, LIST_CAP)`` entries (``k`` unset: ``LIST_CAP``) from ``request.offset``
+    (0-based), as ``{"hits", "relevant": None, "total", "next_offset"}`` (``total`` files in all; ``next_offset`` the
+    next page's ``offset``, ``None`` after the last). An entry is a ``Hit`` of the whole file: lines 1 to its last
+    chunk's end, the first chunk's text as snippet, ``score`` null."""
+    agent, k, offset = request.agent, request.k or LIST_CAP, request.offset
     entries: dict[str, Hit] = {}
     first: dict[str, int] = {}  # abs_path -> the lowest chunk index seen (its text is the snippet)
     for collection in collections:
@@ -216,34 +218,35 @@ def list_memories(collections: Sequence[Collection], store: Store, k: int = LIST
             "next_offset": end if end < len(ordered) else None}
 
 
-def recall(searcher: Searcher, query: str, k: int | None = None, agent: str | None = None, offset: int = 0,
-           degraded: list[str] | None = None) -> SearchResponse:
-    """The ``k`` (default ``DEFAULT_K``) best memories for ``query`` (the configured search mode), as ``{"hits",
-    "relevant"}`` (``indexer.search.relevance``); ``*``/``all``/empty lists every memory
-    file instead (``list_memories``: ``k`` defaults to ``LIST_CAP``, ``offset`` pages). Raises ``KeyError`` for an
-    unknown agent. ``degraded``: as ``Searcher.retrieve``'s."""
-    request = SearchRequest(query=query, agent=agent)
-    if query.strip().lower() in LIST_ALL:
-        searcher.targets(request)  # raises KeyError for an unknown agent
-        return list_memories(searcher.collections, searcher.store, k or LIST_CAP, agent, offset)
+def recall(searcher: Searcher, request: RecallRequest, degraded: list[str] | None = None) -> SearchResponse:
+    """The ``request.k`` (default ``DEFAULT_K``) best memories for its query (the configured search mode), as
+    ``{"hits", "relevant"}`` (``indexer.search.relevance``); ``*``/``all``/empty lists every memory file instead
+    (``list_memories``: ``k`` defaults to ``LIST_CAP``, ``offset`` pages). The search is the ``SearchRequest`` of
+    the fields the two requests share. Raises ``KeyError`` for an unknown agent. ``degraded``: as
+    ``Searcher.retrieve``'s."""
+    shared = request.model_dump(include=set(SearchRequest.model_fields) - {"k"}, exclude_none=True)
+    search = SearchRequest(**shared)
+    if request.query.strip().lower() in LIST_ALL:
+        searcher.targets(search)  # raises KeyError for an unknown agent
+        return list_memories(searcher.collections, searcher.store, request)
     # a recall may ask for more hits than a search's k allows (RecallK): set without the search's bound
-    answer = searcher.answer(request.model_copy(update={"k": k or DEFAULT_K}))
+    answer = searcher.answer(search.model_copy(update={"k": request.k or DEFAULT_K}))
     if degraded is not None:
         degraded.extend(answer.degraded)
     return {"hits": answer.hits, "relevant": answer.relevant}
 
 
-def boot_context(searcher: Searcher, budget_chars: int = 4000, agent: str | None = None,
-                 query: str | None = None,
+def boot_context(searcher: Searcher, request: BootRequest,
                  classify: Callable[[Path, bytes], str | None] | None = None) -> BootContext:
-    """Memory for the start of a session, packed into ``budget_chars`` characters.
+    """Memory for the start of a session, packed into ``request.budget_chars`` characters.
 
-    Order: with ``query``, its best hits; without, the root memory file, then notes by most recent change. Each
+    Order: with a query, its best hits; without, the root memory file, then notes by most recent change. Each
     piece is a header line ``## <path>#L<a>-L<b>`` and whole lines of text; a piece that does not fit is cut at the
     last whole line that does. Returns ``{"text", "used_chars", "budget_chars", "included": [citations],
     "omitted": [{"citation", "lines"}]}``, and ``"degraded"`` when the query's search was less than the configured
     one (``Searcher.retrieve``: e.g. keyword only while the model loads).
     """
+    budget_chars, agent, query = request.budget_chars, request.agent, request.query
     if budget_chars < 1:
         raise ValueError("budget_chars must be >= 1")
     parts: list[str] = []

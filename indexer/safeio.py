@@ -1,4 +1,5 @@
-"""Open a file beneath a directory without following a symlink at any component, race-free.
+"""Open a file beneath a directory without following a symlink at any component, race-free: every open of a memory
+file beneath its root, for reading (``open_beneath``) and for an append (``open_append``).
 
 Path checks made before ``open()`` can be raced: a directory on the way swapped for a symlink between the check and
 the open makes the kernel follow it out of the workspace. ``open_beneath`` therefore lets the kernel resolve the
@@ -10,10 +11,16 @@ path from a descriptor of the root, refusing symlinks and ``..`` at every step, 
   each directory with ``O_NOFOLLOW | O_DIRECTORY`` and the file with ``O_NOFOLLOW``.
 
 Either way the file is opened ``O_NONBLOCK`` (a FIFO never blocks) and must ``fstat`` as a regular file.
+
+``open_append`` walks the same way (``openat`` from the root's descriptor, ``O_NOFOLLOW`` at each component), making
+the folders on the way, and opens the file ``O_RDWR | O_APPEND | O_CREAT``: never a FIFO, socket or device (checked
+before the open, so none is opened for writing even to look), never a file with a second hard link (it could reach
+a file outside the root).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -35,7 +42,9 @@ _RESOLVE_BENEATH = 0x08
 
 class UnsafePath(OSError):
     """The path cannot be opened safely beneath the root. ``reason``: ``symlink`` (a symlink on the way),
-    ``outside`` (an absolute path or ``..``), or ``not_regular_file`` (a directory, FIFO, socket or device)."""
+    ``outside`` (an absolute path or ``..``), ``not_regular_file`` (a directory, FIFO, socket or device), and for
+    ``open_append`` also ``not_directory`` (a file where a folder should be), ``hard_link`` (a file with a second
+    link) or ``changing`` (a folder on the way replaced while it was made)."""
 
     def __init__(self, reason: str, path: str) -> None:
         super().__init__(errno.EPERM, reason, path)
@@ -118,6 +127,72 @@ def open_beneath(root: Path | str, rel: str, follow_root: bool = True) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def open_append(root: Path | str, rel: str) -> int:
+    """An ``O_RDWR | O_APPEND`` descriptor of regular file ``rel`` (relative, ``/``-separated, no ``..``) beneath
+    directory ``root``, created with its folders when missing (mode ``0o666``/``0o777``, the umask decides).
+
+    Raises ``UnsafePath`` (reasons above) for a symlink at any component, a non-directory on the way, anything but a
+    regular file, a file with more than one link; ``PermissionError`` and other ``OSError`` as the kernel reports
+    them. The caller owns (and closes) the descriptor."""
+    parts = [part for part in rel.split("/") if part not in ("", ".")]
+    if rel.startswith("/") or not parts or ".." in parts:
+        raise UnsafePath("outside", rel)
+    root_fd = os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+    current = root_fd
+    try:
+        for name in parts[:-1]:
+            fd = _make_dir(current, name, rel)
+            if current != root_fd:
+                os.close(current)
+            current = fd
+        fd = _create_regular(current, parts[-1], rel)
+    finally:
+        if current != root_fd:
+            os.close(current)
+        os.close(root_fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        raise UnsafePath("hard_link" if stat.S_ISREG(st.st_mode) else "not_regular_file", rel)
+    return fd
+
+
+def _make_dir(dir_fd: int, name: str, rel: str) -> int:
+    """Directory ``name`` beneath ``dir_fd``, made when missing, never through a symlink."""
+    for _ in range(2):
+        try:
+            return os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o777, dir_fd=dir_fd)  # the umask decides, as for any new folder
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+            raise UnsafePath("symlink" if link else "not_directory", rel) from None
+    raise UnsafePath("changing", rel)
+
+
+def _create_regular(dir_fd: int, name: str, rel: str) -> int:
+    """``name`` beneath ``dir_fd`` opened ``O_RDWR | O_APPEND | O_CREAT`` without following a symlink; a FIFO,
+    socket or device is refused before it is opened."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath("symlink" if stat.S_ISLNK(st.st_mode) else "not_regular_file", rel)
+    except FileNotFoundError:
+        pass
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+    try:
+        return os.open(name, flags, 0o666, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath("symlink", rel) from None
+        if exc.errno in (errno.EISDIR, errno.ENXIO):
+            raise UnsafePath("not_regular_file", rel) from None
+        raise
 
 
 def _has_link(root_fd: int, parts: list[str]) -> bool:

@@ -6,7 +6,9 @@ and the MCP tools (``indexer.mcp``). Imports only pydantic.
   signatures. The one name of an argument is the first of its ``AliasChoices``; the others are accepted and never
   listed in a schema (``q`` for ``query``; ``top_k`` and ``limit`` for ``k``; ``from_line`` for ``from``;
   ``budget`` for ``budget_chars``).
-- **Requests** (``SearchRequest``, ``RecallRequest``, ``BootRequest``) are pydantic models: validated bodies.
+- **Requests** (``SearchRequest``, ``RecallRequest``, ``GetRequest``, ``BootRequest``, ``AppendRequest``) are
+  pydantic models, one per operation of ``indexer.memory.Memory``: validated bodies (``GetRequest``: query
+  parameters), the MCP tools' arguments, what the client sends and the CLI builds from its flags.
   ``SearchRequest`` is the one statement of a search: the ``/search`` body, the ``memory_search`` tool's arguments
   (all its fields but ``wait_s``), what ``Client.search`` sends, what the ``search`` command builds from its flags
   and what ``indexer.search.Searcher`` answers. A new filter is a field here and its condition in the store filter
@@ -108,10 +110,11 @@ AsOf = Annotated[str | None, AfterValidator(_readable_time), WithJsonSchema(_TIM
                 "favours notes dated then; since/until filter.")]
 MemoryPath = Annotated[str, Field(min_length=1, description="A memory file, workspace-relative (memory/2026-11-27.md, "
                                                       "MEMORY.md), as a hit's `path` gives it.")]
-FromLine = Annotated[int, Field(ge=1, validation_alias=AliasChoices("from", "from_line"),
+FromLine = Annotated[int, Field(ge=1, validation_alias=AliasChoices("from", "from_line"), serialization_alias="from",
                                 description="First line to read, 1-based (a hit's start_line, or a page's next_from).")]
 Lines = Annotated[int | None, Field(ge=1, description="At most this many lines.")]
-MaxChars = Annotated[int, Field(ge=1, le=1_000_000, description="At most this many characters, in whole lines.")]
+MaxChars = Annotated[int, Field(ge=1, description=(
+    "At most this many characters, in whole lines (the daemon caps a page at 100,000 whatever this asks)."))]
 BudgetChars = Annotated[int, Field(strict=True, ge=1, le=1_000_000,
                                    validation_alias=AliasChoices("budget_chars", "budget"),
                                    description="Size of the boot context, in characters."), JsonInt]
@@ -252,6 +255,18 @@ class BootRequest(Request):
     budget_chars: BudgetChars = DEFAULT_BUDGET_CHARS
     agent: Agent = None
     query: BootQuery = None
+
+
+class GetRequest(Request):
+    """``GET /get`` (as query parameters) and the ``memory_get`` tool's arguments: a page of memory file ``path``
+    from line ``from`` (1-based), at most ``lines`` lines and ``max_chars`` characters (``indexer.recall.read_memory``;
+    the daemon caps both, ``indexer.memory``)."""
+
+    path: MemoryPath
+    from_line: FromLine = 1
+    lines: Lines = None
+    max_chars: MaxChars = DEFAULT_MAX_CHARS
+    agent: Agent = None
 
 
 class AppendRequest(Request):
@@ -485,8 +500,7 @@ def error_answer(exc: BaseException) -> tuple[int, str] | None:
     ``ReadRefused`` (``AppendRefused`` too) and ``PermissionError`` 403; ``KeyError`` (unknown agent or collection)
     and ``FileNotFoundError`` 404; ``EntryTooLarge`` 413; ``ValueError`` and other ``OSError`` 400;
     ``StoreUnavailable`` 503."""
-    from indexer.append import EntryTooLarge
-    from indexer.errors import ReadRefused, StoreUnavailable
+    from indexer.errors import EntryTooLarge, ReadRefused, StoreUnavailable
 
     if isinstance(exc, EntryTooLarge):
         return 413, str(exc)

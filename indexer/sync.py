@@ -58,31 +58,49 @@ class Outcome:
     retry_after_s: float = RETRY_AFTER_S
 
 
+def _no_beat() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Pace:
+    """The worker's stop event and heartbeat, made once when it starts (``indexer.worker``) and handed to each
+    write: ``beat`` is called where work progresses (the systemd watchdog), and ``stop``, once set, makes embedding
+    give up between slices. The default (``index --once``, a test) never stops and beats nothing."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    beat: Callable[[], None] = _no_beat
+
+    def should_stop(self) -> bool:
+        """Asked between embedded slices: progress (a beat), and whether to give up for a stop."""
+        self.beat()
+        return self.stop.is_set()
+
+
 class Sync:
-    """Writes what ``pipeline`` makes of files into ``store`` and records it in ``state`` (see the module).
-    ``beat`` is called where work progresses (the systemd watchdog); ``stopping``, once set, makes embedding give
-    up between slices (the worker sets both when it runs)."""
+    """Writes what ``pipeline`` makes of files into ``store`` and records it in ``state`` (see the module). The
+    worker's ``Pace`` comes with each batch (``process``, ``fill``): the sync holds no stop event or heartbeat."""
 
     def __init__(self, state: IndexState, pipeline: Pipeline, store: Store, metrics: Metrics) -> None:
         self.state, self.pipeline, self.store, self.metrics = state, pipeline, store, metrics
-        self.beat: Callable[[], None] = lambda: None
-        self.stopping = threading.Event()
         self._embed_delay_s: float | None = None  # set by a batch the embedder could not answer (``process``)
 
     # -- one batch ----------------------------------------------------------------------------------------------
-    def process(self, paths: Sequence[Path]) -> Outcome:
-        """Bring the store in line with the disk for ``paths`` (files or directories, present or gone). Raises
+    def process(self, paths: Sequence[Path], pace: Pace | None = None) -> Outcome:
+        """Bring the store in line with the disk for ``paths`` (files or directories, present or gone), at the
+        worker's ``pace`` (default: ``Pace()``). Raises
         ``StoreUnavailable`` when a delete or read found the store unavailable (a write that does goes to
         ``Outcome.retry``)."""
+        pace = pace or Pace()
         outcome = Outcome()
         prepared: list[Prepared] = []
         self._embed_delay_s = None
         with self.state.holding(paths):
             for path in paths:
-                self.beat()
+                pace.beat()
                 self._prepare_one(path, prepared, outcome)
             if prepared:
-                outcome.retry += self.write(prepared)
+                outcome.retry += self.write(prepared, pace=pace)
         if self._embed_delay_s is not None:  # the embedder could not answer: back off (``ledger.Outage``)
             outcome.retry_after_s = self._embed_delay_s
         return outcome
@@ -189,28 +207,33 @@ class Sync:
             self.skip(s.path, s.reason, failed=s.reason in FAILURES)
 
     # -- writing ------------------------------------------------------------------------------------------------
-    def write(self, prepared: Sequence[Prepared], into: Mapping[str, str] | None = None) -> list[Path]:
+    def write(self, prepared: Sequence[Prepared], into: Mapping[str, str] | None = None,
+              pace: Pace | None = None) -> list[Path]:
         """Embed and store ``prepared`` files, smallest first in groups of about ``GROUP_CHUNKS`` chunks, so a huge
         file in the batch does not hold back the small ones. Returns the files to retry. ``into`` (a rebuild):
-        collection name -> the physical collection to write instead; the index state is left alone."""
+        collection name -> the physical collection to write instead; the index state is left alone. ``pace``: as
+        ``process``'s."""
+        pace = pace or Pace()
         retry: list[Path] = []
         group: list[Prepared] = []
         size = 0
         for file in sorted(prepared, key=lambda f: len(f.chunks)):
             if group and size + len(file.chunks) > GROUP_CHUNKS:
-                retry += self._write_group(group, into)
+                retry += self._write_group(group, into, pace)
                 group, size = [], 0
             group.append(file)
             size += len(file.chunks)
         if group:
-            retry += self._write_group(group, into)
+            retry += self._write_group(group, into, pace)
         return retry
 
-    def fill(self, found: Sequence[tuple[Collection, Path]], into: Mapping[str, str], batch_files: int) -> bool:
+    def fill(self, found: Sequence[tuple[Collection, Path]], into: Mapping[str, str], batch_files: int,
+             pace: Pace | None = None) -> bool:
         """Write every file of ``found`` (a walk) into the rebuild targets ``into`` (collection name -> physical
         collection), ``batch_files`` at a time, whatever its indexed state. Files gone, skipped or failing are left
-        for the scan after the swap to log. Returns False (abandoned) when a stop was asked or a write must be
+        for the scan after the swap to log. Returns False (abandoned) when ``pace``'s stop was set or a write must be
         retried."""
+        pace = pace or Pace()
         batch: list[Prepared] = []
         for n, (collection, path) in enumerate(found, 1):
             try:
@@ -220,23 +243,18 @@ class Sync:
             except (OSError, FileSkipped, ExtractError):
                 pass
             if len(batch) >= batch_files or n == len(found):
-                if self.write(batch, into) or self.stopping.is_set():
+                if self.write(batch, into, pace) or pace.stop.is_set():
                     return False
                 batch = []
         return True
 
-    def _should_stop(self) -> bool:
-        """Asked between embedded slices: progress (a beat), and whether to give up for a stop."""
-        self.beat()
-        return self.stopping.is_set()
-
-    def _write_group(self, prepared: list[Prepared], into: Mapping[str, str] | None = None) -> list[Path]:
+    def _write_group(self, prepared: list[Prepared], into: Mapping[str, str] | None, pace: Pace) -> list[Path]:
         try:
             self.store.ensure_room(0)  # a full state dir: retry later, without embedding in vain meanwhile
         except StateDirFull:
             return [file.path for file in prepared]
         try:
-            vectors = self.pipeline.embed(prepared, should_stop=self._should_stop)
+            vectors = self.pipeline.embed(prepared, should_stop=pace.should_stop)
         except Interrupted:
             log.info("index_interrupted", files=[str(f.path) for f in prepared],
                      hint="embedded slices are cached; the next start finishes them")
@@ -253,7 +271,8 @@ class Sync:
             if len(prepared) == 1:
                 self.skip(prepared[0].path, "embed_failed", str(exc), failed=True)
                 return []
-            return [path for file in prepared for path in self._write_group([file], into)]  # isolate the refused file
+            # isolate the refused file
+            return [path for file in prepared for path in self._write_group([file], into, pace)]
         retry: list[Path] = []
         for file, file_vectors in zip(prepared, vectors):
             self.state.ledger.outage.release(str(file.path))

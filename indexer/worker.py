@@ -66,11 +66,12 @@ def retry_later(indexer: Indexer, paths: Iterable[Path], delay_s: float = sync.R
         indexer.settler.add(path, settle=False, delay=delay_s)
 
 
-def process_observed(indexer: Indexer, batch: list[Path]) -> None:
-    """``Sync.process(batch)``, its retries queued again (and the files it found under new directories queued), and
-    the index lag of the paths an event queued observed (those not retried). Raises what ``process`` raises."""
+def process_observed(indexer: Indexer, batch: list[Path], pace: sync.Pace | None = None) -> None:
+    """``Sync.process(batch, pace)``, its retries queued again (and the files it found under new directories
+    queued), and the index lag of the paths an event queued observed (those not retried). Raises what ``process``
+    raises."""
     changed = indexer.settler.changed_at(batch)
-    outcome = indexer.sync.process(batch)
+    outcome = indexer.sync.process(batch, pace)
     indexer.settler.add_many(outcome.found)
     retry_later(indexer, outcome.retry, outcome.retry_after_s)
     done = indexer.settler.clock()
@@ -78,11 +79,11 @@ def process_observed(indexer: Indexer, batch: list[Path]) -> None:
         indexer.metrics.index_lag.observe(max(0.0, done - changed[path]))
 
 
-def process_guarded(indexer: Indexer, batch: list[Path]) -> None:
+def process_guarded(indexer: Indexer, batch: list[Path], pace: sync.Pace | None = None) -> None:
     """``process_observed`` where no error kills the worker: an unavailable store or a bug is logged and the
     batch queued again in ``sync.RETRY_AFTER_S`` seconds."""
     try:
-        process_observed(indexer, batch)
+        process_observed(indexer, batch, pace)
     except StoreUnavailable as exc:
         indexer.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
         if not isinstance(exc, StateDirFull):  # the store logs that once per outage
@@ -94,22 +95,23 @@ def process_guarded(indexer: Indexer, batch: list[Path]) -> None:
         retry_later(indexer, batch)
 
 
-def drain(indexer: Indexer, stop: threading.Event | None = None, progress: Progress | None = None,
+def drain(indexer: Indexer, pace: sync.Pace | None = None, progress: Progress | None = None,
           guarded: bool = False) -> None:
-    """Process everything ready in the queue now (until ``stop`` is set); logs ``index_pass_finished``. With
+    """Process everything ready in the queue now (until ``pace.stop`` is set); logs ``index_pass_finished``. With
     ``guarded`` (the daemon) errors are logged and retried (``process_guarded``); else they propagate."""
+    pace = pace or sync.Pace()
     settler, stats = indexer.settler, indexer.pipeline.stats
     started, chunks_before = time.monotonic(), stats.chunks_embedded
     with (progress or _no_progress)(len(settler)) as advance:
-        while not (stop and stop.is_set()):
-            indexer.sync.beat()
+        while not pace.stop.is_set():
+            pace.beat()
             batch = settler.take_ready(BATCH_FILES)
             if not batch:
                 break
             if guarded:
-                process_guarded(indexer, batch)
+                process_guarded(indexer, batch, pace)
             else:
-                process_observed(indexer, batch)
+                process_observed(indexer, batch, pace)
             advance(len(batch))
     log.info("index_pass_finished", files=len(indexer.state.indexed), seconds=round(time.monotonic() - started, 2),
              chunks_embedded=stats.chunks_embedded - chunks_before)
@@ -120,7 +122,6 @@ def index_once(indexer: Indexer, progress: Progress | None = None, wait_s: float
     embedder cannot answer (``EmbedUnavailable``: they stay queued, not failed) are tried again with the outage's
     backoff for up to ``wait_s`` seconds; whatever is still queued then is the status's ``queue_depth``. Raises
     ``StoreUnavailable`` when the store cannot be reached for a delete or a read."""
-    indexer.sync.stopping = threading.Event()
     if indexer.state.rebuild_requested.is_set():
         indexer.rebuild()
     indexer.settler.add_many(indexer.scan())
@@ -177,10 +178,10 @@ def _index_builder(indexer: Indexer, stop: threading.Event, running: threading.T
     return thread
 
 
-def _rebuild(indexer: Indexer) -> None:
-    """``indexer.rebuild()``; a failure is logged and leaves the old collections serving."""
+def _rebuild(indexer: Indexer, pace: sync.Pace) -> None:
+    """``indexer.rebuild(pace)``; a failure is logged and leaves the old collections serving."""
     try:
-        indexer.rebuild()
+        indexer.rebuild(pace)
     except StoreUnavailable as exc:
         indexer.metrics.error("rebuild_failed")
         log.error("rebuild_failed", error=str(exc), hint="the old collections keep serving; ask again later")
@@ -253,11 +254,10 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
     start is waited for (the API meanwhile answers ``ready: false`` and searches 503). ``progress`` is shown for
     the first pass only. ``supervisor`` (``qmd-indexer run`` under systemd) gets ``READY=1`` after the first
     pass, ``STATUS=`` changes and watchdog beats while the worker makes progress, and ``READY=1`` again after each
-    reload ``reloader`` asked for (``SIGHUP``) is applied."""
+    reload ``reloader`` asked for (``SIGHUP``) is applied. The worker's ``Pace`` (``stop`` and the supervisor's
+    heartbeat) is made here, once, and handed to every write."""
     state = indexer.state
-    indexer.sync.stopping = stop
-    if supervisor is not None:
-        indexer.sync.beat = supervisor.beat
+    pace = sync.Pace(stop, supervisor.beat) if supervisor is not None else sync.Pace(stop)
     if not state.connected.is_set() and not connect_until(indexer, stop):
         return
     if supervisor is not None and supervisor.listening is not None:
@@ -265,9 +265,9 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
     _watch(indexer)
     settler = indexer.settler
     if state.rebuild_requested.is_set():
-        _rebuild(indexer)
+        _rebuild(indexer, pace)
     settler.add_many(indexer.scan())
-    drain(indexer, stop, progress, guarded=True)
+    drain(indexer, pace, progress, guarded=True)
     if stop.is_set():
         return
     state.ready.set()
@@ -277,25 +277,25 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
         supervisor.ready(len(settler), len(state.indexed))
     next_scan = time.monotonic() + indexer.settings.rescan_interval_s
     next_refresh = time.monotonic() + REFRESH_S
-    _loop(indexer, stop, supervisor, reloader, next_scan, next_refresh)
+    _loop(indexer, pace, supervisor, reloader, next_scan, next_refresh)
 
 
-def _loop(indexer: Indexer, stop: threading.Event, supervisor: Supervisor | None, reloader: Reloader | None,
+def _loop(indexer: Indexer, pace: sync.Pace, supervisor: Supervisor | None, reloader: Reloader | None,
           next_scan: float, next_refresh: float) -> None:
-    """``run``'s loop once ready, until ``stop`` is set; joins the HNSW builder thread before it returns."""
-    settler, watcher, state = indexer.settler, indexer.state.watcher, indexer.state
+    """``run``'s loop once ready, until ``pace.stop`` is set; joins the HNSW builder thread before it returns."""
+    settler, watcher, state, stop = indexer.settler, indexer.state.watcher, indexer.state, pace.stop
     assert watcher is not None
     builder = _index_builder(indexer, stop, None)
     try:
         while not stop.is_set():
-            indexer.sync.beat()
+            pace.beat()
             if supervisor is not None:
                 supervisor.status(len(settler), len(state.indexed))
             if not state_writable(indexer):  # nothing is written meanwhile: changes wait in the queue
                 stop.wait(1.0)
                 continue
             if state.rebuild_requested.is_set():
-                _rebuild(indexer)
+                _rebuild(indexer, pace)
                 settler.add_many(indexer.scan("rebuild"))
                 continue
             if reloader is not None and reloader.requested.is_set():
@@ -324,7 +324,7 @@ def _loop(indexer: Indexer, stop: threading.Event, supervisor: Supervisor | None
                 continue
             batch = settler.take_ready(BATCH_FILES)
             if batch:
-                process_guarded(indexer, batch)
+                process_guarded(indexer, batch, pace)
                 continue
             if time.monotonic() >= next_scan:
                 try:

@@ -24,11 +24,13 @@ from server_process import free_port
 from structlog.testing import capture_logs
 from test_mcp import Served
 
-from indexer.append import AppendRefused, EntryTooLarge, _open_file, append_entry, daily_note
+from indexer.append import AppendRefused, EntryTooLarge, append_entry, daily_note
 from indexer.client import Client, ClientError
 from indexer.config import Settings, Workspace
 from indexer.errors import ConfigError
 from indexer.mcp import build_server
+from indexer.safeio import UnsafePath, open_append
+from indexer.schema import AppendRequest
 from indexer.workspace import plan_collections
 
 SEARCH_DEADLINE_S = 1.0  # an append is searchable this soon (the watcher settles a closed file in 50 ms)
@@ -249,7 +251,7 @@ def _plan(tmp_path: Path, **workspace: Any) -> tuple[Any, Settings, Path]:
 def test_a_file_without_a_final_newline_and_crlf_lines(tmp_path: Path) -> None:
     collections, settings, ws = _plan(tmp_path)
     write(ws / "memory" / "crlf.md", b"one\r\ntwo\rthree")  # three lines: \r\n, a lone \r, no final break
-    answer = append_entry(collections, settings, "four\r\nfive", "memory/crlf.md", "a")
+    answer = append_entry(collections, settings, AppendRequest(text="four\r\nfive", path="memory/crlf.md", agent="a"))
     assert (answer["from"], answer["to"], answer["bytes"]) == (5, 6, 12)
     assert (ws / "memory" / "crlf.md").read_bytes() == b"one\r\ntwo\rthree\n\nfour\nfive\n"
 
@@ -261,7 +263,8 @@ def test_the_daily_note_is_dated_in_the_agents_time_zone(tmp_path: Path) -> None
     assert daily_note(Workspace(agent="a", path=tmp_path, timezone="Pacific/Pago_Pago"), moment) == \
         "memory/2026-12-03.md"  # UTC-11
     collections, settings, ws = _plan(tmp_path, timezone="Pacific/Kiritimati")
-    assert append_entry(collections, settings, "late", None, "a", moment)["path"] == "memory/2026-12-04.md"
+    late = append_entry(collections, settings, AppendRequest(text="late", agent="a"), moment)
+    assert late["path"] == "memory/2026-12-04.md"
     assert (ws / "memory" / "2026-12-04.md").read_text() == "late\n"  # memory/ made on the way
     with pytest.raises(ConfigError, match="unknown time zone 'Mars/Olympus'"):
         from indexer.config import load_settings
@@ -273,19 +276,19 @@ def test_the_daily_note_is_dated_in_the_agents_time_zone(tmp_path: Path) -> None
 def test_off_by_default_and_other_refusals_in_process(tmp_path: Path) -> None:
     collections, settings, ws = _plan(tmp_path, append=False)
     with pytest.raises(AppendRefused, match="append is off"):
-        append_entry(collections, settings, "x", None, "a")
+        append_entry(collections, settings, AppendRequest(text="x", agent="a"))
     assert not (ws / "memory").exists()
     collections, settings, ws = _plan(tmp_path)
     write(ws / "memory" / "hard.md", "x\n")
     os.link(ws / "memory" / "hard.md", tmp_path / "outside-link.md")
     with pytest.raises(AppendRefused, match="hard link"):
-        append_entry(collections, settings, "y", "memory/hard.md", "a")
+        append_entry(collections, settings, AppendRequest(text="y", path="memory/hard.md", agent="a"))
     os.mkfifo(ws / "memory" / "fifo.md")
     with pytest.raises(AppendRefused, match="not a regular file"):
-        append_entry(collections, settings, "y", "memory/fifo.md", "a")
+        append_entry(collections, settings, AppendRequest(text="y", path="memory/fifo.md", agent="a"))
     with pytest.raises(EntryTooLarge):
-        append_entry(collections, settings.model_copy(update={"append_max_file_bytes": 10}), "y" * 20, "memory/n.md",
-                     "a")
+        append_entry(collections, settings.model_copy(update={"append_max_file_bytes": 10}),
+                     AppendRequest(text="y" * 20, path="memory/n.md", agent="a"))
     assert not (ws / "memory" / "n.md").exists()
     assert (ws / "memory" / "hard.md").read_text() == "x\n"
 
@@ -296,16 +299,17 @@ def test_the_open_itself_follows_no_symlink(tmp_path: Path) -> None:
     collections, settings, ws = _plan(tmp_path)
     write(tmp_path / "elsewhere" / "x.md", "x\n")
     (ws / "memory").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
-    with pytest.raises(AppendRefused, match="symlink"):
-        _open_file(ws, ["memory", "x.md"], "memory/x.md", create=True)
+    with pytest.raises(UnsafePath, match="symlink"):
+        open_append(ws, "memory/x.md")
     (ws / "memory").unlink()
     (ws / "memory").mkdir()
     (ws / "memory" / "x.md").symlink_to(tmp_path / "elsewhere" / "x.md")
-    with pytest.raises(AppendRefused, match="symlink"):
-        _open_file(ws, ["memory", "x.md"], "memory/x.md", create=True)
+    with pytest.raises(UnsafePath, match="symlink"):
+        open_append(ws, "memory/x.md")
     (ws / "memory" / "gone.md").symlink_to(tmp_path / "elsewhere" / "new.md")  # dangling: O_CREAT must not follow
-    with pytest.raises(AppendRefused, match="symlink"):
-        _open_file(ws, ["memory", "gone.md"], "memory/gone.md", create=True)
+    with pytest.raises(UnsafePath, match="symlink"):
+        open_append(ws, "memory/gone.md")
     assert not (tmp_path / "elsewhere" / "new.md").exists() and (tmp_path / "elsewhere" / "x.md").read_text() == "x\n"
-    answer = append_entry(collections, settings, "inside", str(ws / "memory" / "abs.md"), "a")  # absolute, inside
+    inside = AppendRequest(text="inside", path=str(ws / "memory" / "abs.md"), agent="a")  # absolute, inside
+    answer = append_entry(collections, settings, inside)
     assert answer["path"] == "memory/abs.md"

@@ -173,3 +173,25 @@ def test_every_agent_description_states_the_scope_rule(make_indexer, workspace: 
     for command in ("search", "recall", "boot", "get", "append"):
         help_text = " ".join(_cli(command, "--help").stdout.split())
         says_the_rule(help_text[help_text.index("--agent"):])
+
+
+def test_boot_says_what_is_pending_for_the_agent_asked_about(tmp_path: Path, workspace: Path, make_indexer) -> None:
+    """Two agents, ``default_agent`` set: ``/boot`` without an agent, and ``memory_boot`` on both MCP faces, list the
+    default agent's pending file, never the other agent's (the unscoped request once listed every agent's, and the
+    tool none)."""
+    other = tmp_path / "other"
+    write(other / "MEMORY.md", "# Other\n\nThe other agent's memory.\n")
+    indexer = make_indexer([{"agent": "main", "path": workspace}, {"agent": "other", "path": other}],
+                           port=free_port(), default_agent="main")
+    index_once(indexer)
+    indexer.state.ready.set()
+    mine, theirs = workspace / "memory" / "late.md", other / "memory" / "theirs.md"
+    for path in (mine, theirs):
+        write(path, "# Late\n\nWritten after the index.\n")
+        indexer.settler.add(path)
+    with Served(indexer) as daemon, Client(port=daemon.port) as client:
+        assert client._call("POST", "/boot", json={})["pending"] == ["memory/late.md"]
+        assert client._call("POST", "/boot", json={"agent": "other"})["pending"] == ["memory/theirs.md"]
+        assert client._call("POST", "/search", json={"query": "x"})["pending"] == ["memory/late.md"]
+        for face in _mcp_answers(daemon.port, "memory_boot", {}):
+            assert face["pending"] == ["memory/late.md"]

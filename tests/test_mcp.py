@@ -339,3 +339,57 @@ def test_a_lone_surrogate_over_mcp_is_read_not_a_parse_error(daemon: Served) -> 
         assert answers[0]["id"] == 1
         _found_through_the_surrogate(answers[1])
         stdio.kill()
+
+
+def test_tools_refuse_unknown_arguments(daemon: Served) -> None:
+    """A misspelt argument is a tool error naming it, as the HTTP API answers 422, never silently dropped (a
+    ``max_char`` would read 12,000 characters instead of the few asked)."""
+
+    async def main() -> None:
+        async with McpClient(f"http://127.0.0.1:{daemon.port}/mcp") as in_process:
+            with Client(port=daemon.port) as client:
+                async with McpClient(build_server(client, append=True)) as over_client:
+                    for mcp in (in_process, over_client):  # the daemon's /mcp has no memory_append (append off)
+                        listed = {tool.name for tool in (await mcp.list_tools()).tools}
+                        for tool, arguments in [("memory_search", {"query": "x", "top": 2}),
+                                                ("memory_get", {"path": "MEMORY.md", "max_char": 5}),
+                                                ("memory_recall", {"query": "*", "page": 2}),
+                                                ("memory_boot", {"budget_char": 100}),
+                                                ("memory_status", {"verbose": True}),
+                                                ("memory_append", {"text": "x", "file": "memory/a.md"})]:
+                            if tool not in listed:
+                                continue
+                            error, text = await _ask(mcp, tool, arguments)
+                            unknown = next(iter(arguments.keys() - {"query", "path", "text"}))
+                            assert error and unknown in text, (tool, text)
+        with Client(port=daemon.port) as client:
+            try:
+                client._call("POST", "/boot", json={"budget_char": 100})
+            except Exception as exc:
+                assert getattr(exc, "status_code", 0) == 422 and "budget_char" in str(exc)
+            else:
+                raise AssertionError("/boot took an unknown field")
+
+    anyio.run(main)
+
+
+def test_mcp_built_after_the_api_listens_answers_503_until_then(workspace: Path, make_indexer) -> None:
+    """The daemon's ``/mcp`` (``create_app(..., mcp_later=True)``): built on a worker thread once the app runs, a
+    503 with ``Retry-After`` until then, then the same tools; the API answers meanwhile."""
+    indexer = make_indexer([{"agent": "main", "path": workspace}], port=free_port())
+    index_once(indexer)
+    app = create_app(indexer.view, mcp_later=True)
+    host = {"host": f"127.0.0.1:{indexer.settings.port}"}
+    with TestClient(app, headers=host) as api:
+        assert api.get("/health").status_code == 200
+        answers = []
+
+        def built() -> bool:
+            answer = api.post("/mcp", json=LIST_TOOLS, headers=JSON_RPC_HEADERS)
+            answers.append(answer)
+            return answer.status_code != 503
+
+        wait_for(built, timeout_s=60)
+        refused = [a for a in answers if a.status_code == 503]
+        assert all(a.headers["retry-after"] == "1" for a in refused)
+        assert {tool["name"] for tool in answers[-1].json()["result"]["tools"]} == TOOLS

@@ -19,10 +19,10 @@ from structlog.testing import capture_logs
 import indexer.embedding
 from indexer.daemon import Indexer
 from indexer.embedding import SentenceTransformerEmbedder
+from indexer.memory import LocalMemory
 from indexer.model_loading import LazyModel, StillLoading
 from indexer.plugins import Registry
-from indexer.schema import SearchRequest
-from indexer.server import LocalMemory
+from indexer.schema import BootRequest, SearchRequest
 from indexer.service import warm_models
 from indexer.worker import index_once
 
@@ -69,7 +69,7 @@ def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Pa
         with Running(indexer):  # ready: the reconcile found nothing to embed, so it needs no model
             warming.start()
             memory = LocalMemory(indexer.view)
-            keyword = memory.search_response(SearchRequest(query="heliotrope canary", mode="keyword"))
+            keyword = memory.search(SearchRequest(query="heliotrope canary", mode="keyword"))
             assert keyword["hits"][0]["path"] == "memory/deploy.md" and "degraded" not in keyword
             embedder: Any = indexer.registry.embedders["text"]
 
@@ -82,7 +82,7 @@ def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Pa
             assert begun()
             early = {}
             for mode in ("hybrid", "dense"):
-                early[mode] = memory.search_response(SearchRequest(query="heliotrope canary", mode=mode))
+                early[mode] = memory.search(SearchRequest(query="heliotrope canary", mode=mode))
                 assert early[mode]["hits"][0]["path"] == "memory/deploy.md"
                 if saved:  # the query model answers in full, with the model's own vector (bf16's within 1e-3)
                     assert "degraded" not in early[mode] and early[mode]["hits"][0]["dense_score"] is not None
@@ -92,7 +92,7 @@ def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Pa
                     assert early[mode]["degraded"] == "keyword only: model loading"
                     assert early[mode]["hits"][0]["dense_score"] is None
                     assert early[mode]["hits"][0]["keyword_score"] > 0
-            boot = memory.boot_context(2000, None, "heliotrope canary")
+            boot = memory.boot(BootRequest(budget_chars=2000, query="heliotrope canary"))
             assert boot["included"][0].startswith("memory/deploy.md")
             assert boot.get("degraded") == (None if saved else "keyword only: model loading")
             health = memory.health()
@@ -102,7 +102,7 @@ def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Pa
             gate.set()
             warming.join(60)
             assert "model_loaded" in indexer.state.startup.phases
-            full = memory.search_response(SearchRequest(query="heliotrope canary", mode="hybrid"))
+            full = memory.search(SearchRequest(query="heliotrope canary", mode="hybrid"))
             assert "degraded" not in full
             assert full["hits"][0]["path"] == "memory/deploy.md" and full["hits"][0]["dense_score"] is not None
             assert memory.health() == {"status": "ok", "ready": True}
@@ -152,7 +152,7 @@ def test_a_failed_model_load_is_said_though_the_query_model_answers(tmp_path: Pa
         events = [e["event"] for e in logs]
         assert "embedder_failed" in events and "model_loaded" not in events, events
         assert "ImportError" in next(e["error"] for e in logs if e["event"] == "embedder_failed")
-        answer = LocalMemory(daemon.view).search_response(SearchRequest(query="heliotrope canary", mode="hybrid"))
+        answer = LocalMemory(daemon.view).search(SearchRequest(query="heliotrope canary", mode="hybrid"))
         assert "degraded" not in answer and answer["hits"][0]["path"] == "memory/deploy.md"
     finally:
         daemon.close()

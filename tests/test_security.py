@@ -36,9 +36,10 @@ from indexer.cli import main
 from indexer.config import Workspace, load_settings
 from indexer.errors import ConfigError, ExtractError, FileSkipped, ReadRefused
 from indexer.guard import MAX_BODY_BYTES
+from indexer.memory import MAX_PAGE_CHARS, MAX_PAGE_LINES, MAX_QUERY_CHARS
 from indexer.pipeline import Pipeline, read_fingerprint
 from indexer.recall import read_memory
-from indexer.server import MAX_PAGE_CHARS, MAX_PAGE_LINES, MAX_QUERY_CHARS, create_app
+from indexer.server import create_app
 from indexer.worker import index_once
 from indexer.workspace import plan_collections, route
 

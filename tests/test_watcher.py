@@ -176,9 +176,9 @@ def test_saving_a_root_file_does_not_walk_the_workspace(workspace: Path, make_in
         seen: list[Path] = []
         original = indexer.sync.process
 
-        def spy(paths):
+        def spy(paths, *rest):
             seen.extend(paths)
-            original(paths)
+            return original(paths, *rest)
 
         indexer.sync.process = spy
         (workspace / "MEMORY.md").write_text("# Memory\n\nDeploys moved to Wednesday.\n")
