@@ -32,11 +32,12 @@ NOTES = 9  # more files than a recall's default k (6)
 
 @pytest.fixture(name="served")
 def served_fixture(workspace: Path, make_indexer) -> Iterator[tuple[Served, Path]]:
-    """The conftest workspace plus notes, indexed with a relevance floor nothing reaches, then one more note written
-    and queued (as the watcher queues a change) but not indexed: it is pending on every face."""
+    """The conftest workspace plus notes, indexed with relevance floors nothing reaches (no note holds "zebra"), then
+    one more note written and queued (as the watcher queues a change) but not indexed: it is pending on every face."""
     for i in range(NOTES - 4):
         write(workspace / "memory" / f"note-{i}.md", f"# Note {i}\n\nPlain note number {i}.\n")
-    indexer = make_indexer([{"agent": "main", "path": workspace}], port=free_port(), relevance_floor=0.99)
+    indexer = make_indexer([{"agent": "main", "path": workspace}], port=free_port(), relevance_floor=0.99,
+                           relevance_coverage=1.0)
     index_once(indexer)
     indexer.state.ready.set()
     late = workspace / "memory" / "late.md"
@@ -74,27 +75,27 @@ def test_every_face_says_nothing_relevant_and_what_is_pending(served: tuple[Serv
     daemon, _ = served
     port = daemon.port
     with Client(port=port) as client:
-        http = client._call("POST", "/search", json={"query": "deploy windows", "k": 2})
+        http = client._call("POST", "/search", json={"query": "deploy windows zebra", "k": 2})
         assert http["relevant"] is False and http["pending"] == ["memory/late.md"] and http["hits"]
-        for face in _mcp_answers(port, "memory_search", {"query": "deploy windows", "k": 2}):
+        for face in _mcp_answers(port, "memory_search", {"query": "deploy windows zebra", "k": 2}):
             assert face == http
-        answer = client.search_response("deploy windows", k=2)
+        answer = client.search_response("deploy windows zebra", k=2)
         assert answer == http
-        assert client.search("deploy windows", k=2) == http["hits"]  # the hits alone, as before
-        recalled = client.recall_response("deploy windows", k=2)
+        assert client.search("deploy windows zebra", k=2) == http["hits"]  # the hits alone, as before
+        recalled = client.recall_response("deploy windows zebra", k=2)
         assert recalled["relevant"] is False and recalled["pending"] == ["memory/late.md"]
         assert recalled["hits"] == http["hits"]
-    for face in _mcp_answers(port, "memory_recall", {"query": "deploy windows", "k": 2}):
+    for face in _mcp_answers(port, "memory_recall", {"query": "deploy windows zebra", "k": 2}):
         assert face == recalled
 
-    as_json = _cli("search", "deploy windows", "-k", "2", "--json", "--port", str(port))
+    as_json = _cli("search", "deploy windows zebra", "-k", "2", "--json", "--port", str(port))
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout) == http
-    human = _cli("search", "deploy windows", "-k", "2", "--port", str(port))
+    human = _cli("search", "deploy windows zebra", "-k", "2", "--port", str(port))
     assert human.returncode == 0 and "MEMORY.md" in human.stdout
     assert "nothing relevant" in human.stderr and "relevance_floor" in human.stderr
     assert "1 file(s) changed and not yet indexed (memory/late.md)" in human.stderr
-    recall_human = _cli("recall", "deploy windows", "-k", "2", "--port", str(port))
+    recall_human = _cli("recall", "deploy windows zebra", "-k", "2", "--port", str(port))
     assert recall_human.returncode == 0 and "nothing relevant" in recall_human.stderr
     assert "memory/late.md" in recall_human.stderr
 
