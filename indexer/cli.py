@@ -116,6 +116,8 @@ def _client(config: Path | None, port: int | None) -> Any:
               help="Drop hits scoring below this (the score shown: cosine for dense, fused otherwise).")
 @click.option("--since", help="Only files modified since: a duration (7d, 12h, 30m, 2w) or an ISO date (2026-11-01).")
 @click.option("--until", help="Only files modified before: a duration ago (7d, 12h...) or an ISO date (2026-11-01).")
+@click.option("--as-of", help="The moment a time in QUERY counts from (\"last week\"): an ISO date or a duration ago; "
+                               "default now. Notes dated then rank higher; nothing is filtered.")
 @click.option("--wait", "wait_s", type=click.FloatRange(0, 10), is_flag=False, flag_value=10.0, default=None,
               help="Wait (up to SECONDS, default 10) until no changed file is pending indexing, then search.")
 @click.option("--json", "as_json", is_flag=True, help='Print the answer as JSON: {"hits", "relevant", "pending"}.')
@@ -137,6 +139,7 @@ def search(query: str, as_json: bool, config: Path | None, port: int | None, **f
       qmd-indexer search "ACME-4471" --mode keyword -k 3 --json
       qmd-indexer search "deploy window" --since 7d
       qmd-indexer search "deploy window" --until 2026-11-01
+      qmd-indexer search "what did Dana decide last week?" --as-of 2026-11-30
     """
     if not query.strip():
         raise click.UsageError("QUERY is empty; to list every memory file use `qmd-indexer recall`")
