@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from indexer.remote import AnswerTooLarge, DeadlineClient
+from indexer.remote import AnswerTooLarge, DeadlineClient, describe
 
 __all__ = ["APIS", "HttpReranker", "RerankError"]
 
@@ -141,7 +141,7 @@ class HttpReranker:
         except AnswerTooLarge as exc:
             raise RerankError(str(exc)) from exc
         except httpx.HTTPError as exc:
-            raise RerankError(f"{self.url}: {type(exc).__name__}: {exc}") from exc
+            raise RerankError(f"{self.url}: {describe(exc)}") from exc
         if response.status >= 400:
             raise RerankError(f"{self.url} answered HTTP {response.status}: {response.text[:200]}")
         try:

@@ -68,7 +68,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from indexer.api import Chunk, check_vectors, l2_normalise
 from indexer.errors import BadVectors, EmbedError, EmbedUnavailable
-from indexer.remote import AnswerTooLarge, DeadlineClient, DeadlineExceeded
+from indexer.remote import AnswerTooLarge, DeadlineClient, DeadlineExceeded, describe
 
 log = structlog.get_logger("qmd_indexer.embedding")
 
@@ -320,7 +320,7 @@ class OpenAIEmbedder:
         except AnswerTooLarge as exc:
             raise EmbedUnavailable(str(exc)) from exc
         except httpx.HTTPError as exc:
-            raise EmbedUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from exc
+            raise EmbedUnavailable(f"{self.url}: {describe(exc)}") from exc
         status, text = answer.status, answer.text[:300]
         if status == 413 or (status in (400, 422) and _TOO_LONG.search(text)):
             raise _TooLarge(f"{status}: {text}")

@@ -13,13 +13,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-__all__ = ["Answer", "AnswerTooLarge", "DeadlineClient", "DeadlineExceeded"]
+__all__ = ["Answer", "AnswerTooLarge", "DeadlineClient", "DeadlineExceeded", "describe"]
+
+
+def describe(exc: BaseException) -> str:
+    """``Name: message`` of a transport error, with the operating system's reason when one lies beneath it: httpx's
+    async connect says only "All connection attempts failed", and the reason a user acts on ("Connection refused",
+    "Name or service not known") is the ``OSError`` it wraps."""
+    text = f"{type(exc).__name__}: {exc}"
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno is not None:
+            reason = os.strerror(cause.errno)
+            return text if reason in text else f"{text} ({reason})"
+        cause = cause.__cause__ or cause.__context__
+    return text
 
 
 class DeadlineExceeded(TimeoutError):
