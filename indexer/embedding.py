@@ -105,27 +105,28 @@ class SentenceTransformerEmbedder:
 
     @property
     def model_id(self) -> str:
-        """``base model id`` for fp32, ``id@bf16`` or ``id@int8-onnx-v<format>`` otherwise. With int8 this loads
-        the model first, since a failed export or quality check means fp32."""
-        if self.precision == "int8" and not self._model.loaded and not self._int8_on_disk():
-            _ = self.model
-        if self.precision == "fp32":
+        """``base model id`` for fp32, ``id@bf16`` or ``id@int8-onnx-v<format>`` otherwise. Never loads the model:
+        with int8 it reads the export's quality record (``int8_state``), so a first start opens the store and serves
+        while the export still runs. An int8 export that then fails leaves the model on fp32 (``int8_unavailable``);
+        from then on this says fp32."""
+        if self.precision == "fp32" or (self.precision == "int8" and self.int8_state() == "failed"):
             return self.base_id
         if self.precision == "int8":
             return f"{self.base_id}@int8-onnx-v{INT8_FORMAT}"
         return f"{self.base_id}@{self.precision}"
 
-    def _int8_on_disk(self) -> bool:
-        """Whether an int8 export of this model's files that passed its quality check is on disk: the model then
-        runs int8 (``model_id`` needs no load to say so, so a restart does not wait for the model to open the
-        store)."""
+    def int8_state(self) -> str:
+        """What the cache says of this model's int8 export (``int8_dir``'s ``quality.json``): ``"passed"``,
+        ``"failed"`` (the quality check did not pass: the model runs fp32) or ``"pending"`` (not exported yet: the
+        first load exports it, and the model runs int8 unless that fails)."""
         import json
 
         record = int8_dir(self.cache_dir, self.base_id, self.fingerprint) / "quality.json"
         try:
-            return float(json.loads(record.read_text(encoding="utf-8"))["mean_cosine"]) >= INT8_MIN_COSINE
+            mean = float(json.loads(record.read_text(encoding="utf-8"))["mean_cosine"])
         except (OSError, ValueError, KeyError, TypeError):
-            return False
+            return "pending"
+        return "passed" if mean >= INT8_MIN_COSINE else "failed"
 
     @property
     def identity(self) -> str:
@@ -220,17 +221,21 @@ class SentenceTransformerEmbedder:
         return model
 
     def _switch_to_int8(self, model: Any) -> None:
+        """Run ``model``'s transformer int8 in ONNX Runtime (exported first where the cache has none), or leave it
+        fp32 when the export fails or its quality check does not pass: the precision, ``model_id`` and ``identity``
+        then say fp32, and vectors are cached under it. The store opened under the int8 identity (``model_id`` is
+        known before the load), so the next start sees the change and rebuilds (``on_model_change``)."""
         try:
             quality, self._query_encoder = use_int8(model, self.cache_dir, self.base_id, self.fingerprint,
                                                     self._query_encoder)
         except Exception as exc:  # any export failure leaves a working fp32 model
             log.warning("int8_unavailable", model=self.base_id, fallback="fp32", error=f"{type(exc).__name__}: {exc}")
-            self.precision = "fp32"
+            self.precision, self._identity = "fp32", None
             return
         if not quality["passed"]:
             log.warning("int8_unavailable", model=self.base_id, fallback="fp32",
                         error=f"quality check failed: mean cosine {quality['mean_cosine']} < {INT8_MIN_COSINE}")
-            self.precision = "fp32"
+            self.precision, self._identity = "fp32", None
 
     def _fp32_query_model(self, model: Any) -> None:
         """Queries of an fp32 or bf16 model run on its fp32 query model (exported at the first load), where ONNX

@@ -410,3 +410,61 @@ def test_int8_runs_a_query_on_threads_that_do_not_spin_and_batches_on_ones_that_
     int8_embedder.encode(SENTENCES[:3])
     int8_embedder.encode(SENTENCES[:1])  # a file of one chunk is a batch too: the chunks' model embeds it
     assert calls == [("queries", 1), ("batches", 3), ("batches", 1)]
+
+
+def _cpu_has_bf16() -> bool:
+    return choose_precision("auto", "cpu", cpu_flags(), False) == "bf16"
+
+
+#: every precision path, forced by the daemon's ``precision`` setting whatever this CPU's ``auto`` would pick: a bf16
+#: machine runs the int8 path too (bf16 only where the CPU has native bf16; elsewhere torch emulates it, slowly)
+FORCED_PRECISIONS = [
+    "fp32", "int8",
+    pytest.param("bf16", marks=pytest.mark.skipif(not _cpu_has_bf16(), reason="no native bf16 on this CPU")),
+]
+
+
+@pytest.mark.parametrize("precision", FORCED_PRECISIONS)
+def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path, workspace: Path,
+                                                                 precision: str) -> None:
+    """A daemon forced to each precision by its setting (a fresh state dir: the int8 and query models are exported
+    into it) indexes the workspace, runs at that precision and answers hybrid searches with dense scores."""
+    from conftest import make_settings
+
+    from indexer.daemon import Indexer
+    from indexer.schema import SearchRequest
+    from indexer.server import LocalMemory
+    from indexer.worker import index_once
+
+    if precision == "int8" and not int8_available():
+        pytest.skip("onnxruntime/onnx (the int8 extra) not installed")
+    settings = make_settings(tmp_path, [{"agent": "main", "path": workspace}], precision=precision)
+    daemon = Indexer.open(settings)
+    try:
+        status = index_once(daemon)
+        assert status["ready"] and status["files_failed"] == 0 and status["queue_depth"] == 0, status
+        text: Any = daemon.registry.embedders["text"]
+        assert status["embedding"]["precision"] == precision == text.precision
+        expected = {"fp32": text.base_id, "int8": f"{text.base_id}@int8-onnx-v2", "bf16": f"{text.base_id}@bf16"}
+        assert text.model_id == expected[precision]
+        answer = LocalMemory(daemon.view).search_response(SearchRequest(query="export job out of disk", mode="hybrid"))
+        assert "degraded" not in answer
+        assert answer["hits"][0]["path"] == "memory/incidents.md" and answer["hits"][0]["dense_score"] > 0.3
+    finally:
+        daemon.close()
+
+
+def test_int8_model_id_is_known_before_the_model_loads(tmp_path: Path) -> None:
+    """``model_id`` (the store's identity, read before the API listens) never loads the model: with no export yet it
+    is int8's (the load exports it); with a quality record that did not pass, fp32's (the load falls back)."""
+    if not int8_available():
+        pytest.skip("onnxruntime/onnx (the int8 extra) not installed")
+    config = {"precision": "int8", "cache_dir": str(tmp_path / "models")}
+    pending = SentenceTransformerEmbedder(config)
+    assert pending.int8_state() == "pending" and pending.model_id.endswith("@int8-onnx-v2")
+    record = int8_dir(tmp_path / "models", pending.base_id, pending.fingerprint) / "quality.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"mean_cosine": 0.5, "passed": False}))
+    failed = SentenceTransformerEmbedder(config)
+    assert failed.int8_state() == "failed" and failed.model_id == failed.base_id
+    assert not pending._model.loaded and not failed._model.loaded and not failed.loading

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Running, write
+from conftest import Running, make_settings, write
 from structlog.testing import capture_logs
 
 import indexer.embedding
@@ -27,10 +27,11 @@ from indexer.service import warm_models
 from indexer.worker import index_once
 
 
-def _gated(registry: Registry, gate: threading.Event, cache_dir: Path) -> Registry:
+def _gated(registry: Registry, gate: threading.Event, cache_dir: Path, precision: str | None = None) -> Registry:
     """``registry`` with a text embedder whose model is not loaded yet, as at a restart: its load waits for
     ``gate``, then gives the session's real model (loaded once for every test). Its saved query model is looked for
-    in ``cache_dir``."""
+    in ``cache_dir``. ``precision`` forces the embedder's (what the setting would), whatever this CPU's ``auto``
+    picked: what the daemon decides before the load (``model_id``, the store's identity) follows that path."""
     loaded = registry.embedders["text"]
     model = loaded.model  # type: ignore[attr-defined]
 
@@ -42,28 +43,38 @@ def _gated(registry: Registry, gate: threading.Event, cache_dir: Path) -> Regist
     embedder._model = LazyModel(load)  # type: ignore[attr-defined]
     embedder._query_encoder = None  # type: ignore[attr-defined]
     embedder.cache_dir = cache_dir  # type: ignore[attr-defined]
+    embedder.precision = precision or loaded.precision  # type: ignore[attr-defined]
+    embedder._identity = None  # type: ignore[attr-defined]
     gated = copy.copy(registry)
     gated.embedders = {**registry.embedders, "text": embedder}
     return gated
 
 
-@pytest.mark.parametrize("saved", [False, True], ids=["first-start", "query-model-saved"])
+#: a start with no saved models, on each precision path (forced: an int8 CPU's first start waited for the export in
+#: ``model_id``), and a restart with the query model the session's load saved
+STARTS = [pytest.param(False, p, id=f"first-start-{p}") for p in ("int8", "fp32", "bf16")]
+STARTS += [pytest.param(True, None, id="query-model-saved")]
+
+
+@pytest.mark.parametrize(("saved", "precision"), STARTS)
 def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Path, registry: Registry,
-                                                                    make_indexer: Any, saved: bool) -> None:
+                                                                    saved: bool, precision: str | None) -> None:
     ws = tmp_path / "ws"
     write(ws / "MEMORY.md", "# Memory\n\nThe deploy runbook lives in memory/deploy.md.\n")
     write(ws / "memory" / "deploy.md", "# Deploy\n\nRoll the canary first, then the fleet. Codeword: heliotrope.\n")
     write(ws / "memory" / "travel.md", "# Travel\n\nFlights to Lisbon on Friday; the hotel is near the river.\n")
-    first = make_indexer([{"agent": "main", "path": ws}])
-    index_once(first)
-    settings = first.settings
-    first.close()
-
-    gate = threading.Event()
     text = registry.embedders["text"]
     assert text.query_file is not None, "the session's model has a query model on this machine"  # type: ignore
     cache_dir = text.cache_dir if saved else tmp_path / "no-models"  # type: ignore[attr-defined]
-    indexer = Indexer.open(settings, registry=_gated(registry, gate, cache_dir))
+    loaded = threading.Event()
+    loaded.set()
+    settings = make_settings(tmp_path, [{"agent": "main", "path": ws}])
+    first = Indexer.open(settings, registry=_gated(registry, loaded, cache_dir, precision))  # the same precision
+    index_once(first)
+    first.close()
+
+    gate = threading.Event()
+    indexer = Indexer.open(settings, registry=_gated(registry, gate, cache_dir, precision))
     warming = threading.Thread(target=warm_models, args=(indexer,))
     try:
         with Running(indexer):  # ready: the reconcile found nothing to embed, so it needs no model
