@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from indexer.model_loading import (
 from indexer.onnx_models import (
     INT8_FORMAT,
     INT8_MIN_COSINE,
+    OnnxDocumentEncoder,
     OnnxQueryEncoder,
     int8_dir,
     query_model,
@@ -96,6 +97,7 @@ class SentenceTransformerEmbedder:
         # queries have their own tokenizer and session and wait for nothing.
         self._use = threading.Lock()
         self._query_encoder: OnnxQueryEncoder | None = None
+        self._documents: OnnxDocumentEncoder | None = None  # chunks before the model is loaded (``preload``)
         self._opening = threading.Lock()  # ``open_query_model``
         self._identity: str | None = None
         self._fingerprint: str | None = None
@@ -170,7 +172,32 @@ class SentenceTransformerEmbedder:
         the load. The load is begun first, so a query meanwhile never loads the model on its own thread."""
         thread = self._model.start()
         self.open_query_model()
+        self.open_document_model()
         return thread
+
+    def open_document_model(self) -> bool:
+        """Open the ONNX file chunks are embedded with (int8: the export's ``model.onnx`` once its quality check
+        passed; fp32: the fp32 trace, the query model's file) with ONNX Runtime and ``tokenizers`` alone
+        (``OnnxDocumentEncoder``), so ``encode`` and ``token_offsets`` answer while the model itself still loads: a
+        note saved then is indexed at once. Returns whether it is open; ``False`` for bf16 (its vectors come from
+        torch), on another device, or before the first load exported the files. Dropped once the model is loaded."""
+        if self.device != "cpu" or not int8_available() or self._model.loaded:
+            return self._documents is not None
+        if self.precision == "int8" and self.int8_state() == "passed":
+            chunks_file = int8_dir(self.cache_dir, self.base_id, self.fingerprint) / "model.onnx"
+        elif self.precision == "fp32":
+            chunks_file = query_model_path(self.cache_dir, self.base_id, self.fingerprint, "fp32")
+        else:
+            return False
+        query_path = query_model_path(self.cache_dir, self.base_id, self.fingerprint, self.precision)
+        try:
+            self._documents = OnnxDocumentEncoder.open(chunks_file, query_path, query_threads())
+        except Exception as exc:  # a damaged file: the chunks wait for the model's load, which exports it again
+            log.warning("document_model_unreadable", path=str(chunks_file), error=f"{type(exc).__name__}: {exc}")
+            return False
+        if self._documents is not None:
+            log.info("document_model_opened", path=str(chunks_file))
+        return self._documents is not None
 
     def open_query_model(self) -> bool:
         """Open the query model an earlier load exported for these model files and precision (``cache_dir``,
@@ -218,6 +245,7 @@ class SentenceTransformerEmbedder:
         self._max_tokens = int(model.max_seq_length) - 2  # [CLS] and [SEP]
         # seconds: the sentence-transformers load, then the precision's own step (bf16 cast; int8 export or session)
         self.load_times = {"load_s": round(loaded - started, 3), "precision_s": round(time.monotonic() - loaded, 3)}
+        self._documents = None  # the model embeds chunks from now on
         return model
 
     def _switch_to_int8(self, model: Any) -> None:
@@ -280,7 +308,11 @@ class SentenceTransformerEmbedder:
 
     # -- contract -----------------------------------------------------------------------------------------------
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
-        """``(start, end)`` character offsets of each model token of ``text``, special tokens excluded."""
+        """``(start, end)`` character offsets of each model token of ``text``, special tokens excluded (before the
+        model is loaded, from the document model's tokenizer where one is open: the same tokenizer)."""
+        documents = self._documents
+        if documents is not None and not self._model.loaded:
+            return documents.token_offsets(text)
         tokenizer = self.model.tokenizer
         with self._use:
             encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
@@ -295,14 +327,23 @@ class SentenceTransformerEmbedder:
         docs/performance.md). One model call per batch, so a query waits for one batch at most."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        model, texts = self.model, list(texts)
+        documents = self._documents
+        encode: Callable[[list[str]], np.ndarray]
+        if documents is not None and not self._model.loaded:  # the model still loads: its ONNX file answers
+            encode = documents
+        else:
+            model = self.model
+
+            def encode(batch: list[str]) -> np.ndarray:
+                with self._use:
+                    vectors: np.ndarray = model.encode(batch, batch_size=self.batch_size, normalize_embeddings=True,
+                                                       convert_to_numpy=True, show_progress_bar=False)
+                return vectors
+        texts = list(texts)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         parts = []
         for start in range(0, len(texts), self.batch_size):
-            batch = [texts[i] for i in order[start : start + self.batch_size]]
-            with self._use:
-                parts.append(model.encode(batch, batch_size=self.batch_size, normalize_embeddings=True,
-                                          convert_to_numpy=True, show_progress_bar=False))
+            parts.append(encode([texts[i] for i in order[start : start + self.batch_size]]))
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
         vectors[order] = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts])
         return l2_normalise(vectors)

@@ -208,7 +208,8 @@ def test_fp32_and_bf16_queries_run_on_a_query_model_that_gives_the_fp32_vector(f
 
 
 # Opens the query model saved in argv[1] with torch and sentence-transformers made unimportable, embeds the texts
-# of argv[2] (JSON) and prints {"opened", "vectors", "torch"} as JSON.
+# of argv[2] (JSON) as queries and as chunks (the document model), and prints {"opened", "vectors", "documents",
+# "chunks", "offsets", "loaded"} as JSON.
 _WITHOUT_TORCH = """
 import json, sys
 sys.modules["torch"] = None  # any import of torch now raises ImportError
@@ -216,8 +217,12 @@ sys.modules["sentence_transformers"] = None
 from indexer.embedding import SentenceTransformerEmbedder
 embedder = SentenceTransformerEmbedder({"precision": "fp32", "cache_dir": sys.argv[1]})
 opened = embedder.open_query_model()
-vectors = [embedder.embed_query(text).tolist() for text in json.loads(sys.argv[2])]
-print(json.dumps({"opened": opened, "vectors": vectors, "loaded": embedder._model.loaded}))
+texts = json.loads(sys.argv[2])
+vectors = [embedder.embed_query(text).tolist() for text in texts]
+documents = embedder.open_document_model()
+chunks, offsets = embedder.encode(texts).tolist(), embedder.token_offsets(texts[0])
+print(json.dumps({"opened": opened, "vectors": vectors, "documents": documents, "chunks": chunks, "offsets": offsets,
+                  "loaded": embedder._model.loaded}))
 """
 
 
@@ -229,9 +234,12 @@ def test_a_saved_query_model_answers_queries_without_torch(fp32_embedder) -> Non
                           capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout.strip().splitlines()[-1])
-    assert answer["opened"] and not answer["loaded"]
+    assert answer["opened"] and answer["documents"] and not answer["loaded"]
     for text, vector in zip(QUERIES, answer["vectors"]):
         np.testing.assert_allclose(np.array(vector, dtype=np.float32), fp32_embedder.embed_query(text), atol=1e-6)
+    # chunks too (a note saved while the model loads): the model's vectors and token offsets, without torch
+    np.testing.assert_allclose(np.array(answer["chunks"], dtype=np.float32), fp32_embedder.encode(QUERIES), atol=2e-5)
+    assert [tuple(o) for o in answer["offsets"]] == fp32_embedder.token_offsets(QUERIES[0])
 
 
 @pytest.mark.parametrize("damage", ["truncated model", "empty record"])

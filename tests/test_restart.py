@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Running, make_settings, write
+from conftest import Running, make_settings, wait_for, write
 from structlog.testing import capture_logs
 
 import indexer.embedding
@@ -166,4 +166,62 @@ def test_a_failed_model_load_is_said_though_the_query_model_answers(tmp_path: Pa
         answer = LocalMemory(daemon.view).search_response(SearchRequest(query="heliotrope canary", mode="hybrid"))
         assert "degraded" not in answer and answer["hits"][0]["path"] == "memory/deploy.md"
     finally:
+        daemon.close()
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+def test_a_note_saved_while_the_model_loads_is_indexed_without_it(tmp_path: Path, registry: Registry,
+                                                                  precision: str) -> None:
+    """Where an earlier load left the model's ONNX files (int8's ``model.onnx``, fp32's trace) a restart embeds
+    chunks with them while the model itself still loads: a note saved then is indexed and found by a hybrid search
+    with the model held back by the test the whole time; its vectors are the loaded model's."""
+    from indexer.embedding import SentenceTransformerEmbedder
+    from indexer.model_loading import int8_available
+
+    if not int8_available():
+        pytest.skip("onnxruntime/onnx not installed: chunks wait for the model")
+    models = tmp_path / "models"
+    exported = SentenceTransformerEmbedder({"precision": precision, "cache_dir": str(models)})
+    exported.embed_query("warm-up")  # the first load exports the ONNX files
+    ws = tmp_path / "ws"
+    write(ws / "memory" / "deploy.md", "# Deploy\n\nRoll the canary first, then the fleet.\n")
+    settings = make_settings(tmp_path, [{"agent": "main", "path": ws}])
+    loaded = threading.Event()
+    loaded.set()
+    with_model = copy.copy(registry)
+    with_model.embedders = {**registry.embedders, "text": exported}
+    first = Indexer.open(settings, registry=with_model)
+    index_once(first)
+    first.close()
+
+    gate = threading.Event()
+    restarted = copy.copy(exported)
+    restarted._model = LazyModel(lambda: exported.model if gate.wait(60) else None)
+    restarted._query_encoder = restarted._documents = None
+    again = copy.copy(registry)
+    again.embedders = {**registry.embedders, "text": restarted}
+    daemon = Indexer.open(settings, registry=again)
+    warming = threading.Thread(target=warm_models, args=(daemon,))
+    try:
+        with Running(daemon):
+            warming.start()
+            wait_for(lambda: restarted.loading and restarted._documents is not None, timeout_s=30)
+            note = write(ws / "memory" / "lisbon.md", "# Travel\n\nFlights to Lisbon on Friday. Codeword: ochre.\n")
+            wait_for(lambda: str(note) in daemon.state.indexed, timeout_s=30)
+            memory = LocalMemory(daemon.view)
+            answer = memory.search_response(SearchRequest(query="flights to Lisbon", mode="hybrid"))
+            assert "degraded" not in answer and answer["hits"][0]["path"] == "memory/lisbon.md"
+            assert answer["hits"][0]["dense_score"] > 0.3
+            assert restarted.loading and not restarted._model.loaded  # all of it without the model
+            text = ["Flights to Lisbon on Friday.", "Roll the canary first, then the fleet. " * 40]
+            early, offsets = restarted.encode(text), restarted.token_offsets(text[1])
+            gate.set()
+            warming.join(60)
+            assert restarted._model.loaded  # from now on the model embeds
+            assert restarted.token_offsets(text[1]) == offsets
+            cosines = (early * restarted.encode(text)).sum(axis=1)
+            assert cosines.min() > (0.999 if precision == "fp32" else 0.99), cosines
+    finally:
+        gate.set()
+        warming.join(60) if warming.is_alive() else None
         daemon.close()
