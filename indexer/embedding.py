@@ -65,6 +65,26 @@ log = structlog.get_logger("qmd_indexer.embedding")
 _KNOWN_DIMS = {"sentence-transformers/all-MiniLM-L6-v2": 384}
 
 
+class _LoadProgress:
+    """Says how far a model load is: ``embedder.load_progress = {"phase", "percent"}`` (``GET /status``'s
+    ``models``) and one ``model_loading`` log line per step that runs. ``steps``: each step's name and weight
+    (typical seconds); a step not in ``steps`` (an export the cache already holds) is skipped silently."""
+
+    def __init__(self, embedder: SentenceTransformerEmbedder, steps: dict[str, float]) -> None:
+        self.embedder, self.steps, self.done = embedder, steps, 0.0
+        self.current: str | None = None
+
+    def __call__(self, phase: str) -> None:
+        if phase not in self.steps or phase == self.current:
+            return
+        if self.current is not None:
+            self.done += self.steps[self.current]
+        self.current = phase
+        percent = int(100 * self.done / sum(self.steps.values()))
+        self.embedder.load_progress = {"phase": phase, "percent": percent}
+        log.info("model_loading", model=self.embedder.base_id, phase=phase, percent=percent)
+
+
 class SentenceTransformerEmbedder:
     """Text chunks to ``(n, dim)`` float32 L2-normalised vectors with a sentence-transformers model."""
 
@@ -98,12 +118,14 @@ class SentenceTransformerEmbedder:
         self._use = threading.Lock()
         self._query_encoder: OnnxQueryEncoder | None = None
         self._documents: OnnxDocumentEncoder | None = None  # chunks before the model is loaded (``preload``)
+        self._documents_tried = False
         self._opening = threading.Lock()  # ``open_query_model``
         self._identity: str | None = None
         self._fingerprint: str | None = None
         self._dim: int | None = _KNOWN_DIMS.get(self.base_id)
         self._max_tokens: int | None = 254 if self.base_id in _KNOWN_DIMS else None
         self.load_times: dict[str, float] = {}  # seconds the last load took: ``load_s``, ``precision_s``
+        self.load_progress: dict[str, Any] | None = None  # ``{"phase", "percent"}`` while a load runs
 
     @property
     def model_id(self) -> str:
@@ -181,6 +203,7 @@ class SentenceTransformerEmbedder:
         (``OnnxDocumentEncoder``), so ``encode`` and ``token_offsets`` answer while the model itself still loads: a
         note saved then is indexed at once. Returns whether it is open; ``False`` for bf16 (its vectors come from
         torch), on another device, or before the first load exported the files. Dropped once the model is loaded."""
+        self._documents_tried = True
         if self.device != "cpu" or not int8_available() or self._model.loaded:
             return self._documents is not None
         if self.precision == "int8" and self.int8_state() == "passed":
@@ -231,12 +254,26 @@ class SentenceTransformerEmbedder:
     def _load(self) -> Any:
         started = time.monotonic()
         self.open_query_model()
-        model = load_sentence_transformer(self._load_path, self.device)
-        loaded = time.monotonic()
-        if self.precision == "int8":
-            self._switch_to_int8(model)
-        if self.precision in ("fp32", "bf16"):  # the query model is traced from the fp32 model: before a bf16 cast
-            self._fp32_query_model(model)
+        # the steps this load runs, each weighed by its typical seconds on 2 cores (docs/performance.md), for
+        # ``load_progress``: the model's load, then the exports a first start makes
+        steps = {"loading model": 10.0}
+        if self.precision == "int8" and self.int8_state() == "pending":
+            steps["exporting int8 model"] = 8.0
+        if self.device == "cpu" and int8_available() and self._query_encoder is None:
+            steps["exporting query model"] = 6.0
+        progress = _LoadProgress(self, steps)
+        try:
+            progress("loading model")
+            model = load_sentence_transformer(self._load_path, self.device)
+            loaded = time.monotonic()
+            if self.precision == "int8":
+                progress("exporting int8 model")
+                self._switch_to_int8(model, progress)
+            if self.precision in ("fp32", "bf16"):  # the query model is traced from the fp32 model: before a cast
+                progress("exporting query model")
+                self._fp32_query_model(model)
+        finally:
+            self.load_progress = None
         if self.precision == "bf16":
             import torch
 
@@ -248,14 +285,14 @@ class SentenceTransformerEmbedder:
         self._documents = None  # the model embeds chunks from now on
         return model
 
-    def _switch_to_int8(self, model: Any) -> None:
+    def _switch_to_int8(self, model: Any, progress: Callable[[str], None] | None = None) -> None:
         """Run ``model``'s transformer int8 in ONNX Runtime (exported first where the cache has none), or leave it
         fp32 when the export fails or its quality check does not pass: the precision, ``model_id`` and ``identity``
         then say fp32, and vectors are cached under it. The store opened under the int8 identity (``model_id`` is
         known before the load), so the next start sees the change and rebuilds (``on_model_change``)."""
         try:
             quality, self._query_encoder = use_int8(model, self.cache_dir, self.base_id, self.fingerprint,
-                                                    self._query_encoder)
+                                                    self._query_encoder, progress)
         except Exception as exc:  # any export failure leaves a working fp32 model
             log.warning("int8_unavailable", model=self.base_id, fallback="fp32", error=f"{type(exc).__name__}: {exc}")
             self.precision, self._identity = "fp32", None
@@ -306,12 +343,23 @@ class SentenceTransformerEmbedder:
         assert self._max_tokens is not None
         return self._max_tokens
 
+    def _before_load(self) -> OnnxDocumentEncoder | None:
+        """The document model while the model is not loaded (opened on first need, once: the worker may embed
+        before ``preload`` runs); ``None`` once the model is loaded or where there is none."""
+        if self._model.loaded:
+            return None
+        if not self._documents_tried:
+            with self._opening:
+                if not self._documents_tried:
+                    self.open_document_model()
+        return self._documents
+
     # -- contract -----------------------------------------------------------------------------------------------
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
         """``(start, end)`` character offsets of each model token of ``text``, special tokens excluded (before the
         model is loaded, from the document model's tokenizer where one is open: the same tokenizer)."""
-        documents = self._documents
-        if documents is not None and not self._model.loaded:
+        documents = self._before_load()
+        if documents is not None:
             return documents.token_offsets(text)
         tokenizer = self.model.tokenizer
         with self._use:
@@ -327,9 +375,9 @@ class SentenceTransformerEmbedder:
         docs/performance.md). One model call per batch, so a query waits for one batch at most."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        documents = self._documents
+        documents = self._before_load()
         encode: Callable[[list[str]], np.ndarray]
-        if documents is not None and not self._model.loaded:  # the model still loads: its ONNX file answers
+        if documents is not None:  # the model still loads (or has not begun to): its ONNX file answers
             encode = documents
         else:
             model = self.model

@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -493,14 +494,15 @@ def query_model(model: Any, path: Path, quantize: bool, fallback: Path | None = 
 
 
 def use_int8(model: Any, cache_dir: Path, base_id: str, fingerprint: str = "",
-             queries: OnnxQueryEncoder | None = None) -> tuple[dict[str, Any], OnnxQueryEncoder | None]:
+             queries: OnnxQueryEncoder | None = None,
+             progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], OnnxQueryEncoder | None]:
     """Swap ``model``'s transformer for the int8 ONNX one, exporting it first unless ``cache_dir`` has it (for this
     ``fingerprint`` of the model's files: ``int8_dir``).
 
     Returns the quality record and, for a model ``OnnxQueryEncoder`` supports, the encoder queries run on
     (``query_model``'s file: ``queries`` itself where it is already open on that file); when the record did not
     pass, ``model`` is left unchanged and no encoder is built. Raises what ``export_int8`` raises (then ``model`` is
-    unchanged too).
+    unchanged too). ``progress`` is told ``"exporting query model"`` before the query model is made or opened.
     """
     import torch
 
@@ -515,6 +517,8 @@ def use_int8(model: Any, cache_dir: Path, base_id: str, fingerprint: str = "",
         return quality, None
     threads = torch.get_num_threads()
     if OnnxQueryEncoder.supports(model):  # before the swap: the query export traces the torch model
+        if progress is not None:
+            progress("exporting query model")
         path = query_model(model, query_model_path(cache_dir, base_id, fingerprint, "int8"), True,
                            fallback=target / "model.onnx")
         if queries is None or queries.path != path:

@@ -90,7 +90,8 @@ def test_int8_close_to_fp32_and_export_reused(tmp_path: Path) -> None:
         int8 = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         vectors = int8.embed_query(SENTENCES[0]), int8.encode(SENTENCES)
     assert int8.precision == "int8"
-    assert [e["event"] for e in first_logs] == ["int8_exported", "query_model_exported"]
+    assert [e["event"] for e in first_logs if e["event"] != "model_loading"] == ["int8_exported",
+                                                                                 "query_model_exported"]
     query, batch = vectors
     assert batch.shape == (len(SENTENCES), 384) and batch.dtype == np.float32
     assert query.shape == (384,) and query.dtype == np.float32
@@ -113,7 +114,9 @@ def test_int8_close_to_fp32_and_export_reused(tmp_path: Path) -> None:
         again = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         np.testing.assert_allclose(again.encode(SENTENCES), batch, atol=1e-6)
         np.testing.assert_allclose(again.embed_query(SENTENCES[0]), query, atol=1e-6)
-    assert [e["event"] for e in second_logs] == ["query_model_opened"]  # from the cache: no second export
+    # from the cache: no second export (chunks on the export's own file, before any load)
+    assert [e["event"] for e in second_logs if e["event"] != "model_loading"] == ["document_model_opened",
+                                                                                  "query_model_opened"]
     assert again.model_id == int8.model_id
     assert [p.name for p in cache.iterdir()] == [export.name]
     assert (export / "model.onnx").stat().st_mtime_ns == before.st_mtime_ns
@@ -132,7 +135,7 @@ def test_failed_export_falls_back_to_fp32(tmp_path: Path) -> None:
     assert embedder.model_id == SentenceTransformerEmbedder({"precision": "fp32"}).model_id
     assert vectors.shape == (len(SENTENCES), 384)
     # the same unusable folder leaves fp32 queries on the model's own modules, said once too
-    assert [(e["event"], e["log_level"], e["fallback"]) for e in logs] == [
+    assert [(e["event"], e["log_level"], e["fallback"]) for e in logs if e["event"] != "model_loading"] == [
         ("int8_unavailable", "warning", "fp32"), ("query_model_unavailable", "warning", "the model's modules")]
 
 
@@ -259,7 +262,7 @@ def test_a_damaged_query_model_is_exported_again(fp32_embedder, tmp_path: Path, 
         assert not again.open_query_model()
         vector = again.embed_query(QUERIES[0])  # loads the model, which exports the query model again
     said = ["query_model_unreadable"] if damage == "truncated model" else []
-    assert [e["event"] for e in logs] == [*said, "query_model_exported"]
+    assert [e["event"] for e in logs if e["event"] != "model_loading"] == [*said, "query_model_exported"]
     assert again.query_file == saved.name and saved.stat().st_size > 5000
     assert json.loads(saved.with_suffix(".json").read_text())["passed"]
     np.testing.assert_allclose(vector, fp32_embedder.embed_query(QUERIES[0]), atol=1e-6)
@@ -339,7 +342,8 @@ def test_a_query_model_deleted_by_hand_is_exported_again(int8_embedder, tmp_path
     with capture_logs() as logs:
         again = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         vector = again.embed_query(SENTENCES[0])
-    assert [e["event"] for e in logs] == ["query_model_missing", "query_model_exported"]
+    events = [e["event"] for e in logs if e["event"] != "model_loading"]
+    assert events == ["query_model_missing", "query_model_exported"]
     assert query_file.exists() and again._query_encoder is not None and again._query_encoder.path == query_file
     assert float(vector @ int8_embedder.embed_query(SENTENCES[0])) > 0.9999
 
@@ -359,8 +363,9 @@ def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(
         assert strict.model_id == int8_embedder.model_id  # the chunks' int8 passed: its record says so unloaded
         assert strict.model is not None
     assert strict._query_encoder is not None and strict._query_encoder.path == export / "model.onnx"
-    assert [(e["event"], e["log_level"]) for e in logs] == [("query_model_unavailable", "warning")]
-    assert "quality check failed" in logs[0]["error"]
+    said = [e for e in logs if e["event"] != "model_loading"]
+    assert [(e["event"], e["log_level"]) for e in said] == [("query_model_unavailable", "warning")]
+    assert "quality check failed" in said[0]["error"]
 
     for name in (f"query-v{QUERY_FORMAT}.onnx", f"query-v{QUERY_FORMAT}.json", f"query-v{QUERY_FORMAT}.tokenizer.json"):
         (export / name).unlink()
@@ -375,7 +380,7 @@ def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(
             np.testing.assert_allclose(fallback.embed_query(SENTENCES[0]), fallback.encode(SENTENCES[:1])[0],
                                        atol=1e-5)
         assert fallback._query_encoder is not None and fallback._query_encoder.path == export / "model.onnx"
-        assert [(e["event"], e["error"]) for e in logs] == [
+        assert [(e["event"], e["error"]) for e in logs if e["event"] != "model_loading"] == [
             ("query_model_unavailable", "RuntimeError: no space left for the trace")]
     assert sorted(p.name for p in export.iterdir()) == ["model.onnx", "quality.json", f"query-v{QUERY_FORMAT}.json"]
 
@@ -437,7 +442,7 @@ def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path,
                                                                  precision: str) -> None:
     """A daemon forced to each precision by its setting (a fresh state dir: the int8 and query models are exported
     into it) indexes the workspace, runs at that precision and answers hybrid searches with dense scores."""
-    from conftest import make_settings
+    from conftest import make_settings, wait_for
 
     from indexer.daemon import Indexer
     from indexer.schema import SearchRequest
@@ -447,11 +452,23 @@ def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path,
     if precision == "int8" and not int8_available():
         pytest.skip("onnxruntime/onnx (the int8 extra) not installed")
     settings = make_settings(tmp_path, [{"agent": "main", "path": workspace}], precision=precision)
-    daemon = Indexer.open(settings)
+    daemon = Indexer.open(settings)  # the store opens before any model loads or export runs (the API listens then)
     try:
+        text: Any = daemon.registry.embedders["text"]
+        assert not text._model.loaded and not text.loading
+        with capture_logs() as logs:
+            load = text.preload()  # what the daemon does once the API listens: the first start exports, saying so
+            loading = wait_for(lambda: daemon.view.status()["models"]["text"].get("loading"), timeout_s=60)
+            load.join(300)
+        assert loading["phase"] in ("loading model", "exporting int8 model", "exporting query model")
+        assert 0 <= loading["percent"] < 100
+        assert "loading" not in daemon.view.status()["models"]["text"]
+        phases = [(e["phase"], e["percent"]) for e in logs if e["event"] == "model_loading"]
+        exports = ["exporting int8 model"] if precision == "int8" else []
+        assert [p for p, _ in phases] == ["loading model", *exports, "exporting query model"], phases
+        assert [p for _, p in phases] == sorted(p for _, p in phases) and phases[0][1] == 0
         status = index_once(daemon)
         assert status["ready"] and status["files_failed"] == 0 and status["queue_depth"] == 0, status
-        text: Any = daemon.registry.embedders["text"]
         assert status["embedding"]["precision"] == precision == text.precision
         expected = {"fp32": text.base_id, "int8": f"{text.base_id}@int8-onnx-v2", "bf16": f"{text.base_id}@bf16"}
         assert text.model_id == expected[precision]

@@ -41,7 +41,8 @@ def _gated(registry: Registry, gate: threading.Event, cache_dir: Path, precision
 
     embedder = copy.copy(loaded)
     embedder._model = LazyModel(load)  # type: ignore[attr-defined]
-    embedder._query_encoder = None  # type: ignore[attr-defined]
+    embedder._query_encoder = embedder._documents = None  # type: ignore[attr-defined]
+    embedder._documents_tried = False  # type: ignore[attr-defined]
     embedder.cache_dir = cache_dir  # type: ignore[attr-defined]
     embedder.precision = precision or loaded.precision  # type: ignore[attr-defined]
     embedder._identity = None  # type: ignore[attr-defined]
@@ -198,6 +199,7 @@ def test_a_note_saved_while_the_model_loads_is_indexed_without_it(tmp_path: Path
     restarted = copy.copy(exported)
     restarted._model = LazyModel(lambda: exported.model if gate.wait(60) else None)
     restarted._query_encoder = restarted._documents = None
+    restarted._documents_tried = False
     again = copy.copy(registry)
     again.embedders = {**registry.embedders, "text": restarted}
     daemon = Indexer.open(settings, registry=again)
