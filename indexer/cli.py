@@ -168,6 +168,8 @@ def get(path: str, agent: str | None, from_line: int, lines: int | None, max_cha
       qmd-indexer get memory/2026-11-27.md --from 40 --lines 20
     """
     page = _ask(config, port, lambda client: client.get(path, from_line, lines, max_chars, agent))
+    if page["to"] < page["from"] and from_line > 1:  # past the end: say so, as a bad --from
+        fail(f"{page['path']} has no line {from_line}: the file ends before it (start lower with --from)", EXIT_USAGE)
     if as_json:
         click.echo(json.dumps(page, ensure_ascii=False, indent=2))
         return
@@ -240,8 +242,11 @@ def boot(budget_chars: int, agent: str | None, query: str | None, as_json: bool,
         click.echo(json.dumps(context, ensure_ascii=False, indent=2))
         return
     click.echo(context["text"])
-    for item in context["omitted"]:
-        click.echo(f"[omitted {item['citation']} ({item['lines']} lines)]", err=True)
+    omitted = context["omitted"]
+    if omitted:  # one line: which files did not fit (--json lists each with its lines)
+        names = ", ".join(item["citation"] for item in omitted[:3]) + (", ..." if len(omitted) > 3 else "")
+        click.echo(f"[omitted {len(omitted)} file(s), {sum(item['lines'] for item in omitted)} lines, over "
+                   f"--budget-chars {budget_chars}: {names}]", err=True)
 
 
 @main.command()
