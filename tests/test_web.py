@@ -278,6 +278,8 @@ def test_4_the_status_view_changes_after_a_note_is_edited(daemon: Daemon, browse
     assert facts["model"] == "sentence-transformers/all-MiniLM-L6-v2", facts
     assert facts["precision"] == "fp32" and facts["backend"] == "edge", facts
     assert facts["health"] == "ok" and facts["files failing"] == "0" and facts["drift"] == "none", facts
+    assert browser.execute_script(  # the model's load has ended (while it runs: its step and percent)
+        "return document.querySelector('#status tr[data-modality=text] td[data-field=load]').textContent") == "loaded"
     modes = browser.execute_script("return [...document.querySelectorAll('#status tr[data-root] td:nth-child(2)')]"
                                    ".map(e => e.textContent)")
     assert modes and set(modes) == {"native"}, modes

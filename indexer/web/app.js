@@ -323,8 +323,10 @@
         problems.map((p) => el("tr", {}, cell(p.kind), cell(p.agent), cell(p.path), cell(p.detail)))));
     }
     const models = status.models || {};
-    out.push(el("h2", {}, "Models"), table(["modality", "model", "precision"], Object.keys(models).sort().map((m) =>
-      el("tr", {}, cell(m), cell(models[m].model_id), cell(models[m].precision)))));
+    const loading = (m) => m.loading ? `${m.loading.phase}, ${m.loading.percent} %` : "loaded";
+    out.push(el("h2", {}, "Models"), table(["modality", "model", "precision", "load"],
+      Object.keys(models).sort().map((m) => el("tr", { "data-modality": m }, cell(m), cell(models[m].model_id),
+        cell(models[m].precision), cell(loading(models[m]), "load")))));
     $("status").replaceChildren(...out);
     $("status-time").textContent = "Last: " + new Date().toLocaleTimeString();
   }
