@@ -119,6 +119,7 @@ class SentenceTransformerEmbedder:
         self._query_encoder: OnnxQueryEncoder | None = None
         self._documents: OnnxDocumentEncoder | None = None  # chunks before the model is loaded (``preload``)
         self._documents_tried = False
+        self._documents_lock = threading.Lock()  # ``open_document_model``
         self._opening = threading.Lock()  # ``open_query_model``
         self._identity: str | None = None
         self._fingerprint: str | None = None
@@ -202,25 +203,31 @@ class SentenceTransformerEmbedder:
         passed; fp32: the fp32 trace, the query model's file) with ONNX Runtime and ``tokenizers`` alone
         (``OnnxDocumentEncoder``), so ``encode`` and ``token_offsets`` answer while the model itself still loads: a
         note saved then is indexed at once. Returns whether it is open; ``False`` for bf16 (its vectors come from
-        torch), on another device, or before the first load exported the files. Dropped once the model is loaded."""
-        self._documents_tried = True
-        if self.device != "cpu" or not int8_available() or self._model.loaded:
+        torch), on another device, or before the first load exported the files. Dropped once the model is loaded.
+        Looked for once (``preload``, or the worker's first chunks, whichever comes first: the other waits)."""
+        with self._documents_lock:
+            if not self._documents_tried:
+                self._documents_tried = True
+                self._open_document_model()
             return self._documents is not None
+
+    def _open_document_model(self) -> None:
+        if self.device != "cpu" or not int8_available() or self._model.loaded:
+            return
         if self.precision == "int8" and self.int8_state() == "passed":
             chunks_file = int8_dir(self.cache_dir, self.base_id, self.fingerprint) / "model.onnx"
         elif self.precision == "fp32":
             chunks_file = query_model_path(self.cache_dir, self.base_id, self.fingerprint, "fp32")
         else:
-            return False
+            return
         query_path = query_model_path(self.cache_dir, self.base_id, self.fingerprint, self.precision)
         try:
             self._documents = OnnxDocumentEncoder.open(chunks_file, query_path, query_threads())
         except Exception as exc:  # a damaged file: the chunks wait for the model's load, which exports it again
             log.warning("document_model_unreadable", path=str(chunks_file), error=f"{type(exc).__name__}: {exc}")
-            return False
+            return
         if self._documents is not None:
             log.info("document_model_opened", path=str(chunks_file))
-        return self._documents is not None
 
     def open_query_model(self) -> bool:
         """Open the query model an earlier load exported for these model files and precision (``cache_dir``,
@@ -349,9 +356,7 @@ class SentenceTransformerEmbedder:
         if self._model.loaded:
             return None
         if not self._documents_tried:
-            with self._opening:
-                if not self._documents_tried:
-                    self.open_document_model()
+            self.open_document_model()
         return self._documents
 
     # -- contract -----------------------------------------------------------------------------------------------
