@@ -313,8 +313,9 @@ def plugins(as_json: bool, config: Path | None) -> None:
     qmd_indexer.extractors, qmd_indexer.embedders and qmd_indexer.rerankers; no
     model is loaded to list them. A plugin that fails to load is listed as failed
     with the reason. Status: loaded, failed, disabled (not in the `plugins`
-    allow-list), unused (lost a `prefer` choice, or a reranker other than the
-    one the `reranker` setting names).
+    allow-list), unused (lost a `prefer` choice, a reranker other than the
+    one the `reranker` setting names, or a media plugin that cannot load while
+    no workspace indexes its media: the reason says what it needs).
     """
     from indexer.errors import ConfigError
     from indexer.plugins import load_registry, plugin_configs
@@ -326,7 +327,16 @@ def plugins(as_json: bool, config: Path | None) -> None:
                                  reranker=settings.reranker)
     except ConfigError as exc:
         fail(f"config error: {exc}", EXIT_USAGE)
-    records = [r.as_dict() for r in registry.records]
+    # a media plugin that cannot load (its model not on disk) while no workspace indexes its media is not failing
+    # anything: unused, saying what it would need (a workspace enabling the kind keeps it "failed")
+    enabled = {kind for w in settings.workspace if w.multimodal.enabled for kind in w.multimodal.modalities}
+    records = []
+    for record in registry.records:
+        shown = record.as_dict()
+        if record.status == "failed" and record.media and not ({"all", *record.media} & enabled):
+            shown["status"] = "unused"
+            shown["reason"] = f"no workspace indexes {', '.join(record.media)}; to use it: {record.reason}"
+        records.append(shown)
     if as_json:
         click.echo(json.dumps(records, indent=2))
         return
