@@ -72,7 +72,8 @@ def test_cpu_flags_read_from_this_machine() -> None:
         "auto", "cpu", flags, int8_available())
 
 
-def test_precision_setting_validated(tmp_path: Path) -> None:
+def test_precision_setting_validated(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("QMD_INDEXER_PRECISION", raising=False)  # the session's, when forced (conftest)
     assert Settings().precision == "auto"
     assert Settings(precision="int8").precision == "int8"
     config = tmp_path / "config.toml"
@@ -438,8 +439,8 @@ FORCED_PRECISIONS = [
 
 
 @pytest.mark.parametrize("precision", FORCED_PRECISIONS)
-def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path, workspace: Path,
-                                                                 precision: str) -> None:
+def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path, workspace: Path, precision: str,
+                                                                 monkeypatch) -> None:
     """A daemon forced to each precision by its setting (a fresh state dir: the int8 and query models are exported
     into it) indexes the workspace, runs at that precision and answers hybrid searches with dense scores."""
     from conftest import make_settings, wait_for
@@ -451,6 +452,7 @@ def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path,
 
     if precision == "int8" and not int8_available():
         pytest.skip("onnxruntime/onnx (the int8 extra) not installed")
+    monkeypatch.setenv("QMD_INDEXER_PRECISION", precision)  # the environment beats the file (and the session's)
     settings = make_settings(tmp_path, [{"agent": "main", "path": workspace}], precision=precision)
     daemon = Indexer.open(settings)  # the store opens before any model loads or export runs (the API listens then)
     try:
