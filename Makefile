@@ -55,8 +55,9 @@ qdrant: ## install the pinned Qdrant server binary the server and cluster tests 
 infinity: ## install the infinity-emb server the endpoint tests start, in its own virtualenv .infinity/venv (PyPI; pinned)
 	PYTHON=$(PYTHON) tests/infinity/install.sh
 
-demo: install-lean ## index the shipped demo workspace and serve searches on 127.0.0.1:$(PORT)
-	HF_HUB_OFFLINE=1 $(BIN)/qmd-indexer run --workspace deploy/demo-workspace --agent demo --state-dir $(STATE) --port $(PORT)
+demo: install-lean ## index a copy of the shipped demo workspace ($(STATE)/workspace: edits and appends stay out of the checkout) and serve searches on 127.0.0.1:$(PORT)
+	@mkdir -p $(STATE) && [ -d $(STATE)/workspace ] || cp -R deploy/demo-workspace $(STATE)/workspace
+	HF_HUB_OFFLINE=1 $(BIN)/qmd-indexer run --workspace $(STATE)/workspace --agent demo --state-dir $(STATE) --port $(PORT)
 
 lint: install ## ruff on the whole repository, mypy on the package (settings in pyproject.toml)
 	$(BIN)/ruff check .

@@ -9,12 +9,15 @@ answered keyword search, the first answered hybrid search and the first hybrid s
 ``degraded``). Prints p50, min and max of each over the SIGKILL restarts and over the SIGTERM ones, and writes
 ``<out>/restart-<time>.json``. Notes: 40 from ``../shared/data/vault`` when present (said on stderr), else generated.
 
+``--first-starts N`` adds N first starts, each on an empty state dir (no store, no exported models: the int8 and
+query exports run behind the listening API, ``model_loading`` saying their progress), timed the same way.
+
 ``--before DIR`` (another checkout, e.g. ``git worktree add DIR <commit>``) runs that code too, each restart of it
 right after the same restart of this tree's, each on its own state dir: on a shared machine both then meet the same
 load, which separate runs minutes apart do not.
 
-    python -m benchmarks.restart [--precision auto|fp32|bf16|int8] [--kills 10] [--terms 3] [--out .restart]
-                                 [--before DIR]
+    python -m benchmarks.restart [--precision auto|fp32|bf16|int8] [--kills 10] [--terms 3] [--first-starts 0]
+                                 [--out .restart] [--before DIR]
 """
 
 from __future__ import annotations
@@ -104,11 +107,21 @@ def table(rows: list[dict[str, Any]], title: str) -> str:
 
 
 def trials(ws: Path, out: Path, env: dict[str, str], query: str, kills: int, terms: int,
-           trees: dict[str, Path]) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """Index ``ws`` once per tree, then the restarts, each tree in turn per restart (see the module)."""
+           trees: dict[str, Path], first_starts: int = 0) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The first starts on empty state dirs, then index ``ws`` once per tree and the restarts, each tree in turn per
+    start (see the module)."""
     import shutil
 
-    got: dict[str, dict[str, list[dict[str, Any]]]] = {name: {"sigkill": [], "sigterm": []} for name in trees}
+    got: dict[str, dict[str, list[dict[str, Any]]]] = {name: {"first": [], "sigkill": [], "sigterm": []}
+                                                       for name in trees}
+    for i in range(first_starts):
+        for name, repo in trees.items():
+            state = out / f"first-{name}"
+            shutil.rmtree(state, ignore_errors=True)
+            daemon, row = restart(ws, state, out / f"{name}-first-{i}.log", env, query, repo=repo)
+            daemon.kill()
+            got[name]["first"].append(row)
+            log(f"{name} first start {i + 1}: " + json.dumps(row))
     for name, repo in trees.items():
         shutil.rmtree(out / f"state-{name}", ignore_errors=True)
         first = Daemon(ws, out / f"state-{name}", out / f"{name}-first.log", env=env, fp32=False, repo=repo)
@@ -148,6 +161,7 @@ def main() -> None:
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "int8"])
     parser.add_argument("--kills", type=int, default=10, help="restarts after SIGKILL")
     parser.add_argument("--terms", type=int, default=3, help="restarts after SIGTERM, same port, idle client")
+    parser.add_argument("--first-starts", type=int, default=0, help="starts on an empty state dir (exports included)")
     parser.add_argument("--out", type=Path, default=Path(".restart"))
     parser.add_argument("--before", type=Path, help="another checkout to run in turn with this one")
     args = parser.parse_args()
@@ -161,7 +175,7 @@ def main() -> None:
     query = " ".join(words(texts[0])[:3]) or "memory"
     trees = {"this": REPO, **({"before": args.before.resolve()} if args.before else {})}
     load_before = os.getloadavg()
-    got = trials(ws, out, env, query, args.kills, args.terms, trees)
+    got = trials(ws, out, env, query, args.kills, args.terms, trees, args.first_starts)
     load_after = os.getloadavg()
     ran = sorted({str(r.get("precision")) for runs in got.values() for rows in runs.values() for r in rows})
     report = {"at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "notes": source,
@@ -173,6 +187,9 @@ def main() -> None:
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after; seconds since the process started")
     for tree in trees:
         print(f"\n{tree} ({trees[tree]})")
+        if got[tree]["first"]:
+            print(table(got[tree]["first"], "first start, empty state dir"))
+            print()
         print(table(got[tree]["sigkill"], "after SIGKILL"))
         print()
         print(table(got[tree]["sigterm"], "after SIGTERM, same port, idle client"))

@@ -179,6 +179,9 @@ def get(path: str, as_json: bool, config: Path | None, port: int | None, **field
     """
     request = _request("GetRequest", path=path, **fields)  # every option but --json, --config and --port
     page = _ask(config, port, lambda client: client.ask(request))
+    if page["to"] < page["from"] and request.from_line > 1:  # past the end: say so, as a bad --from
+        fail(f"{page['path']} has no line {request.from_line}: the file ends before it (start lower with --from)",
+             EXIT_USAGE)
     if as_json:
         click.echo(json.dumps(page, ensure_ascii=False, indent=2))
         return
@@ -256,8 +259,11 @@ def boot(as_json: bool, config: Path | None, port: int | None, **fields: Any) ->
         click.echo(json.dumps(context, ensure_ascii=False, indent=2))
         return
     click.echo(context["text"])
-    for item in context["omitted"]:
-        click.echo(f"[omitted {item['citation']} ({item['lines']} lines)]", err=True)
+    omitted = context["omitted"]
+    if omitted:  # one line: which files did not fit (--json lists each with its lines)
+        names = ", ".join(item["citation"] for item in omitted[:3]) + (", ..." if len(omitted) > 3 else "")
+        click.echo(f"[omitted {len(omitted)} file(s), {sum(item['lines'] for item in omitted)} lines, over "
+                   f"--budget-chars {budget_chars}: {names}]", err=True)
 
 
 @main.command()

@@ -229,11 +229,27 @@ def migrate(url: str, api_key: str | None, state_dir: Path | None, config: Path 
                f"embedded again; {root} is no longer used and can be removed once you are satisfied.")
 
 
+def _served_agent(config: Path | None, workspace: Path) -> str | None:
+    """The agent a daemon answering on the configured port serves ``workspace`` as (its ``root`` collection's
+    ``agent`` in ``GET /status``), so ``doctor --workspace`` names it as the daemon does; ``None`` when no daemon
+    answers within a second or none serves that path."""
+    from indexer.client import Client, ClientError
+
+    settings = settings_from(config, None, None, None, None)
+    try:
+        with Client(port=settings.port, timeout_s=1.0, token=settings.token or None) as client:
+            collections = client.status().get("collections", {})
+    except (ClientError, OSError):
+        return None
+    path = str(workspace.resolve())
+    return next((c["agent"] for c in collections.values() if c.get("role") == "root" and c.get("root") == path), None)
+
+
 @click.command()
 @config_opt
 @click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="Workspace directory to check; replaces the config's list.")
-@click.option("--agent", help="Agent id of --workspace [default main].")
+@click.option("--agent", help="Agent id of --workspace [default: the running daemon's for that path, else main].")
 @click.option("--fix", is_flag=True, help="Archive the legacy memory.md and merge its text into MEMORY.md.")
 def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: bool) -> None:
     """Check each workspace for a split root memory (MEMORY.md and memory.md as two files),
@@ -255,6 +271,8 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
     from indexer.doctor import find_split, findings, fix_split
     from indexer.workspace import overlaps, plan_collections
 
+    if workspace is not None and agent is None:
+        agent = _served_agent(config, workspace)
     settings = settings_from(config, workspace, agent, None, None)
     need_workspaces(settings)
     problems = 0
@@ -295,8 +313,9 @@ def plugins(as_json: bool, config: Path | None) -> None:
     qmd_indexer.extractors, qmd_indexer.embedders and qmd_indexer.rerankers; no
     model is loaded to list them. A plugin that fails to load is listed as failed
     with the reason. Status: loaded, failed, disabled (not in the `plugins`
-    allow-list), unused (lost a `prefer` choice, or a reranker other than the
-    one the `reranker` setting names).
+    allow-list), unused (lost a `prefer` choice, a reranker other than the
+    one the `reranker` setting names, or a media plugin that cannot load while
+    no workspace indexes its media: the reason says what it needs).
     """
     from indexer.errors import ConfigError
     from indexer.plugins import load_registry, plugin_configs
@@ -308,7 +327,16 @@ def plugins(as_json: bool, config: Path | None) -> None:
                                  reranker=settings.reranker)
     except ConfigError as exc:
         fail(f"config error: {exc}", EXIT_USAGE)
-    records = [r.as_dict() for r in registry.records]
+    # a media plugin that cannot load (its model not on disk) while no workspace indexes its media is not failing
+    # anything: unused, saying what it would need (a workspace enabling the kind keeps it "failed")
+    enabled = {kind for w in settings.workspace if w.multimodal.enabled for kind in w.multimodal.modalities}
+    records = []
+    for record in registry.records:
+        shown = record.as_dict()
+        if record.status == "failed" and record.media and not ({"all", *record.media} & enabled):
+            shown["status"] = "unused"
+            shown["reason"] = f"no workspace indexes {', '.join(record.media)}; to use it: {record.reason}"
+        records.append(shown)
     if as_json:
         click.echo(json.dumps(records, indent=2))
         return

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from indexer.model_loading import (
 from indexer.onnx_models import (
     INT8_FORMAT,
     INT8_MIN_COSINE,
+    OnnxDocumentEncoder,
     OnnxQueryEncoder,
     int8_dir,
     query_model,
@@ -62,6 +63,26 @@ log = structlog.get_logger("qmd_indexer.embedding")
 
 # all-MiniLM-L6-v2's published facts: 384 dimensions, 256 word pieces per input (including [CLS] and [SEP]).
 _KNOWN_DIMS = {"sentence-transformers/all-MiniLM-L6-v2": 384}
+
+
+class _LoadProgress:
+    """Says how far a model load is: ``embedder.load_progress = {"phase", "percent"}`` (``GET /status``'s
+    ``models``) and one ``model_loading`` log line per step that runs. ``steps``: each step's name and weight
+    (typical seconds); a step not in ``steps`` (an export the cache already holds) is skipped silently."""
+
+    def __init__(self, embedder: SentenceTransformerEmbedder, steps: dict[str, float]) -> None:
+        self.embedder, self.steps, self.done = embedder, steps, 0.0
+        self.current: str | None = None
+
+    def __call__(self, phase: str) -> None:
+        if phase not in self.steps or phase == self.current:
+            return
+        if self.current is not None:
+            self.done += self.steps[self.current]
+        self.current = phase
+        percent = int(100 * self.done / sum(self.steps.values()))
+        self.embedder.load_progress = {"phase": phase, "percent": percent}
+        log.info("model_loading", model=self.embedder.base_id, phase=phase, percent=percent)
 
 
 class SentenceTransformerEmbedder:
@@ -98,36 +119,41 @@ class SentenceTransformerEmbedder:
         # queries have their own tokenizer and session and wait for nothing.
         self._use = threading.Lock()
         self._query_encoder: OnnxQueryEncoder | None = None
+        self._documents: OnnxDocumentEncoder | None = None  # chunks before the model is loaded (``preload``)
+        self._documents_tried = False
+        self._documents_lock = threading.Lock()  # ``open_document_model``
         self._opening = threading.Lock()  # ``open_query_model``
         self._identity: str | None = None
         self._fingerprint: str | None = None
         self._dim: int | None = _KNOWN_DIMS.get(self.base_id)
         self._max_tokens: int | None = 254 if self.base_id in _KNOWN_DIMS else None
         self.load_times: dict[str, float] = {}  # seconds the last load took: ``load_s``, ``precision_s``
+        self.load_progress: dict[str, Any] | None = None  # ``{"phase", "percent"}`` while a load runs
 
     @property
     def model_id(self) -> str:
-        """``base model id`` for fp32, ``id@bf16`` or ``id@int8-onnx-v<format>`` otherwise. With int8 this loads
-        the model first, since a failed export or quality check means fp32."""
-        if self.precision == "int8" and not self._model.loaded and not self._int8_on_disk():
-            _ = self.model
-        if self.precision == "fp32":
+        """``base model id`` for fp32, ``id@bf16`` or ``id@int8-onnx-v<format>`` otherwise. Never loads the model:
+        with int8 it reads the export's quality record (``int8_state``), so a first start opens the store and serves
+        while the export still runs. An int8 export that then fails leaves the model on fp32 (``int8_unavailable``);
+        from then on this says fp32."""
+        if self.precision == "fp32" or (self.precision == "int8" and self.int8_state() == "failed"):
             return self.base_id
         if self.precision == "int8":
             return f"{self.base_id}@int8-onnx-v{INT8_FORMAT}"
         return f"{self.base_id}@{self.precision}"
 
-    def _int8_on_disk(self) -> bool:
-        """Whether an int8 export of this model's files that passed its quality check is on disk: the model then
-        runs int8 (``model_id`` needs no load to say so, so a restart does not wait for the model to open the
-        store)."""
+    def int8_state(self) -> str:
+        """What the cache says of this model's int8 export (``int8_dir``'s ``quality.json``): ``"passed"``,
+        ``"failed"`` (the quality check did not pass: the model runs fp32) or ``"pending"`` (not exported yet: the
+        first load exports it, and the model runs int8 unless that fails)."""
         import json
 
         record = int8_dir(self.cache_dir, self.base_id, self.fingerprint) / "quality.json"
         try:
-            return float(json.loads(record.read_text(encoding="utf-8"))["mean_cosine"]) >= INT8_MIN_COSINE
+            mean = float(json.loads(record.read_text(encoding="utf-8"))["mean_cosine"])
         except (OSError, ValueError, KeyError, TypeError):
-            return False
+            return "pending"
+        return "passed" if mean >= INT8_MIN_COSINE else "failed"
 
     @property
     def identity(self) -> str:
@@ -171,7 +197,39 @@ class SentenceTransformerEmbedder:
         the load. The load is begun first, so a query meanwhile never loads the model on its own thread."""
         thread = self._model.start()
         self.open_query_model()
+        self.open_document_model()
         return thread
+
+    def open_document_model(self) -> bool:
+        """Open the ONNX file chunks are embedded with (int8: the export's ``model.onnx`` once its quality check
+        passed; fp32: the fp32 trace, the query model's file) with ONNX Runtime and ``tokenizers`` alone
+        (``OnnxDocumentEncoder``), so ``encode`` and ``token_offsets`` answer while the model itself still loads: a
+        note saved then is indexed at once. Returns whether it is open; ``False`` for bf16 (its vectors come from
+        torch), on another device, or before the first load exported the files. Dropped once the model is loaded.
+        Looked for once (``preload``, or the worker's first chunks, whichever comes first: the other waits)."""
+        with self._documents_lock:
+            if not self._documents_tried:
+                self._documents_tried = True
+                self._open_document_model()
+            return self._documents is not None
+
+    def _open_document_model(self) -> None:
+        if self.device != "cpu" or not int8_available() or self._model.loaded:
+            return
+        if self.precision == "int8" and self.int8_state() == "passed":
+            chunks_file = int8_dir(self.cache_dir, self.base_id, self.fingerprint) / "model.onnx"
+        elif self.precision == "fp32":
+            chunks_file = query_model_path(self.cache_dir, self.base_id, self.fingerprint, "fp32")
+        else:
+            return
+        query_path = query_model_path(self.cache_dir, self.base_id, self.fingerprint, self.precision)
+        try:
+            self._documents = OnnxDocumentEncoder.open(chunks_file, query_path, query_threads())
+        except Exception as exc:  # a damaged file: the chunks wait for the model's load, which exports it again
+            log.warning("document_model_unreadable", path=str(chunks_file), error=f"{type(exc).__name__}: {exc}")
+            return
+        if self._documents is not None:
+            log.info("document_model_opened", path=str(chunks_file))
 
     def open_query_model(self) -> bool:
         """Open the query model an earlier load exported for these model files and precision (``cache_dir``,
@@ -205,12 +263,26 @@ class SentenceTransformerEmbedder:
     def _load(self) -> Any:
         started = time.monotonic()
         self.open_query_model()
-        model = load_sentence_transformer(self._load_path, self.device)
-        loaded = time.monotonic()
-        if self.precision == "int8":
-            self._switch_to_int8(model)
-        if self.precision in ("fp32", "bf16"):  # the query model is traced from the fp32 model: before a bf16 cast
-            self._fp32_query_model(model)
+        # the steps this load runs, each weighed by its typical seconds on 2 cores (docs/performance.md), for
+        # ``load_progress``: the model's load, then the exports a first start makes
+        steps = {"loading model": 10.0}
+        if self.precision == "int8" and self.int8_state() == "pending":
+            steps["exporting int8 model"] = 8.0
+        if self.device == "cpu" and int8_available() and self._query_encoder is None:
+            steps["exporting query model"] = 6.0
+        progress = _LoadProgress(self, steps)
+        try:
+            progress("loading model")
+            model = load_sentence_transformer(self._load_path, self.device)
+            loaded = time.monotonic()
+            if self.precision == "int8":
+                progress("exporting int8 model")
+                self._switch_to_int8(model, progress)
+            if self.precision in ("fp32", "bf16"):  # the query model is traced from the fp32 model: before a cast
+                progress("exporting query model")
+                self._fp32_query_model(model)
+        finally:
+            self.load_progress = None
         if self.precision == "bf16":
             import torch
 
@@ -219,20 +291,25 @@ class SentenceTransformerEmbedder:
         self._max_tokens = int(model.max_seq_length) - 2  # [CLS] and [SEP]
         # seconds: the sentence-transformers load, then the precision's own step (bf16 cast; int8 export or session)
         self.load_times = {"load_s": round(loaded - started, 3), "precision_s": round(time.monotonic() - loaded, 3)}
+        self._documents = None  # the model embeds chunks from now on
         return model
 
-    def _switch_to_int8(self, model: Any) -> None:
+    def _switch_to_int8(self, model: Any, progress: Callable[[str], None] | None = None) -> None:
+        """Run ``model``'s transformer int8 in ONNX Runtime (exported first where the cache has none), or leave it
+        fp32 when the export fails or its quality check does not pass: the precision, ``model_id`` and ``identity``
+        then say fp32, and vectors are cached under it. The store opened under the int8 identity (``model_id`` is
+        known before the load), so the next start sees the change and rebuilds (``on_model_change``)."""
         try:
             quality, self._query_encoder = use_int8(model, self.cache_dir, self.base_id, self.fingerprint,
-                                                    self._query_encoder)
+                                                    self._query_encoder, progress)
         except Exception as exc:  # any export failure leaves a working fp32 model
             log.warning("int8_unavailable", model=self.base_id, fallback="fp32", error=f"{type(exc).__name__}: {exc}")
-            self.precision = "fp32"
+            self.precision, self._identity = "fp32", None
             return
         if not quality["passed"]:
             log.warning("int8_unavailable", model=self.base_id, fallback="fp32",
                         error=f"quality check failed: mean cosine {quality['mean_cosine']} < {INT8_MIN_COSINE}")
-            self.precision = "fp32"
+            self.precision, self._identity = "fp32", None
 
     def _fp32_query_model(self, model: Any) -> None:
         """Queries of an fp32 or bf16 model run on its fp32 query model (exported at the first load), where ONNX
@@ -275,9 +352,22 @@ class SentenceTransformerEmbedder:
         assert self._max_tokens is not None
         return self._max_tokens
 
+    def _before_load(self) -> OnnxDocumentEncoder | None:
+        """The document model while the model is not loaded (opened on first need, once: the worker may embed
+        before ``preload`` runs); ``None`` once the model is loaded or where there is none."""
+        if self._model.loaded:
+            return None
+        if not self._documents_tried:
+            self.open_document_model()
+        return self._documents
+
     # -- contract -----------------------------------------------------------------------------------------------
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
-        """``(start, end)`` character offsets of each model token of ``text``, special tokens excluded."""
+        """``(start, end)`` character offsets of each model token of ``text``, special tokens excluded (before the
+        model is loaded, from the document model's tokenizer where one is open: the same tokenizer)."""
+        documents = self._before_load()
+        if documents is not None:
+            return documents.token_offsets(text)
         tokenizer = self.model.tokenizer
         with self._use:
             encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
@@ -292,14 +382,23 @@ class SentenceTransformerEmbedder:
         docs/performance.md). One model call per batch, so a query waits for one batch at most."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        model, texts = self.model, list(texts)
+        documents = self._before_load()
+        encode: Callable[[list[str]], np.ndarray]
+        if documents is not None:  # the model still loads (or has not begun to): its ONNX file answers
+            encode = documents
+        else:
+            model = self.model
+
+            def encode(batch: list[str]) -> np.ndarray:
+                with self._use:
+                    vectors: np.ndarray = model.encode(batch, batch_size=self.batch_size, normalize_embeddings=True,
+                                                       convert_to_numpy=True, show_progress_bar=False)
+                return vectors
+        texts = list(texts)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         parts = []
         for start in range(0, len(texts), self.batch_size):
-            batch = [texts[i] for i in order[start : start + self.batch_size]]
-            with self._use:
-                parts.append(model.encode(batch, batch_size=self.batch_size, normalize_embeddings=True,
-                                          convert_to_numpy=True, show_progress_bar=False))
+            parts.append(encode([texts[i] for i in order[start : start + self.batch_size]]))
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
         vectors[order] = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts])
         return l2_normalise(vectors)

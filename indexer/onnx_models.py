@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,64 @@ class OnnxQueryEncoder:
         feed = {name: np.array([getattr(encoding, self._FIELDS[name])], dtype=np.int64) for name in self.input_names}
         (hidden,) = self.session.run(["last_hidden_state"], feed)
         pooled = hidden[0, 0] if self.cls else hidden[0].mean(axis=0)  # one text: no padding to mask out
+        return l2_normalise(pooled.astype(np.float32))
+
+
+class OnnxDocumentEncoder:
+    """Chunks to ``(n, dim)`` float32 L2-normalised embeddings and a text's token offsets without torch: the model's
+    ONNX file the chunks are embedded with (int8: the export's ``model.onnx``; fp32: the fp32 trace, the query
+    model's file) and the query model's tokenizer and pooling (``export_query``'s record), so a note saved while the
+    model itself still loads (``import sentence_transformers``: 10-20 s) is embedded at once, to the vectors the
+    loaded model gives on the same file (the int8 one within its per-batch activation scales). Batches are padded
+    to their longest text; pooling masks the padding out. Thread-safe (the tokenizer under a lock)."""
+
+    def __init__(self, onnx_path: Path, tokenizer_json: str, cls: bool, threads: int) -> None:
+        from tokenizers import Tokenizer
+
+        self.path = onnx_path
+        self.session = _onnx_session(onnx_path, threads, spin=False)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)  # truncates as the model does (``tokenizer_for``)
+        self.untruncated = Tokenizer.from_str(tokenizer_json)
+        self.untruncated.no_truncation()
+        self.cls = cls
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, onnx_path: Path, query_path: Path, threads: int) -> OnnxDocumentEncoder | None:
+        """The encoder on ``onnx_path`` with the tokenizer and pooling saved beside the query model ``query_path``
+        (``export_query``); ``None`` when a file is missing or the query model's record did not pass. Raises what
+        ONNX Runtime raises for a damaged file."""
+        try:
+            record = json.loads(query_path.with_suffix(".json").read_text(encoding="utf-8"))
+            tokenizer = query_path.with_suffix(".tokenizer.json").read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            return None
+        if not (isinstance(record, dict) and _passed(record) and record.get("pooling") in ("mean", "cls")
+                and onnx_path.is_file()):
+            return None
+        return cls(onnx_path, tokenizer, record["pooling"] == "cls", threads)
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        """``(start, end)`` character offsets of each token of ``text``, special tokens excluded, untruncated (what
+        the model's tokenizer gives with ``add_special_tokens=False``)."""
+        with self._lock:
+            encoding = self.untruncated.encode(text, add_special_tokens=False)
+        return [(int(start), int(end)) for start, end in encoding.offsets]
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        with self._lock:
+            encodings = self.tokenizer.encode_batch(texts)
+        width = max(len(e.ids) for e in encodings)
+        fields = OnnxQueryEncoder._FIELDS
+        feed = {name: np.array([getattr(e, fields[name]) + [0] * (width - len(e.ids)) for e in encodings],
+                               dtype=np.int64) for name in self.input_names}
+        (hidden,) = self.session.run(["last_hidden_state"], feed)
+        if self.cls:
+            pooled = hidden[:, 0]
+        else:
+            mask = np.array([[1] * len(e.ids) + [0] * (width - len(e.ids)) for e in encodings], dtype=np.float32)
+            pooled = (hidden * mask[:, :, None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)
         return l2_normalise(pooled.astype(np.float32))
 
 
@@ -435,14 +494,15 @@ def query_model(model: Any, path: Path, quantize: bool, fallback: Path | None = 
 
 
 def use_int8(model: Any, cache_dir: Path, base_id: str, fingerprint: str = "",
-             queries: OnnxQueryEncoder | None = None) -> tuple[dict[str, Any], OnnxQueryEncoder | None]:
+             queries: OnnxQueryEncoder | None = None,
+             progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], OnnxQueryEncoder | None]:
     """Swap ``model``'s transformer for the int8 ONNX one, exporting it first unless ``cache_dir`` has it (for this
     ``fingerprint`` of the model's files: ``int8_dir``).
 
     Returns the quality record and, for a model ``OnnxQueryEncoder`` supports, the encoder queries run on
     (``query_model``'s file: ``queries`` itself where it is already open on that file); when the record did not
     pass, ``model`` is left unchanged and no encoder is built. Raises what ``export_int8`` raises (then ``model`` is
-    unchanged too).
+    unchanged too). ``progress`` is told ``"exporting query model"`` before the query model is made or opened.
     """
     import torch
 
@@ -457,6 +517,8 @@ def use_int8(model: Any, cache_dir: Path, base_id: str, fingerprint: str = "",
         return quality, None
     threads = torch.get_num_threads()
     if OnnxQueryEncoder.supports(model):  # before the swap: the query export traces the torch model
+        if progress is not None:
+            progress("exporting query model")
         path = query_model(model, query_model_path(cache_dir, base_id, fingerprint, "int8"), True,
                            fallback=target / "model.onnx")
         if queries is None or queries.path != path:

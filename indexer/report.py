@@ -191,7 +191,9 @@ class StatusView:
                                      "files_waiting": len(state.ledger.outage.waiting)},
             "search_fallback": self.fallback_stats.as_dict(),
             "models": {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
-                                  "precision": getattr(e, "precision", None)}
+                                  "precision": getattr(e, "precision", None),
+                                  # while the model loads (a first start exports it too): {phase, percent}
+                                  **({"loading": p} if (p := getattr(e, "load_progress", None)) else {})}
                        for modality, e in embedders.items()},
             "chunks_embedded": self.stats.chunks_embedded,
             "cache_hits": self.stats.cache_hits,

@@ -457,7 +457,8 @@ class Status(TypedDict):
     hnsw: NotRequired[Annotated[dict[str, dict[str, Any]], Field(description=(
         "HNSW builds of Qdrant Edge collections: name -> {state, points, seconds | error}."))]]
     models: NotRequired[Annotated[dict[str, dict[str, Any]], Field(description=(
-        "Modality -> {model_id, identity, precision} of each embedder."))]]
+        "Modality -> {model_id, identity, precision} of each embedder, and while its model loads (a first start "
+        "exports its ONNX models too) loading: {phase, percent}."))]]
     embedder_unavailable: NotRequired[Annotated[dict[str, Any], Field(description=(
         "The embedder could not answer (its server down, 429, 5xx): reason (null while it answers), since (unix "
         "time), deferred (batches put off since start, retried with backoff, never failed), files_waiting."))]]

@@ -91,7 +91,8 @@ _ERRORS = {
 
 #: the web page and its static files (``indexer/web``): route -> (file, media type). ``GET`` needs no token for these
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/web/app.js": ("app.js", "text/javascript"),
-              "/web/app.css": ("app.css", "text/css")}
+              "/web/app.css": ("app.css", "text/css"), "/web/favicon.svg": ("favicon.svg", "image/svg+xml"),
+              "/favicon.ico": ("favicon.svg", "image/svg+xml")}  # the icon where a browser asks without the page
 #: the page's own script and style only, API calls to this origin only, no frames, forms or plugins
 PAGE_HEADERS = {"content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src "
                 "'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",

@@ -10,8 +10,10 @@ store unreachable after opening is not fatal: the worker retries, the API answer
 A restart serves first: the store opens, the API listens, and only then do the models load (``warm_models``, on a
 thread of its own) while the worker reconciles; until they have, hybrid and dense searches answer from keyword
 search, flagged ``degraded`` ("keyword only: model loading"), and ``/health`` names "model loading". Each phase's
-time since the process started is logged (``startup_phase``; ``startup`` once ready; docs/benchmarks.md).
-"""
+time since the process started is logged (``startup_phase``; ``startup`` once ready; docs/benchmarks.md). A first
+start runs the same way: the store opens without the model (``model_id`` needs no load), and the ONNX exports are
+part of the model's load behind the listening API, each step logged (``model_loading``) and in ``GET /status``
+(``models.<modality>.loading``)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -52,8 +53,12 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
                     structlog.processors.format_exc_info, renderer],
         foreign_pre_chain=shared))
     # libraries that log on the root logger itself below warning are chatter, not events: ONNX Runtime's
-    # quantization wrote ~60 INFO lines there at the first int8 export. Named loggers keep their levels.
-    handler.addFilter(lambda record: record.name != "root" or record.levelno >= logging.WARNING)
+    # quantization wrote ~60 INFO lines there at the first int8 export, and its transformer optimizer ~12 more on
+    # loggers named after its modules (``fusion_base``, ``onnx_model``: imported as top-level modules). Other named
+    # loggers keep their levels.
+    onnxruntime_dir = f"{os.sep}onnxruntime{os.sep}"
+    handler.addFilter(lambda record: record.levelno >= logging.WARNING or (
+        record.name != "root" and onnxruntime_dir not in record.pathname))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

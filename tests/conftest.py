@@ -36,6 +36,9 @@ from indexer.config import Settings  # noqa: E402
 from indexer.daemon import Indexer  # noqa: E402
 from indexer.plugins import Registry, load_registry  # noqa: E402
 
+#: the precision the session's model runs at: the daemon's own setting from the environment (``auto`` by default)
+SESSION_PRECISION = os.environ.get("QMD_INDEXER_PRECISION", "auto")
+
 BACKENDS = ["edge", "memory", "server", "cluster"]  # what a store-taking test runs against
 
 
@@ -153,9 +156,12 @@ def no_leaked_threads(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(scope="session", name="registry")
 def registry_fixture(tmp_path_factory: pytest.TempPathFactory) -> Registry:
     """The installed plugins with the real default model (all-MiniLM-L6-v2 from its wheel), loaded once at the
-    precision ``auto`` picks for this CPU (its ONNX exports go to a temporary folder)."""
+    precision ``$QMD_INDEXER_PRECISION`` says (the daemon's own setting; default ``auto``, what this CPU picks), so a
+    bf16 machine runs the whole suite on the int8 path with ``QMD_INDEXER_PRECISION=int8`` (its ONNX exports go to a
+    temporary folder)."""
     models = tmp_path_factory.mktemp("models")
-    registry = load_registry(config={"sentence-transformers": {"model": "all-MiniLM-L6-v2", "cache_dir": str(models)}})
+    registry = load_registry(config={"sentence-transformers": {"model": "all-MiniLM-L6-v2", "cache_dir": str(models),
+                                                               "precision": SESSION_PRECISION}})
     registry.embedders["text"].embed_query("warm-up")
     return registry
 

@@ -137,7 +137,12 @@ def test_fifty_concurrent_appends_from_five_clients(daemon: tuple[Served, Path])
         assert "\n".join(lines[answer["from"] - 1:answer["to"]]) == text(int(c), int(i)), token  # whole, in place
         assert answer["citation"] == f"{path}#L{answer['from']}-L{answer['to']}"
     with Client(port=served.port) as client:
-        client.search_response("QX0Y0Z", wait_s=10)  # until the watcher's batch is indexed
+        # until the daemon says the file is indexed (no path pending), however long a loaded machine takes; each
+        # search waits up to 10 s for it server-side; the bound only keeps a broken daemon from hanging the run
+        for _ in range(30):
+            if not client.search_response("QX0Y0Z", wait_s=10)["pending"]:
+                break
+        assert not client.pending, client.pending
         missing = [token for token in answers if not _found(client, token, path)]
     assert not missing
     print(f"50 appends: {len(spans)} disjoint ranges, {spans[0]}..{spans[-1]}, all searchable")

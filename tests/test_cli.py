@@ -81,6 +81,12 @@ def test_daemon_serves_search_and_status_and_stops_cleanly(workspace: Path, tmp_
 
         bad = _cli("search", "x", "--agent", "nobody", "--port", str(daemon.port))
         assert bad.returncode == 2 and "unknown agent" in bad.stderr
+        past = _cli("get", "MEMORY.md", "--from", "999", "--port", str(daemon.port))  # past the end: said, exit 2
+        assert past.returncode == 2 and past.stdout == "" and "MEMORY.md has no line 999" in past.stderr
+        boot = _cli("boot", "--budget-chars", "200", "--port", str(daemon.port))  # what did not fit: one line
+        assert boot.returncode == 0 and boot.stdout.strip()
+        omitted = [line for line in boot.stderr.splitlines() if "omitted" in line]
+        assert len(omitted) == 1 and "over --budget-chars 200" in omitted[0], boot.stderr
 
         # the MCP endpoint is served too (it needs the app's lifespan)
         call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",

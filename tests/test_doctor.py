@@ -70,3 +70,23 @@ def test_doctor_command_exit_codes(tmp_path: Path) -> None:
     fixed = subprocess.run([*cli, "--fix"], capture_output=True, text=True, timeout=60)
     assert fixed.returncode == 0 and "repaired" in fixed.stdout
     assert subprocess.run(cli, capture_output=True, text=True, timeout=60).returncode == 0
+
+
+def test_doctor_names_the_agent_the_running_daemon_serves_the_workspace_as(workspace: Path, make_indexer) -> None:
+    """``doctor --workspace`` without ``--agent`` on a served workspace (``make demo`` serves its copy as ``demo``)
+    names the daemon's agent, not the ``main`` it would otherwise assume."""
+    from server_process import free_port
+    from test_mcp import Served
+
+    from indexer.worker import index_once
+
+    indexer = make_indexer([{"agent": "demo", "path": workspace}], port=free_port())
+    index_once(indexer)
+    cli = [sys.executable, "-m", "indexer.cli", "doctor", "--workspace", str(workspace)]
+    env = {**os.environ, "QMD_INDEXER_PORT": str(indexer.settings.port)}
+    env.pop("QMD_INDEXER_CONFIG", None)
+    with Served(indexer):
+        served = subprocess.run(cli, capture_output=True, text=True, timeout=60, env=env)
+    assert served.returncode == 0 and served.stdout.startswith(f"demo: ok ({workspace}"), served
+    alone = subprocess.run(cli, capture_output=True, text=True, timeout=60, env=env)  # no daemon: the default
+    assert alone.returncode == 0 and alone.stdout.startswith("main: ok"), alone

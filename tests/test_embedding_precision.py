@@ -72,7 +72,8 @@ def test_cpu_flags_read_from_this_machine() -> None:
         "auto", "cpu", flags, int8_available())
 
 
-def test_precision_setting_validated(tmp_path: Path) -> None:
+def test_precision_setting_validated(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("QMD_INDEXER_PRECISION", raising=False)  # the session's, when forced (conftest)
     assert Settings().precision == "auto"
     assert Settings(precision="int8").precision == "int8"
     config = tmp_path / "config.toml"
@@ -90,7 +91,8 @@ def test_int8_close_to_fp32_and_export_reused(tmp_path: Path) -> None:
         int8 = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         vectors = int8.embed_query(SENTENCES[0]), int8.encode(SENTENCES)
     assert int8.precision == "int8"
-    assert [e["event"] for e in first_logs] == ["int8_exported", "query_model_exported"]
+    assert [e["event"] for e in first_logs if e["event"] != "model_loading"] == ["int8_exported",
+                                                                                 "query_model_exported"]
     query, batch = vectors
     assert batch.shape == (len(SENTENCES), 384) and batch.dtype == np.float32
     assert query.shape == (384,) and query.dtype == np.float32
@@ -113,7 +115,9 @@ def test_int8_close_to_fp32_and_export_reused(tmp_path: Path) -> None:
         again = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         np.testing.assert_allclose(again.encode(SENTENCES), batch, atol=1e-6)
         np.testing.assert_allclose(again.embed_query(SENTENCES[0]), query, atol=1e-6)
-    assert [e["event"] for e in second_logs] == ["query_model_opened"]  # from the cache: no second export
+    # from the cache: no second export (chunks on the export's own file, before any load)
+    assert [e["event"] for e in second_logs if e["event"] != "model_loading"] == ["document_model_opened",
+                                                                                  "query_model_opened"]
     assert again.model_id == int8.model_id
     assert [p.name for p in cache.iterdir()] == [export.name]
     assert (export / "model.onnx").stat().st_mtime_ns == before.st_mtime_ns
@@ -132,7 +136,7 @@ def test_failed_export_falls_back_to_fp32(tmp_path: Path) -> None:
     assert embedder.model_id == SentenceTransformerEmbedder({"precision": "fp32"}).model_id
     assert vectors.shape == (len(SENTENCES), 384)
     # the same unusable folder leaves fp32 queries on the model's own modules, said once too
-    assert [(e["event"], e["log_level"], e["fallback"]) for e in logs] == [
+    assert [(e["event"], e["log_level"], e["fallback"]) for e in logs if e["event"] != "model_loading"] == [
         ("int8_unavailable", "warning", "fp32"), ("query_model_unavailable", "warning", "the model's modules")]
 
 
@@ -208,7 +212,8 @@ def test_fp32_and_bf16_queries_run_on_a_query_model_that_gives_the_fp32_vector(f
 
 
 # Opens the query model saved in argv[1] with torch and sentence-transformers made unimportable, embeds the texts
-# of argv[2] (JSON) and prints {"opened", "vectors", "torch"} as JSON.
+# of argv[2] (JSON) as queries and as chunks (the document model), and prints {"opened", "vectors", "documents",
+# "chunks", "offsets", "loaded"} as JSON.
 _WITHOUT_TORCH = """
 import json, sys
 sys.modules["torch"] = None  # any import of torch now raises ImportError
@@ -216,8 +221,12 @@ sys.modules["sentence_transformers"] = None
 from indexer.embedding import SentenceTransformerEmbedder
 embedder = SentenceTransformerEmbedder({"precision": "fp32", "cache_dir": sys.argv[1]})
 opened = embedder.open_query_model()
-vectors = [embedder.embed_query(text).tolist() for text in json.loads(sys.argv[2])]
-print(json.dumps({"opened": opened, "vectors": vectors, "loaded": embedder._model.loaded}))
+texts = json.loads(sys.argv[2])
+vectors = [embedder.embed_query(text).tolist() for text in texts]
+documents = embedder.open_document_model()
+chunks, offsets = embedder.encode(texts).tolist(), embedder.token_offsets(texts[0])
+print(json.dumps({"opened": opened, "vectors": vectors, "documents": documents, "chunks": chunks, "offsets": offsets,
+                  "loaded": embedder._model.loaded}))
 """
 
 
@@ -229,9 +238,12 @@ def test_a_saved_query_model_answers_queries_without_torch(fp32_embedder) -> Non
                           capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout.strip().splitlines()[-1])
-    assert answer["opened"] and not answer["loaded"]
+    assert answer["opened"] and answer["documents"] and not answer["loaded"]
     for text, vector in zip(QUERIES, answer["vectors"]):
         np.testing.assert_allclose(np.array(vector, dtype=np.float32), fp32_embedder.embed_query(text), atol=1e-6)
+    # chunks too (a note saved while the model loads): the model's vectors and token offsets, without torch
+    np.testing.assert_allclose(np.array(answer["chunks"], dtype=np.float32), fp32_embedder.encode(QUERIES), atol=2e-5)
+    assert [tuple(o) for o in answer["offsets"]] == fp32_embedder.token_offsets(QUERIES[0])
 
 
 @pytest.mark.parametrize("damage", ["truncated model", "empty record"])
@@ -251,7 +263,7 @@ def test_a_damaged_query_model_is_exported_again(fp32_embedder, tmp_path: Path, 
         assert not again.open_query_model()
         vector = again.embed_query(QUERIES[0])  # loads the model, which exports the query model again
     said = ["query_model_unreadable"] if damage == "truncated model" else []
-    assert [e["event"] for e in logs] == [*said, "query_model_exported"]
+    assert [e["event"] for e in logs if e["event"] != "model_loading"] == [*said, "query_model_exported"]
     assert again.query_file == saved.name and saved.stat().st_size > 5000
     assert json.loads(saved.with_suffix(".json").read_text())["passed"]
     np.testing.assert_allclose(vector, fp32_embedder.embed_query(QUERIES[0]), atol=1e-6)
@@ -331,7 +343,8 @@ def test_a_query_model_deleted_by_hand_is_exported_again(int8_embedder, tmp_path
     with capture_logs() as logs:
         again = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})
         vector = again.embed_query(SENTENCES[0])
-    assert [e["event"] for e in logs] == ["query_model_missing", "query_model_exported"]
+    events = [e["event"] for e in logs if e["event"] != "model_loading"]
+    assert events == ["query_model_missing", "query_model_exported"]
     assert query_file.exists() and again._query_encoder is not None and again._query_encoder.path == query_file
     assert float(vector @ int8_embedder.embed_query(SENTENCES[0])) > 0.9999
 
@@ -351,8 +364,9 @@ def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(
         assert strict.model_id == int8_embedder.model_id  # the chunks' int8 passed: its record says so unloaded
         assert strict.model is not None
     assert strict._query_encoder is not None and strict._query_encoder.path == export / "model.onnx"
-    assert [(e["event"], e["log_level"]) for e in logs] == [("query_model_unavailable", "warning")]
-    assert "quality check failed" in logs[0]["error"]
+    said = [e for e in logs if e["event"] != "model_loading"]
+    assert [(e["event"], e["log_level"]) for e in said] == [("query_model_unavailable", "warning")]
+    assert "quality check failed" in said[0]["error"]
 
     for name in (f"query-v{QUERY_FORMAT}.onnx", f"query-v{QUERY_FORMAT}.json", f"query-v{QUERY_FORMAT}.tokenizer.json"):
         (export / name).unlink()
@@ -367,7 +381,7 @@ def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(
             np.testing.assert_allclose(fallback.embed_query(SENTENCES[0]), fallback.encode(SENTENCES[:1])[0],
                                        atol=1e-5)
         assert fallback._query_encoder is not None and fallback._query_encoder.path == export / "model.onnx"
-        assert [(e["event"], e["error"]) for e in logs] == [
+        assert [(e["event"], e["error"]) for e in logs if e["event"] != "model_loading"] == [
             ("query_model_unavailable", "RuntimeError: no space left for the trace")]
     assert sorted(p.name for p in export.iterdir()) == ["model.onnx", "quality.json", f"query-v{QUERY_FORMAT}.json"]
 
@@ -410,3 +424,74 @@ def test_int8_runs_a_query_on_threads_that_do_not_spin_and_batches_on_ones_that_
     int8_embedder.encode(SENTENCES[:3])
     int8_embedder.encode(SENTENCES[:1])  # a file of one chunk is a batch too: the chunks' model embeds it
     assert calls == [("queries", 1), ("batches", 3), ("batches", 1)]
+
+
+def _cpu_has_bf16() -> bool:
+    return choose_precision("auto", "cpu", cpu_flags(), False) == "bf16"
+
+
+#: every precision path, forced by the daemon's ``precision`` setting whatever this CPU's ``auto`` would pick: a bf16
+#: machine runs the int8 path too (bf16 only where the CPU has native bf16; elsewhere torch emulates it, slowly)
+FORCED_PRECISIONS = [
+    "fp32", "int8",
+    pytest.param("bf16", marks=pytest.mark.skipif(not _cpu_has_bf16(), reason="no native bf16 on this CPU")),
+]
+
+
+@pytest.mark.parametrize("precision", FORCED_PRECISIONS)
+def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path, workspace: Path, precision: str,
+                                                                 monkeypatch) -> None:
+    """A daemon forced to each precision by its setting (a fresh state dir: the int8 and query models are exported
+    into it) indexes the workspace, runs at that precision and answers hybrid searches with dense scores."""
+    from conftest import make_settings, wait_for
+
+    from indexer.daemon import Indexer
+    from indexer.schema import SearchRequest
+    from indexer.server import LocalMemory
+    from indexer.worker import index_once
+
+    if precision == "int8" and not int8_available():
+        pytest.skip("onnxruntime/onnx (the int8 extra) not installed")
+    monkeypatch.setenv("QMD_INDEXER_PRECISION", precision)  # the environment beats the file (and the session's)
+    settings = make_settings(tmp_path, [{"agent": "main", "path": workspace}], precision=precision)
+    daemon = Indexer.open(settings)  # the store opens before any model loads or export runs (the API listens then)
+    try:
+        text: Any = daemon.registry.embedders["text"]
+        assert not text._model.loaded and not text.loading
+        with capture_logs() as logs:
+            load = text.preload()  # what the daemon does once the API listens: the first start exports, saying so
+            loading = wait_for(lambda: daemon.view.status()["models"]["text"].get("loading"), timeout_s=60)
+            load.join(300)
+        assert loading["phase"] in ("loading model", "exporting int8 model", "exporting query model")
+        assert 0 <= loading["percent"] < 100
+        assert "loading" not in daemon.view.status()["models"]["text"]
+        phases = [(e["phase"], e["percent"]) for e in logs if e["event"] == "model_loading"]
+        exports = ["exporting int8 model"] if precision == "int8" else []
+        assert [p for p, _ in phases] == ["loading model", *exports, "exporting query model"], phases
+        assert [p for _, p in phases] == sorted(p for _, p in phases) and phases[0][1] == 0
+        status = index_once(daemon)
+        assert status["ready"] and status["files_failed"] == 0 and status["queue_depth"] == 0, status
+        assert status["embedding"]["precision"] == precision == text.precision
+        expected = {"fp32": text.base_id, "int8": f"{text.base_id}@int8-onnx-v2", "bf16": f"{text.base_id}@bf16"}
+        assert text.model_id == expected[precision]
+        answer = LocalMemory(daemon.view).search_response(SearchRequest(query="export job out of disk", mode="hybrid"))
+        assert "degraded" not in answer
+        assert answer["hits"][0]["path"] == "memory/incidents.md" and answer["hits"][0]["dense_score"] > 0.3
+    finally:
+        daemon.close()
+
+
+def test_int8_model_id_is_known_before_the_model_loads(tmp_path: Path) -> None:
+    """``model_id`` (the store's identity, read before the API listens) never loads the model: with no export yet it
+    is int8's (the load exports it); with a quality record that did not pass, fp32's (the load falls back)."""
+    if not int8_available():
+        pytest.skip("onnxruntime/onnx (the int8 extra) not installed")
+    config = {"precision": "int8", "cache_dir": str(tmp_path / "models")}
+    pending = SentenceTransformerEmbedder(config)
+    assert pending.int8_state() == "pending" and pending.model_id.endswith("@int8-onnx-v2")
+    record = int8_dir(tmp_path / "models", pending.base_id, pending.fingerprint) / "quality.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"mean_cosine": 0.5, "passed": False}))
+    failed = SentenceTransformerEmbedder(config)
+    assert failed.int8_state() == "failed" and failed.model_id == failed.base_id
+    assert not pending._model.loaded and not failed._model.loaded and not failed.loading

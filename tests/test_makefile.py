@@ -85,3 +85,15 @@ def test_make_demo_installs_the_package_alone_and_a_plain_install_gets_the_int8_
     assert demo.split("##")[0].split(":")[1].split() == ["install-lean"], demo
     dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert {"onnx", "onnxruntime", "tokenizers"} <= {d.split(">")[0].split("=")[0].strip() for d in dependencies}
+
+
+def test_make_demo_serves_a_copy_outside_the_checkout(tmp_path: Path) -> None:
+    """``make demo`` indexes and serves a copy of ``deploy/demo-workspace`` under its state dir, so an append or an
+    edit made while trying it leaves the checkout clean (it used to write ``memory/<today>.md`` into the tree)."""
+    state = tmp_path / "demo"
+    plan = subprocess.run(["make", "-C", str(ROOT), "--no-print-directory", "-n", "demo", f"STATE={state}"],
+                          capture_output=True, text=True, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    assert f"cp -R deploy/demo-workspace {state}/workspace" in plan.stdout
+    run = next(line for line in plan.stdout.splitlines() if " run --workspace " in line)
+    assert f"--workspace {state}/workspace" in run and f"--state-dir {state}" in run, run

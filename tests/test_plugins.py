@@ -472,3 +472,23 @@ def test_guide_mentions_every_group_and_contract_member() -> None:
     assert not missing, f"plugins/README.md does not mention {missing}: document them (the contract changed)"
     for group in GROUPS:
         assert f'[project.entry-points."{group}"]' in guide, f"the guide shows no pyproject table for {group}"
+
+
+def test_a_media_plugin_without_its_model_is_unused_until_a_workspace_indexes_its_media(tmp_path: Path) -> None:
+    """After ``make install`` the image plugin's CLIP model is not on disk: ``plugins`` lists it ``unused`` (no
+    workspace indexes images), saying what it needs, not ``failed``; with a workspace that indexes images it is
+    ``failed`` with the same reason."""
+    plain = cli("plugins", "--json", site=tmp_path)
+    clip = next((r for r in json.loads(plain.stdout) if r["name"] == "clip"), None)
+    if clip is None or clip["status"] == "loaded":
+        pytest.skip("the image plugin is not installed, or its CLIP model is on disk here")
+    assert clip["status"] == "unused" and clip["reason"].startswith("no workspace indexes image; to use it: ")
+    assert "[plugin.clip] model" in clip["reason"]
+    (tmp_path / "ws").mkdir()
+    config = tmp_path / "config.toml"
+    config.write_text(f'[[workspace]]\nagent = "main"\npath = "{tmp_path / "ws"}"\n'
+                      '[workspace.multimodal]\nenabled = true\nmodalities = ["image"]\n')
+    used = cli("plugins", "--json", "--config", str(config), site=tmp_path)
+    assert used.returncode == 0, used.stderr
+    clip = next(r for r in json.loads(used.stdout) if r["name"] == "clip")
+    assert clip["status"] == "failed" and clip["reason"].startswith("LookupError")

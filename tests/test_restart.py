@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Running, write
+from conftest import Running, make_settings, wait_for, write
 from structlog.testing import capture_logs
 
 import indexer.embedding
@@ -27,10 +27,11 @@ from indexer.service import warm_models
 from indexer.worker import index_once
 
 
-def _gated(registry: Registry, gate: threading.Event, cache_dir: Path) -> Registry:
+def _gated(registry: Registry, gate: threading.Event, cache_dir: Path, precision: str | None = None) -> Registry:
     """``registry`` with a text embedder whose model is not loaded yet, as at a restart: its load waits for
     ``gate``, then gives the session's real model (loaded once for every test). Its saved query model is looked for
-    in ``cache_dir``."""
+    in ``cache_dir``. ``precision`` forces the embedder's (what the setting would), whatever this CPU's ``auto``
+    picked: what the daemon decides before the load (``model_id``, the store's identity) follows that path."""
     loaded = registry.embedders["text"]
     model = loaded.model  # type: ignore[attr-defined]
 
@@ -40,30 +41,41 @@ def _gated(registry: Registry, gate: threading.Event, cache_dir: Path) -> Regist
 
     embedder = copy.copy(loaded)
     embedder._model = LazyModel(load)  # type: ignore[attr-defined]
-    embedder._query_encoder = None  # type: ignore[attr-defined]
+    embedder._query_encoder = embedder._documents = None  # type: ignore[attr-defined]
+    embedder._documents_tried = False  # type: ignore[attr-defined]
     embedder.cache_dir = cache_dir  # type: ignore[attr-defined]
+    embedder.precision = precision or loaded.precision  # type: ignore[attr-defined]
+    embedder._identity = None  # type: ignore[attr-defined]
     gated = copy.copy(registry)
     gated.embedders = {**registry.embedders, "text": embedder}
     return gated
 
 
-@pytest.mark.parametrize("saved", [False, True], ids=["first-start", "query-model-saved"])
+#: a start with no saved models, on each precision path (forced: an int8 CPU's first start waited for the export in
+#: ``model_id``), and a restart with the query model the session's load saved
+STARTS = [pytest.param(False, p, id=f"first-start-{p}") for p in ("int8", "fp32", "bf16")]
+STARTS += [pytest.param(True, None, id="query-model-saved")]
+
+
+@pytest.mark.parametrize(("saved", "precision"), STARTS)
 def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Path, registry: Registry,
-                                                                    make_indexer: Any, saved: bool) -> None:
+                                                                    saved: bool, precision: str | None) -> None:
     ws = tmp_path / "ws"
     write(ws / "MEMORY.md", "# Memory\n\nThe deploy runbook lives in memory/deploy.md.\n")
     write(ws / "memory" / "deploy.md", "# Deploy\n\nRoll the canary first, then the fleet. Codeword: heliotrope.\n")
     write(ws / "memory" / "travel.md", "# Travel\n\nFlights to Lisbon on Friday; the hotel is near the river.\n")
-    first = make_indexer([{"agent": "main", "path": ws}])
-    index_once(first)
-    settings = first.settings
-    first.close()
-
-    gate = threading.Event()
     text = registry.embedders["text"]
     assert text.query_file is not None, "the session's model has a query model on this machine"  # type: ignore
     cache_dir = text.cache_dir if saved else tmp_path / "no-models"  # type: ignore[attr-defined]
-    indexer = Indexer.open(settings, registry=_gated(registry, gate, cache_dir))
+    loaded = threading.Event()
+    loaded.set()
+    settings = make_settings(tmp_path, [{"agent": "main", "path": ws}])
+    first = Indexer.open(settings, registry=_gated(registry, loaded, cache_dir, precision))  # the same precision
+    index_once(first)
+    first.close()
+
+    gate = threading.Event()
+    indexer = Indexer.open(settings, registry=_gated(registry, gate, cache_dir, precision))
     warming = threading.Thread(target=warm_models, args=(indexer,))
     try:
         with Running(indexer):  # ready: the reconcile found nothing to embed, so it needs no model
@@ -155,4 +167,63 @@ def test_a_failed_model_load_is_said_though_the_query_model_answers(tmp_path: Pa
         answer = LocalMemory(daemon.view).search(SearchRequest(query="heliotrope canary", mode="hybrid"))
         assert "degraded" not in answer and answer["hits"][0]["path"] == "memory/deploy.md"
     finally:
+        daemon.close()
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+def test_a_note_saved_while_the_model_loads_is_indexed_without_it(tmp_path: Path, registry: Registry,
+                                                                  precision: str) -> None:
+    """Where an earlier load left the model's ONNX files (int8's ``model.onnx``, fp32's trace) a restart embeds
+    chunks with them while the model itself still loads: a note saved then is indexed and found by a hybrid search
+    with the model held back by the test the whole time; its vectors are the loaded model's."""
+    from indexer.embedding import SentenceTransformerEmbedder
+    from indexer.model_loading import int8_available
+
+    if not int8_available():
+        pytest.skip("onnxruntime/onnx not installed: chunks wait for the model")
+    models = tmp_path / "models"
+    exported = SentenceTransformerEmbedder({"precision": precision, "cache_dir": str(models)})
+    exported.embed_query("warm-up")  # the first load exports the ONNX files
+    ws = tmp_path / "ws"
+    write(ws / "memory" / "deploy.md", "# Deploy\n\nRoll the canary first, then the fleet.\n")
+    settings = make_settings(tmp_path, [{"agent": "main", "path": ws}])
+    loaded = threading.Event()
+    loaded.set()
+    with_model = copy.copy(registry)
+    with_model.embedders = {**registry.embedders, "text": exported}
+    first = Indexer.open(settings, registry=with_model)
+    index_once(first)
+    first.close()
+
+    gate = threading.Event()
+    restarted = copy.copy(exported)
+    restarted._model = LazyModel(lambda: exported.model if gate.wait(60) else None)
+    restarted._query_encoder = restarted._documents = None
+    restarted._documents_tried = False
+    again = copy.copy(registry)
+    again.embedders = {**registry.embedders, "text": restarted}
+    daemon = Indexer.open(settings, registry=again)
+    warming = threading.Thread(target=warm_models, args=(daemon,))
+    try:
+        with Running(daemon):
+            warming.start()
+            wait_for(lambda: restarted.loading and restarted._documents is not None, timeout_s=30)
+            note = write(ws / "memory" / "lisbon.md", "# Travel\n\nFlights to Lisbon on Friday. Codeword: ochre.\n")
+            wait_for(lambda: str(note) in daemon.state.indexed, timeout_s=30)
+            memory = LocalMemory(daemon.view)
+            answer = memory.search_response(SearchRequest(query="flights to Lisbon", mode="hybrid"))
+            assert "degraded" not in answer and answer["hits"][0]["path"] == "memory/lisbon.md"
+            assert answer["hits"][0]["dense_score"] > 0.3
+            assert restarted.loading and not restarted._model.loaded  # all of it without the model
+            text = ["Flights to Lisbon on Friday.", "Roll the canary first, then the fleet. " * 40]
+            early, offsets = restarted.encode(text), restarted.token_offsets(text[1])
+            gate.set()
+            warming.join(60)
+            assert restarted._model.loaded  # from now on the model embeds
+            assert restarted.token_offsets(text[1]) == offsets
+            cosines = (early * restarted.encode(text)).sum(axis=1)
+            assert cosines.min() > (0.999 if precision == "fp32" else 0.99), cosines
+    finally:
+        gate.set()
+        warming.join(60) if warming.is_alive() else None
         daemon.close()

@@ -47,7 +47,8 @@ def test_the_page_holds_no_data_and_allows_only_its_own_files(make_indexer, work
             assert "default-src 'none'" in csp and "script-src 'self'" in csp and "unsafe" not in csp
             assert answer.headers["x-content-type-options"] == "nosniff"
             assert str(workspace) not in answer.text and "Tuesday" not in answer.text
-            assert not re.findall(r"https?://", answer.text), route  # nothing fetched from elsewhere
+            own = answer.text.replace('xmlns="http://www.w3.org/2000/svg"', "")  # the icon's namespace: no fetch
+            assert not re.findall(r"https?://", own), route  # nothing fetched from elsewhere
         assert "<script src=\"/web/app.js\"" in client.get("/").text and "<script>" not in client.get("/").text
         assert "innerHTML" not in client.get("/web/app.js").text  # note text is set as text, never parsed
         for route in ("/status", "/health", "/get?path=MEMORY.md"):
@@ -277,6 +278,8 @@ def test_4_the_status_view_changes_after_a_note_is_edited(daemon: Daemon, browse
     assert facts["model"] == "sentence-transformers/all-MiniLM-L6-v2", facts
     assert facts["precision"] == "fp32" and facts["backend"] == "edge", facts
     assert facts["health"] == "ok" and facts["files failing"] == "0" and facts["drift"] == "none", facts
+    assert browser.execute_script(  # the model's load has ended (while it runs: its step and percent)
+        "return document.querySelector('#status tr[data-modality=text] td[data-field=load]').textContent") == "loaded"
     modes = browser.execute_script("return [...document.querySelectorAll('#status tr[data-root] td:nth-child(2)')]"
                                    ".map(e => e.textContent)")
     assert modes and set(modes) == {"native"}, modes
@@ -299,3 +302,59 @@ def test_5_a_note_holding_html_is_shown_as_text(daemon: Daemon, browser: Any) ->
              timeout_s=20)
     assert browser.find_elements(By.CSS_SELECTOR, "img") == []
     assert browser.execute_script("return window.__xss === undefined && document.title === 'qmd-indexer'")
+
+
+def _shown(browser: Any) -> dict[str, Any]:
+    """What the page shows now, read in one script: the visible view, the query box, the hits' buttons, the marked
+    words and the file view's highlighted lines."""
+    return browser.execute_script(
+        "const visible = ['search', 'file', 'status'].find(v => !document.getElementById('view-' + v).hidden);"
+        "return {view: visible, query: document.getElementById('query').value,"
+        " mode: document.getElementById('mode').value, hash: location.hash,"
+        " hits: [...document.querySelectorAll('#hits button.open')].map(b => b.textContent),"
+        " marks: [...new Set([...document.querySelectorAll('#hits mark')].map(m => m.textContent.toLowerCase()))],"
+        " lines: [...document.querySelectorAll('#file-text .hl')].map(e => Number(e.dataset.line))}")
+
+
+def test_6_each_view_has_a_url_that_survives_reload_and_back_forward(daemon: Daemon, browser: Any,
+                                                                      shots: Path) -> None:
+    """A search, a file's line range and the status each have their own URL: opened as a bookmark, reloaded, or
+    reached with back and forward, the page shows that view again (the token stays in the tab)."""
+    bookmark = daemon.url + "/#/search?q=export+job+out+of+disk&mode=keyword&agent=main"
+    browser.get(bookmark)
+    wait_for(lambda: _shown(browser)["hits"], timeout_s=30)
+    browser.refresh()
+    wait_for(lambda: _shown(browser)["hits"] and _shown(browser)["query"], timeout_s=30)
+    after = _shown(browser)
+    assert after["view"] == "search" and after["query"] == "export job out of disk" and after["mode"] == "keyword"
+    assert after["hits"][0].startswith("memory/incidents.md:") and browser.current_url == bookmark
+    browser.save_screenshot(str(shots / "web-bookmark-after-reload.png"))
+
+    _search(browser, "zebra crossing permit", mode="keyword")  # a second search: a second history entry
+    assert "zebra" in _shown(browser)["hash"] and _shown(browser)["hits"][0].startswith("memory/log.md:")
+    browser.back()
+    wait_for(lambda: _shown(browser)["query"] == "export job out of disk"
+             and _shown(browser)["hits"][0].startswith("memory/incidents.md:"), timeout_s=30)
+    browser.forward()
+    wait_for(lambda: _shown(browser)["query"] == "zebra crossing permit"
+             and _shown(browser)["hits"][0].startswith("memory/log.md:"), timeout_s=30)
+
+    browser.get(daemon.url + "/#/file?path=memory%2Fincidents.md&agent=main&lines=3-4")
+    browser.refresh()
+    wait_for(lambda: _shown(browser)["lines"] == [3, 4], timeout_s=30)
+    assert _shown(browser)["view"] == "file"
+    browser.get(daemon.url + "/#/status")
+    browser.refresh()
+    wait_for(lambda: _shown(browser)["view"] == "status" and _visible(browser, "#status table"), timeout_s=30)
+    browser.back()  # the file view again, from its URL
+    wait_for(lambda: _shown(browser)["view"] == "file" and _shown(browser)["lines"] == [3, 4], timeout_s=30)
+
+
+def test_7_only_the_query_terms_that_carry_meaning_are_marked_and_the_page_has_an_icon(daemon: Daemon,
+                                                                                      browser: Any) -> None:
+    _search(browser, "what is the job of the export", mode="keyword")
+    marks = _shown(browser)["marks"]
+    assert {"export", "job"} <= set(marks) and not {"what", "is", "the", "of"} & set(marks), marks
+    icon = httpx.get(daemon.url + "/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+    assert browser.execute_script("return document.querySelector('link[rel=icon]').href").endswith("/web/favicon.svg")

@@ -1,6 +1,9 @@
 // The qmd-indexer web page: search, file and status views over the daemon's JSON API (/search, /get, /status,
 // /health) on this origin. Note text is untrusted: everything is rendered with DOM APIs and textContent, never as
 // HTML. The API token, when the daemon has one, is kept in sessionStorage (this tab only) and sent as a bearer token.
+// Each view has its own URL, in the fragment (never sent to the server, so a query stays out of its logs):
+// #/search?q=...&mode=...&agent=...&collection=..., #/file?path=...&agent=...&lines=3-5, #/status. A reload, a
+// bookmark and back/forward show the same view again.
 "use strict";
 
 (() => {
@@ -81,17 +84,70 @@
     $("token").focus();
   }
 
-  // -- views ----------------------------------------------------------------------------------------------------
+  // -- views and their URLs -------------------------------------------------------------------------------------
+  const VIEWS = ["search", "file", "status"];
+  let lastSearch = ""; // the fragment of the last search and of the open file: the nav buttons go back to them
+  let lastFile = "";
+
+  function fragment(view, params) {
+    const query = new URLSearchParams(Object.entries(params || {}).filter(([, v]) => v)).toString();
+    return "#/" + view + (query ? "?" + query : "");
+  }
+
+  // go to a view's URL: a new history entry, then the view (the same URL again runs it again, as a new search does)
+  function go(hash) {
+    if (location.hash === hash) route();
+    else location.hash = hash; // hashchange -> route()
+  }
+
+  // show the view the URL names, running its search or opening its file
+  function route() {
+    const [, view, query] = location.hash.match(/^#\/([a-z]+)\??(.*)$/) || [];
+    const params = new URLSearchParams(query || "");
+    if (view === "file" && params.get("path")) {
+      const [start, end] = (params.get("lines") || "").split("-").map((n) => parseInt(n, 10));
+      lastFile = location.hash;
+      openFile({ path: params.get("path"), agent: params.get("agent") || "", start_line: start || 1,
+        end_line: end || start || 0 });
+    } else if (view === "status") {
+      show("status");
+    } else {
+      show("search");
+      const q = params.get("q");
+      if (q === null) return;
+      lastSearch = location.hash;
+      $("query").value = q;
+      $("mode").value = params.get("mode") || "";
+      for (const name of ["agent", "collection"]) {
+        const value = params.get(name) || "";
+        const select = $(name);
+        if (value && ![...select.options].some((o) => o.value === value)) select.append(el("option", { value }, value));
+        select.value = value;
+      }
+      runSearch(q, params);
+    }
+  }
+
   function show(view) {
     for (const button of document.querySelectorAll("nav button")) {
       button.setAttribute("aria-pressed", String(button.dataset.view === view));
     }
-    for (const name of ["search", "file", "status"]) $("view-" + name).hidden = name !== view;
+    for (const name of VIEWS) $("view-" + name).hidden = name !== view;
   }
 
   // -- search ---------------------------------------------------------------------------------------------------
+  // the English stop words keyword search leaves out (Qdrant's BM25 default, as the daemon uses it): not marked
+  const STOP_WORDS = new Set(("a about above after again against all am an and any are as at be because been " +
+    "before being below between both but by can could did do does doing down during each few for from further " +
+    "had has have having he her here hers herself him himself his how i if in into is it its itself just me more " +
+    "most my myself no nor not now of off on once only or other our ours ourselves out over own same she should " +
+    "so some such than that the their theirs them themselves then there these they this those through to too " +
+    "under until up very was we were what when where which while who whom why will with would you your yours " +
+    "yourself yourselves").split(" "));
+
+  // the query's terms that carry meaning, longest first: words of two or more characters that are not stop words
   function queryWords(query) {
-    const words = query.toLowerCase().split(/[^\p{L}\p{N}_-]+/u).filter((w) => w.length >= 2);
+    const words = query.toLowerCase().split(/[^\p{L}\p{N}_-]+/u).filter((w) => w.length >= 2 && !STOP_WORDS.has(w));
     return [...new Set(words)].sort((a, b) => b.length - a.length);
   }
 
@@ -118,12 +174,18 @@
     return out.map(([name, text, cls]) => el("span", { className: cls, "data-signal": name }, text));
   }
 
-  async function search(event) {
+  // the form: the search's URL (a history entry), which runs it
+  function search(event) {
     event.preventDefault();
-    const query = $("query").value;
+    const params = { q: $("query").value };
+    for (const name of ["mode", "agent", "collection"]) params[name] = $(name).value;
+    go(fragment("search", params));
+  }
+
+  async function runSearch(query, params) {
     const body = { query, k: 10 };
     for (const name of ["mode", "agent", "collection"]) {
-      if ($(name).value) body[name] = $(name).value;
+      if (params.get(name)) body[name] = params.get(name);
     }
     try {
       const answer = await api("/search", body);
@@ -140,7 +202,8 @@
   function hitItem(hit, words) {
     const open = el("button", { type: "button", className: "open", title: "open " + hit.citation },
       `${hit.path}:${hit.start_line}-${hit.end_line}`);
-    open.addEventListener("click", () => openFile(hit));
+    open.addEventListener("click", () => go(fragment("file", { path: hit.path, agent: hit.agent,
+      lines: `${hit.start_line}-${hit.end_line}` })));
     const score = typeof hit.score === "number" ? hit.score.toFixed(3) : "-";
     return el("li", { className: "hit" },
       el("div", { className: "hit-head" }, open, el("span", { className: "score" }, "score " + score),
@@ -150,8 +213,8 @@
 
   // -- file -----------------------------------------------------------------------------------------------------
   function openFile(hit) {
-    file = { path: hit.path, agent: hit.agent, start: hit.start_line, end: hit.end_line, citation: hit.citation };
-    $("file-citation").textContent = hit.citation;
+    file = { path: hit.path, agent: hit.agent, start: hit.start_line, end: hit.end_line };
+    $("file-citation").textContent = hit.end_line ? `${hit.path}#L${hit.start_line}-L${hit.end_line}` : hit.path;
     document.querySelector('nav button[data-view="file"]').disabled = false;
     show("file");
     loadPage(Math.max(1, hit.start_line - 10), true);
@@ -260,8 +323,10 @@
         problems.map((p) => el("tr", {}, cell(p.kind), cell(p.agent), cell(p.path), cell(p.detail)))));
     }
     const models = status.models || {};
-    out.push(el("h2", {}, "Models"), table(["modality", "model", "precision"], Object.keys(models).sort().map((m) =>
-      el("tr", {}, cell(m), cell(models[m].model_id), cell(models[m].precision)))));
+    const loading = (m) => m.loading ? `${m.loading.phase}, ${m.loading.percent} %` : "loaded";
+    out.push(el("h2", {}, "Models"), table(["modality", "model", "precision", "load"],
+      Object.keys(models).sort().map((m) => el("tr", { "data-modality": m }, cell(m), cell(models[m].model_id),
+        cell(models[m].precision), cell(loading(models[m]), "load")))));
     $("status").replaceChildren(...out);
     $("status-time").textContent = "Last: " + new Date().toLocaleTimeString();
   }
@@ -291,12 +356,16 @@
     $("main").hidden = false;
     showError("");
     if (timer === null) timer = setInterval(refresh, REFRESH_MS);
+    route(); // the view the URL names (a reload, a bookmark), once the pickers are filled
   }
 
   document.addEventListener("DOMContentLoaded", () => {
     for (const button of document.querySelectorAll("nav button")) {
-      button.addEventListener("click", () => show(button.dataset.view));
+      const view = button.dataset.view;
+      button.addEventListener("click", () => go(view === "search" ? lastSearch || "#/search"
+        : view === "file" ? lastFile : "#/status"));
     }
+    window.addEventListener("hashchange", () => $("main").hidden || route());
     $("search-form").addEventListener("submit", search);
     $("agent").addEventListener("change", () => lastStatus && fillPickers(lastStatus));
     $("file-next").addEventListener("click", () => file && file.next && loadPage(file.next, false));
