@@ -263,7 +263,7 @@ def boot(as_json: bool, config: Path | None, port: int | None, **fields: Any) ->
     if omitted:  # one line: which files did not fit (--json lists each with its lines)
         names = ", ".join(item["citation"] for item in omitted[:3]) + (", ..." if len(omitted) > 3 else "")
         click.echo(f"[omitted {len(omitted)} file(s), {sum(item['lines'] for item in omitted)} lines, over "
-                   f"--budget-chars {budget_chars}: {names}]", err=True)
+                   f"--budget-chars {request.budget_chars}: {names}]", err=True)
 
 
 @main.command()

@@ -104,7 +104,7 @@ def test_every_console_sample_is_run_or_needs_a_server() -> None:
     starts a model server (docs/models.md), or follows an install on the reader's own workspace (the plugin guide's
     worked example): none of which runs offline here."""
     others = [(doc, command) for doc, command, _ in console_samples() if not OFFLINE.match(command)]
-    elsewhere = re.compile(r"^(ollama|llama-server|vllm|docker|pip install|infinity_emb|MINILM=|"
+    elsewhere = re.compile(r"^(ollama|llama-server|vllm|docker|pip install|apt-get install|infinity_emb|MINILM=|"
                            r"qmd-indexer (plugins|index --once --workspace ~/))")
     assert [c for _, c in others if not elsewhere.match(c)] == []
     assert len([s for s in console_samples() if OFFLINE.match(s[1])]) >= 2
