@@ -447,7 +447,7 @@ def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path,
 
     from indexer.daemon import Indexer
     from indexer.schema import SearchRequest
-    from indexer.server import LocalMemory
+    from indexer.memory import LocalMemory
     from indexer.worker import index_once
 
     if precision == "int8" and not int8_available():
@@ -474,7 +474,7 @@ def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path,
         assert status["embedding"]["precision"] == precision == text.precision
         expected = {"fp32": text.base_id, "int8": f"{text.base_id}@int8-onnx-v2", "bf16": f"{text.base_id}@bf16"}
         assert text.model_id == expected[precision]
-        answer = LocalMemory(daemon.view).search_response(SearchRequest(query="export job out of disk", mode="hybrid"))
+        answer = LocalMemory(daemon.view).search(SearchRequest(query="export job out of disk", mode="hybrid"))
         assert "degraded" not in answer
         assert answer["hits"][0]["path"] == "memory/incidents.md" and answer["hits"][0]["dense_score"] > 0.3
     finally:
