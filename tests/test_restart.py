@@ -211,7 +211,7 @@ def test_a_note_saved_while_the_model_loads_is_indexed_without_it(tmp_path: Path
             note = write(ws / "memory" / "lisbon.md", "# Travel\n\nFlights to Lisbon on Friday. Codeword: ochre.\n")
             wait_for(lambda: str(note) in daemon.state.indexed, timeout_s=30)
             memory = LocalMemory(daemon.view)
-            answer = memory.search_response(SearchRequest(query="flights to Lisbon", mode="hybrid"))
+            answer = memory.search(SearchRequest(query="flights to Lisbon", mode="hybrid"))
             assert "degraded" not in answer and answer["hits"][0]["path"] == "memory/lisbon.md"
             assert answer["hits"][0]["dense_score"] > 0.3
             assert restarted.loading and not restarted._model.loaded  # all of it without the model
