@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -106,8 +107,9 @@ class Indexer:
         registry.check_multimodal({w.agent: w.multimodal.modalities for w in settings.workspace
                                    if w.multimodal.enabled})
         if store is None:
-            store = open_store(settings.state_dir, settings.qdrant_url, settings.qdrant_api_key,
-                               ServerOptions.from_settings(settings), settings.state_min_free_bytes)
+            options = replace(ServerOptions.from_settings(settings), space=model_identity(registry.embedders))
+            store = open_store(settings.state_dir, settings.qdrant_url, settings.qdrant_api_key, options,
+                               settings.state_min_free_bytes)
         cache = EmbeddingCache(settings.state_dir / "embeddings.sqlite3")
         indexer = cls(settings, registry, store, cache, terms if terms is not None else Bm25Terms(settings.bm25),
                       polling=polling, reindex=reindex)
