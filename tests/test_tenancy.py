@@ -178,3 +178,30 @@ def test_no_read_of_one_tenant_returns_another_tenants_point(shared: ServerStore
         assert {p.id for p in shared.scroll_points(name)} == own[name]
         assert shared.count(name) == len(own[name])
         assert set(shared.file_states(name)) == {p.abs_path for p in shared.scroll(name, ["abs_path"])}
+
+
+def test_migrate_into_shared_collections_then_the_daemon_embeds_nothing(workspace: Path, make_indexer,
+                                                                        qdrant_server: Any) -> None:
+    from click.testing import CliRunner
+    from qdrant.fixtures import drop_all_collections
+
+    from indexer.cli import main
+
+    edge = make_indexer([{"agent": "main", "path": workspace}])
+    index_once(edge)
+    before = {c.name: edge.store.count(c.name) for c in edge.collections}
+    edge.store.close()  # the daemon stops
+    try:
+        moved = CliRunner().invoke(main, ["migrate", "--to", qdrant_server.url, "--state-dir",
+                                          str(edge.settings.state_dir)], env={"QMD_INDEXER_QDRANT_TENANCY": "shared"})
+        assert moved.exit_code == 0, moved.output
+        on_server = make_indexer([{"agent": "main", "path": workspace}], qdrant_url=qdrant_server.url,
+                                 qdrant_tenancy="shared")
+        physical = {c.name for c in on_server.store.client.get_collections().collections}
+        assert len(physical) == 2 and all(p.startswith(SHARED) for p in physical), "the daemon's own model space"
+        assert {name: on_server.store.count(name) for name in before} == before
+        status = index_once(on_server)
+        assert status["chunks_embedded"] == 0 and status["cache_hits"] == 0
+        on_server.store.close()
+    finally:
+        drop_all_collections(qdrant_server.url)
