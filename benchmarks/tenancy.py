@@ -4,16 +4,17 @@ shared collections with a tenant key (``"shared"``), side by side.
 Per layout and agent count, on a fresh single node (the pinned binary of ``tests/qdrant/install.sh``, started by
 ``tests/qdrant/nodes.py``, storage under ``--out``): create every agent's two collections (``memory-root-<agent>``,
 ``memory-dir-<agent>``) and write ``--notes`` notes per agent (one into root, the rest into dir, one chunk each)
-through ``ServerStore.replace_file``, as the daemon's first index does; then ``--queries`` hybrid searches (dense
-top 10 + BM25) of random agents' ``memory-dir``, each timed. Reported: create + first-index seconds, the server's RSS
-(``/proc/<pid>/status`` ``VmRSS``) and storage size after, search p50/p99 ms, and a check that a search of one agent
-only returned its own points.
+through ``ServerStore.replace_file``, as the daemon's first index does, except agent 0, which has ``--big`` times as
+many notes (an uneven tenant); then ``--queries`` hybrid searches (dense top 10 + BM25) of random other agents'
+``memory-dir``, each timed, and as many of agent 0's. Reported: create + first-index seconds, the server's RSS
+(``/proc/<pid>/status`` ``VmRSS``) and storage size after, search p50/p99 ms (``big_``: agent 0's), and a check that a
+search of one agent only returned its own points.
 
 Vectors are random unit vectors of 384 dimensions (all-MiniLM-L6-v2's size) and BM25 terms random ids: this measures
 the store, not the embedder (embedding 20,000 notes costs the same in both layouts).
 
-``python -m benchmarks.tenancy [--agents 100 1000] [--notes 20] [--queries 200] [--out DIR]``; prints one JSON line
-per run and a table at the end.
+``python -m benchmarks.tenancy [--agents 100 1000] [--notes 20] [--big 100] [--queries 200] [--out DIR]``; prints one
+JSON line per run and a table at the end.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def disk_bytes(root: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
 
 
-def run(layout: str, agents: int, notes: int, queries: int, out: Path, seed: int = 0) -> dict[str, Any]:
+def run(layout: str, agents: int, notes: int, queries: int, out: Path, big: int = 100,
+        seed: int = 0) -> dict[str, Any]:
     """One layout at one agent count on a fresh node; the figures as a dict (see the module docstring)."""
     sys.path.insert(0, str(REPO / "tests"))  # the Qdrant node starter the tests use (no pytest in it)
     from qdrant import nodes
@@ -62,7 +64,7 @@ def run(layout: str, agents: int, notes: int, queries: int, out: Path, seed: int
         started = time.monotonic()
         for a in range(agents):
             agent = f"agent{a}"
-            for role, count in (("root", 1), ("dir", notes - 1)):
+            for role, count in (("root", 1), ("dir", (notes * (big if a == 0 else 1)) - 1)):
                 name = f"memory-{role}-{agent}"
                 store.ensure_collection(name, {"text": DIM})
                 for n in range(count):
@@ -76,24 +78,27 @@ def run(layout: str, agents: int, notes: int, queries: int, out: Path, seed: int
                                   {"bm25": (terms, [1.0] * len(terms))}, payload)
                     store.replace_file(name, path, "h", [point])
         index_s = time.monotonic() - started
-        latencies: list[float] = []
+        latencies: dict[bool, list[float]] = {False: [], True: []}
         leaks = 0
-        for _ in range(queries):
-            name = f"memory-dir-agent{int(rng.integers(agents))}"
+        for q in range(2 * queries):
+            name = f"memory-dir-agent{0 if q % 2 else 1 + int(rng.integers(agents - 1))}"
             vector = rng.normal(size=DIM).astype(np.float32)
+            terms = sorted({int(t) for t in rng.integers(0, 5000, 4)})
             query = Query(limit=10, dense={"text": vector / np.linalg.norm(vector)},
-                          sparse=(sorted({int(t) for t in rng.integers(0, 5000, 4)}), [1.0] * 4))
+                          sparse=(terms, [1.0] * len(terms)))
             t = time.perf_counter()
             lists = store.search(name, query)
-            latencies.append((time.perf_counter() - t) * 1000)
+            latencies[bool(q % 2)].append((time.perf_counter() - t) * 1000)
             leaks += sum(h.payload.collection != name for hits in lists.values() for h in hits)
         assert node.pid is not None
-        figures = {"layout": layout, "agents": agents, "notes": notes, "points": agents * notes,
+        figures = {"layout": layout, "agents": agents, "notes": notes, "points": (agents - 1 + big) * notes,
                    "physical_collections": len(store.client.get_collections().collections),
                    "create_index_s": round(index_s, 1), "rss_mib": round(rss_bytes(node.pid) / 2**20),
                    "disk_mib": round(disk_bytes(root / "storage") / 2**20),
-                   "search_p50_ms": round(float(np.percentile(latencies, 50)), 2),
-                   "search_p99_ms": round(float(np.percentile(latencies, 99)), 2), "foreign_hits": leaks}
+                   "search_p50_ms": round(float(np.percentile(latencies[False], 50)), 2),
+                   "search_p99_ms": round(float(np.percentile(latencies[False], 99)), 2),
+                   "big_p50_ms": round(float(np.percentile(latencies[True], 50)), 2),
+                   "big_p99_ms": round(float(np.percentile(latencies[True], 99)), 2), "foreign_hits": leaks}
         store.close()
     shutil.rmtree(root, ignore_errors=True)
     return figures
@@ -104,6 +109,7 @@ def main() -> int:
     parser.add_argument("--agents", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--notes", type=int, default=20)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--big", type=int, default=100, help="agent 0 has this many times --notes")
     parser.add_argument("--layouts", nargs="+", default=["collections", "shared"])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -111,7 +117,7 @@ def main() -> int:
     rows = []
     for agents in args.agents:
         for layout in args.layouts:
-            rows.append(run(layout, agents, args.notes, args.queries, out))
+            rows.append(run(layout, agents, args.notes, args.queries, out, args.big))
             print(json.dumps(rows[-1]), flush=True)
     keys = list(rows[0])
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))

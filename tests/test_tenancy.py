@@ -205,3 +205,50 @@ def test_migrate_into_shared_collections_then_the_daemon_embeds_nothing(workspac
         on_server.store.close()
     finally:
         drop_all_collections(qdrant_server.url)
+
+
+def test_two_daemons_write_their_agents_into_the_same_shared_collections(tmp_path: Path, make_indexer,
+                                                                         qdrant_server: Any) -> None:
+    from qdrant.fixtures import drop_all_collections
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    for ws, fact in ((one, "keeps bees"), (two, "keeps goats")):
+        write(ws / "MEMORY.md", f"# Memory\n\nThis agent {fact}.\n")
+        write(ws / "memory" / "log.md", f"# Log\n\nToday the agent {fact} again.\n")
+    daemons = [make_indexer([{"agent": agent, "path": ws}], state_dir=tmp_path / f"state-{agent}",
+                            qdrant_url=qdrant_server.url, qdrant_tenancy="shared")
+               for agent, ws in (("one", one), ("two", two))]
+    try:
+        for daemon in daemons:
+            index_once(daemon)
+        physical = {c.name for c in daemons[0].store.client.get_collections().collections}
+        assert len(physical) == 2, "both daemons' agents in one shared collection per kind"
+        for daemon, other in ((daemons[0], "goats"), (daemons[1], "bees")):
+            hits = daemon.view.searcher().search(SearchParams(f"the agent {other}", k=10))
+            assert hits and all(other not in h["snippet"] for h in hits)
+            # a rescan of one daemon deletes nothing of the other's
+            daemon.scan("periodic")
+        assert all(d.store.count(c.name) == 1 for d in daemons for c in d.collections)
+    finally:
+        for daemon in daemons:
+            daemon.store.close()
+        drop_all_collections(qdrant_server.url)
+
+
+def test_daemon_rebuild_swaps_every_tenant_in_place(workspace: Path, make_indexer, qdrant_server: Any) -> None:
+    from qdrant.fixtures import drop_all_collections
+
+    indexer = make_indexer([{"agent": "main", "path": workspace}], qdrant_url=qdrant_server.url,
+                           qdrant_tenancy="shared")
+    try:
+        index_once(indexer)
+        before = {c.name: indexer.store.file_states(c.name) for c in indexer.collections}
+        assert indexer.rebuild()
+        assert {c.name: indexer.store.file_states(c.name) for c in indexer.collections} == before
+        staging = [c.name for c in indexer.store.client.get_collections().collections if c.name.endswith("--rebuild")]
+        assert staging and all(indexer.store.client.count(name).count == 0 for name in staging)
+        [hit] = indexer.view.searcher().search(SearchParams("when can we deploy?", k=1))
+        assert hit["path"] == "MEMORY.md" and hit["collection"] == "memory-root-main"
+    finally:
+        indexer.store.close()
+        drop_all_collections(qdrant_server.url)
