@@ -54,7 +54,7 @@ def test_shared_collections_are_one_per_kind_and_space_with_a_tenant_index(share
     assert shared_collection("memory-root-a", "model-b#1") not in physical
 
 
-def test_per_tenant_write_update_delete_and_drop(shared: ServerStore) -> None:
+def test_per_tenant_write_update_delete_and_drop(shared: ServerStore, qdrant_server: Any) -> None:
     names = {agent: f"memory-dir-{agent}" for agent in ("a", "b")}
     for agent, name in names.items():
         shared.ensure_collection(name, {"text": 3})
@@ -69,7 +69,11 @@ def test_per_tenant_write_update_delete_and_drop(shared: ServerStore) -> None:
     shared.delete_file(names["b"], "/w/y.md")
     assert set(shared.file_states(names["b"])) == {"/w/x.md"} and set(shared.file_states(names["a"])) == {
         "/w/x.md", "/w/y.md"}
-    assert shared.collections() == {names["a"]: {"text": 3}, names["b"]: {"text": 3}}
+    other_model = ServerStore(qdrant_server.url, options=ServerOptions(tenancy="shared", space="b#2"))
+    other_model.ensure_collection("memory-dir-c", {"text": 5})
+    other_model.upsert("memory-dir-c", [_point("memory-dir-c", "c", "/w/x.md", 0, "h", [1, 0, 0, 0, 0], 1)])
+    other_model.close()
+    assert shared.collections() == {names["a"]: {"text": 3}, names["b"]: {"text": 3}}, "this model's tenants only"
     # removing agent a deletes its points only; the shared collection stays for b
     shared.drop(names["a"])
     assert shared.count(names["a"]) == 0 and shared.count(names["b"]) == 2

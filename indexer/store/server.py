@@ -252,13 +252,14 @@ class ServerStore(Store):
 
     def collections(self) -> dict[str, dict[str, int]]:
         """See ``Store.collections``; with shared tenancy, the logical collections (the tenant key's values) of
-        every shared collection, each with its shared collection's dense vectors."""
+        every shared collection of this store's embedding space, each with its shared collection's dense vectors."""
         if not self.shared:
             return super().collections()
+        space = shared_collection("", self.options.space).rpartition("-")[2]
         with self._lock:
             out: dict[str, dict[str, int]] = {}
             for physical in self._names():
-                if physical.startswith(SHARED) and not physical.endswith(STAGING):
+                if physical.startswith(SHARED) and physical.endswith(f"-{space}"):
                     config = self._physical_config(physical)
                     for tenant in self._facet(physical):
                         if config is not None:
