@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import write
+from conftest import backend_store, write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -151,10 +151,20 @@ _FILTERS = st.builds(Filter, path_prefix=st.sampled_from([None, "w/memory", "w/m
                      since_ns=st.sampled_from([None, 0, 3]), until_ns=st.sampled_from([None, 9, 100]))
 
 
+@pytest.fixture(name="tenants", params=["shared", "cluster"])
+def tenants_fixture(request: pytest.FixtureRequest):
+    """A shared-tenancy store on the single node, or on the 3-node cluster (3 shards, 2 replicas, over gRPC)."""
+    store = backend_store(request, request.param, **({"tenancy": "shared", "space": "test#1"}
+                                                      if request.param == "cluster" else {}))
+    yield store
+    store.close()
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(agents=_AGENTS, data=st.data())
-def test_no_read_of_one_tenant_returns_another_tenants_point(shared: ServerStore, agents: list[str],
+def test_no_read_of_one_tenant_returns_another_tenants_point(tenants: ServerStore, agents: list[str],
                                                              data: st.DataObject) -> None:
+    shared = tenants
     rng = np.random.default_rng(len(agents))
     names = [f"memory-{data.draw(st.sampled_from(['root', 'dir']))}-{agent}" for agent in agents]
     own: dict[str, set[str]] = {}
