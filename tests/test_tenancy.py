@@ -266,3 +266,39 @@ def test_daemon_rebuild_swaps_every_tenant_in_place(workspace: Path, make_indexe
     finally:
         indexer.store.close()
         drop_all_collections(qdrant_server.url)
+
+
+def test_a_model_change_answers_from_the_former_model_until_the_rebuild_is_swapped_in(qdrant_server: Any) -> None:
+    from qdrant.fixtures import drop_all_collections
+
+    def opened(space: str, former: tuple[str, ...] = ()) -> ServerStore:
+        return ServerStore(qdrant_server.url, options=ServerOptions(tenancy="shared", space=space,
+                                                                    former_spaces=former))
+
+    old = opened("old#1")
+    try:
+        for agent in ("a", "b"):
+            name = f"memory-root-{agent}"
+            old.ensure_collection(name, {"text": 3})
+            old.replace_file(name, "/w/x.md", "h", [_point(name, agent, "/w/x.md", 0, "h", [1, 0, 0], 1)])
+        new = opened("new#2", former=("old#1",))
+        new.ensure_collection("memory-root-a", {"text": 3})
+        assert set(new.file_states("memory-root-a")) == {"/w/x.md"}, "the former model's points serve meanwhile"
+        target = new.rebuild_target("memory-root-a")
+        new.ensure_collection(target, {"text": 3})
+        new.upsert(target, [_point("memory-root-a", "a", "/w/y.md", 0, "h", [0, 1, 0], 1)])
+        assert set(new.file_states("memory-root-a")) == {"/w/x.md"}
+        new.swap("memory-root-a", target)
+        assert set(new.file_states("memory-root-a")) == {"/w/y.md"}
+        assert shared_collection("memory-root-a", "new#2") in {c.name for c in new.client.get_collections().collections}
+        # the former model's shared collection lost a's points only
+        assert old.count("memory-root-a") == 0 and old.count("memory-root-b") == 1
+        # a store whose state dir never recorded that model never reads its points
+        stranger = opened("other#3")
+        stranger.ensure_collection("memory-root-b", {"text": 3})
+        assert stranger.count("memory-root-b") == 0
+        for store in (new, stranger):
+            store.close()
+    finally:
+        old.close()
+        drop_all_collections(qdrant_server.url)

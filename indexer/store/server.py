@@ -73,6 +73,7 @@ class ServerOptions:
     quantization: str = "none"  # "none" or "int8" (scalar)
     tenancy: str = "collections"  # "collections" (one Qdrant collection per logical one) or "shared"
     space: str = ""  # the embedders' identity (``rebuild.model_identity``): names the shared collections
+    former_spaces: tuple[str, ...] = ()  # identities the collections were built with before (a model change)
 
     @classmethod
     def from_settings(cls, settings: Any) -> ServerOptions:
@@ -138,6 +139,9 @@ class ServerStore(Store):
         self._failing = False
         self._local = url == ":memory:"
         self.shared = self.options.tenancy == "shared"
+        # shared tenancy: logical collection -> another model's shared collection that holds its live points, until
+        # a rebuild into this model's is swapped in (``_find_live``)
+        self._lives: dict[str, str] = {}
         if self.options.tenancy not in ("collections", "shared"):
             raise ValueError(f"tenancy must be 'collections' or 'shared', not {self.options.tenancy!r}")
         if self._local:
@@ -149,7 +153,8 @@ class ServerStore(Store):
                                        prefer_grpc=self.options.prefer_grpc, grpc_port=self.options.grpc_port,
                                        check_compatibility=False)
         for method in ("_physical_config", "_create", "_add_vector", "_names", "_scroll_page", "_points_page", "_query",
-                       "_retrieve", "_count", "_drop", "_read_aliases", "_set_alias", "_ids_page", "_facet"):
+                       "_retrieve", "_count", "_drop", "_read_aliases", "_set_alias", "_ids_page", "_facet",
+                       "_tenant_points"):
             setattr(self, method, self._retrying(getattr(self, method), write=False))
         for method in ("_upsert_request", "_delete", "_delete_ids"):
             setattr(self, method, self._retrying(getattr(self, method), write=True))
@@ -189,7 +194,41 @@ class ServerStore(Store):
         ``payload.collection == name`` (for ``<name>--rebuild-<n>``: the staging collection, ``== name``)."""
         if not self.shared:
             return name, None
-        return shared_collection(name, self.options.space), self.dialect.match(TENANT_KEY, name.partition(REBUILD)[0])
+        logical, _, rebuild = name.partition(REBUILD)
+        physical = self._lives.get(logical) if not rebuild else None
+        return physical or shared_collection(name, self.options.space), self.dialect.match(TENANT_KEY, logical)
+
+    def ensure_collection(self, name: str, dense: dict[str, int]) -> None:
+        """See ``Store.ensure_collection``. With shared tenancy, a logical collection that has no points in this
+        model's shared collection but has some in the shared collection of a former model (``former_spaces``: the
+        state dir's record) keeps answering from there: a model change, whose rebuild fills this model's and
+        ``swap`` moves it over."""
+        if self.shared and REBUILD not in name:
+            with self._lock:
+                self._find_live(name)
+        super().ensure_collection(name, dense)
+
+    def _find_live(self, name: str) -> None:
+        own = shared_collection(name, self.options.space)
+        self._lives.pop(name, None)
+        names = self._names()
+        if own in names and self._count(name):
+            return
+        for physical in (shared_collection(name, space) for space in self.options.former_spaces):
+            if physical in names and self._tenant_points(physical, name, delete=False):
+                self._lives[name] = physical
+                log.info("tenant_on_other_model", collection=name, physical=physical,
+                         hint="searches answer from it until a rebuild into this model's collection is swapped in")
+                return
+
+    def _tenant_points(self, physical: str, name: str, delete: bool) -> int:
+        """The number of points of tenant ``name`` in shared collection ``physical``; with ``delete``, deletes
+        them (returns 0)."""
+        flt = self._m.Filter(must=[self.dialect.match(TENANT_KEY, name)])
+        if delete:
+            self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
+            return 0
+        return int(self.client.count(physical, count_filter=flt, exact=True).count)
 
     def _scoped(self, name: str, flt: Any = None) -> tuple[str, Any]:
         """``_where(name)`` with the tenant condition joined to ``flt`` (a translated filter, or ``None``): the
@@ -216,6 +255,9 @@ class ServerStore(Store):
             super().swap(name, new)
             return
         with self._lock:
+            other_model = self._lives.pop(name, None)
+            if self._dense_config(name) is None:  # a model change: the first tenant swapped into this model's
+                self._create(name, self._dense_config(new) or {})
             staged: set[str] = set()
             offset: Any = None
             while True:
@@ -228,6 +270,8 @@ class ServerStore(Store):
             for start in range(0, len(stale), SCROLL_PAGE):
                 self._delete_ids(name, stale[start:start + SCROLL_PAGE])
             self._drop(new)
+            if other_model is not None:  # the tenant's points of the model before
+                self._tenant_points(other_model, name, delete=True)
 
     def sweep(self, name: str) -> list[str]:
         """See ``Store.sweep``; with shared tenancy, deletes ``name``'s points from the staging collection (a rebuild
