@@ -302,3 +302,42 @@ def test_a_model_change_answers_from_the_former_model_until_the_rebuild_is_swapp
     finally:
         old.close()
         drop_all_collections(qdrant_server.url)
+
+
+def test_daemon_model_change_rebuilds_its_tenants_into_the_new_models_collections(workspace: Path, tmp_path: Path,
+                                                                                  make_indexer,
+                                                                                  qdrant_server: Any) -> None:
+    from conftest import make_settings
+    from qdrant.fixtures import drop_all_collections
+    from structlog.testing import capture_logs
+
+    from indexer.daemon import Indexer
+    from indexer.embedding import load_sentence_transformer, resolve_model
+    from indexer.plugins import load_registry
+
+    server = {"qdrant_url": qdrant_server.url, "qdrant_tenancy": "shared"}
+    first = make_indexer([{"agent": "main", "path": workspace}], **server)
+    index_once(first)
+    former = {c.name for c in first.store.client.get_collections().collections}
+    first.close()
+    model = load_sentence_transformer(resolve_model("all-MiniLM-L6-v2")[1], "cpu")  # a 2-layer copy, 384-d too
+    model[0].auto_model.encoder.layer = model[0].auto_model.encoder.layer[:2]
+    model[0].auto_model.config.num_hidden_layers = 2
+    small = tmp_path / "minilm-2-layers"
+    model.save(str(small))
+    registry = load_registry(config={"sentence-transformers": {"model": str(small), "precision": "fp32"}})
+    second = Indexer.open(make_settings(tmp_path, [{"agent": "main", "path": workspace}], model=str(small), **server),
+                          registry=registry)
+    try:
+        assert second.store.count("memory-dir-main") == 3, "the former model's points answer until the swap"
+        with capture_logs() as logs:
+            index_once(second)
+        assert any(e["event"] == "rebuild_finished" for e in logs)
+        payloads = second.store.scroll("memory-dir-main", ["model_id"])
+        assert len(payloads) == 3 and all(p.model_id.endswith("minilm-2-layers") for p in payloads)
+        client = second.store.client
+        assert {c.name for c in client.get_collections().collections} - former, "the new model's own collections"
+        assert all(client.count(name).count == 0 for name in former), "the former model's points are gone"
+    finally:
+        second.close()
+        drop_all_collections(qdrant_server.url)
