@@ -7,8 +7,9 @@ Per layout and agent count, on a fresh single node (the pinned binary of ``tests
 through ``ServerStore.replace_file``, as the daemon's first index does, except agent 0, which has ``--big`` times as
 many notes (an uneven tenant); then ``--queries`` hybrid searches (dense top 10 + BM25) of random other agents'
 ``memory-dir``, each timed, and as many of agent 0's. Reported: create + first-index seconds, the server's RSS
-(``/proc/<pid>/status`` ``VmRSS``) and storage size after, search p50/p99 ms (``big_``: agent 0's), and a check that a
-search of one agent only returned its own points.
+(``/proc/<pid>/status`` ``VmRSS``) and storage size after, search p50/p99 ms (``big_``: agent 0's), a daemon's start
+with one agent (a fresh client checks its two collections and reads their files' states), and a check that a search of
+one agent only returned its own points.
 
 Vectors are random unit vectors of 384 dimensions (all-MiniLM-L6-v2's size) and BM25 terms random ids: this measures
 the store, not the embedder (embedding 20,000 notes costs the same in both layouts).
@@ -90,6 +91,14 @@ def run(layout: str, agents: int, notes: int, queries: int, out: Path, big: int 
             lists = store.search(name, query)
             latencies[bool(q % 2)].append((time.perf_counter() - t) * 1000)
             leaks += sum(h.payload.collection != name for hits in lists.values() for h in hits)
+        # a daemon's start with one agent: a fresh client, its two collections checked and their files read
+        t = time.perf_counter()
+        daemon = ServerStore(node.url, options=ServerOptions(tenancy=layout, space="bench-model#1", timeout_s=60))
+        for role in ("root", "dir"):
+            daemon.ensure_collection(f"memory-{role}-agent1", {"text": DIM})
+            daemon.file_states(f"memory-{role}-agent1")
+        startup_ms = (time.perf_counter() - t) * 1000
+        daemon.close()
         assert node.pid is not None
         figures = {"layout": layout, "agents": agents, "notes": notes, "points": (agents - 1 + big) * notes,
                    "physical_collections": len(store.client.get_collections().collections),
@@ -98,7 +107,8 @@ def run(layout: str, agents: int, notes: int, queries: int, out: Path, big: int 
                    "search_p50_ms": round(float(np.percentile(latencies[False], 50)), 2),
                    "search_p99_ms": round(float(np.percentile(latencies[False], 99)), 2),
                    "big_p50_ms": round(float(np.percentile(latencies[True], 50)), 2),
-                   "big_p99_ms": round(float(np.percentile(latencies[True], 99)), 2), "foreign_hits": leaks}
+                   "big_p99_ms": round(float(np.percentile(latencies[True], 99)), 2),
+                   "daemon_start_ms": round(startup_ms, 1), "foreign_hits": leaks}
         store.close()
     shutil.rmtree(root, ignore_errors=True)
     return figures
