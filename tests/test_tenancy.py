@@ -168,16 +168,19 @@ def test_no_read_of_one_tenant_returns_another_tenants_point(tenants: ServerStor
     rng = np.random.default_rng(len(agents))
     names = [f"memory-{data.draw(st.sampled_from(['root', 'dir']))}-{agent}" for agent in agents]
     own: dict[str, set[str]] = {}
+    shown: dict[str, Payload] = {}  # point id -> its payload
     for agent, name in zip(agents, names, strict=True):
         shared.ensure_collection(name, {"text": 3})
         shared.drop(name)  # the examples share the server: start each tenant empty
         own[name] = set()
         for path in data.draw(_PATHS):
             kind = data.draw(st.sampled_from(["markdown", "image"]))
+            mtime = data.draw(st.sampled_from([1, 5, 50]))
             points = [_point(name, agent, path, i, "h", rng.normal(size=3).tolist(), 2, ([i + 1], [1.0]), kind,
-                             mtime_ns=5) for i in range(2)]
+                             mtime_ns=mtime) for i in range(2)]
             shared.replace_file(name, path, "h", points)
             own[name] |= {p.id for p in points}
+            shown.update((p.id, p.payload) for p in points)
     everyone = set().union(*own.values())
     for name in names:
         flt = data.draw(_FILTERS)
@@ -186,12 +189,22 @@ def test_no_read_of_one_tenant_returns_another_tenants_point(tenants: ServerStor
         found = {h.id for hits in shared.search(name, query).values() for h in hits}
         found |= {str(pid) for pairs in shared.scores(name, query).values() for pid, _ in pairs}
         assert found <= own[name], f"{name} answered with another tenant's points"
+        dense = {h.id for h in shared.search(name, query)["text"]}  # exact at this size: every point that passes
+        assert dense == {pid for pid in own[name] if _passes(shown[pid], flt)}
         assert all(h.payload.collection == name for hits in shared.search(name, query).values() for h in hits)
         assert set(shared.payloads(name, sorted(everyone))) == own[name]  # get by id: only its own
         assert {p.collection for p in shared.scroll(name)} <= {name}  # recall and boot read through scroll
         assert {p.id for p in shared.scroll_points(name)} == own[name]
         assert shared.count(name) == len(own[name])
         assert set(shared.file_states(name)) == {p.abs_path for p in shared.scroll(name, ["abs_path"])}
+
+
+def _passes(p: Payload, f: Filter) -> bool:
+    """Whether a point of payload ``p`` passes ``f`` (its path prefix, kinds and time window), in Python."""
+    prefix = (f.path_prefix or "").strip("/")
+    return ((not prefix or p.path == prefix or p.path.startswith(prefix + "/"))
+            and (not f.kinds or p.kind in f.kinds)
+            and (f.since_ns is None or p.mtime_ns >= f.since_ns) and (f.until_ns is None or p.mtime_ns < f.until_ns))
 
 
 def test_migrate_into_shared_collections_then_the_daemon_embeds_nothing(workspace: Path, make_indexer,
