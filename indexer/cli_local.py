@@ -202,15 +202,22 @@ def migrate(url: str, api_key: str | None, state_dir: Path | None, config: Path 
     """
     settings = settings_from(config, None, None, state_dir, None)
     configure_logging(settings.log_format, settings.log_level)
+    from dataclasses import replace
+
     from indexer.errors import CollectionMismatch, StoreLocked, StoreUnavailable
     from indexer.migrate import migrate as copy_store
+    from indexer.rebuild import recorded_identity
     from indexer.store import EdgeStore, ServerOptions, ServerStore
 
     root = settings.state_dir / "qdrant"
     if not root.is_dir():
         fail(f"no embedded store under {settings.state_dir} (nothing to migrate); pass --state-dir")
+    try:  # shared tenancy: the model's shared collections, named by the identity the collections were built with
+        options = replace(ServerOptions.from_settings(settings), space=recorded_identity(settings.state_dir))
+    except ValueError as exc:
+        fail(str(exc))
     source = EdgeStore(root)
-    target = ServerStore(url, api_key or settings.qdrant_api_key, ServerOptions.from_settings(settings))
+    target = ServerStore(url, api_key or settings.qdrant_api_key, options)
     try:
         results = copy_store(source, target)
     except StoreLocked as exc:

@@ -26,6 +26,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -38,7 +39,14 @@ from indexer.errors import CollectionMismatch
 from indexer.metrics import Metrics
 from indexer.pipeline import Pipeline, unchanged_by_stat
 from indexer.plugins import Registry, load_registry, plugin_configs
-from indexer.rebuild import attest, check_identity, hold_state_lock, model_identity, record_identity
+from indexer.rebuild import (
+    attest,
+    check_identity,
+    hold_state_lock,
+    model_identity,
+    record_identity,
+    recorded_identities,
+)
 from indexer.report import StatusView
 from indexer.state import Indexed, IndexState, Plan
 from indexer.store import ServerOptions, Store, open_store
@@ -107,8 +115,11 @@ class Indexer:
         registry.check_multimodal({w.agent: w.multimodal.modalities for w in settings.workspace
                                    if w.multimodal.enabled})
         if store is None:
-            store = open_store(settings.state_dir, settings.qdrant_url, settings.qdrant_api_key,
-                               ServerOptions.from_settings(settings), settings.state_min_free_bytes)
+            space = model_identity(registry.embedders)  # shared tenancy: the shared collections of this model
+            options = replace(ServerOptions.from_settings(settings), space=space, former_spaces=tuple(
+                s for s in recorded_identities(settings.state_dir) if s != space))
+            store = open_store(settings.state_dir, settings.qdrant_url, settings.qdrant_api_key, options,
+                               settings.state_min_free_bytes)
         cache = EmbeddingCache(settings.state_dir / "embeddings.sqlite3")
         indexer = cls(settings, registry, store, cache, terms if terms is not None else Bm25Terms(settings.bm25),
                       polling=polling, reindex=reindex)

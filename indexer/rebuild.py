@@ -109,6 +109,22 @@ def _read_identities(state_dir: Path) -> dict[str, str]:
     return record
 
 
+def recorded_identities(state_dir: Path) -> list[str]:
+    """The model identities recorded for the collections under ``state_dir``, sorted, each once."""
+    return sorted(set(_read_identities(state_dir).values()))
+
+
+def recorded_identity(state_dir: Path) -> str:
+    """The one model identity recorded for the collections under ``state_dir`` (``""`` when none is recorded): what
+    names the shared collections their points belong in (``ServerOptions.space``). Raises ``ValueError`` when the
+    collections were built with different ones (a rebuild cut short): rebuild before moving them."""
+    identities = recorded_identities(state_dir)
+    if len(identities) > 1:
+        raise ValueError(f"the collections under {state_dir} were built with different models "
+                         f"({'; '.join(identities)}); rebuild them first with `qmd-indexer index --once --reindex`")
+    return identities[0] if identities else ""
+
+
 def record_identity(state_dir: Path, names: Iterable[str], identity: str) -> None:
     """Record ``identity`` for the collections ``names`` in ``<state_dir>/collection-identity.json`` (the others
     keep theirs); written beside and renamed over, so a crash leaves the old record or the new one."""

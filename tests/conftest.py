@@ -44,7 +44,8 @@ BACKENDS = ["edge", "memory", "server", "cluster"]  # what a store-taking test r
 
 def backend_store(request: pytest.FixtureRequest, backend: str, **options: Any) -> Any:
     """A store of ``backend`` for one test, or ``None`` for Edge (the daemon's default, made from the settings):
-    ``memory`` is qdrant-client's in-process mode; ``server`` the session's single node over REST; ``cluster`` the
+    ``memory`` is qdrant-client's in-process mode; ``server`` the session's single node over REST (``shared``: the
+    same with ``tenancy = "shared"``, for the store suite); ``cluster`` the
     session's 3-node cluster over gRPC, with 3 shards, 2 replicas and both acknowledging every write."""
     from indexer.store import ServerOptions, ServerStore
 
@@ -54,8 +55,10 @@ def backend_store(request: pytest.FixtureRequest, backend: str, **options: Any) 
         return ServerStore(":memory:")
     from qdrant.fixtures import CLUSTER_COLLECTIONS, drop_all_collections
 
-    if backend == "server":
-        url, opts = request.getfixturevalue("qdrant_server").url, ServerOptions(**options)
+    if backend in ("server", "shared"):  # shared: the agents' collections as tenants of shared collections
+        url = request.getfixturevalue("qdrant_server").url
+        opts = ServerOptions(**options) if backend == "server" else ServerOptions(tenancy="shared", space="test#1",
+                                                                                    **options)
     else:
         node = request.getfixturevalue("qdrant_cluster").nodes[0]
         url = node.url
@@ -68,7 +71,8 @@ from indexer.worker import run  # noqa: E402
 #: them. A test gets a marker when every word of one of its sets is reached: the names (and, quoted, the string
 #: constants) in the code of the test, of its fixtures and of the test-code helpers these use, followed through
 #: every file under a ``tests`` folder; the fixtures it asks for, directly or through other fixtures; and, for a
-#: test parametrized over ``BACKENDS``, ``qdrant_server`` or ``qdrant_cluster`` when that is its backend.
+#: test parametrized over ``BACKENDS`` (or ``"shared"``), ``qdrant_server`` or ``qdrant_cluster`` when that is its
+#: backend.
 LANE_MARKERS: dict[str, list[set[str]]] = {
     "server": [{"qdrant_server"}, {"make_node"}],
     "cluster": [{"qdrant_cluster"}, {"fault_cluster"}, {"make_cluster"}],
@@ -85,11 +89,14 @@ def _is_test_code(obj: Any) -> bool:
     return code is not None and f"{os.sep}tests{os.sep}" in code.co_filename
 
 
+_NODES = {"server": "server", "shared": "server", "cluster": "cluster"}  # a backend parameter -> its Qdrant fixture
+
+
 def _reached_words(item: pytest.Function) -> set[str]:
     """The words of ``LANE_MARKERS`` that ``item`` reaches (see there)."""
     words = set(item.fixturenames)
     params = item.callspec.params.values() if hasattr(item, "callspec") else ()
-    words |= {f"qdrant_{p}" for p in params if isinstance(p, str) and p in ("server", "cluster")}
+    words |= {f"qdrant_{_NODES[p]}" for p in params if isinstance(p, str) and p in _NODES}
     todo: list[Any] = [item.function]
     todo += [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
     seen: set[int] = set()

@@ -27,7 +27,7 @@ from indexer.points import (
 from indexer.store import EdgeStore, Store
 
 
-@pytest.fixture(name="store", params=BACKENDS)
+@pytest.fixture(name="store", params=[*BACKENDS, "shared"])
 def store_fixture(request: pytest.FixtureRequest, tmp_path: Path):
     store = backend_store(request, request.param) or EdgeStore(tmp_path / "qdrant")
     yield store
@@ -91,6 +91,8 @@ def test_search_returns_a_ranked_list_per_vector_with_filters(store) -> None:
 
 
 def test_vector_size_mismatch_says_how_to_reindex(store) -> None:
+    if getattr(store, "shared", False):
+        pytest.skip("a shared collection outlives one tenant's drop; another model gets shared collections of its own")
     store.ensure_collection("c", {"text": 3})
     store.ensure_collection("c", {"text": 3})  # same config: fine
     with pytest.raises(CollectionMismatch, match="--reindex"):

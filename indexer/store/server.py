@@ -14,12 +14,23 @@ Writes are made to survive a cluster:
 
 Collection settings (shards, replicas, write consistency, on-disk vectors, int8 quantization) are applied only when
 a collection is created; an existing collection that differs is reported in one log line and left as it is.
+
+Tenancy (``ServerOptions.tenancy``): with ``"collections"`` every logical collection (``memory-root-<agent>``...) is a
+Qdrant collection of its own. With ``"shared"`` the logical collections are tenants of shared physical collections,
+one per kind (``root``, ``dir``, ``extra``) and embedding space (``shared_collection``: the name carries a digest of
+the embedders' identity, so two models never mix): each point's payload carries its agent and its logical
+collection, the logical collection's name is the tenant key (a keyword index with ``is_tenant``), HNSW graphs are
+built per tenant (``payload_m``, global ``m=0``). ``ServerStore._where`` is the one place a logical name becomes a
+physical collection plus the tenant condition; every primitive that reads or writes points goes through it, so
+callers (the daemon, search, recall, migrate) name logical collections only and never see another tenant's points.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -28,13 +39,18 @@ import structlog
 
 from indexer.errors import CollectionMismatch, StoreUnavailable
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
-from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
+from indexer.store.base import REBUILD, SCROLL_PAGE, Dialect, Store, point_from_record
 
 log = structlog.get_logger("qmd_indexer.store")
 
 F = TypeVar("F", bound=Callable[..., Any])
 MIB = 1024 * 1024
 ATTEMPTS = 5  # tries per request: waits of 0.5, 1, 2, 4 s between them
+SHARED = "qmd-shared-"  # shared physical collections (tenancy "shared") are named qmd-shared-<kind>-<space digest>
+STAGING = "--rebuild"  # beside each: the shared collection a rebuild of its tenants fills, moved in by ``swap``
+TENANT_KEY = "collection"  # the tenant key of a shared collection: the payload's logical collection name
+PAYLOAD_M = 16  # HNSW links per node of a tenant's graph in a shared collection (Qdrant's default m)
+_KIND = re.compile(r"(?:^|-)memory-(root|dir|extra)-")
 _ENVELOPE_BYTES = 1024  # the upsert body's own JSON around the points (`{"points": [...]}`), with room to spare
 
 
@@ -55,6 +71,9 @@ class ServerOptions:
     write_consistency_factor: int | None = None
     on_disk_vectors: bool = False
     quantization: str = "none"  # "none" or "int8" (scalar)
+    tenancy: str = "collections"  # "collections" (one Qdrant collection per logical one) or "shared"
+    space: str = ""  # the embedders' identity (``rebuild.model_identity``): names the shared collections
+    former_spaces: tuple[str, ...] = ()  # identities the collections were built with before (a model change)
 
     @classmethod
     def from_settings(cls, settings: Any) -> ServerOptions:
@@ -65,7 +84,18 @@ class ServerOptions:
                    batch_points=settings.qdrant_batch_points, shard_number=settings.qdrant_shard_number,
                    replication_factor=settings.qdrant_replication_factor,
                    write_consistency_factor=settings.qdrant_write_consistency_factor,
-                   on_disk_vectors=settings.qdrant_on_disk_vectors, quantization=settings.qdrant_quantization)
+                   on_disk_vectors=settings.qdrant_on_disk_vectors, quantization=settings.qdrant_quantization,
+                   tenancy=settings.qdrant_tenancy)
+
+
+def shared_collection(name: str, space: str) -> str:
+    """The shared physical collection that holds logical collection ``name`` (a rebuild's ``<name>--rebuild-<n>``:
+    the staging collection beside it) for embedding space ``space``: ``qmd-shared-<kind>-<12 hex of sha256(space)>``,
+    ``kind`` the ``root``, ``dir`` or ``extra`` of ``memory-<kind>-<agent>`` (``other`` for any other name)."""
+    logical, _, rebuild = name.partition(REBUILD)
+    match = _KIND.search(logical)
+    digest = hashlib.sha256(space.encode()).hexdigest()[:12]
+    return f"{SHARED}{match.group(1) if match else 'other'}-{digest}{STAGING if rebuild else ''}"
 
 
 def _transient(exc: BaseException) -> bool:
@@ -108,6 +138,12 @@ class ServerStore(Store):
         self.options = options or ServerOptions()
         self._failing = False
         self._local = url == ":memory:"
+        self.shared = self.options.tenancy == "shared"
+        # shared tenancy: logical collection -> another model's shared collection that holds its live points, until
+        # a rebuild into this model's is swapped in (``_find_live``)
+        self._lives: dict[str, str] = {}
+        if self.options.tenancy not in ("collections", "shared"):
+            raise ValueError(f"tenancy must be 'collections' or 'shared', not {self.options.tenancy!r}")
         if self._local:
             self.client = QdrantClient(location=":memory:")
         else:
@@ -116,10 +152,11 @@ class ServerStore(Store):
             self.client = QdrantClient(url=url, api_key=api_key or None, timeout=int(max(1, self.options.timeout_s)),
                                        prefer_grpc=self.options.prefer_grpc, grpc_port=self.options.grpc_port,
                                        check_compatibility=False)
-        for method in ("_dense_config", "_create", "_add_vector", "_names", "_scroll_page", "_points_page", "_query",
-                       "_retrieve", "_count", "_drop", "_read_aliases", "_set_alias"):
+        for method in ("_physical_config", "_create", "_add_vector", "_names", "_scroll_page", "_points_page", "_query",
+                       "_retrieve", "_count", "_drop", "_read_aliases", "_set_alias", "_ids_page", "_facet",
+                       "_tenant_points"):
             setattr(self, method, self._retrying(getattr(self, method), write=False))
-        for method in ("_upsert_request", "_delete"):
+        for method in ("_upsert_request", "_delete", "_delete_ids"):
             setattr(self, method, self._retrying(getattr(self, method), write=True))
 
     def _retrying(self, fn: F, write: bool) -> F:
@@ -150,8 +187,162 @@ class ServerStore(Store):
 
         return call  # type: ignore[return-value]
 
+    # tenancy: the one place a logical collection becomes a physical one and a tenant condition ------------------
+    def _where(self, name: str) -> tuple[str, Any | None]:
+        """The physical collection that holds logical collection ``name`` and the condition that selects its points
+        there: ``(name, None)`` with tenancy ``"collections"``; with ``"shared"``, ``shared_collection(name)`` and
+        ``payload.collection == name`` (for ``<name>--rebuild-<n>``: the staging collection, ``== name``)."""
+        if not self.shared:
+            return name, None
+        logical, _, rebuild = name.partition(REBUILD)
+        physical = self._lives.get(logical) if not rebuild else None
+        return physical or shared_collection(name, self.options.space), self.dialect.match(TENANT_KEY, logical)
+
+    def ensure_collection(self, name: str, dense: dict[str, int]) -> None:
+        """See ``Store.ensure_collection``. With shared tenancy, a logical collection that has no points in this
+        model's shared collection but has some in the shared collection of a former model (``former_spaces``: the
+        state dir's record) keeps answering from there: a model change, whose rebuild fills this model's and
+        ``swap`` moves it over."""
+        if self.shared and REBUILD not in name:
+            with self._lock:
+                self._find_live(name)
+        super().ensure_collection(name, dense)
+
+    def _find_live(self, name: str) -> None:
+        own = shared_collection(name, self.options.space)
+        self._lives.pop(name, None)
+        names = self._names()
+        if own in names and self._count(name):
+            return
+        for physical in (shared_collection(name, space) for space in self.options.former_spaces):
+            if physical in names and self._tenant_points(physical, name, delete=False):
+                self._lives[name] = physical
+                log.info("tenant_on_other_model", collection=name, physical=physical,
+                         hint="searches answer from it until a rebuild into this model's collection is swapped in")
+                return
+
+    def _tenant_points(self, physical: str, name: str, delete: bool) -> int:
+        """The number of points of tenant ``name`` in shared collection ``physical``; with ``delete``, deletes
+        them (returns 0)."""
+        flt = self._m.Filter(must=[self.dialect.match(TENANT_KEY, name)])
+        if delete:
+            self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
+            return 0
+        return int(self.client.count(physical, count_filter=flt, exact=True).count)
+
+    def _scoped(self, name: str, flt: Any = None) -> tuple[str, Any]:
+        """``_where(name)`` with the tenant condition joined to ``flt`` (a translated filter, or ``None``): the
+        filter every read and write of ``name``'s points carries."""
+        physical, tenant = self._where(name)
+        if tenant is None:
+            return physical, flt
+        return physical, self._m.Filter(must=[tenant] if flt is None else [tenant, flt])
+
+    def _target(self, name: str) -> str:
+        # shared tenancy resolves names in ``_where``, per primitive; no aliases are involved
+        return name if self.shared else super()._target(name)
+
+    def rebuild_target(self, name: str) -> str:
+        """See ``Store.rebuild_target``; with shared tenancy ``<name>--rebuild-1``, a tenant of the staging
+        collection beside ``name``'s shared collection."""
+        return f"{name}{REBUILD}1" if self.shared else super().rebuild_target(name)
+
+    def swap(self, name: str, new: str) -> None:
+        """See ``Store.swap``. With shared tenancy, ``name``'s points from the staging collection (``new``) are
+        upserted over its live ones (same ids for unchanged chunks), its live points absent from them deleted, the
+        staged ones removed; all under the store's lock, so this process's searches see the old set or the new."""
+        if not self.shared:
+            super().swap(name, new)
+            return
+        with self._lock:
+            other_model = self._lives.pop(name, None)
+            if self._dense_config(name) is None:  # a model change: the first tenant swapped into this model's
+                self._create(name, self._dense_config(new) or {})
+            staged: set[str] = set()
+            offset: Any = None
+            while True:
+                points, offset = self._points_page(new, offset, SCROLL_PAGE)
+                self._upsert(name, points)
+                staged.update(p.id for p in points)
+                if offset is None:
+                    break
+            stale = [pid for pid in self._ids(name) if pid not in staged]
+            for start in range(0, len(stale), SCROLL_PAGE):
+                self._delete_ids(name, stale[start:start + SCROLL_PAGE])
+            self._drop(new)
+            if other_model is not None:  # the tenant's points of the model before
+                self._tenant_points(other_model, name, delete=True)
+
+    def sweep(self, name: str) -> list[str]:
+        """See ``Store.sweep``; with shared tenancy, deletes ``name``'s points from the staging collection (a rebuild
+        cut short) and returns ``[<name>--rebuild-1]`` when there were any."""
+        if not self.shared:
+            return super().sweep(name)
+        with self._lock:
+            staging = self.rebuild_target(name)
+            if not self.client.collection_exists(self._where(staging)[0]) or not self._count(staging):
+                return []
+            self._drop(staging)
+            return [staging]
+
+    def drop(self, name: str) -> None:
+        """See ``Store.drop``; with shared tenancy, deletes ``name``'s points only (an agent removed), leaving the
+        shared collection and every other tenant's points."""
+        if not self.shared:
+            super().drop(name)
+            return
+        with self._lock:
+            self._drop(name)
+
+    def collections(self) -> dict[str, dict[str, int]]:
+        """See ``Store.collections``; with shared tenancy, the logical collections (the tenant key's values) of
+        every shared collection of this store's embedding space, each with its shared collection's dense vectors."""
+        if not self.shared:
+            return super().collections()
+        space = shared_collection("", self.options.space).rpartition("-")[2]
+        with self._lock:
+            out: dict[str, dict[str, int]] = {}
+            for physical in self._names():
+                if physical.startswith(SHARED) and physical.endswith(f"-{space}"):
+                    config = self._physical_config(physical)
+                    for tenant in self._facet(physical):
+                        if config is not None:
+                            out[tenant] = config
+            return dict(sorted(out.items()))
+
+    def _facet(self, physical: str) -> list[str]:
+        hits = self.client.facet(physical, TENANT_KEY, limit=1_000_000, exact=True).hits
+        return [str(h.value) for h in hits if h.count]
+
+    def _ids(self, name: str) -> Iterator[str]:
+        offset: Any = None
+        while True:
+            ids, offset = self._ids_page(name, offset)
+            yield from ids
+            if offset is None:
+                return
+
+    def _ids_page(self, name: str, offset: Any) -> tuple[list[str], Any]:
+        physical, flt = self._scoped(name)
+        records, offset = self.client.scroll(physical, scroll_filter=flt, limit=SCROLL_PAGE, offset=offset,
+                                             with_payload=False, with_vectors=False)
+        return [str(r.id) for r in records], offset
+
+    def _has_id(self, ids: Sequence[str]) -> Any:
+        """A filter on point ids ``ids``."""
+        any_ids: list[Any] = list(ids)
+        return self._m.Filter(must=[self._m.HasIdCondition(has_id=any_ids)])
+
+    def _delete_ids(self, name: str, ids: list[str]) -> None:
+        physical, flt = self._scoped(name, self._has_id(ids))
+        self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
+
     # collections ------------------------------------------------------------------------------------------------
     def _dense_config(self, name: str) -> dict[str, int] | None:
+        return self._physical_config(self._where(name)[0])
+
+    def _physical_config(self, name: str) -> dict[str, int] | None:
+        """The dense vectors (name -> size) of physical collection ``name``, ``None`` when it does not exist."""
         if not self.client.collection_exists(name):
             return None
         info = self.client.get_collection(name)
@@ -180,7 +371,10 @@ class ServerStore(Store):
         self._settings_differ(name, differ)
 
     def _create(self, name: str, dense: dict[str, int]) -> None:
+        from qdrant_client.http.exceptions import UnexpectedResponse
+
         m, o = self._m, self.options
+        name = self._where(name)[0]
         extra: dict[str, Any] = {}
         if not self._local:  # the in-process mode has no shards, replicas or quantization
             extra = {"shard_number": o.shard_number, "replication_factor": o.replication_factor,
@@ -188,14 +382,26 @@ class ServerStore(Store):
             if o.quantization == "int8":
                 extra["quantization_config"] = m.ScalarQuantization(
                     scalar=m.ScalarQuantizationConfig(type=m.ScalarType.INT8, always_ram=True))
-        self.client.create_collection(
-            name,
-            vectors_config={v: m.VectorParams(size=s, distance=m.Distance.COSINE, on_disk=o.on_disk_vectors or None)
-                            for v, s in dense.items()},
-            sparse_vectors_config={SPARSE: m.SparseVectorParams(modifier=m.Modifier.IDF)},
-            **extra,
-        )
+            if self.shared:  # one HNSW graph per tenant, none across them
+                extra["hnsw_config"] = m.HnswConfigDiff(payload_m=PAYLOAD_M, m=0)
+        try:
+            self.client.create_collection(
+                name,
+                vectors_config={v: m.VectorParams(size=s, distance=m.Distance.COSINE,
+                                                  on_disk=o.on_disk_vectors or None)
+                                for v, s in dense.items()},
+                sparse_vectors_config={SPARSE: m.SparseVectorParams(modifier=m.Modifier.IDF)},
+                **extra,
+            )
+        except (UnexpectedResponse, ValueError):
+            # another daemon created the shared collection first: use it (its indexes are created below, again)
+            if not (self.shared and self.client.collection_exists(name)):
+                raise
         if not self._local:  # the in-process mode has no payload indexes (and warns)
+            if self.shared:
+                self.client.create_payload_index(name, TENANT_KEY, m.KeywordIndexParams(
+                    type=m.KeywordIndexType.KEYWORD, is_tenant=True))
+                self.client.create_payload_index(name, "agent", m.PayloadSchemaType.KEYWORD)
             for key in KEYWORD_FIELDS:
                 self.client.create_payload_index(name, key, m.PayloadSchemaType.KEYWORD)
             for key in INTEGER_FIELDS:
@@ -212,11 +418,16 @@ class ServerStore(Store):
 
     # points -----------------------------------------------------------------------------------------------------
     def _upsert(self, name: str, points: Sequence[Point]) -> None:
+        physical, tenant = self._where(name)
+        stamp = {TENANT_KEY: name.partition(REBUILD)[0]} if tenant is not None else {}
         for batch in self.batches(points):
-            self._upsert_request(name, [self._struct(p) for p in batch])
+            self._upsert_request(physical, [self._struct(p, stamp) for p in batch])
 
-    def _struct(self, point: Point) -> Any:
-        return self._m.PointStruct(id=point.id, vector=self.dialect.vectors(point), payload=point.payload.to_payload())
+    def _struct(self, point: Point, stamp: Mapping[str, Any]) -> Any:
+        """``point`` as qdrant-client's ``PointStruct``; ``stamp`` overrides payload fields (the tenant key: a point
+        lands in the tenant it is written to, whatever its payload said)."""
+        return self._m.PointStruct(id=point.id, vector=self.dialect.vectors(point),
+                                   payload={**point.payload.to_payload(), **stamp})
 
     def batches(self, points: Sequence[Point]) -> Iterator[list[Point]]:
         """``points`` in order, in runs of at most ``batch_points`` whose upsert body (``json_bytes`` each) fits
@@ -242,7 +453,8 @@ class ServerStore(Store):
         self.client.upsert(name, structs, wait=True)
 
     def _delete(self, name: str, flt: Filter) -> None:
-        self.client.delete(name, points_selector=self._m.FilterSelector(filter=self.dialect.filter(flt)), wait=True)
+        physical, scoped = self._scoped(name, self.dialect.filter(flt))
+        self.client.delete(physical, points_selector=self._m.FilterSelector(filter=scoped), wait=True)
 
     def _scroll(self, name: str, fields: list[str] | None) -> Iterator[Mapping[str, Any]]:
         offset = None
@@ -254,34 +466,49 @@ class ServerStore(Store):
                 return
 
     def _scroll_page(self, name: str, offset: Any, fields: list[str] | None) -> Any:
-        return self.client.scroll(name, limit=SCROLL_PAGE, offset=offset, with_payload=fields if fields else True,
-                                  with_vectors=False)
+        physical, flt = self._scoped(name)
+        return self.client.scroll(physical, scroll_filter=flt, limit=SCROLL_PAGE, offset=offset,
+                                  with_payload=fields if fields else True, with_vectors=False)
 
     def _points_page(self, name: str, offset: Any, limit: int) -> tuple[list[Point], Any]:
-        records, offset = self.client.scroll(name, limit=limit, offset=offset, with_payload=True, with_vectors=True)
+        physical, flt = self._scoped(name)
+        records, offset = self.client.scroll(physical, scroll_filter=flt, limit=limit, offset=offset,
+                                             with_payload=True, with_vectors=True)
         return [point_from_record(record.id, record.vector if isinstance(record.vector, dict) else None, record.payload)
                 for record in records], offset
 
     def _query(self, name: str, searches: dict[str, Any], flt: Any, query: Query,
                with_payload: bool) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
         m = self._m
+        physical, flt = self._scoped(name, flt)
         requests = [m.QueryRequest(query=vector, using=using, filter=flt, limit=query.limit, with_payload=with_payload,
                                    score_threshold=query.thresholds.get(using))
                     for using, vector in searches.items()]
-        answers = self.client.query_batch_points(name, requests)
+        answers = self.client.query_batch_points(physical, requests)
         return {using: [(p.id, p.score, p.payload) for p in answer.points]
                 for using, answer in zip(searches, answers)}
 
     def _retrieve(self, name: str, ids: list[str]) -> list[tuple[Any, Mapping[str, Any] | None]]:
-        records = self.client.retrieve(name, ids, with_payload=True, with_vectors=False)
+        if not self.shared:
+            records = self.client.retrieve(name, ids, with_payload=True, with_vectors=False)
+        else:  # by id and tenant: an id of another tenant is absent here
+            physical, flt = self._scoped(name, self._has_id(ids))
+            records, _ = self.client.scroll(physical, scroll_filter=flt, limit=len(ids), with_payload=True,
+                                            with_vectors=False)
         return [(r.id, r.payload) for r in records]
 
     def _count(self, name: str) -> int:
-        return int(self.client.count(name, exact=True).count)
+        physical, flt = self._scoped(name)
+        return int(self.client.count(physical, count_filter=flt, exact=True).count)
 
     def _drop(self, name: str) -> None:
-        if self.client.collection_exists(name):
-            self.client.delete_collection(name)
+        physical, flt = self._scoped(name)
+        if not self.client.collection_exists(physical):
+            return
+        if flt is None:
+            self.client.delete_collection(physical)
+        else:  # a tenant's points only
+            self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
 
     def _read_aliases(self) -> dict[str, str]:
         return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}

@@ -1,0 +1,140 @@
+"""Many agents on one Qdrant server: a collection per agent's collection (``tenancy = "collections"``) against
+shared collections with a tenant key (``"shared"``), side by side.
+
+Per layout and agent count, on a fresh single node (the pinned binary of ``tests/qdrant/install.sh``, started by
+``tests/qdrant/nodes.py``, storage under ``--out``): create every agent's two collections (``memory-root-<agent>``,
+``memory-dir-<agent>``) and write ``--notes`` notes per agent (one into root, the rest into dir, one chunk each)
+through ``ServerStore.replace_file``, as the daemon's first index does, except agent 0, which has ``--big`` times as
+many notes (an uneven tenant); then ``--queries`` hybrid searches (dense top 10 + BM25) of random other agents'
+``memory-dir``, each timed, and as many of agent 0's. Reported: create + first-index seconds, the server's RSS
+(``/proc/<pid>/status`` ``VmRSS``) and storage size after, search p50/p99 ms (``big_``: agent 0's), a daemon's start
+with one agent (a fresh client checks its two collections and reads their files' states), and a check that a search of
+one agent only returned its own points.
+
+Vectors are random unit vectors of 384 dimensions (all-MiniLM-L6-v2's size) and BM25 terms random ids: this measures
+the store, not the embedder (embedding 20,000 notes costs the same in both layouts).
+
+``python -m benchmarks.tenancy [--agents 100 1000] [--notes 20] [--big 100] [--queries 200] [--out DIR]``; prints one
+JSON line per run and a table at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DIM = 384
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process ``pid`` (``VmRSS``), bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def disk_bytes(root: Path) -> int:
+    """Bytes the files under ``root`` take on disk (allocated blocks: Qdrant preallocates sparse files)."""
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
+
+
+def run(layout: str, agents: int, notes: int, queries: int, out: Path, big: int = 100,
+        seed: int = 0) -> dict[str, Any]:
+    """One layout at one agent count on a fresh node; the figures as a dict (see the module docstring)."""
+    sys.path.insert(0, str(REPO / "tests"))  # the Qdrant node starter the tests use (no pytest in it)
+    from qdrant import nodes
+
+    from indexer.points import Payload, Point, Query, point_id
+    from indexer.store import ServerOptions, ServerStore
+
+    rng = np.random.default_rng(seed)
+    root = out / f"{layout}-{agents}"
+    shutil.rmtree(root, ignore_errors=True)
+    with nodes.running(nodes.make_node(root)) as node:
+        store = ServerStore(node.url, options=ServerOptions(tenancy=layout, space="bench-model#1", timeout_s=60))
+        started = time.monotonic()
+        for a in range(agents):
+            agent = f"agent{a}"
+            for role, count in (("root", 1), ("dir", (notes * (big if a == 0 else 1)) - 1)):
+                name = f"memory-{role}-{agent}"
+                store.ensure_collection(name, {"text": DIM})
+                for n in range(count):
+                    path = f"/w/{agent}/memory/note{n}.md"
+                    vector = rng.normal(size=DIM).astype(np.float32)
+                    payload = Payload(agent=agent, collection=name, abs_path=path, path=f"memory/note{n}.md",
+                                      file_hash="h", chunk_index=0, chunk_count=1, size_bytes=100, mtime_ns=1,
+                                      text=f"note {n} of {agent}")
+                    terms = sorted({int(t) for t in rng.integers(0, 5000, 8)})
+                    point = Point(point_id(name, path, 0), {"text": vector / np.linalg.norm(vector)},
+                                  {"bm25": (terms, [1.0] * len(terms))}, payload)
+                    store.replace_file(name, path, "h", [point])
+        index_s = time.monotonic() - started
+        latencies: dict[bool, list[float]] = {False: [], True: []}
+        leaks = 0
+        for q in range(2 * queries):
+            name = f"memory-dir-agent{0 if q % 2 else 1 + int(rng.integers(agents - 1))}"
+            vector = rng.normal(size=DIM).astype(np.float32)
+            terms = sorted({int(t) for t in rng.integers(0, 5000, 4)})
+            query = Query(limit=10, dense={"text": vector / np.linalg.norm(vector)},
+                          sparse=(terms, [1.0] * len(terms)))
+            t = time.perf_counter()
+            lists = store.search(name, query)
+            latencies[bool(q % 2)].append((time.perf_counter() - t) * 1000)
+            leaks += sum(h.payload.collection != name for hits in lists.values() for h in hits)
+        # a daemon's start with one agent: a fresh client, its two collections checked and their files read
+        t = time.perf_counter()
+        daemon = ServerStore(node.url, options=ServerOptions(tenancy=layout, space="bench-model#1", timeout_s=60))
+        for role in ("root", "dir"):
+            daemon.ensure_collection(f"memory-{role}-agent1", {"text": DIM})
+            daemon.file_states(f"memory-{role}-agent1")
+        startup_ms = (time.perf_counter() - t) * 1000
+        daemon.close()
+        assert node.pid is not None
+        figures = {"layout": layout, "agents": agents, "notes": notes, "points": (agents - 1 + big) * notes,
+                   "physical_collections": len(store.client.get_collections().collections),
+                   "create_index_s": round(index_s, 1), "rss_mib": round(rss_bytes(node.pid) / 2**20),
+                   "disk_mib": round(disk_bytes(root / "storage") / 2**20),
+                   "search_p50_ms": round(float(np.percentile(latencies[False], 50)), 2),
+                   "search_p99_ms": round(float(np.percentile(latencies[False], 99)), 2),
+                   "big_p50_ms": round(float(np.percentile(latencies[True], 50)), 2),
+                   "big_p99_ms": round(float(np.percentile(latencies[True], 99)), 2),
+                   "daemon_start_ms": round(startup_ms, 1), "foreign_hits": leaks}
+        store.close()
+    shutil.rmtree(root, ignore_errors=True)
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--agents", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--notes", type=int, default=20)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--big", type=int, default=100, help="agent 0 has this many times --notes")
+    parser.add_argument("--layouts", nargs="+", default=["collections", "shared"])
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="qmd-tenancy-"))
+    rows = []
+    for agents in args.agents:
+        for layout in args.layouts:
+            rows.append(run(layout, agents, args.notes, args.queries, out, args.big))
+            print(json.dumps(rows[-1]), flush=True)
+    keys = list(rows[0])
+    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+    for row in rows:
+        print("| " + " | ".join(str(row[k]) for k in keys) + " |")
+    return 0 if all(row["foreign_hits"] == 0 for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
