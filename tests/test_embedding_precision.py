@@ -446,8 +446,8 @@ def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path,
     from conftest import make_settings, wait_for
 
     from indexer.daemon import Indexer
-    from indexer.schema import SearchRequest
     from indexer.memory import LocalMemory
+    from indexer.schema import SearchRequest
     from indexer.worker import index_once
 
     if precision == "int8" and not int8_available():
