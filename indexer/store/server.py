@@ -22,7 +22,7 @@ import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import structlog
 
@@ -32,7 +32,8 @@ from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
 
 log = structlog.get_logger("qmd_indexer.store")
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 MIB = 1024 * 1024
 ATTEMPTS = 5  # tries per request: waits of 0.5, 1, 2, 4 s between them
 _ENVELOPE_BYTES = 1024  # the upsert body's own JSON around the points (`{"points": [...]}`), with room to spare
@@ -122,7 +123,7 @@ class ServerStore(Store):
         for method in ("_upsert_request", "_delete"):
             setattr(self, method, self._retrying(getattr(self, method), write=True))
 
-    def _retrying(self, fn: F, write: bool) -> F:
+    def _retrying(self, fn: Callable[P, R], write: bool) -> Callable[P, R]:
         """``fn`` retried on transient errors (``ATTEMPTS`` tries, backoff 0.5 s doubling to 8 s), then
         ``StoreUnavailable``; for a write, ``degraded`` follows whether it is failing."""
         from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -132,7 +133,7 @@ class ServerStore(Store):
                 self.degraded = True
 
         @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
             # once a write has failed through all its retries, the next ones get one try each until one succeeds:
             # the caller retries them later, and an outage must not cost every queued file the whole backoff
             attempts = 1 if write and self._failing else ATTEMPTS
@@ -148,7 +149,7 @@ class ServerStore(Store):
                 self.degraded = self._failing = False
             return result
 
-        return call  # type: ignore[return-value]
+        return call
 
     # collections ------------------------------------------------------------------------------------------------
     def _dense_config(self, name: str) -> dict[str, int] | None:
