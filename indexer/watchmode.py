@@ -77,7 +77,7 @@ if sys.platform.startswith("linux"):
         """watchdog's watch group, also calling ``overflowed()`` once it has rebuilt its watches after the kernel
         queue overflowed (``on_queue_overflow``, called by watchdog's ``InotifyFD`` reader)."""
 
-        overflowed: Callable[[], None] = field(default=lambda: None, kw_only=True)
+        overflowed: Callable[[], None] = field(kw_only=True)
 
         def on_queue_overflow(self) -> None:
             super().on_queue_overflow()
