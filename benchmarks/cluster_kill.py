@@ -38,19 +38,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks.bench.common import DEFAULT_OUT, DEFAULT_VAULT, REPO, copy_vault, log
+from benchmarks.harness import wait_until
 
 CLUSTER_COLLECTIONS = {"qdrant_shard_number": 3, "qdrant_replication_factor": 2,
                        "qdrant_write_consistency_factor": 2}
-
-
-def wait_until(condition: Any, timeout_s: float, what: str, interval_s: float = 0.1) -> float:
-    """Seconds until ``condition()`` is truthy; ``TimeoutError`` naming ``what`` after ``timeout_s``."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if condition():
-            return time.monotonic() - started
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what}: not within {timeout_s} s")
 
 
 def converged(indexer: Any, stable_s: float = 5.0, timeout_s: float = 600) -> float:
@@ -147,12 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         thread.start()
         try:
-            wait_until(lambda: len(indexer.state.indexed) >= args.kill_at * total, 900, "files indexed before the kill")
+            wait_until(lambda: len(indexer.state.indexed) >= args.kill_at * total, 900,
+                       what="files indexed before the kill")
             victim.kill()
             killed_at = time.monotonic()
             at_kill = len(indexer.state.indexed)
             log(f"SIGKILL node 1 (pid gone) after {at_kill} of {total} files, {killed_at - started:.1f} s in")
-            degraded_s = wait_until(lambda: indexer.view.status()["store_degraded"], 120, "daemon reports degraded")
+            wait_until(lambda: indexer.view.status()["store_degraded"], 120, what="daemon reports degraded")
+            degraded_s = time.monotonic() - killed_at
             log(f"daemon degraded {degraded_s:.1f} s after the kill")
             time.sleep(max(0.0, args.down_s - (time.monotonic() - killed_at)))
             while_down = len(indexer.state.indexed) - at_kill

@@ -24,6 +24,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 from functools import partial
+from itertools import takewhile
 
 from markdown_it import MarkdownIt
 
@@ -290,12 +291,8 @@ def document_context(title: str | None, crumbs: Sequence[str], rel_path: str, ta
 
 
 def _common(a: Sequence[str], b: Sequence[str]) -> tuple[str, ...]:
-    out = []
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        out.append(x)
-    return tuple(out)
+    """The heading path ``a`` and ``b`` start with."""
+    return tuple(x for x, _ in takewhile(lambda pair: pair[0] == pair[1], zip(a, b)))
 
 
 def chunk_markdown(
@@ -325,42 +322,9 @@ def chunk_markdown(
     day = note_date(rel_path, meta.date, first_h1)
     cap = max(1, int(max_tokens * MAX_CONTEXT_RATIO))
     pieces = _pieces(text, token_offsets(text), max_tokens - cap)
-    by_line: dict[int, list[int]] = {}
-    for index, piece in enumerate(pieces):
-        by_line.setdefault(piece.line, []).append(index)
     lines = text.split("\n")
-
-    def context_of(crumbs: Sequence[str], shows_heading: bool = False, speakers: Sequence[str] = ()) -> tuple[str, int]:
-        # a chunk that starts with its own heading line does not repeat that heading in its context
-        if shows_heading:
-            context = document_context(title, crumbs[:-1], rel_path, meta.tags, day, speakers) if crumbs else \
-                document_context(None, (), rel_path, meta.tags, day, speakers)
-        else:
-            context = document_context(title, crumbs, rel_path, meta.tags, day, speakers)
-        if not context:
-            return "", 0
-        offsets = token_offsets(context + "\n")
-        if len(offsets) > cap:
-            context, offsets = context[: offsets[cap - 1][1]], offsets[:cap]
-        return context, len(offsets)
-
-    # (first piece, last piece + 1, crumbs, n_tokens, heading line or -1, conversation) per non-blank section; a
-    # group of merged sections keeps the heading line of its first section only while that heading names the
-    # group's crumbs; a conversation log is a group of its own
-    groups: list[tuple[int, int, tuple[str, ...], int, int, bool]] = []
-    for section in sections:
-        idx = [i for line in range(section.start, section.end) for i in by_line.get(line, ())]
-        if not idx or not text[pieces[idx[0]].start : pieces[idx[-1]].end].strip():
-            continue
-        n = sum(pieces[i].n_tokens for i in idx)
-        talk = is_conversation(lines[section.start : section.end])
-        if groups and not talk and not groups[-1][5]:
-            lo, _, crumbs, total, heading, _ = groups[-1]
-            shared = _common(crumbs, section.crumbs)
-            if total + n + context_of(shared)[1] <= min(MERGE_TOKENS, max_tokens):
-                groups[-1] = (lo, idx[-1] + 1, shared, total + n, heading if shared == crumbs else -1, False)
-                continue
-        groups.append((idx[0], idx[-1] + 1, section.crumbs, n, section.start if section.heading else -1, talk))
+    context_of = _Context(token_offsets, cap, title, rel_path, meta.tags, day).of
+    groups = _groups(text, lines, sections, pieces, context_of, min(MERGE_TOKENS, max_tokens))
     chunks: list[TextChunk] = []
     for lo, hi, crumbs, _, heading, talk in groups:
         part = pieces[lo:hi]
@@ -375,6 +339,59 @@ def chunk_markdown(
             chunks.append(TextChunk(text[part[a].start : part[b].end], part[a].line + 1, part[b].line + 1,
                                     total + n_context, context, speakers, day.isoformat() if day else ""))
     return chunks
+
+
+@dataclass(frozen=True)
+class _Context:
+    """The document context of a note's chunks (``document_context``), cut to at most ``cap`` model tokens."""
+
+    token_offsets: Callable[[str], list[tuple[int, int]]]
+    cap: int
+    title: str
+    rel_path: str
+    tags: Sequence[str]
+    day: datetime.date | None
+
+    def of(self, crumbs: Sequence[str], shows_heading: bool = False,
+           speakers: Sequence[str] = ()) -> tuple[str, int]:
+        """``(context, its tokens)`` of a chunk under heading path ``crumbs``."""
+        title: str | None = self.title
+        if shows_heading:  # a chunk that starts with its own heading line does not repeat it in its context
+            title, crumbs = (title, crumbs[:-1]) if crumbs else (None, ())
+        context = document_context(title, crumbs, self.rel_path, self.tags, self.day, speakers)
+        if not context:
+            return "", 0
+        offsets = self.token_offsets(context + "\n")
+        if len(offsets) > self.cap:
+            context, offsets = context[: offsets[self.cap - 1][1]], offsets[: self.cap]
+        return context, len(offsets)
+
+
+def _groups(text: str, lines: Sequence[str], sections: Sequence[_Section], pieces: Sequence[_Piece],
+            context_of: Callable[[Sequence[str]], tuple[str, int]],
+            merge_tokens: int) -> list[tuple[int, int, tuple[str, ...], int, int, bool]]:
+    """(first piece, last piece + 1, crumbs, n_tokens, heading line or -1, conversation) per non-blank section;
+    adjacent sections merge while the merged tokens and their shared context stay within ``merge_tokens``. A group
+    of merged sections keeps the heading line of its first section only while that heading names the group's
+    crumbs; a conversation log is a group of its own."""
+    by_line: dict[int, list[int]] = {}
+    for index, piece in enumerate(pieces):
+        by_line.setdefault(piece.line, []).append(index)
+    groups: list[tuple[int, int, tuple[str, ...], int, int, bool]] = []
+    for section in sections:
+        idx = [i for line in range(section.start, section.end) for i in by_line.get(line, ())]
+        if not idx or not text[pieces[idx[0]].start : pieces[idx[-1]].end].strip():
+            continue
+        n = sum(pieces[i].n_tokens for i in idx)
+        talk = is_conversation(lines[section.start : section.end])
+        if groups and not talk and not groups[-1][5]:
+            lo, _, crumbs, total, heading, _ = groups[-1]
+            shared = _common(crumbs, section.crumbs)
+            if total + n + context_of(shared)[1] <= merge_tokens:
+                groups[-1] = (lo, idx[-1] + 1, shared, total + n, heading if shared == crumbs else -1, False)
+                continue
+        groups.append((idx[0], idx[-1] + 1, section.crumbs, n, section.start if section.heading else -1, talk))
+    return groups
 
 
 def _plain(text: str, pieces: Sequence[_Piece], budget: int, overlap: int, first: int,

@@ -7,10 +7,10 @@ torch, no model, so a search from a script or the shell costs one HTTP round tri
     >>> answer = Client(port=8743).search_response("deploy windows")  # the whole answer, as MCP and --json give it
     >>> answer["hits"], answer["relevant"], answer["pending"]
 
-Answers are plain dicts typed by ``indexer.schema`` (``Hit``, ``SearchResponse``, ``Page``, ``BootContext``, ``Status``,
-``Health``). Every operation is one request model sent by one helper, ``Client.ask`` (``ROUTES``: the model's
-method and path); the keyword methods build the model from their arguments. ``RemoteMemory`` is the
-``indexer.memory.Memory`` of a daemon over this client (the ``qmd-indexer mcp`` tools).
+Answers are plain dicts typed by ``indexer.schema`` (``Hit``, ``SearchResponse``, ``Page``, ``BootContext``) and
+``indexer.status`` (``Status``, ``Health``). Every operation is one request model sent by one helper,
+``Client.ask`` (``ROUTES``: the model's method and path); the keyword methods build the model from their arguments.
+``RemoteMemory`` is the ``indexer.memory.Memory`` of a daemon over this client (the ``qmd-indexer mcp`` tools).
 Raises ``DaemonUnavailable`` when nothing answers on the port, ``ClientError`` for an error answer (its message
 is the daemon's ``detail``).
 
@@ -32,16 +32,15 @@ from indexer.schema import (
     BootContext,
     BootRequest,
     GetRequest,
-    Health,
     Hit,
     Page,
     RecallRequest,
     Request,
     SearchRequest,
     SearchResponse,
-    Status,
     search_request,
 )
+from indexer.status import Health, Status
 
 DEFAULT_PORT = 8743
 #: each request model's route: (method, path); a ``GET``'s model goes as query parameters, a ``POST``'s as the body

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import time
 from functools import lru_cache
 
 _ISO_DATE = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")
@@ -100,3 +101,32 @@ def _period(query: str, base: datetime.datetime) -> tuple[datetime.date, datetim
             return monday, monday + datetime.timedelta(days=6)
         return day, day
     return None
+
+
+_DURATION = re.compile(r"^ *([0-9]+(?:\.[0-9]+)?) *(s|m|h|d|w) *$")  # as indexer.schema publishes it
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
+def parse_time(value: str, name: str = "since", now_s: float | None = None) -> int:
+    """A time argument (``name``, for the error) as nanoseconds since the epoch: a duration back from ``now_s``
+    (``90s``, ``30m``, ``12h``, ``7d``, ``2w``), an ISO 8601 date (``2026-11-01``: local midnight) or date-time
+    (``2026-11-01T09:30``, local time unless it carries an offset; RFC 3339's lower-case ``t`` and ``z`` too).
+    A moment beyond what 64 bits of nanoseconds hold (before 1677, after 2262) is clamped to that range. Raises
+    ``ValueError`` naming the accepted forms."""
+    match = _DURATION.match(value)
+    if match:
+        now = time.time() if now_s is None else now_s
+        return _clamped((now - float(match[1]) * _SECONDS[match[2]]) * 1e9)
+    try:
+        moment = datetime.datetime.fromisoformat(value.upper())
+    except ValueError:
+        raise ValueError(f"{name} must be a duration such as 7d, 12h, 30m, 2w or an ISO date/date-time such as "
+                         f"2026-11-01 or 2026-11-01T09:30, got {value!r}") from None
+    try:
+        return _clamped(moment.timestamp() * 1e9)
+    except (OverflowError, OSError, ValueError):  # year 1 or 9999 shifted out of range by the local offset
+        return _clamped(float("-inf") if moment.year < 1970 else float("inf"))
+
+
+def _clamped(ns: float) -> int:
+    return int(max(-(2**63), min(2**63 - 1, ns)))

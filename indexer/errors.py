@@ -105,3 +105,27 @@ class AppendRefused(ReadRefused):
 
 class EntryTooLarge(QmdError):
     """The entry is over ``append_max_bytes``, or would take the file over its cap. 413."""
+
+
+def error_answer(exc: BaseException) -> tuple[int, str] | None:
+    """``(HTTP status, message)`` for an error the daemon raises on purpose while answering, else ``None``:
+    ``ReadRefused`` (``AppendRefused`` too) and ``PermissionError`` 403; ``KeyError`` (unknown agent or collection)
+    and ``FileNotFoundError`` 404; ``EntryTooLarge`` 413; ``ValueError`` and other ``OSError`` 400;
+    ``StoreUnavailable`` 503."""
+    if isinstance(exc, EntryTooLarge):
+        return 413, str(exc)
+    if isinstance(exc, ReadRefused):
+        return 403, str(exc)
+    if isinstance(exc, KeyError):
+        return 404, str(exc.args[0] if exc.args else exc)
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return 404, f"no such file: {exc.filename or exc}"
+    if isinstance(exc, PermissionError):
+        return 403, "permission denied"
+    if isinstance(exc, ValueError):
+        return 400, str(exc)
+    if isinstance(exc, StoreUnavailable):
+        return 503, str(exc)
+    if isinstance(exc, OSError):  # a name too long, a directory given as a file...: the request's fault
+        return 400, f"cannot read {exc.filename or 'the file'}: {exc.strerror or exc}"
+    return None

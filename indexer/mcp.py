@@ -66,6 +66,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from indexer import __version__
 from indexer.client import Client, ClientError, RemoteMemory
+from indexer.errors import error_answer
 from indexer.schema import (
     AppendRequest,
     AppendResponse,
@@ -77,10 +78,9 @@ from indexer.schema import (
     Request,
     SearchRequest,
     SearchResponse,
-    Status,
     clean_text,
-    error_answer,
 )
+from indexer.status import Status
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer

@@ -28,7 +28,7 @@ its request model (``indexer.mcp``), the client sends the model as it is, the CL
 - **attaches** ``pending`` (the scoped agent's files changed on disk and not yet indexed) to ``search``, ``recall``
   and ``boot``, and ``degraded`` (why an answer is less than the configured search) where the search was less.
 
-Errors are the daemon's own (``indexer.schema.error_answer`` maps them to HTTP statuses): ``KeyError`` (unknown agent
+Errors are the daemon's own (``indexer.errors.error_answer`` maps them to HTTP statuses): ``KeyError`` (unknown agent
 or collection), ``ReadRefused`` (``AppendRefused`` too), ``EntryTooLarge``, ``FileNotFoundError``, ``ValueError``,
 ``StoreUnavailable``.
 """
@@ -46,16 +46,15 @@ from indexer.schema import (
     BootContext,
     BootRequest,
     GetRequest,
-    Health,
     Page,
     RecallRequest,
     Request,
     SearchRequest,
     SearchResponse,
-    Status,
 )
 from indexer.search import Searcher, join_degraded
 from indexer.state import Plan
+from indexer.status import Health, Status
 
 MAX_QUERY_CHARS = 10_000  # a query longer than a page of text is a mistake or an attack
 MAX_PAGE_CHARS = 100_000  # characters of one get page, whatever max_chars asks

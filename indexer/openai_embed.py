@@ -48,7 +48,6 @@ daemon notices a server gone down.
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import hashlib
 import json
 import os
@@ -64,11 +63,17 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import structlog
-from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from indexer.api import Chunk, check_vectors, l2_normalise
 from indexer.errors import BadVectors, EmbedError, EmbedUnavailable
-from indexer.remote import AnswerTooLarge, DeadlineClient, DeadlineExceeded, describe
+from indexer.remote import (
+    AnswerTooLarge,
+    DeadlineClient,
+    DeadlineExceeded,
+    describe,
+    retry_after,
+    server_retrying,
+)
 
 log = structlog.get_logger("qmd_indexer.embedding")
 
@@ -81,19 +86,6 @@ _TOO_LONG = re.compile(r"too (long|large|many)|maximum (context|input|sequence|b
 
 class _TooLarge(Exception):
     """The server refused a request as too big (413, or a 400/422 saying so): fewer inputs, or shorter ones."""
-
-
-def retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), ``None`` when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    with contextlib.suppress(ValueError):
-        return max(0.0, float(value))
-    with contextlib.suppress(TypeError, ValueError):
-        when = email.utils.parsedate_to_datetime(value)
-        return max(0.0, when.timestamp() - time.time())
-    return None
 
 
 def split_text(text: str) -> tuple[str, str]:
@@ -345,23 +337,10 @@ class OpenAIEmbedder:
         (at most 8 s) or the server's ``Retry-After``; one that asks for more than ``max_retry_after_s`` is not
         waited for here (the ``EmbedUnavailable`` carries it up)."""
 
-        def asked(state: RetryCallState) -> float | None:
-            exc = state.outcome.exception() if state.outcome else None
-            value: float | None = getattr(exc, "retry_after_s", None)
-            return value
-
-        def stop(state: RetryCallState) -> bool:
-            wait = asked(state)
-            return state.attempt_number >= attempts or (wait is not None and wait > self.max_retry_after_s)
-
-        def wait(state: RetryCallState) -> float:
-            return max(min(8.0, 0.5 * 2 ** (state.attempt_number - 1)), asked(state) or 0.0)
-
-        def count(state: RetryCallState) -> None:
+        def count() -> None:
             self.stats["retries"] += 1
 
-        retrying = Retrying(retry=retry_if_exception_type(EmbedUnavailable), stop=stop, wait=wait, reraise=True,
-                            before_sleep=count)
+        retrying = server_retrying(EmbedUnavailable, attempts, self.max_retry_after_s, count)
         result: np.ndarray = retrying(self._post_once, inputs, input_type, timeout_s)
         return result
 

@@ -251,7 +251,7 @@ class Pipeline:
         for f, file in enumerate(prepared):
             for c, chunk in enumerate(file.chunks):
                 by_modality.setdefault(chunk.modality, []).append((f, c))
-        vectors: list[list[np.ndarray | None]] = [[None] * len(file.chunks) for file in prepared]
+        vectors: dict[tuple[int, int], np.ndarray] = {}  # (file, chunk) -> vector
         for modality, slots in by_modality.items():
             embedder = self.registry.embedders[modality]
             dim = int(embedder.dim)
@@ -263,7 +263,7 @@ class Pipeline:
             misses: dict[bytes, list[tuple[int, int]]] = {}
             for key, (f, c) in zip(keys, slots):
                 if key in cached:
-                    vectors[f][c] = cached[key]
+                    vectors[f, c] = cached[key]
                     prepared[f].cache_hits += 1
                 else:
                     misses.setdefault(key, []).append((f, c))
@@ -279,14 +279,14 @@ class Pipeline:
                 self.cache.put_many([(key, vector) for (key, _), vector in zip(piece, fresh)])
                 for vector, (_, group) in zip(fresh, piece):
                     for n, (f, c) in enumerate(group):
-                        vectors[f][c] = vector
+                        vectors[f, c] = vector
                         if n == 0:
                             prepared[f].embedded += 1
                         else:
                             prepared[f].cache_hits += 1
                 self.stats.chunks_embedded += len(piece)
                 self.stats.cache_hits += sum(len(group) - 1 for _, group in piece)
-        return vectors  # type: ignore[return-value]  # every slot is filled above
+        return [[vectors[f, c] for c in range(len(file.chunks))] for f, file in enumerate(prepared)]
 
     def points(self, file: Prepared, vectors: Sequence[np.ndarray]) -> list[Point]:
         """The Qdrant points of one embedded file: deterministic ids, payload with path, lines and hash."""

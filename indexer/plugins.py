@@ -255,39 +255,15 @@ def load_registry(
         dist, version = _distribution(ep)
         record = PluginRecord(ep.group, ep.name, dist, version, "loaded")
         records.append(record)
-        if allow and dist != OWN_DISTRIBUTION and ep.name not in allow:
-            record.status, record.reason = "disabled", "not in the plugins allow-list"
-            continue
-        if ep.group == RERANKERS and ep.name != reranker:
-            record.status = "unused"
-            record.reason = f"reranker = {reranker!r}" if reranker else "rerank is off: reranker not set"
-            continue
-        if ep.group == EMBEDDERS and ep.name in OPT_IN_EMBEDDERS and ep.name not in prefer.values():
-            record.status, record.reason = "unused", f"chosen only with prefer = {{ text = {ep.name!r} }}"
+        skipped = _skipped(ep, dist, allow, prefer, reranker)
+        if skipped is not None:
+            record.status, record.reason = skipped
             continue
         same = running.get((ep.group, ep.name, dist, version))
         if same is not None:
             record.obj, record.provides, record.reason = same.obj, same.provides, same.reason
             continue
-        factory: Any = None
-        try:
-            factory = ep.load()
-            _check_keys(ep.name, factory, config.get(ep.name, {}))
-            obj = factory(dict(config.get(ep.name, {})))
-            check_contract(ep.group, obj)
-            record.obj, record.provides = obj, _provides(ep.group, obj)
-            if ep.group == EXTRACTORS:
-                record.reason = declared(EXTRACTORS, obj, "notice")  # what it runs without, e.g. "OCR off: ..."
-        except ConfigError:
-            raise
-        except Exception as exc:  # any failure of third-party code: report and skip
-            record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
-            record.media = _media_kinds(ep.group, factory)
-            record.configured = (not record.media or ep.group == RERANKERS or ep.name in prefer.values()
-                                 or bool(set(config.get(ep.name, {})) - {"state_dir"}))
-            (log.debug if record.media else log.warning)(
-                "plugin_failed", group=ep.group, plugin=ep.name, distribution=dist, reason=record.reason,
-                media=list(record.media))
+        _load(record, ep, config, prefer)
     if reranker and not any(r.group == RERANKERS and r.name == reranker for r in records):
         installed = ", ".join(sorted(r.name for r in records if r.group == RERANKERS)) or "none"
         raise ConfigError(f"reranker: no installed reranker is named {reranker!r} (installed: {installed}; "
@@ -295,6 +271,43 @@ def load_registry(
     _resolve_conflicts(records, prefer)
     _check_names(records, allow, prefer)
     return Registry(records)
+
+
+def _skipped(ep: EntryPoint, dist: str, allow: set[str], prefer: Mapping[str, str],
+             reranker: str) -> tuple[str, str] | None:
+    """``(status, reason)`` of a plugin the settings leave out (``disabled`` or ``unused``); None to load it."""
+    if allow and dist != OWN_DISTRIBUTION and ep.name not in allow:
+        return "disabled", "not in the plugins allow-list"
+    if ep.group == RERANKERS and ep.name != reranker:
+        return "unused", f"reranker = {reranker!r}" if reranker else "rerank is off: reranker not set"
+    if ep.group == EMBEDDERS and ep.name in OPT_IN_EMBEDDERS and ep.name not in prefer.values():
+        return "unused", f"chosen only with prefer = {{ text = {ep.name!r} }}"
+    return None
+
+
+def _load(record: PluginRecord, ep: EntryPoint, config: Mapping[str, Mapping[str, Any]],
+          prefer: Mapping[str, str]) -> None:
+    """Load, configure and check the plugin of ``ep`` into ``record``; a failure of its code marks the record
+    ``failed`` (with the media kinds it would have handled) and is logged. ``ConfigError`` (an unknown key) raises."""
+    factory: Any = None
+    try:
+        factory = ep.load()
+        _check_keys(ep.name, factory, config.get(ep.name, {}))
+        obj = factory(dict(config.get(ep.name, {})))
+        check_contract(ep.group, obj)
+        record.obj, record.provides = obj, _provides(ep.group, obj)
+        if ep.group == EXTRACTORS:
+            record.reason = declared(EXTRACTORS, obj, "notice")  # what it runs without, e.g. "OCR off: ..."
+    except ConfigError:
+        raise
+    except Exception as exc:  # any failure of third-party code: report and skip
+        record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
+        record.media = _media_kinds(ep.group, factory)
+        record.configured = (not record.media or ep.group == RERANKERS or ep.name in prefer.values()
+                             or bool(set(config.get(ep.name, {})) - {"state_dir"}))
+        (log.debug if record.media else log.warning)(
+            "plugin_failed", group=ep.group, plugin=ep.name, distribution=record.distribution,
+            reason=record.reason, media=list(record.media))
 
 
 def _check_keys(name: str, factory: Any, table: Mapping[str, Any]) -> None:

@@ -6,21 +6,28 @@ request runs as a coroutine of ``httpx.AsyncClient`` on the client's own event l
 ``asyncio.timeout``: it is cancelled at its deadline whatever the server's pace, and its connection dropped. The
 answer is read in pieces and refused once it passes ``max_bytes`` (a larger ``Content-Length`` is refused before any
 body is read). Any number of threads may call ``post`` at once; the requests share the client's connection pool.
+The retries of such a request honour the server's ``Retry-After`` (``retry_after``, ``server_retrying``).
 Used by the ``openai`` embedder (``indexer.openai_embed``) and the ``http`` reranker (``indexer.http_rerank``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import email.utils
 import json
 import os
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-__all__ = ["Answer", "AnswerTooLarge", "DeadlineClient", "DeadlineExceeded", "describe"]
+__all__ = ["Answer", "AnswerTooLarge", "DeadlineClient", "DeadlineExceeded", "describe", "retry_after",
+           "server_retrying"]
 
 
 def describe(exc: BaseException) -> str:
@@ -131,3 +138,39 @@ class DeadlineClient:
         if thread is not None:
             thread.join(10)
         loop.close()
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), ``None`` when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(value))
+    with contextlib.suppress(TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
+def server_retrying(retry_on: type[BaseException], attempts: int, max_retry_after_s: float,
+                    on_retry: Callable[[], None]) -> Retrying:
+    """tenacity ``Retrying`` of a request while it raises ``retry_on``: ``attempts`` in all, waiting 0.5 s, 1 s,
+    2 s, ... (at most 8 s) or the ``retry_after_s`` the error carries (the server's ``Retry-After``), calling
+    ``on_retry()`` before each wait; an error asking for more than ``max_retry_after_s`` is not waited for but
+    raised, as is the last one."""
+
+    def asked(state: RetryCallState) -> float | None:
+        exc = state.outcome.exception() if state.outcome else None
+        value: float | None = getattr(exc, "retry_after_s", None)
+        return value
+
+    def stop(state: RetryCallState) -> bool:
+        wait = asked(state)
+        return state.attempt_number >= attempts or (wait is not None and wait > max_retry_after_s)
+
+    def wait(state: RetryCallState) -> float:
+        return max(min(8.0, 0.5 * 2 ** (state.attempt_number - 1)), asked(state) or 0.0)
+
+    return Retrying(retry=retry_if_exception_type(retry_on), stop=stop, wait=wait, reraise=True,
+                    before_sleep=lambda state: on_retry())

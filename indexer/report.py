@@ -22,9 +22,9 @@ from indexer.pipeline import Pipeline, Stats
 from indexer.plugins import Registry
 from indexer.points import stat_identity
 from indexer.rerank import RerankStats, rerank_status
-from indexer.schema import CollectionStatus, Health, Status
 from indexer.search import FallbackStats, Searcher
 from indexer.state import IndexState, Plan
+from indexer.status import CollectionStatus, Health, Status
 from indexer.store import Store
 from indexer.watcher import Settler
 from indexer.workspace import Problem, Skip, path_problems

@@ -23,7 +23,7 @@ import structlog
 
 from indexer.api import LazyModel, Reranker
 from indexer.points import Hit
-from indexer.schema import RerankStatus
+from indexer.status import RerankStatus
 
 __all__ = ["DEGRADED", "CrossEncoderReranker", "RerankStats", "Reranker", "rerank", "rerank_status"]
 

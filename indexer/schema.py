@@ -1,5 +1,5 @@
 """The daemon's wire contract, shared by the HTTP API (``indexer.server``), the Python client (``indexer.client``)
-and the MCP tools (``indexer.mcp``). Imports only pydantic.
+and the MCP tools (``indexer.mcp``). Imports only pydantic (and ``indexer.dates`` for ``parse_time``).
 
 - **Arguments** (``Query``, ``K``, ``Agent``, ``MemoryPath``, ``FromLine``...) are annotated types: each argument
   is described, bounded and aliased once, and used both by the request bodies below and by the MCP tool
@@ -13,17 +13,15 @@ and the MCP tools (``indexer.mcp``). Imports only pydantic.
   (all its fields but ``wait_s``), what ``Client.search`` sends, what the ``search`` command builds from its flags
   and what ``indexer.search.Searcher`` answers. A new filter is a field here and its condition in the store filter
   (``indexer.points.search_filter``); the CLI adds its flag.
-- **Responses** (``Hit``, ``SearchResponse``, ``Page``, ``BootContext``, ``Status``, ``Health``) are TypedDicts:
-  the plain dicts the search and recall code build, typed for OpenAPI and MCP output schemas. ``Hit``,
-  ``SearchResponse`` and ``Status`` allow extra keys (a plugin's media fields, newer score fields).
-- ``error_answer`` maps the errors the daemon raises on purpose to the HTTP status and message it answers with.
+- **Responses** (``Hit``, ``SearchResponse``, ``Page``, ``BootContext``, ``AppendResponse``, ``ErrorDetail``) are
+  TypedDicts: the plain dicts the search and recall code build, typed for OpenAPI and MCP output schemas. ``Hit``
+  and ``SearchResponse`` allow extra keys (a plugin's media fields, newer score fields). What the daemon reports of
+  itself (``Status``, ``Health``) is ``indexer.status``; ``indexer.errors.error_answer`` maps the errors the daemon
+  raises on purpose to the HTTP status and message it answers with.
 """
 
 from __future__ import annotations
 
-import re
-import time
-from datetime import datetime
 from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import (
@@ -39,6 +37,8 @@ from pydantic import (
     with_config,
 )
 from typing_extensions import TypedDict
+
+from indexer.dates import parse_time
 
 
 def clean_text(text: str) -> str:
@@ -208,35 +208,6 @@ def names(value: list[str] | str | None) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
-_DURATION = re.compile(r"^ *([0-9]+(?:\.[0-9]+)?) *(s|m|h|d|w) *$")  # as _TIME_SCHEMA publishes it
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-
-
-def parse_time(value: str, name: str = "since", now_s: float | None = None) -> int:
-    """A time argument (``name``, for the error) as nanoseconds since the epoch: a duration back from ``now_s``
-    (``90s``, ``30m``, ``12h``, ``7d``, ``2w``), an ISO 8601 date (``2026-11-01``: local midnight) or date-time
-    (``2026-11-01T09:30``, local time unless it carries an offset; RFC 3339's lower-case ``t`` and ``z`` too).
-    A moment beyond what 64 bits of nanoseconds hold (before 1677, after 2262) is clamped to that range. Raises
-    ``ValueError`` naming the accepted forms."""
-    match = _DURATION.match(value)
-    if match:
-        now = time.time() if now_s is None else now_s
-        return _clamped((now - float(match[1]) * _SECONDS[match[2]]) * 1e9)
-    try:
-        moment = datetime.fromisoformat(value.upper())
-    except ValueError:
-        raise ValueError(f"{name} must be a duration such as 7d, 12h, 30m, 2w or an ISO date/date-time such as "
-                         f"2026-11-01 or 2026-11-01T09:30, got {value!r}") from None
-    try:
-        return _clamped(moment.timestamp() * 1e9)
-    except (OverflowError, OSError, ValueError):  # year 1 or 9999 shifted out of range by the local offset
-        return _clamped(float("-inf") if moment.year < 1970 else float("inf"))
-
-
-def _clamped(ns: float) -> int:
-    return int(max(-(2**63), min(2**63 - 1, ns)))
-
-
 class RecallRequest(Request):
     """``POST /recall``: the ``k`` (default ``DEFAULT_K``) best memories for ``query``; ``*``, ``all`` or an empty
     query lists every memory file instead, in path order, from ``offset``, at most ``k`` and at most ``LIST_CAP``
@@ -391,132 +362,8 @@ class BootContext(TypedDict):
         "a search's `degraded` (e.g. \"keyword only: model loading\")."))]]
 
 
-class CollectionStatus(TypedDict):
-    """One collection's counters."""
-
-    agent: str
-    role: str
-    root: str
-    files: int
-    chunks: int
-
-
-class RerankStatus(TypedDict):
-    """The rerank stage (``reranker`` setting): the plugin, its model and how often it kept the fused order."""
-
-    reranker: Annotated[str, Field(description="The configured qmd_indexer.rerankers plugin.")]
-    model_id: Annotated[str | None, Field(description="Its model; null when the plugin failed to load.")]
-    top_n: Annotated[int, Field(description="How many of the first fused hits it rescores.")]
-    budget_s: Annotated[float, Field(description="Seconds scoring may take before the fused order is kept.")]
-    reranked: Annotated[int, Field(description="Searches reranked since start.")]
-    failed: Annotated[int, Field(description="Searches that kept the fused order because the reranker failed.")]
-    over_budget: Annotated[int, Field(description="Searches that kept the fused order because scoring was slow.")]
-    last_error: Annotated[str | None, Field(description="The last failure; null once a rerank succeeds.")]
-
-
-@with_config(ConfigDict(extra="allow"))
-class Status(TypedDict):
-    """``GET /status``: what the daemon holds and is doing."""
-
-    ready: Annotated[bool, Field(description="The first full index has finished.")]
-    store_connected: bool
-    backend: str | None
-    state_dir: str
-    uptime_s: float
-    queue_depth: Annotated[int, Field(description="Files waiting to be indexed or in hand.")]
-    chunks_embedded: Annotated[int, Field(description="Chunks embedded since start.")]
-    cache_hits: int
-    files_failed: Annotated[int, Field(description="Memory files failing to index now (each was logged).")]
-    failed_files: NotRequired[Annotated[list[dict[str, str]], Field(description=(
-        "The first 20 failing files by path, each {path, reason, detail}; files_failed counts them all."))]]
-    last_scan_s: float | None
-    watch: NotRequired[Annotated[dict[str, str], Field(description="Watched root -> native, poll or dead.")]]
-    last_reconcile: NotRequired[Annotated[float | None, Field(description="Unix time of the last reconcile.")]]
-    watch_polled: NotRequired[Annotated[dict[str, str], Field(description=(
-        "Polled root -> why: setting (watch = \"poll\"), fs:<type> (network, FUSE, VM-shared), "
-        "watch_limit_reached (inotify refused a watch)."))]]
-    last_reconcile_reason: NotRequired[Annotated[str | None, Field(description=(
-        "Why the last reconcile ran: periodic, queue_overflow, watch_limit_reached, watcher_restarted..."))]]
-    drift: NotRequired[Annotated[dict[str, int], Field(description=(
-        "What the last reconcile found the watcher had missed: not_indexed (on disk), gone (still indexed), "
-        "changed (stat differs from the indexed one); paths pending behind the debounce are not counted."))]]
-    recovered: NotRequired[Annotated[int, Field(description="Files the last reconcile found missed (sum of drift).")]]
-    recovered_total: NotRequired[Annotated[int, Field(description="Files all reconciles since start found missed.")]]
-    problems: NotRequired[Annotated[list[dict[str, str]], Field(description=(
-        "Paths not usable as configured, each {kind, agent, path, detail}: extra_path_missing, extra_path_overlaps, "
-        "unreadable_directory."))]]
-    rerank: NotRequired[Annotated[RerankStatus | None, Field(description="The rerank stage; null when off.")]]
-    plugin_errors: NotRequired[Annotated[list[str], Field(description=(
-        "Plugins meant to run (the reranker, a prefer choice, one with its own settings) that failed to load, one "
-        "line each; /health is degraded and the answers they would have shaped say so in degraded."))]]
-    plugin_notices: NotRequired[Annotated[dict[str, str], Field(description=(
-        "Loaded plugin -> what it runs without and what to install, e.g. image -> \"OCR off: Tesseract is not "
-        "installed (...)\"."))]]
-    store_degraded: NotRequired[Annotated[bool, Field(description="Store writes are failing (being retried).")]]
-    rebuilding: NotRequired[Annotated[bool, Field(description="A rebuild runs beside the live index, or is asked.")]]
-    hnsw: NotRequired[Annotated[dict[str, dict[str, Any]], Field(description=(
-        "HNSW builds of Qdrant Edge collections: name -> {state, points, seconds | error}."))]]
-    models: NotRequired[Annotated[dict[str, dict[str, Any]], Field(description=(
-        "Modality -> {model_id, identity, precision} of each embedder, and while its model loads (a first start "
-        "exports its ONNX models too) loading: {phase, percent}."))]]
-    embedder_unavailable: NotRequired[Annotated[dict[str, Any], Field(description=(
-        "The embedder could not answer (its server down, 429, 5xx): reason (null while it answers), since (unix "
-        "time), deferred (batches put off since start, retried with backoff, never failed), files_waiting."))]]
-    search_fallback: NotRequired[Annotated[dict[str, Any], Field(description=(
-        "Searches answered from keyword search because the query could not be embedded: keyword_only (count "
-        "since start), last_reason."))]]
-    embedding: NotRequired[Annotated[dict[str, Any] | None, Field(description=(
-        "The text embedder: model_id, precision, and with int8 the ONNX file single queries run on."))]]
-    bind: NotRequired[Annotated[str, Field(description="host:port the API listens on.")]]
-    collections: dict[str, CollectionStatus]
-
-
-class Reindex(TypedDict):
-    """``POST /reindex``: the rebuild was asked for; it runs beside the live index (``Status.rebuilding``)."""
-
-    rebuilding: bool
-
-
-class Health(TypedDict):
-    """``GET /health``."""
-
-    status: Annotated[Literal["ok", "degraded"], Field(description=(
-        "degraded: the file watcher is dead, the last reconcile found files it had missed, store writes fail, "
-        "the embedder cannot answer or answered bad vectors, or a configured plugin failed to load (see /status "
-        "and reasons)."))]
-    ready: Annotated[bool, Field(description="The first full index has finished.")]
-    reasons: NotRequired[Annotated[list[str], Field(description=(
-        "Present when degraded: one short line per cause (e.g. \"model loading\", \"state dir not writable\")."))]]
-
-
 class ErrorDetail(TypedDict):
     """Every error answer: 400 bad value, 403 not a memory file (or append off), 404 unknown agent/collection or
     missing file, 413 an entry too large, 503 Qdrant unreachable."""
 
     detail: str
-
-
-def error_answer(exc: BaseException) -> tuple[int, str] | None:
-    """``(HTTP status, message)`` for an error the daemon raises on purpose while answering, else ``None``:
-    ``ReadRefused`` (``AppendRefused`` too) and ``PermissionError`` 403; ``KeyError`` (unknown agent or collection)
-    and ``FileNotFoundError`` 404; ``EntryTooLarge`` 413; ``ValueError`` and other ``OSError`` 400;
-    ``StoreUnavailable`` 503."""
-    from indexer.errors import EntryTooLarge, ReadRefused, StoreUnavailable
-
-    if isinstance(exc, EntryTooLarge):
-        return 413, str(exc)
-    if isinstance(exc, ReadRefused):
-        return 403, str(exc)
-    if isinstance(exc, KeyError):
-        return 404, str(exc.args[0] if exc.args else exc)
-    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
-        return 404, f"no such file: {exc.filename or exc}"
-    if isinstance(exc, PermissionError):
-        return 403, "permission denied"
-    if isinstance(exc, ValueError):
-        return 400, str(exc)
-    if isinstance(exc, StoreUnavailable):
-        return 503, str(exc)
-    if isinstance(exc, OSError):  # a name too long, a directory given as a file...: the request's fault
-        return 400, f"cannot read {exc.filename or 'the file'}: {exc.strerror or exc}"
-    return None

@@ -34,14 +34,14 @@ from indexer import schema
 from indexer.api import Embedder, check_vectors
 from indexer.bm25 import Bm25Terms
 from indexer.config import Settings
-from indexer.dates import query_period
+from indexer.dates import parse_time, query_period
 from indexer.errors import BadVectors, EmbedUnavailable
 from indexer.hits import shown, to_hit
 from indexer.plugins import Registry
 from indexer.points import NO_PAYLOAD, SPARSE, Hit, Payload, Query, search_filter
 from indexer.ranking import boost_period, collapse, decay, fuse_scores, mmr, with_keyword_zeros
 from indexer.rerank import Reranker, RerankStats, rerank
-from indexer.schema import SearchRequest, names, parse_time, search_request
+from indexer.schema import SearchRequest, names, search_request
 from indexer.store import Store
 from indexer.workspace import Collection
 

@@ -56,6 +56,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 
 from indexer import __version__
+from indexer.errors import error_answer
 from indexer.guard import Guard
 from indexer.mcp import McpEndpoint
 from indexer.memory import LocalMemory
@@ -67,15 +68,12 @@ from indexer.schema import (
     BootRequest,
     ErrorDetail,
     GetRequest,
-    Health,
     Page,
     RecallRequest,
-    Reindex,
     SearchRequest,
     SearchResponse,
-    Status,
-    error_answer,
 )
+from indexer.status import Health, Reindex, Status
 
 T = TypeVar("T")
 log = structlog.get_logger("qmd_indexer.api")
@@ -115,7 +113,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _answer(call: Callable[[], T], path: str | None = None) -> T:
-    """Run ``call``, turning the daemon's errors into HTTP errors (``indexer.schema.error_answer``); ``path`` is the
+    """Run ``call``, turning the daemon's errors into HTTP errors (``indexer.errors.error_answer``); ``path`` is the
     file asked for, if any (for the log line of a permission error)."""
     try:
         return call()

@@ -68,29 +68,37 @@ def watches_exhausted(path: Path) -> bool:
 
 
 if sys.platform.startswith("linux"):
-    from watchdog.observers.inotify import InotifyEmitter, InotifyObserver
+    from dataclasses import dataclass, field
+
+    from watchdog.observers.inotify import InotifyEmitter, InotifyObserver, InotifyWatchGroup
+
+    @dataclass
+    class _WatchGroup(InotifyWatchGroup):
+        """watchdog's watch group, also calling ``overflowed()`` once it has rebuilt its watches after the kernel
+        queue overflowed (``on_queue_overflow``, called by watchdog's ``InotifyFD`` reader)."""
+
+        overflowed: Callable[[], None] = field(kw_only=True)
+
+        def on_queue_overflow(self) -> None:
+            super().on_queue_overflow()
+            self.overflowed()
 
     class _Emitter(InotifyEmitter):
         """watchdog's inotify emitter, also telling ``overflowed(root)`` when the kernel queue overflowed: watchdog
-        rebuilds its watches then (``InotifyWatchGroup.on_queue_overflow``, called by its ``InotifyFD`` reader) but
-        emits no event for what was dropped."""
+        rebuilds its watches then but emits no event for what was dropped."""
 
         def __init__(self, *args: Any, overflowed: Callable[[Path], None], **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._overflowed = overflowed
 
         def on_thread_start(self) -> None:
-            super().on_thread_start()
-            group, root = self._inotify, Path(os.fsdecode(self.watch.path))
-            if group is None:
-                return
-            rebuild = group.on_queue_overflow
-
-            def on_queue_overflow() -> None:
-                rebuild()
-                self._overflowed(root)
-
-            group.on_queue_overflow = on_queue_overflow  # type: ignore[method-assign]
+            # watchdog 7's InotifyEmitter.on_thread_start, building the group that reports overflows
+            root = Path(os.fsdecode(self.watch.path))
+            self._inotify = _WatchGroup(self._inotify_fd, os.fsencode(self.watch.path),
+                                        is_recursive=self.watch.is_recursive,
+                                        event_mask=self.get_event_mask_from_filter(),
+                                        follow_symlink=self.watch.follow_symlink,
+                                        overflowed=lambda: self._overflowed(root))
 
     def native_observer(overflowed: Callable[[Path], None]) -> Any:
         """An ``InotifyObserver`` whose emitters call ``overflowed(root)`` (on watchdog's reader thread; keep it

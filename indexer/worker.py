@@ -39,7 +39,7 @@ import structlog
 from indexer import sync
 from indexer.daemon import Indexer
 from indexer.errors import EmbedUnavailable, StateDirFull, StoreUnavailable
-from indexer.schema import Status
+from indexer.status import Status
 from indexer.store import EdgeStore
 from indexer.systemd import Supervisor
 from indexer.watcher import Watcher

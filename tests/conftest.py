@@ -32,6 +32,7 @@ atexit.register(shutil.rmtree, _STATE_HOME, True)
 from infinity import infinity_minilm  # noqa: E402,F401  (a real infinity-emb server, see there)
 from qdrant.fixtures import fault_cluster, qdrant_cluster, qdrant_server  # noqa: E402,F401  (real Qdrant servers, see there)
 
+from benchmarks.harness import wait_until  # noqa: E402
 from indexer.config import Settings  # noqa: E402
 from indexer.daemon import Indexer  # noqa: E402
 from indexer.plugins import Registry, load_registry  # noqa: E402
@@ -253,16 +254,9 @@ def listener_fixture(tmp_path: Path) -> Iterator[socket.socket]:
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float = 20.0, interval_s: float = 0.05) -> Any:
-    """Poll ``condition`` until truthy (returns its value) or fail after ``timeout_s`` seconds."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s} s")
+    """Poll ``condition`` until truthy (returns its value) or fail (``TimeoutError``) after ``timeout_s`` seconds:
+    the benchmarks' ``wait_until``, with the tests' defaults."""
+    return wait_until(condition, timeout_s, interval_s, "the condition the test waits for")
 
 
 def snapshot(store: Any, name: str) -> dict[str, tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]]:

@@ -26,6 +26,7 @@ pytest.importorskip("qmd_indexer_audio",
 pytest.importorskip("whisper", reason="openai-whisper is not installed")
 
 import soundfile  # noqa: E402
+from conftest import write  # noqa: E402
 from PIL import Image  # noqa: E402
 from qmd_indexer_audio.tiny_whisper import build_tiny_whisper  # noqa: E402
 from qmd_indexer_image.tiny_clip import build_tiny_clip  # noqa: E402
@@ -36,16 +37,6 @@ from indexer.worker import index_once  # noqa: E402
 
 PHRASE = "the harbour lights were green"
 MEDIA = {"image", "clip", "audio"}
-
-
-def write(path: Path, content: str | bytes) -> Path:
-    """Create ``path`` and its parents with ``content``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content, encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")

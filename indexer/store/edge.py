@@ -36,16 +36,10 @@ from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
 from indexer.store.edge_config import edge_config, field_index
 from indexer.store.edge_optimize import optimize_copy
 from indexer.store.edge_states import HASH_FIELD, file_states_by_facets
-from indexer.store.edge_warm import Warmer, load_room_bytes
+from indexer.store.edge_warm import CREATE_BYTES, DELETE_BYTES, Warmer, load_room_bytes, points_bytes
 from indexer.watchmode import filesystem_type
 
 log = structlog.get_logger("qmd_indexer.store")
-
-# Free space a write needs beyond the margin, from what writes touched on tmpfs (docs/performance.md, "Qdrant
-# Edge"); deletes append small write-ahead log records.
-CREATE_BYTES = 16 * 1024 * 1024
-POINT_FACTOR = 3
-DELETE_BYTES = 1024 * 1024
 
 
 # keyword payload indexes of an Edge collection (file_hash and file_state: for ``file_states``)
@@ -122,13 +116,6 @@ class EdgeStore(Store):
                            "space (or lower state_min_free_bytes) and indexing resumes")
         raise StateDirFull(f"the state directory {self.root} has {free} bytes free, under the "
                            f"{self.min_free_bytes} byte margin plus {need_bytes} for this write")
-
-    @staticmethod
-    def points_bytes(points: Sequence[Point]) -> int:
-        """About how many bytes writing ``points`` touches (``POINT_FACTOR`` x vectors, sparse terms and text)."""
-        raw = sum(4 * sum(v.size for v in p.dense.values()) + 8 * sum(len(i) for i, _ in p.sparse.values())
-                  + len(p.payload.text.encode()) + 512 for p in points)
-        return POINT_FACTOR * raw
 
     def _read_aliases(self) -> dict[str, str]:
         self._hold()
@@ -266,7 +253,7 @@ class EdgeStore(Store):
 
     def _upsert(self, name: str, points: Sequence[Point]) -> None:
         qe = self._qe
-        self.ensure_room(self.points_bytes(points))
+        self.ensure_room(points_bytes(points))
         edge_points = [qe.Point(id=uuid.UUID(p.id), vector=self.dialect.vectors(p), payload=p.payload.to_payload())
                        for p in points]
         self._shard(name).update(qe.UpdateOperation.upsert_points(edge_points))

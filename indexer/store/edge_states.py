@@ -33,6 +33,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -50,71 +51,92 @@ def file_states_by_facets(shard: Any, qe: Any, dialect: Dialect, collection: str
     """``abs_path -> FileState`` of the Edge ``shard`` (``qe``: the ``qdrant_edge`` module; ``dialect``: its
     filter translation) of logical collection ``collection``, which holds exactly ``points`` points (see the module
     docstring; ``fast=False``: the exact way only). Needs the keyword indexes of ``abs_path`` and ``file_hash``.
-    Logs ``file_states_read`` with the way taken (``fast`` or ``exact``) and its seconds."""
+    Logs ``file_states_read`` with the way taken (``keys``, ``fast`` or ``exact``) and its seconds."""
     started = time.perf_counter()
+    reader = _ShardReader(shard, qe, dialect, collection, points, page)
+    found = reader.fast_states() if fast else None
+    states, way = found if found is not None else (reader.exact_states(), "exact")
+    log.info("file_states_read", collection=collection, files=len(states), points=points, way=way,
+             seconds=round(time.perf_counter() - started, 3))
+    return states
 
-    def done(states: dict[str, FileState], way: str) -> dict[str, FileState]:
-        log.info("file_states_read", collection=collection, files=len(states), points=points, way=way,
-                 seconds=round(time.perf_counter() - started, 3))
-        return states
 
-    def scroll_file(abs_path: str) -> Iterator[Mapping[str, Any]]:
-        flt, offset = dialect.filter(Filter(abs_path=abs_path)), None
-        while True:
-            records, offset = shard.scroll(qe.ScrollRequest(offset=offset, limit=page, filter=flt,
-                                                            with_payload=list(STATE_FIELDS), with_vector=False))
-            yield from (dict(r.payload or {}) for r in records)
-            if offset is None:
-                return
+@dataclass(frozen=True)
+class _ShardReader:
+    """The reads of one Edge shard's file states, by each way of the module docstring."""
 
-    def facet(key: str, exact: bool = True) -> dict[str, int]:
-        hits = shard.facet(qe.FacetRequest(key=key, limit=max(1, points), exact=exact)).hits
-        return {str(hit.value): int(hit.count) for hit in hits if hit.count}
+    shard: Any
+    qe: Any
+    dialect: Dialect
+    collection: str
+    points: int
+    page: int
 
-    def chunk_zeros(paths: list[str]) -> dict[str, Payload]:
-        firsts: dict[str, Payload] = {}
-        for start in range(0, len(paths), page):
-            ids = [uuid.UUID(point_id(collection, path, 0)) for path in paths[start : start + page]]
-            for record in shard.retrieve(ids, with_payload=list(STATE_FIELDS), with_vector=False):
-                payload = Payload.from_payload(dict(record.payload or {}))
-                firsts[payload.abs_path] = payload
-        return firsts
-
-    def state(first: Payload, n: int, complete: bool) -> FileState:
-        return FileState(first.file_hash, first.size_bytes, first.mtime_ns, n, complete, first.ctime_ns,
-                         first.inode, first.device)
-
-    def whole(firsts: dict[str, Payload]) -> dict[str, FileState]:
-        return {path: state(first, first.chunk_count, True) for path, first in firsts.items()}
-
-    approximate = facet("abs_path", exact=False) if fast else {}
-    if fast and sum(approximate.values()) == points:  # else points beyond whole files somewhere: the exact way
+    def fast_states(self) -> tuple[dict[str, FileState], str] | None:
+        """The states by the keys or the fast way and that way's name; None where the shard fails their check."""
+        approximate = self.facet("abs_path", exact=False)
+        if sum(approximate.values()) != self.points:  # points beyond whole files somewhere: the exact way
+            return None
 
         def consistent(chunk_counts: dict[str, int]) -> bool:  # the check of the fast ways (module docstring)
             return len(chunk_counts) == len(approximate) and all(
                 n == approximate.get(path) for path, n in chunk_counts.items())
 
         try:
-            keyed = parse_state_keys([value for value, n in facet(STATE_KEY, exact=False).items() if n == 1])
+            keyed = parse_state_keys([value for value, n in self.facet(STATE_KEY, exact=False).items() if n == 1])
         except ValueError:  # not written by us, or a file with two states: the other ways
             keyed = {}
         if consistent({path: s.points for path, s in keyed.items()}):
-            return done(keyed, "keys")
-        firsts = chunk_zeros(list(approximate))
+            return keyed, "keys"
+        firsts = self.chunk_zeros(list(approximate))
         if consistent({path: first.chunk_count for path, first in firsts.items()}):
-            return done(whole(firsts), "fast")
-    counts, by_hash = facet("abs_path"), facet(HASH_FIELD)
-    paths = list(counts)
-    firsts = chunk_zeros(paths)
-    states: dict[str, FileState] = {}
-    for path in paths:
-        if path not in firsts:  # no chunk 0 (an interrupted write): read its points
-            states.update(file_states(scroll_file(path)))
-    summed: Counter[str] = Counter()
-    for path, first in firsts.items():
-        summed[first.file_hash] += counts.get(path, 0)
-    for path, first in firsts.items():
-        n = counts.get(path, 0)
-        states[path] = state(first, n, n == first.chunk_count and summed[first.file_hash] == by_hash.get(
-            first.file_hash, 0))
-    return done(states, "exact")
+            return {path: _state(first, first.chunk_count, True) for path, first in firsts.items()}, "fast"
+        return None
+
+    def exact_states(self) -> dict[str, FileState]:
+        """The states by the exact way: exact facet counts per file and per content hash."""
+        counts, by_hash = self.facet("abs_path"), self.facet(HASH_FIELD)
+        paths = list(counts)
+        firsts = self.chunk_zeros(paths)
+        states: dict[str, FileState] = {}
+        for path in paths:
+            if path not in firsts:  # no chunk 0 (an interrupted write): read its points
+                states.update(file_states(self.scroll_file(path)))
+        summed: Counter[str] = Counter()
+        for path, first in firsts.items():
+            summed[first.file_hash] += counts.get(path, 0)
+        for path, first in firsts.items():
+            n = counts.get(path, 0)
+            states[path] = _state(first, n, n == first.chunk_count and summed[first.file_hash] == by_hash.get(
+                first.file_hash, 0))
+        return states
+
+    def facet(self, key: str, exact: bool = True) -> dict[str, int]:
+        """``value -> points`` of the keyword index ``key`` (``exact=False``: Qdrant's approximate counts)."""
+        hits = self.shard.facet(self.qe.FacetRequest(key=key, limit=max(1, self.points), exact=exact)).hits
+        return {str(hit.value): int(hit.count) for hit in hits if hit.count}
+
+    def chunk_zeros(self, paths: list[str]) -> dict[str, Payload]:
+        """``abs_path -> Payload`` of the chunk 0 of each of ``paths`` that has one (one retrieve per page)."""
+        firsts: dict[str, Payload] = {}
+        for start in range(0, len(paths), self.page):
+            ids = [uuid.UUID(point_id(self.collection, path, 0)) for path in paths[start : start + self.page]]
+            for record in self.shard.retrieve(ids, with_payload=list(STATE_FIELDS), with_vector=False):
+                payload = Payload.from_payload(dict(record.payload or {}))
+                firsts[payload.abs_path] = payload
+        return firsts
+
+    def scroll_file(self, abs_path: str) -> Iterator[Mapping[str, Any]]:
+        """The state payload of every point of ``abs_path``, page by page."""
+        flt, offset = self.dialect.filter(Filter(abs_path=abs_path)), None
+        while True:
+            records, offset = self.shard.scroll(self.qe.ScrollRequest(
+                offset=offset, limit=self.page, filter=flt, with_payload=list(STATE_FIELDS), with_vector=False))
+            yield from (dict(r.payload or {}) for r in records)
+            if offset is None:
+                return
+
+
+def _state(first: Payload, n: int, complete: bool) -> FileState:
+    return FileState(first.file_hash, first.size_bytes, first.mtime_ns, n, complete, first.ctime_ns,
+                     first.inode, first.device)

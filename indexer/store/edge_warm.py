@@ -1,5 +1,6 @@
 """What loading an Edge shard costs in memory: the search files of a cold shard brought into the page cache after it
-loads, on a background thread (``Warmer``), and the room a load takes on tmpfs (``load_room_bytes``).
+loads, on a background thread (``Warmer``), and the room a load takes on tmpfs (``load_room_bytes``), as a write
+does (``CREATE_BYTES``, ``DELETE_BYTES``, ``points_bytes``).
 
 On tmpfs a read fault on a hole of a mapped file allocates a page (on ext4 it maps a zero page and allocates
 nothing), so what a restart adds to the store is what ``EdgeShard.load`` reads through its maps
@@ -40,15 +41,22 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import structlog
+
+from indexer.points import Point
 
 log = structlog.get_logger("qmd_indexer.store")
 
 SEARCH_FILES = ("segments/*/vector_storage-*/quantized.data", "segments/*/vector_index-*/*")
 READ_BYTES = 4 * 1024 * 1024  # one pread; a stop request is seen between reads
+# Free space a write needs beyond the margin, from what writes touched on tmpfs (docs/performance.md, "Qdrant
+# Edge"); deletes append small write-ahead log records.
+CREATE_BYTES = 16 * 1024 * 1024
+POINT_FACTOR = 3
+DELETE_BYTES = 1024 * 1024
 
 
 def search_files(shard_dir: Path) -> list[Path]:
@@ -105,6 +113,14 @@ def load_room_bytes(shard_dir: Path, vectors_cold: bool) -> int:
     (``POPULATED_AT_LOAD``, and ``POPULATED_UNLESS_COLD`` when ``vectors_cold`` is false); 0 for a missing folder."""
     patterns = POPULATED_AT_LOAD + (() if vectors_cold else POPULATED_UNLESS_COLD)
     return unallocated_bytes(p for pattern in patterns for p in shard_dir.glob(pattern))
+
+
+
+def points_bytes(points: Sequence[Point]) -> int:
+    """About how many bytes writing ``points`` touches (``POINT_FACTOR`` x vectors, sparse terms and text)."""
+    raw = sum(4 * sum(v.size for v in p.dense.values()) + 8 * sum(len(i) for i, _ in p.sparse.values())
+              + len(p.payload.text.encode()) + 512 for p in points)
+    return POINT_FACTOR * raw
 
 
 class Warmer:

@@ -33,7 +33,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import structlog
 
@@ -43,7 +43,8 @@ from indexer.store.base import REBUILD, SCROLL_PAGE, Dialect, Store, point_from_
 
 log = structlog.get_logger("qmd_indexer.store")
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 MIB = 1024 * 1024
 ATTEMPTS = 5  # tries per request: waits of 0.5, 1, 2, 4 s between them
 SHARED = "qmd-shared-"  # shared physical collections (tenancy "shared") are named qmd-shared-<kind>-<space digest>
@@ -159,7 +160,7 @@ class ServerStore(Store):
         for method in ("_upsert_request", "_delete", "_delete_ids"):
             setattr(self, method, self._retrying(getattr(self, method), write=True))
 
-    def _retrying(self, fn: F, write: bool) -> F:
+    def _retrying(self, fn: Callable[P, R], write: bool) -> Callable[P, R]:
         """``fn`` retried on transient errors (``ATTEMPTS`` tries, backoff 0.5 s doubling to 8 s), then
         ``StoreUnavailable``; for a write, ``degraded`` follows whether it is failing."""
         from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -169,7 +170,7 @@ class ServerStore(Store):
                 self.degraded = True
 
         @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
             # once a write has failed through all its retries, the next ones get one try each until one succeeds:
             # the caller retries them later, and an outage must not cost every queued file the whole backoff
             attempts = 1 if write and self._failing else ATTEMPTS
@@ -185,7 +186,7 @@ class ServerStore(Store):
                 self.degraded = self._failing = False
             return result
 
-        return call  # type: ignore[return-value]
+        return call
 
     # tenancy: the one place a logical collection becomes a physical one and a tenant condition ------------------
     def _where(self, name: str) -> tuple[str, Any | None]:
