@@ -254,7 +254,7 @@ def run_product(dev: DevSet, indexer: Any, methods: Sequence[tuple[str, str, str
 def chunk_count(notes: Path, registry: Any) -> tuple[int, int]:
     """``(files, chunks)`` the markdown extractor makes of every ``*.md`` under ``notes`` (nothing embedded)."""
     from indexer.api import ExtractContext, FileInfo
-    from indexer.markdown import MarkdownExtractor
+    from indexer.builtin.markdown import MarkdownExtractor
 
     embedder = registry.embedders["text"]
     context = ExtractContext(embedder.max_tokens, embedder.token_offsets)

@@ -1,7 +1,7 @@
 """Embedding rate and retrieval quality of each text-embedding precision, in one run on this machine.
 
 For fp32 (torch), bf16 (torch; only where the CPU has ``avx512_bf16`` or ``amx_bf16``) and int8 (ONNX Runtime, when
-installed), with the product's embedder (``indexer.embedding.SentenceTransformerEmbedder``, all-MiniLM-L6-v2):
+installed), with the product's embedder (``indexer.builtin.embedding.SentenceTransformerEmbedder``, all-MiniLM-L6-v2):
 
 1. **Rate**, chunks/s over real text: the first ``--sample`` SciFact abstracts (``title + " " + abstract``, each cut
    by the model at 256 word pieces, like a chunk), batch 32, in ``--rounds`` rounds that take the precisions in
@@ -164,7 +164,7 @@ def measure(args: argparse.Namespace, precisions: list[str], cache: Path, doc_id
     ``{"precisions": {name: {best_per_s, median_per_s, x_fp32, corpus_per_s, query_p50_ms, ndcg_at_10,
     ndcg_vs_fp32}}, "sample",
     "rounds", "batch_size", "docs", "queries", "int8_export_s"}`` (rates in chunks/s)."""
-    from indexer.embedding import SentenceTransformerEmbedder
+    from indexer.builtin.embedding import SentenceTransformerEmbedder
 
     embedders = {}
     export_s = None

@@ -58,7 +58,7 @@ def registries(url: str, models: Path, batch_size: int, concurrency: int) -> dic
     local = load_registry(config={"sentence-transformers": {"model": MODEL, "precision": "fp32",
                                                             "cache_dir": str(models)}})
     eps = [ep for group in GROUPS for ep in entry_points(group=group) if ep.name != "openai"]
-    eps.append(EntryPoint("openai", "indexer.openai_embed:OpenAIEmbedder", "qmd_indexer.embedders"))
+    eps.append(EntryPoint("openai", "indexer.builtin.openai_embed:OpenAIEmbedder", "qmd_indexer.embedders"))
     remote = load_registry(config={"openai": {"base_url": url, "model": MODEL, "batch_size": batch_size,
                                               "max_concurrency": concurrency,
                                               "tokenizer": str(minilm_path() / "tokenizer.json"), "max_tokens": 254}},
@@ -125,9 +125,9 @@ def vault_rate(registry: Any, url: str, state: Path, batch_size: int, concurrenc
     import httpx
 
     from indexer.api import ExtractContext, FileInfo
+    from indexer.builtin.markdown import MarkdownExtractor
     from indexer.config import Settings, Workspace
     from indexer.daemon import Indexer
-    from indexer.markdown import MarkdownExtractor
     from indexer.worker import index_once
 
     vault = SHARED / "vault"

@@ -48,8 +48,9 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "scifact"
 DEFAULT_STATE = REPO / ".eval"
 RECALL_CHUNKS = 300  # chunks asked for when measuring recall@100 (~2.3 chunks per SciFact document)
 # source files whose code decides what points the index holds; a change to any of them rebuilds the eval index
-_POINT_SHAPING = ("indexer/chunking.py", "indexer/conversation.py", "indexer/frontmatter.py", "indexer/markdown.py",
-                  "indexer/pipeline.py", "indexer/points.py", "indexer/store.py", "indexer/store/*.py")
+_POINT_SHAPING = ("indexer/chunking.py", "indexer/conversation.py", "indexer/frontmatter.py",
+                  "indexer/builtin/markdown.py", "indexer/pipeline.py", "indexer/points.py", "indexer/store.py",
+                  "indexer/store/*.py")
 
 
 # -- metrics ------------------------------------------------------------------------------------------------------
@@ -210,8 +211,8 @@ def with_overlap(registry: Any, overlap: float | None) -> Any:
         return registry
     from dataclasses import replace
 
+    from indexer.builtin.markdown import MarkdownExtractor
     from indexer.contract import EXTRACTORS
-    from indexer.markdown import MarkdownExtractor
     from indexer.plugins import Registry
 
     extractor = MarkdownExtractor({"overlap_ratio": overlap})

@@ -44,7 +44,7 @@ def main() -> int:
 
     import torch
 
-    from indexer.embedding import SentenceTransformerEmbedder
+    from indexer.builtin.embedding import SentenceTransformerEmbedder
 
     with tempfile.TemporaryDirectory() as cache:
         embedder = SentenceTransformerEmbedder({"precision": args.precision, "cache_dir": cache})

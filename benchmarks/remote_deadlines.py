@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--huge-mb", type=int, default=150)
     args = parser.parse_args(argv)
     from indexer.api import Chunk
-    from indexer.http_rerank import HttpReranker
-    from indexer.openai_embed import OpenAIEmbedder
+    from indexer.builtin.http_rerank import HttpReranker
+    from indexer.builtin.openai_embed import OpenAIEmbedder
 
     texts = ["The user drinks a flat white.", "Flights to Lisbon in March.", "Deploys on Tuesday mornings."]
     rows = []

@@ -47,7 +47,7 @@ import structlog
 
 from indexer.api import l2_normalise
 
-log = structlog.get_logger("qmd_indexer.embedding")
+log = structlog.get_logger("qmd_indexer.builtin.embedding")
 
 # mean cosine between int8 and fp32 vectors of PROBE_SENTENCES for int8 to be used (see docs/performance.md)
 INT8_MIN_COSINE = 0.99

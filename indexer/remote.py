@@ -7,7 +7,8 @@ request runs as a coroutine of ``httpx.AsyncClient`` on the client's own event l
 answer is read in pieces and refused once it passes ``max_bytes`` (a larger ``Content-Length`` is refused before any
 body is read). Any number of threads may call ``post`` at once; the requests share the client's connection pool.
 The retries of such a request honour the server's ``Retry-After`` (``retry_after``, ``server_retrying``).
-Used by the ``openai`` embedder (``indexer.openai_embed``) and the ``http`` reranker (``indexer.http_rerank``).
+Used by the ``openai`` embedder (``indexer.builtin.openai_embed``) and the ``http`` reranker
+(``indexer.builtin.http_rerank``).
 """
 
 from __future__ import annotations

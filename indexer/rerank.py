@@ -1,11 +1,10 @@
 """An optional rerank stage: a cross-encoder scores (query, hit text) pairs for the first hits of the fused list.
 
-``CrossEncoderReranker`` (the built-in plugin ``cross-encoder`` of the ``qmd_indexer.rerankers`` entry-point group)
-wraps sentence-transformers' ``CrossEncoder``, loaded lazily and offline from ``model`` (a local directory; no
-cross-encoder weights ship in any package here, so rerank is off unless the ``reranker`` setting names a plugin).
-``rerank`` applies any ``indexer.api.Reranker`` and fails open: on an error, or when scoring took longer than
-``budget_s`` (handed to the plugin as ``timeout_s`` when its ``score`` takes one, so a remote reranker stops waiting
-then: ``indexer.http_rerank``), the fused order is returned unchanged, the search's answer says so in ``degraded``
+Rerank is off unless the ``reranker`` setting names a plugin of the ``qmd_indexer.rerankers`` group (built in:
+``cross-encoder``, ``indexer.builtin.cross_encoder``; ``http``, ``indexer.builtin.http_rerank``). ``rerank`` applies
+any ``indexer.api.Reranker`` and fails open: on an error, or when scoring took longer than ``budget_s`` (handed to
+the plugin as ``timeout_s`` when its ``score`` takes one, so a remote reranker stops waiting then:
+``indexer.builtin.http_rerank``), the fused order is returned unchanged, the search's answer says so in ``degraded``
 (``DEGRADED``) and ``RerankStats`` counts it (``status`` and ``/metrics`` show the counters), so a slow or broken
 model never breaks a search.
 """
@@ -13,66 +12,23 @@ model never breaks a search.
 from __future__ import annotations
 
 import inspect
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
-from indexer.api import LazyModel, Reranker
+from indexer.api import Reranker
 from indexer.points import Hit
 from indexer.status import RerankStatus
 
-__all__ = ["DEGRADED", "CrossEncoderReranker", "RerankStats", "Reranker", "rerank", "rerank_status"]
+__all__ = ["DEGRADED", "RerankStats", "Reranker", "rerank", "rerank_status"]
 
 #: the answer's ``degraded`` reason when the fused order was kept: the reranker took longer than its budget
 #: (``"timeout"``) or failed (``"error"``)
 DEGRADED = {"timeout": "fusion order: rerank timeout", "error": "fusion order: rerank error"}
 
 log = structlog.get_logger("qmd_indexer.rerank")
-
-
-class CrossEncoderReranker:
-    """The built-in reranker plugin ``cross-encoder``: a sentence-transformers ``CrossEncoder`` (one relevance logit
-    per (query, text) pair) from ``config["model"]`` (a local model directory, ``~`` expanded, or a name already in
-    the local Hugging Face cache), ``device`` (default ``cpu``) and ``batch_size`` (default 32). Raises
-    ``ValueError`` without a model; the model loads on the first ``score`` (offline unless ``HF_HUB_OFFLINE`` says
-    otherwise), which raises ``OSError`` while it is not on disk and loads it once it is."""
-
-    #: the keys ``[plugin.cross-encoder]`` may hold (``indexer.plugins`` refuses others, naming them)
-    config_keys = frozenset({"model", "device", "batch_size", "state_dir"})
-
-    def __init__(self, config: dict[str, Any] | None = None) -> None:
-        config = dict(config or {})
-        if not config.get("model"):
-            raise ValueError("the cross-encoder reranker needs `model` (a local model directory): set it in "
-                             "[plugin.cross-encoder]")
-        self.model_id = os.path.expanduser(str(config["model"]))
-        self.device = str(config.get("device", "cpu"))
-        self.batch_size = int(config.get("batch_size", 32))
-        self._model: LazyModel[Any] = LazyModel(self._load)
-
-    @property
-    def model(self) -> Any:
-        """The loaded ``CrossEncoder`` (loaded on first use; a failed load is tried again on the next)."""
-        return self._model.get()
-
-    def _load(self) -> Any:
-        from indexer.model_loading import quiet_offline_hub
-
-        quiet_offline_hub()
-        from sentence_transformers import CrossEncoder
-
-        return CrossEncoder(self.model_id, device=self.device)
-
-    def score(self, query: str, texts: Sequence[str], timeout_s: float | None = None) -> list[float]:
-        """One logit per text; ``timeout_s`` is not used (a running ``predict`` cannot be stopped: ``rerank``
-        keeps the fused order when it took longer than the budget)."""
-        scores = self.model.predict([(query, text) for text in texts], batch_size=self.batch_size,
-                                    show_progress_bar=False, convert_to_numpy=True)
-        return [float(s) for s in scores]
 
 
 @dataclass

@@ -17,8 +17,8 @@ import pytest
 from structlog.testing import capture_logs
 
 import indexer.onnx_models
+from indexer.builtin.embedding import SentenceTransformerEmbedder
 from indexer.config import Settings, load_settings
-from indexer.embedding import SentenceTransformerEmbedder
 from indexer.errors import ConfigError
 from indexer.model_loading import (
     DEFAULT_MODEL,
@@ -218,7 +218,7 @@ _WITHOUT_TORCH = """
 import json, sys
 sys.modules["torch"] = None  # any import of torch now raises ImportError
 sys.modules["sentence_transformers"] = None
-from indexer.embedding import SentenceTransformerEmbedder
+from indexer.builtin.embedding import SentenceTransformerEmbedder
 embedder = SentenceTransformerEmbedder({"precision": "fp32", "cache_dir": sys.argv[1]})
 opened = embedder.open_query_model()
 texts = json.loads(sys.argv[2])

@@ -116,7 +116,7 @@ def test_the_harness_scores_every_method_through_the_product(tmp_path: Path, reg
 
 
 def test_overlap_is_a_markdown_extractor_setting(tmp_path: Path) -> None:
-    from indexer.markdown import MarkdownExtractor
+    from indexer.builtin.markdown import MarkdownExtractor
     from indexer.testing import check_extractor, whitespace_context
 
     paragraph = " ".join(f"Sentence {i} has five words." for i in range(40))

@@ -1,4 +1,4 @@
-"""The ``http`` reranker (``indexer.http_rerank``) against a real rerank server: infinity-emb serving a tiny
+"""The ``http`` reranker (``indexer.builtin.http_rerank``) against a real rerank server: infinity-emb serving a tiny
 cross-encoder built here (a 1-layer BERT sequence classifier with all-MiniLM-L6-v2's tokenizer; random weights prove
 the wiring and the order, not quality), configured as a user does (``reranker = "http"``, ``[plugin.http]``) and asked
 through the HTTP API. Faults come from the real server stopped, and from ``FaultProxy``, a small fault-injecting HTTP
@@ -26,9 +26,9 @@ from fastapi.testclient import TestClient
 from infinity import infinity_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from indexer.builtin.http_rerank import HttpReranker, RerankError
 from indexer.contract import RERANKERS, check_contract
 from indexer.daemon import Indexer
-from indexer.http_rerank import HttpReranker, RerankError
 from indexer.points import Hit, Payload
 from indexer.rerank import DEGRADED, RerankStats, rerank
 from indexer.server import create_app
@@ -235,7 +235,7 @@ def open_indexer_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
         info = site / "qmd_indexer_http_rerank-0.dist-info"
         info.mkdir(parents=True)
         (info / "METADATA").write_text("Metadata-Version: 2.1\nName: qmd-indexer-http-rerank\nVersion: 0\n")
-        (info / "entry_points.txt").write_text(f"[{RERANKERS}]\nhttp = indexer.http_rerank:HttpReranker\n")
+        (info / "entry_points.txt").write_text(f"[{RERANKERS}]\nhttp = indexer.builtin.http_rerank:HttpReranker\n")
         monkeypatch.syspath_prepend(str(site))
     ws = tmp_path / "ws"
     for i, text in enumerate(NOTES):

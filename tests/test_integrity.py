@@ -173,8 +173,8 @@ def test_a_same_size_model_swap_is_noticed_and_rebuilt(workspace: Path, tmp_path
     from conftest import make_settings
     from structlog.testing import capture_logs
 
+    from indexer.builtin.embedding import load_sentence_transformer, resolve_model
     from indexer.daemon import Indexer
-    from indexer.embedding import load_sentence_transformer, resolve_model
     from indexer.errors import CollectionMismatch
     from indexer.plugins import load_registry
 
@@ -212,8 +212,8 @@ def test_weights_replaced_in_place_are_re_embedded_not_served_from_the_cache(wor
     from conftest import make_settings
     from structlog.testing import capture_logs
 
+    from indexer.builtin.embedding import load_sentence_transformer, resolve_model
     from indexer.daemon import Indexer
-    from indexer.embedding import load_sentence_transformer, resolve_model
     from indexer.plugins import load_registry
 
     full = resolve_model("all-MiniLM-L6-v2")[1]

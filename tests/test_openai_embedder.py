@@ -25,15 +25,15 @@ from conftest import make_settings, wait_for, write
 from infinity import Infinity, infinity_server, minilm_path
 
 from indexer.api import Chunk
+from indexer.builtin.openai_embed import OpenAIEmbedder
 from indexer.daemon import Indexer
 from indexer.errors import EmbedUnavailable
-from indexer.openai_embed import OpenAIEmbedder
 from indexer.plugins import GROUPS, Registry, load_registry
 from indexer.schema import SearchRequest
 from indexer.worker import index_once, run
 
 MODEL = "all-MiniLM-L6-v2"
-OPENAI_EP = EntryPoint("openai", "indexer.openai_embed:OpenAIEmbedder", "qmd_indexer.embedders")
+OPENAI_EP = EntryPoint("openai", "indexer.builtin.openai_embed:OpenAIEmbedder", "qmd_indexer.embedders")
 
 
 def endpoint_registry(url: str, model: str = MODEL, **config: Any) -> Registry:

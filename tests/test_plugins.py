@@ -319,8 +319,8 @@ def test_the_cross_encoder_is_a_built_in_reranker_plugin() -> None:
 
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
     assert set(declared) == set(GROUPS)  # every group has a built-in plugin, registered like a third-party one
-    assert declared[RRK] == {"cross-encoder": "indexer.rerank:CrossEncoderReranker",
-                             "http": "indexer.http_rerank:HttpReranker"}
+    assert declared[RRK] == {"cross-encoder": "indexer.builtin.cross_encoder:CrossEncoderReranker",
+                             "http": "indexer.builtin.http_rerank:HttpReranker"}
     reranker = EntryPoint("cross-encoder", declared[RRK]["cross-encoder"], RRK).load()({"model": "~/ce"})
     check_contract(RRK, reranker)
     assert reranker.model_id == os.path.expanduser("~/ce")

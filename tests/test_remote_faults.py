@@ -25,17 +25,17 @@ from conftest import make_settings, wait_for, write
 from fake_model_server import FakeModelServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from indexer import openai_embed
 from indexer.api import Chunk
+from indexer.builtin import openai_embed
+from indexer.builtin.http_rerank import HttpReranker, RerankError
+from indexer.builtin.openai_embed import OpenAIEmbedder
 from indexer.daemon import Indexer
 from indexer.errors import BadVectors, ConfigError, EmbedUnavailable
-from indexer.http_rerank import HttpReranker, RerankError
-from indexer.openai_embed import OpenAIEmbedder
 from indexer.plugins import GROUPS, Registry, load_registry
 from indexer.schema import SearchRequest
 from indexer.worker import index_once
 
-OPENAI_EP = EntryPoint("openai", "indexer.openai_embed:OpenAIEmbedder", "qmd_indexer.embedders")
+OPENAI_EP = EntryPoint("openai", "indexer.builtin.openai_embed:OpenAIEmbedder", "qmd_indexer.embedders")
 BAD = ("nan", "inf", "zeros", "short", "wrong_size")
 
 

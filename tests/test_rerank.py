@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from conftest import Running, make_settings, write
 
+from indexer.builtin.cross_encoder import CrossEncoderReranker
 from indexer.contract import RERANKERS
 from indexer.daemon import Indexer
 from indexer.points import Hit, Payload
-from indexer.rerank import CrossEncoderReranker, RerankStats, rerank
+from indexer.rerank import RerankStats, rerank
 from indexer.search import SearchParams
 from indexer.worker import index_once
 

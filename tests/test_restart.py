@@ -16,9 +16,9 @@ import pytest
 from conftest import Running, make_settings, wait_for, write
 from structlog.testing import capture_logs
 
-import indexer.embedding
+import indexer.builtin.embedding
+from indexer.builtin.embedding import SentenceTransformerEmbedder
 from indexer.daemon import Indexer
-from indexer.embedding import SentenceTransformerEmbedder
 from indexer.memory import LocalMemory
 from indexer.model_loading import LazyModel, StillLoading
 from indexer.plugins import Registry
@@ -153,7 +153,7 @@ def test_a_failed_model_load_is_said_though_the_query_model_answers(tmp_path: Pa
     def no_torch(path: str, device: str) -> Any:
         raise ImportError("No module named 'torch'")
 
-    monkeypatch.setattr(indexer.embedding, "load_sentence_transformer", no_torch)
+    monkeypatch.setattr(indexer.builtin.embedding, "load_sentence_transformer", no_torch)
     fresh = SentenceTransformerEmbedder({"precision": text.precision, "cache_dir": str(text.cache_dir)})
     failing = copy.copy(registry)
     failing.embedders = {**registry.embedders, "text": fresh}
@@ -176,7 +176,7 @@ def test_a_note_saved_while_the_model_loads_is_indexed_without_it(tmp_path: Path
     """Where an earlier load left the model's ONNX files (int8's ``model.onnx``, fp32's trace) a restart embeds
     chunks with them while the model itself still loads: a note saved then is indexed and found by a hybrid search
     with the model held back by the test the whole time; its vectors are the loaded model's."""
-    from indexer.embedding import SentenceTransformerEmbedder
+    from indexer.builtin.embedding import SentenceTransformerEmbedder
     from indexer.model_loading import int8_available
 
     if not int8_available():

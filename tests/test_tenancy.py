@@ -324,8 +324,8 @@ def test_daemon_model_change_rebuilds_its_tenants_into_the_new_models_collection
     from qdrant.fixtures import drop_all_collections
     from structlog.testing import capture_logs
 
+    from indexer.builtin.embedding import load_sentence_transformer, resolve_model
     from indexer.daemon import Indexer
-    from indexer.embedding import load_sentence_transformer, resolve_model
     from indexer.plugins import load_registry
 
     server = {"qdrant_url": qdrant_server.url, "qdrant_tenancy": "shared"}

@@ -59,7 +59,7 @@ from indexer.onnx_models import (
     use_int8,
 )
 
-log = structlog.get_logger("qmd_indexer.embedding")
+log = structlog.get_logger("qmd_indexer.builtin.embedding")
 
 # all-MiniLM-L6-v2's published facts: 384 dimensions, 256 word pieces per input (including [CLS] and [SEP]).
 _KNOWN_DIMS = {"sentence-transformers/all-MiniLM-L6-v2": 384}

@@ -1,0 +1,5 @@
+"""The plugins that ship with qmd-indexer, registered through the same entry points a third-party package uses
+(``pyproject.toml``): the ``markdown`` classifier and extractor, the ``sentence-transformers`` and ``openai`` text
+embedders, the ``cross-encoder`` and ``http`` rerankers. Nothing in the core imports them by name to run them; the
+daemon finds them through ``indexer.plugins`` like any other plugin.
+"""
