@@ -115,9 +115,12 @@ class Indexer:
         registry.check_multimodal({w.agent: w.multimodal.modalities for w in settings.workspace
                                    if w.multimodal.enabled})
         if store is None:
-            space = model_identity(registry.embedders)  # shared tenancy: the shared collections of this model
-            options = replace(ServerOptions.from_settings(settings), space=space, former_spaces=tuple(
-                s for s in recorded_identities(settings.state_dir) if s != space))
+            options = ServerOptions.from_settings(settings)
+            if settings.qdrant_url and settings.qdrant_tenancy == "shared":
+                # the shared collections of this model (a remote embedder's identity asks its server: only here)
+                space = model_identity(registry.embedders)
+                options = replace(options, space=space, former_spaces=tuple(
+                    s for s in recorded_identities(settings.state_dir) if s != space))
             store = open_store(settings.state_dir, settings.qdrant_url, settings.qdrant_api_key, options,
                                settings.state_min_free_bytes)
         cache = EmbeddingCache(settings.state_dir / "embeddings.sqlite3")
