@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -47,6 +47,9 @@ from indexer.reload import Reloader
 from indexer.state import process_age_s
 from indexer.systemd import Notifier, Supervisor, watchdog_interval_s
 from indexer.worker import Progress, run
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
@@ -145,41 +148,67 @@ def warm_models(indexer: Indexer) -> None:
     indexer.state.startup.mark("model_loaded")
 
 
+def start(settings: Settings, reindex: bool = False) -> Indexer:
+    """The daemon's first steps, before it serves: the port checked, the indexer opened without its models and its
+    store connected where it can be now (a store or embedder unreachable yet is the worker's to retry). Raises
+    ``Refused`` for what stops the start (the port taken, the store held or built for another model, a config
+    error). Marks the ``imports`` and ``store_opened`` startup phases."""
+    imported = process_age_s()
+    check_port(settings.host, settings.port)
+    indexer = open_indexer(settings, reindex, connect=False)
+    indexer.state.startup.mark("imports", at=imported)
+    # the modules loaded by now (and the models, once ``warm_models`` has them) live as long as the process: the
+    # cyclic garbage collector need not walk them again at random moments (docs/performance.md, "Daemon start")
+    gc.freeze()
+    try:
+        indexer.connect()
+    except (CollectionMismatch, StoreLocked) as exc:  # not transient: a config mistake, so say it and stop
+        raise Refused(str(exc)) from None
+    except (StoreUnavailable, EmbedUnavailable):
+        pass  # the worker logs it once and keeps retrying; the API answers meanwhile
+    else:
+        indexer.state.startup.mark("store_opened")
+    return indexer
+
+
+def _warm(indexer: Indexer) -> None:
+    warm_models(indexer)
+    gc.freeze()  # the models live as long as the process too
+
+
+def http_server(indexer: Indexer, settings: Settings, listening: threading.Event,
+                warming: threading.Thread) -> uvicorn.Server:
+    """The uvicorn server of ``indexer``'s HTTP API on ``settings.host:port`` (MCP mounted once it listens). Once
+    bound and serving it sets ``listening`` (READY=1 may go out), marks ``http_listening`` and starts ``warming``
+    (the models' load: until then searches answer from keyword search)."""
+    import uvicorn
+
+    from indexer.server import create_app
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            listening.set()  # bound and serving: READY=1 may go out
+            indexer.state.startup.mark("http_listening")
+            warming.start()  # models load now: until then searches answer from keyword search
+
+    return Server(uvicorn.Config(create_app(indexer.view, mcp_later=True), host=settings.host, port=settings.port,
+                                 log_config=None, access_log=False, lifespan="on"))
+
+
 def serve(settings: Settings, reindex: bool = False, progress: Progress | None = None,
           reload: Callable[[], Settings] | None = None) -> int:
     """Index, watch and serve ``settings`` until SIGTERM/SIGINT; returns the exit status. Installs signal handlers,
     so call it from the main thread. ``progress`` draws the first pass (see ``indexer.worker``). ``reload``: the
     settings again from the same sources (``load_settings`` with the same path and flags; raises ``ConfigError``),
     called on SIGHUP; without it a SIGHUP reapplies ``settings`` (nothing changes)."""
-    imported = process_age_s()
     try:
-        check_port(settings.host, settings.port)
-        indexer = open_indexer(settings, reindex, connect=False)
-        indexer.state.startup.mark("imports", at=imported)
-        # the modules loaded by now (and the models, once ``warm_models`` has them) live as long as the process: the
-        # cyclic garbage collector need not walk them again at random moments (docs/performance.md, "Daemon start")
-        gc.freeze()
-        try:
-            indexer.connect()
-        except (CollectionMismatch, StoreLocked) as exc:  # not transient: a config mistake, so say it and stop
-            raise Refused(str(exc)) from None
-        except (StoreUnavailable, EmbedUnavailable):
-            pass  # the worker logs it once and keeps retrying; the API answers meanwhile
-        else:
-            indexer.state.startup.mark("store_opened")
+        indexer = start(settings, reindex)
     except Refused as exc:
         print(f"qmd-indexer: {exc.message}", file=sys.stderr)
         return exc.code
-    import uvicorn
-
-    from indexer.server import create_app
-
     stop, listening = threading.Event(), threading.Event()
-    def warm() -> None:
-        warm_models(indexer)
-        gc.freeze()  # the models live as long as the process too
-
-    warming = threading.Thread(target=warm, name="model-warm", daemon=True)
+    warming = threading.Thread(target=_warm, args=(indexer,), name="model-warm", daemon=True)
     supervisor = Supervisor(Notifier(), watchdog_interval_s(), listening=listening)
     reloader = Reloader(indexer, reload or (lambda: settings), supervisor.notifier)
     # the handler runs on the main thread between bytecodes: it takes no lock itself (the notifier's and the
@@ -188,15 +217,7 @@ def serve(settings: Settings, reindex: bool = False, progress: Progress | None =
     worker = threading.Thread(target=run, args=(indexer, stop, progress, supervisor, reloader), name="indexer-worker",
                               daemon=True)
     worker.start()
-    class Server(uvicorn.Server):
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets)
-            listening.set()  # bound and serving: READY=1 may go out
-            indexer.state.startup.mark("http_listening")
-            warming.start()  # models load now: until then searches answer from keyword search
-
-    server = Server(uvicorn.Config(create_app(indexer.view, mcp_later=True), host=settings.host, port=settings.port,
-                                   log_config=None, access_log=False, lifespan="on"))
+    server = http_server(indexer, settings, listening, warming)
     log.info("api_listening", url=f"http://{settings.host}:{settings.port}")
     # uvicorn handles SIGTERM/SIGINT while serving, then re-raises the signal to the handler that was installed
     # before it; with the default handler that would kill the process before the store is flushed.

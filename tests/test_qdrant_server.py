@@ -52,7 +52,7 @@ def test_upserts_are_split_under_the_servers_request_size_limit(small_server: No
 
     store = ServerStore(small_server.url, options=ServerOptions(max_request_bytes=1 * MIB))
     batches = list(store.batches(points))
-    assert all(len(json.dumps([store._struct(p).model_dump(mode="json", exclude_none=True) for p in b])) < MIB
+    assert all(len(json.dumps([store._struct(p, {}).model_dump(mode="json", exclude_none=True) for p in b])) < MIB
                for b in batches), "json_bytes is an upper bound"
     assert len(batches) >= 3 and sum(map(len, batches)) == 300
     store.replace_file("c", "/w/huge.md", "h", points)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from indexer.points import Filter, Payload, Point, Query, point_id
 from indexer.search import SearchParams
 from indexer.store import ServerOptions, ServerStore
-from indexer.store.server import SHARED, TENANT_KEY, shared_collection
+from indexer.store.tenancy import SHARED, TENANT_KEY, shared_collection
 from indexer.worker import index_once
 
 

@@ -47,19 +47,10 @@ from indexer.model_loading import (
     model_fingerprint,
     resolve_model,
 )
-from indexer.onnx_models import (
-    INT8_FORMAT,
-    INT8_MIN_COSINE,
-    OnnxDocumentEncoder,
-    OnnxQueryEncoder,
-    int8_dir,
-    query_model,
-    query_model_path,
-    query_threads,
-    use_int8,
-)
+from indexer.onnx_models import INT8_FORMAT, int8_dir, query_model, query_model_path, use_int8
+from indexer.onnx_runtime import INT8_MIN_COSINE, OnnxDocumentEncoder, OnnxQueryEncoder, query_threads
 
-log = structlog.get_logger("qmd_indexer.builtin.embedding")
+log = structlog.get_logger("qmd_indexer.embedding")
 
 # all-MiniLM-L6-v2's published facts: 384 dimensions, 256 word pieces per input (including [CLS] and [SEP]).
 _KNOWN_DIMS = {"sentence-transformers/all-MiniLM-L6-v2": 384}

@@ -13,7 +13,7 @@ from indexer.api import Chunk, ExtractContext, FileInfo
 from indexer.chunking import OVERLAP_RATIO, TextChunk, chunk_markdown
 from indexer.errors import ExtractError
 
-log = structlog.get_logger("qmd_indexer.builtin.markdown")
+log = structlog.get_logger("qmd_indexer.markdown")
 SUFFIXES = frozenset({".md", ".markdown"})
 
 

@@ -75,7 +75,7 @@ from indexer.remote import (
     server_retrying,
 )
 
-log = structlog.get_logger("qmd_indexer.builtin.embedding")
+log = structlog.get_logger("qmd_indexer.embedding")
 
 PROBE_EVERY_S = 60.0  # ``unavailable()`` probes the server in the background when its last word is older
 DIM_FILE = "openai-embedder.json"  # under the state dir: the sizing key -> the vector size last answered

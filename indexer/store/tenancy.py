@@ -1,0 +1,213 @@
+"""Shared tenancy of a Qdrant server: the logical collections as tenants of shared physical collections.
+
+Tenancy (``ServerOptions.tenancy``): with ``"collections"`` every logical collection (``memory-root-<agent>``...) is a
+Qdrant collection of its own. With ``"shared"`` the logical collections are tenants of shared physical collections,
+one per kind (``root``, ``dir``, ``extra``) and embedding space (``shared_collection``: the name carries a digest of
+the embedders' identity, so two models never mix): each point's payload carries its agent and its logical
+collection, the logical collection's name is the tenant key (a keyword index with ``is_tenant``), HNSW graphs are
+built per tenant (``payload_m``, global ``m=0``). ``TenantStore._where`` is the one place a logical name becomes a
+physical collection plus the tenant condition; every primitive that reads or writes points goes through it, so
+callers (the daemon, search, recall, migrate) name logical collections only and never see another tenant's points.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from indexer.store.base import REBUILD, SCROLL_PAGE, Store
+
+if TYPE_CHECKING:
+    from indexer.store.server import ServerOptions
+
+log = structlog.get_logger("qmd_indexer.store")
+
+SHARED = "qmd-shared-"  # shared physical collections (tenancy "shared") are named qmd-shared-<kind>-<space digest>
+STAGING = "--rebuild"  # beside each: the shared collection a rebuild of its tenants fills, moved in by ``swap``
+TENANT_KEY = "collection"  # the tenant key of a shared collection: the payload's logical collection name
+PAYLOAD_M = 16  # HNSW links per node of a tenant's graph in a shared collection (Qdrant's default m)
+_KIND = re.compile(r"(?:^|-)memory-(root|dir|extra)-")
+
+
+def shared_collection(name: str, space: str) -> str:
+    """The shared physical collection that holds logical collection ``name`` (a rebuild's ``<name>--rebuild-<n>``:
+    the staging collection beside it) for embedding space ``space``: ``qmd-shared-<kind>-<12 hex of sha256(space)>``,
+    ``kind`` the ``root``, ``dir`` or ``extra`` of ``memory-<kind>-<agent>`` (``other`` for any other name)."""
+    logical, _, rebuild = name.partition(REBUILD)
+    match = _KIND.search(logical)
+    digest = hashlib.sha256(space.encode()).hexdigest()[:12]
+    return f"{SHARED}{match.group(1) if match else 'other'}-{digest}{STAGING if rebuild else ''}"
+
+
+class TenantStore(Store):
+    """The store operations that differ with shared tenancy (``shared``), over a qdrant-client ``client`` and its
+    ``models`` module (``_m``): ``_where`` and ``_scoped`` put every primitive that reads or writes points on the
+    right physical collection and tenant; ``swap``, ``sweep``, ``drop`` and ``collections`` move, delete and list
+    tenants instead of collections. With tenancy ``"collections"`` each is ``Store``'s own. ``ServerStore`` is the
+    concrete store."""
+
+    client: Any
+    _m: Any
+    options: ServerOptions
+    shared: bool
+    # logical collection -> another model's shared collection that holds its live points, until a rebuild into this
+    # model's is swapped in (``_find_live``)
+    _lives: dict[str, str]
+
+    def _physical_config(self, name: str) -> dict[str, int] | None:
+        """The dense vectors (name -> size) of physical collection ``name``, ``None`` when it does not exist."""
+        raise NotImplementedError
+
+    # the one place a logical collection becomes a physical one and a tenant condition
+    def _where(self, name: str) -> tuple[str, Any | None]:
+        """The physical collection that holds logical collection ``name`` and the condition that selects its points
+        there: ``(name, None)`` with tenancy ``"collections"``; with ``"shared"``, ``shared_collection(name)`` and
+        ``payload.collection == name`` (for ``<name>--rebuild-<n>``: the staging collection, ``== name``)."""
+        if not self.shared:
+            return name, None
+        logical, _, rebuild = name.partition(REBUILD)
+        physical = self._lives.get(logical) if not rebuild else None
+        return physical or shared_collection(name, self.options.space), self.dialect.match(TENANT_KEY, logical)
+
+    def ensure_collection(self, name: str, dense: dict[str, int]) -> None:
+        """See ``Store.ensure_collection``. With shared tenancy, a logical collection that has no points in this
+        model's shared collection but has some in the shared collection of a former model (``former_spaces``: the
+        state dir's record) keeps answering from there: a model change, whose rebuild fills this model's and
+        ``swap`` moves it over."""
+        if self.shared and REBUILD not in name:
+            with self._lock:
+                self._find_live(name)
+        super().ensure_collection(name, dense)
+
+    def _find_live(self, name: str) -> None:
+        own = shared_collection(name, self.options.space)
+        self._lives.pop(name, None)
+        names = self._names()
+        if own in names and self._count(name):
+            return
+        for physical in (shared_collection(name, space) for space in self.options.former_spaces):
+            if physical in names and self._tenant_points(physical, name, delete=False):
+                self._lives[name] = physical
+                log.info("tenant_on_other_model", collection=name, physical=physical,
+                         hint="searches answer from it until a rebuild into this model's collection is swapped in")
+                return
+
+    def _tenant_points(self, physical: str, name: str, delete: bool) -> int:
+        """The number of points of tenant ``name`` in shared collection ``physical``; with ``delete``, deletes
+        them (returns 0)."""
+        flt = self._m.Filter(must=[self.dialect.match(TENANT_KEY, name)])
+        if delete:
+            self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
+            return 0
+        return int(self.client.count(physical, count_filter=flt, exact=True).count)
+
+    def _scoped(self, name: str, flt: Any = None) -> tuple[str, Any]:
+        """``_where(name)`` with the tenant condition joined to ``flt`` (a translated filter, or ``None``): the
+        filter every read and write of ``name``'s points carries."""
+        physical, tenant = self._where(name)
+        if tenant is None:
+            return physical, flt
+        return physical, self._m.Filter(must=[tenant] if flt is None else [tenant, flt])
+
+    def _target(self, name: str) -> str:
+        # shared tenancy resolves names in ``_where``, per primitive; no aliases are involved
+        return name if self.shared else super()._target(name)
+
+    def rebuild_target(self, name: str) -> str:
+        """See ``Store.rebuild_target``; with shared tenancy ``<name>--rebuild-1``, a tenant of the staging
+        collection beside ``name``'s shared collection."""
+        return f"{name}{REBUILD}1" if self.shared else super().rebuild_target(name)
+
+    def swap(self, name: str, new: str) -> None:
+        """See ``Store.swap``. With shared tenancy, ``name``'s points from the staging collection (``new``) are
+        upserted over its live ones (same ids for unchanged chunks), its live points absent from them deleted, the
+        staged ones removed; all under the store's lock, so this process's searches see the old set or the new."""
+        if not self.shared:
+            super().swap(name, new)
+            return
+        with self._lock:
+            other_model = self._lives.pop(name, None)
+            if self._dense_config(name) is None:  # a model change: the first tenant swapped into this model's
+                self._create(name, self._dense_config(new) or {})
+            staged: set[str] = set()
+            offset: Any = None
+            while True:
+                points, offset = self._points_page(new, offset, SCROLL_PAGE)
+                self._upsert(name, points)
+                staged.update(p.id for p in points)
+                if offset is None:
+                    break
+            stale = [pid for pid in self._ids(name) if pid not in staged]
+            for start in range(0, len(stale), SCROLL_PAGE):
+                self._delete_ids(name, stale[start:start + SCROLL_PAGE])
+            self._drop(new)
+            if other_model is not None:  # the tenant's points of the model before
+                self._tenant_points(other_model, name, delete=True)
+
+    def sweep(self, name: str) -> list[str]:
+        """See ``Store.sweep``; with shared tenancy, deletes ``name``'s points from the staging collection (a rebuild
+        cut short) and returns ``[<name>--rebuild-1]`` when there were any."""
+        if not self.shared:
+            return super().sweep(name)
+        with self._lock:
+            staging = self.rebuild_target(name)
+            if not self.client.collection_exists(self._where(staging)[0]) or not self._count(staging):
+                return []
+            self._drop(staging)
+            return [staging]
+
+    def drop(self, name: str) -> None:
+        """See ``Store.drop``; with shared tenancy, deletes ``name``'s points only (an agent removed), leaving the
+        shared collection and every other tenant's points."""
+        if not self.shared:
+            super().drop(name)
+            return
+        with self._lock:
+            self._drop(name)
+
+    def collections(self) -> dict[str, dict[str, int]]:
+        """See ``Store.collections``; with shared tenancy, the logical collections (the tenant key's values) of
+        every shared collection of this store's embedding space, each with its shared collection's dense vectors."""
+        if not self.shared:
+            return super().collections()
+        space = shared_collection("", self.options.space).rpartition("-")[2]
+        with self._lock:
+            out: dict[str, dict[str, int]] = {}
+            for physical in self._names():
+                if physical.startswith(SHARED) and physical.endswith(f"-{space}"):
+                    config = self._physical_config(physical)
+                    for tenant in self._facet(physical):
+                        if config is not None:
+                            out[tenant] = config
+            return dict(sorted(out.items()))
+
+    def _facet(self, physical: str) -> list[str]:
+        hits = self.client.facet(physical, TENANT_KEY, limit=1_000_000, exact=True).hits
+        return [str(h.value) for h in hits if h.count]
+
+    def _ids(self, name: str) -> Iterator[str]:
+        offset: Any = None
+        while True:
+            ids, offset = self._ids_page(name, offset)
+            yield from ids
+            if offset is None:
+                return
+
+    def _ids_page(self, name: str, offset: Any) -> tuple[list[str], Any]:
+        physical, flt = self._scoped(name)
+        records, offset = self.client.scroll(physical, scroll_filter=flt, limit=SCROLL_PAGE, offset=offset,
+                                             with_payload=False, with_vectors=False)
+        return [str(r.id) for r in records], offset
+
+    def _has_id(self, ids: Sequence[str]) -> Any:
+        """A filter on point ids ``ids``."""
+        any_ids: list[Any] = list(ids)
+        return self._m.Filter(must=[self._m.HasIdCondition(has_id=any_ids)])
+
+    def _delete_ids(self, name: str, ids: list[str]) -> None:
+        physical, flt = self._scoped(name, self._has_id(ids))
+        self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
