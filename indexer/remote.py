@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-__all__ = ["Answer", "AnswerTooLarge", "DeadlineClient", "DeadlineExceeded", "describe", "retry_after",
-           "server_retrying"]
+__all__ = ["Answer", "AnswerTooLarge", "DeadlineClient", "DeadlineExceeded", "RemoteError", "Unreachable", "describe",
+           "retry_after", "server_retrying"]
 
 
 def describe(exc: BaseException) -> str:
@@ -45,12 +45,20 @@ def describe(exc: BaseException) -> str:
     return text
 
 
-class DeadlineExceeded(TimeoutError):
+class RemoteError(Exception):
+    """A request that got no whole answer; the message names the URL and why, ready for the caller's own error."""
+
+
+class DeadlineExceeded(RemoteError, TimeoutError):
     """The whole request (connect, send, headers, body) did not finish within its deadline."""
 
 
-class AnswerTooLarge(ValueError):
+class AnswerTooLarge(RemoteError, ValueError):
     """The answer's body passed the request's ``max_bytes``; it was not read further."""
+
+
+class Unreachable(RemoteError):
+    """The transport failed (cannot connect, connection dropped, ...): ``<url>: <describe(httpx error)>``."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +108,8 @@ class DeadlineClient:
     def post(self, url: str, body: Any, deadline_s: float, max_bytes: int,
              headers: dict[str, str] | None = None) -> Answer:
         """POST ``body`` as JSON to ``url``; the whole answer within ``deadline_s`` seconds and ``max_bytes`` bytes.
-        Raises ``DeadlineExceeded``, ``AnswerTooLarge``, or ``httpx.HTTPError`` (cannot connect, connection
-        dropped, ...). An HTTP error status is an ``Answer`` like any other."""
+        Raises a ``RemoteError``: ``DeadlineExceeded``, ``AnswerTooLarge``, or ``Unreachable`` (cannot connect,
+        connection dropped, ...). An HTTP error status is an ``Answer`` like any other."""
         loop, client = self._started()
         deadline_s = max(0.001, float(deadline_s))
         future = asyncio.run_coroutine_threadsafe(self._post(client, url, body, deadline_s, max_bytes, headers), loop)
@@ -124,7 +132,9 @@ class DeadlineClient:
                         parts.append(part)
                     return Answer(response.status_code, response.headers, b"".join(parts))
         except (TimeoutError, httpx.TimeoutException) as exc:
-            raise DeadlineExceeded(f"{url}: no whole answer within {deadline_s:.3g} s") from exc
+            raise DeadlineExceeded(f"{url}: no whole answer within {deadline_s:g} s") from exc
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"{url}: {describe(exc)}") from exc
 
     def close(self) -> None:
         """Close the connections and stop the loop thread (a later ``post`` starts them again)."""

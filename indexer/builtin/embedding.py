@@ -20,7 +20,8 @@ The precision is part of ``model_id``, so vectors of different precisions never 
 a query model of their own in ONNX Runtime (``indexer.onnx_models``: int8 with int8, else fp32), exported into
 ``cache_dir`` at the first load and opened at the next start without torch, so a restart answers queries in full
 while the model itself still loads. Loading is ``indexer.model_loading``; the int8 export and the ONNX Runtime
-sessions are ``indexer.onnx_models``.
+sessions are ``indexer.onnx_models``; the load's progress and the opening of the saved ONNX files without torch are
+``indexer.builtin.embedding_bringup``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 import structlog
 
 from indexer.api import Chunk, l2_normalise
+from indexer.builtin.embedding_bringup import LoadProgress, open_document_encoder, open_query_encoder
 from indexer.errors import EmbedUnavailable
 from indexer.model_loading import (
     DEFAULT_MODEL,
@@ -54,26 +56,6 @@ log = structlog.get_logger("qmd_indexer.embedding")
 
 # all-MiniLM-L6-v2's published facts: 384 dimensions, 256 word pieces per input (including [CLS] and [SEP]).
 _KNOWN_DIMS = {"sentence-transformers/all-MiniLM-L6-v2": 384}
-
-
-class _LoadProgress:
-    """Says how far a model load is: ``embedder.load_progress = {"phase", "percent"}`` (``GET /status``'s
-    ``models``) and one ``model_loading`` log line per step that runs. ``steps``: each step's name and weight
-    (typical seconds); a step not in ``steps`` (an export the cache already holds) is skipped silently."""
-
-    def __init__(self, embedder: SentenceTransformerEmbedder, steps: dict[str, float]) -> None:
-        self.embedder, self.steps, self.done = embedder, steps, 0.0
-        self.current: str | None = None
-
-    def __call__(self, phase: str) -> None:
-        if phase not in self.steps or phase == self.current:
-            return
-        if self.current is not None:
-            self.done += self.steps[self.current]
-        self.current = phase
-        percent = int(100 * self.done / sum(self.steps.values()))
-        self.embedder.load_progress = {"phase": phase, "percent": percent}
-        log.info("model_loading", model=self.embedder.base_id, phase=phase, percent=percent)
 
 
 class SentenceTransformerEmbedder:
@@ -214,13 +196,7 @@ class SentenceTransformerEmbedder:
         else:
             return
         query_path = query_model_path(self.cache_dir, self.base_id, self.fingerprint, self.precision)
-        try:
-            self._documents = OnnxDocumentEncoder.open(chunks_file, query_path, query_threads())
-        except Exception as exc:  # a damaged file: the chunks wait for the model's load, which exports it again
-            log.warning("document_model_unreadable", path=str(chunks_file), error=f"{type(exc).__name__}: {exc}")
-            return
-        if self._documents is not None:
-            log.info("document_model_opened", path=str(chunks_file))
+        self._documents = open_document_encoder(chunks_file, query_path)
 
     def open_query_model(self) -> bool:
         """Open the query model an earlier load exported for these model files and precision (``cache_dir``,
@@ -234,22 +210,8 @@ class SentenceTransformerEmbedder:
             if self._query_encoder is not None:
                 return True
             path = query_model_path(self.cache_dir, self.base_id, self.fingerprint, self.precision)
-            started = time.monotonic()
-            try:
-                encoder = OnnxQueryEncoder.open(path, query_threads())
-            except Exception as exc:  # e.g. a truncated file: without its record, the load exports it again
-                log.warning("query_model_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}",
-                            action="export again")
-                try:
-                    path.with_suffix(".json").unlink(missing_ok=True)
-                except OSError:  # a read-only cache: the load then uses the model's own modules
-                    pass
-                return False
-            if encoder is None:
-                return False
-            self._query_encoder = encoder
-            log.info("query_model_opened", path=str(path), seconds=round(time.monotonic() - started, 3))
-            return True
+            self._query_encoder = open_query_encoder(path)
+            return self._query_encoder is not None
 
     def _load(self) -> Any:
         started = time.monotonic()
@@ -261,7 +223,7 @@ class SentenceTransformerEmbedder:
             steps["exporting int8 model"] = 8.0
         if self.device == "cpu" and int8_available() and self._query_encoder is None:
             steps["exporting query model"] = 6.0
-        progress = _LoadProgress(self, steps)
+        progress = LoadProgress(self, steps)
         try:
             progress("loading model")
             model = load_sentence_transformer(self._load_path, self.device)

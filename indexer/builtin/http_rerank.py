@@ -30,9 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
-from indexer.remote import AnswerTooLarge, DeadlineClient, describe
+from indexer.remote import DeadlineClient, RemoteError
 
 __all__ = ["APIS", "HttpReranker", "RerankError"]
 
@@ -138,10 +136,8 @@ class HttpReranker:
             response = self._client.post(self.url, body, limit, cap)
         except TimeoutError as exc:
             raise TimeoutError(f"{self.url} did not answer whole within {limit:.3g} s") from exc
-        except AnswerTooLarge as exc:
+        except RemoteError as exc:  # an answer too long, cannot connect, connection dropped
             raise RerankError(str(exc)) from exc
-        except httpx.HTTPError as exc:
-            raise RerankError(f"{self.url}: {describe(exc)}") from exc
         if response.status >= 400:
             raise RerankError(f"{self.url} answered HTTP {response.status}: {response.text[:200]}")
         try:

@@ -42,7 +42,8 @@ The vector size learnt from the first answer is remembered in ``<state_dir>/open
 restarted while the server is down still opens its collections and answers keyword searches. ``unavailable()``
 says why the server could not be reached at its last request (``None`` once one succeeds), for ``/health``; asked
 while the last word is older than ``PROBE_EVERY_S``, it sends one probe request in the background, so an idle
-daemon notices a server gone down.
+daemon notices a server gone down. The request's body and the reading of its answer are
+``indexer.builtin.openai_wire``; the deadline and the size cap, ``indexer.remote``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import threading
 import time
 from collections.abc import Sequence
@@ -60,42 +60,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
 import structlog
 
 from indexer.api import Chunk, check_vectors, l2_normalise
+from indexer.builtin.openai_wire import TooLarge, answer_embeddings, request_body, split_text
 from indexer.errors import BadVectors, EmbedError, EmbedUnavailable
-from indexer.remote import (
-    AnswerTooLarge,
-    DeadlineClient,
-    DeadlineExceeded,
-    describe,
-    retry_after,
-    server_retrying,
-)
+from indexer.remote import DeadlineClient, RemoteError, server_retrying
 
 log = structlog.get_logger("qmd_indexer.embedding")
 
 PROBE_EVERY_S = 60.0  # ``unavailable()`` probes the server in the background when its last word is older
 DIM_FILE = "openai-embedder.json"  # under the state dir: the sizing key -> the vector size last answered
-# what servers say when an input or a request is too long or too big (llama.cpp, vLLM, TEI, OpenAI, Ollama)
-_TOO_LONG = re.compile(r"too (long|large|many)|maximum (context|input|sequence|batch)|context length|exceed|"
-                       r"batch size|must have less than|payload", re.IGNORECASE)
-
-
-class _TooLarge(Exception):
-    """The server refused a request as too big (413, or a 400/422 saying so): fewer inputs, or shorter ones."""
-
-
-def split_text(text: str) -> tuple[str, str]:
-    """``text`` in two halves, cut at the whitespace nearest its middle (at the middle when it has none)."""
-    middle = len(text) // 2
-    spaces = [m.start() for m in re.finditer(r"\s", text)]
-    cut = min(spaces, key=lambda i: abs(i - middle)) if spaces else middle
-    if cut <= 0 or cut >= len(text):
-        cut = middle
-    return text[:cut], text[cut:]
 
 
 class OpenAIEmbedder:
@@ -265,7 +241,7 @@ class OpenAIEmbedder:
             def probe() -> None:
                 try:
                     self._post_once(["probe"], self.query_input_type, self.query_timeout_s)
-                except (EmbedError, _TooLarge):
+                except (EmbedError, TooLarge):
                     pass
                 finally:
                     self._probing.clear()
@@ -291,41 +267,21 @@ class OpenAIEmbedder:
         except EmbedUnavailable as exc:
             self._last = (time.monotonic(), str(exc).splitlines()[0][:300] if str(exc) else "unavailable")
             raise
-        except (EmbedError, _TooLarge):  # it answered, if not well: reachable
+        except (EmbedError, TooLarge):  # it answered, if not well: reachable
             self._last = (time.monotonic(), None)
             raise
         self._last = (time.monotonic(), None)
         return vectors
 
     def _request(self, inputs: list[str], input_type: str | None, timeout_s: float) -> np.ndarray:
-        body: dict[str, Any] = {"model": self.model, "input": inputs, "encoding_format": "float"}
-        if self.dimensions:
-            body["dimensions"] = self.dimensions
-        if input_type:
-            body["input_type"] = input_type
+        body = request_body(self.model, inputs, self.dimensions, input_type)
         self.stats["requests"] += 1
         cap = self.max_answer_bytes or (1 << 20) + len(inputs) * (256 << 10)
         try:
             answer = self._http().post(self.url, body, timeout_s, cap, headers=self._headers())
-        except DeadlineExceeded as exc:
-            raise EmbedUnavailable(f"{self.url}: no whole answer within {timeout_s:g} s") from exc
-        except AnswerTooLarge as exc:
+        except RemoteError as exc:  # past the deadline, an answer too long, cannot connect, connection dropped
             raise EmbedUnavailable(str(exc)) from exc
-        except httpx.HTTPError as exc:
-            raise EmbedUnavailable(f"{self.url}: {describe(exc)}") from exc
-        status, text = answer.status, answer.text[:300]
-        if status == 413 or (status in (400, 422) and _TOO_LONG.search(text)):
-            raise _TooLarge(f"{status}: {text}")
-        if status == 429 or status >= 500 or status in (401, 403, 404, 408):
-            raise EmbedUnavailable(f"{self.url} answered {status}: {text}",
-                                   retry_after_s=retry_after(answer.headers.get("retry-after")))
-        if status != 200:
-            raise EmbedError(f"{self.url} refused the input ({status}): {text}")
-        try:
-            data = sorted(answer.json()["data"], key=lambda item: item["index"])
-            embeddings = [item["embedding"] for item in data]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise EmbedUnavailable(f"{self.url} answered 200 without embeddings: {text}") from exc
+        embeddings = answer_embeddings(answer, self.url)  # TooLarge, EmbedUnavailable, EmbedError
         vectors = check_vectors(embeddings, len(inputs), self._dim, self.url)  # NaN, inf, zeros, shape: BadVectors
         if self._dim is None:
             self._dim = int(vectors.shape[1])
@@ -349,7 +305,7 @@ class OpenAIEmbedder:
         input, split in two and the mean of the halves' vectors taken."""
         try:
             return self._post(texts, input_type, timeout_s, attempts)
-        except _TooLarge as exc:
+        except TooLarge as exc:
             if len(texts) > 1:
                 half = len(texts) // 2
                 with self._lock:
