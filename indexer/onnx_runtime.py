@@ -71,6 +71,21 @@ def onnx_transformer(onnx_path: Path, config: Any, threads: int) -> Any:
     return OnnxTransformer()
 
 
+def saved_query(query_path: Path, onnx_path: Path) -> tuple[str, bool] | None:
+    """``(tokenizer JSON, CLS pooling)`` saved beside the query model ``query_path`` (``export_query``: its
+    ``.json`` quality record and ``.tokenizer.json``), for a model file ``onnx_path`` that exists; ``None`` when a
+    file is missing or unreadable, or the record did not pass or names another pooling than mean or CLS."""
+    try:
+        record = json.loads(query_path.with_suffix(".json").read_text(encoding="utf-8"))
+        tokenizer = query_path.with_suffix(".tokenizer.json").read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(record, dict) and quality_passed(record) and record.get("pooling") in ("mean", "cls")
+            and onnx_path.is_file()):
+        return None
+    return tokenizer, record["pooling"] == "cls"
+
+
 class OnnxQueryEncoder:
     """One query to its ``(dim,)`` float32 L2-normalised embedding, without sentence-transformers' per-call
     machinery: the model's fast tokenizer (truncating at ``max_seq_length`` word pieces, special tokens included, as
@@ -109,16 +124,8 @@ class OnnxQueryEncoder:
         """The query model ``export_query`` saved at ``onnx_path``, opened with ONNX Runtime and ``tokenizers``
         alone (no torch, no sentence-transformers: well under a second); ``None`` when its quality record is
         missing or did not pass, or a file is gone. Raises what ONNX Runtime raises for a damaged file."""
-        record_path, tokenizer_path = onnx_path.with_suffix(".json"), onnx_path.with_suffix(".tokenizer.json")
-        try:
-            record = json.loads(record_path.read_text(encoding="utf-8"))
-            tokenizer = tokenizer_path.read_text(encoding="utf-8")
-        except (OSError, ValueError):
-            return None
-        if not (isinstance(record, dict) and quality_passed(record) and record.get("pooling") in ("mean", "cls")
-                and onnx_path.is_file()):
-            return None
-        return cls(onnx_path, tokenizer, record["pooling"] == "cls", threads)
+        saved = saved_query(onnx_path, onnx_path)
+        return None if saved is None else cls(onnx_path, saved[0], saved[1], threads)
 
     @staticmethod
     def supports(model: Any) -> bool:
@@ -172,15 +179,8 @@ class OnnxDocumentEncoder:
         """The encoder on ``onnx_path`` with the tokenizer and pooling saved beside the query model ``query_path``
         (``export_query``); ``None`` when a file is missing or the query model's record did not pass. Raises what
         ONNX Runtime raises for a damaged file."""
-        try:
-            record = json.loads(query_path.with_suffix(".json").read_text(encoding="utf-8"))
-            tokenizer = query_path.with_suffix(".tokenizer.json").read_text(encoding="utf-8")
-        except (OSError, ValueError):
-            return None
-        if not (isinstance(record, dict) and quality_passed(record) and record.get("pooling") in ("mean", "cls")
-                and onnx_path.is_file()):
-            return None
-        return cls(onnx_path, tokenizer, record["pooling"] == "cls", threads)
+        saved = saved_query(query_path, onnx_path)
+        return None if saved is None else cls(onnx_path, saved[0], saved[1], threads)
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
         """``(start, end)`` character offsets of each token of ``text``, special tokens excluded, untruncated (what
