@@ -77,11 +77,13 @@ def total_points(indexer: Indexer) -> int:
     return sum(indexer.store.count(c.name) for c in indexer.collections)
 
 
-def test_endpoint_index_and_search_match_in_process(infinity_minilm: Infinity, tmp_path: Path,
-                                                    registry: Registry) -> None:
-    """Index and search through the endpoint give what the in-process model gives: the same chunks, vectors
-    within cosine 0.99 (in-process may run bf16 or int8 here), the same top hits; ``status`` shows the remote
-    identity (host, model, size, sizing)."""
+def test_endpoint_index_and_search_match_in_process(infinity_minilm: Infinity, tmp_path: Path) -> None:
+    """Index and search through the endpoint give what the in-process model gives at the server's own arithmetic
+    (fp32, whatever precision the session runs: int8's rounding may swap two near-equal notes): the same chunks,
+    vectors within cosine 0.99, the same top hits; ``status`` shows the remote identity (host, model, size,
+    sizing)."""
+    registry = load_registry(config={"sentence-transformers": {"model": "all-MiniLM-L6-v2", "precision": "fp32",
+                                                               "cache_dir": str(tmp_path / "models")}})
     ws = notes(tmp_path / "ws", 12)
     remote = open_indexer(tmp_path, ws, endpoint_registry(infinity_minilm.url), "remote")
     local = open_indexer(tmp_path, ws, registry, "local")
