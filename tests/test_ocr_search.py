@@ -23,8 +23,7 @@ from indexer.search import SearchParams
 pytest.importorskip("qmd_indexer_image",
                     reason="the image plugin is not installed (pip install -e plugins/qmd-indexer-image)")
 
-from qmd_indexer_image import ocr  # noqa: E402
-from qmd_indexer_image.screenshots import font_path, render, save  # noqa: E402
+from qmd_indexer_image.screenshots import ocr_missing, render, save  # noqa: E402
 
 from indexer.config import Settings  # noqa: E402
 from indexer.daemon import Indexer  # noqa: E402
@@ -54,15 +53,7 @@ NOTES = {  # the same words as the pictures, in other senses: a search must stil
 
 def tesseract_or_skip(*languages: str, cjk: bool = False) -> None:
     """Skip (fail under ``CI=true``) unless Tesseract, the data of ``languages`` and the fonts are installed."""
-    why = ocr.engine_problem()
-    if why is None:
-        missing = [lang for lang in languages if lang not in ocr.installed_languages()]
-        why = f"no Tesseract data for {missing}; apt-get install {ocr.debian_package(missing[0])}" if missing else None
-    if why is None:
-        try:
-            font_path(cjk)
-        except FileNotFoundError as exc:
-            why = str(exc)
+    why = ocr_missing(*languages, cjk=cjk)
     if why is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the OCR tests cannot run: {why}")

@@ -68,3 +68,21 @@ def save(picture: Any, path: Path) -> Path:
     fmt = {".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".gif": "GIF"}.get(path.suffix.lower(), "PNG")
     picture.save(path, fmt, **({"quality": 90} if fmt in ("JPEG", "WEBP") else {}))
     return path
+
+
+def ocr_missing(*languages: str, cjk: bool = False) -> str | None:
+    """Why the OCR tests cannot run here (Tesseract, the data of ``languages``, or the fonts ``render`` needs, Latin
+    and with ``cjk`` Chinese, are not installed: the reason names the Debian package), or ``None`` when they can."""
+    from qmd_indexer_image import ocr
+
+    why = ocr.engine_problem()
+    if why is None:
+        missing = [lang for lang in languages if lang not in ocr.installed_languages()]
+        why = f"no Tesseract data for {missing}; apt-get install {ocr.debian_package(missing[0])}" if missing else None
+    if why is None:
+        try:
+            font_path(cjk)
+        except FileNotFoundError as exc:
+            why = str(exc)
+    return why
+

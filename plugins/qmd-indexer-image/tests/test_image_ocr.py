@@ -15,7 +15,7 @@ import structlog.testing
 from PIL import Image
 from qmd_indexer_image import ocr
 from qmd_indexer_image.extract import ImageExtractor
-from qmd_indexer_image.screenshots import font_path, render, save
+from qmd_indexer_image.screenshots import ocr_missing, render, save
 
 from indexer.api import Chunk
 from indexer.plugins import load_registry
@@ -28,15 +28,7 @@ CHINESE = ["内存不足错误 请重启服务", "五金店的收据 合计十�
 
 def tesseract_or_skip(*languages: str, cjk: bool = False) -> None:
     """Skip (fail under ``CI=true``) unless Tesseract, the data of ``languages`` and the fonts are installed."""
-    why = ocr.engine_problem()
-    if why is None:
-        missing = [lang for lang in languages if lang not in ocr.installed_languages()]
-        why = f"no Tesseract data for {missing}; apt-get install {ocr.debian_package(missing[0])}" if missing else None
-    if why is None:
-        try:
-            font_path(cjk)
-        except FileNotFoundError as exc:
-            why = str(exc)
+    why = ocr_missing(*languages, cjk=cjk)
     if why is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the OCR tests cannot run: {why}")
