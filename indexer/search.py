@@ -21,6 +21,7 @@ is about 2 for any query), so ``relevance`` reads the best raw dense cosine and 
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -339,13 +340,18 @@ class Searcher:
         kept = fused
         if params.min_score is not None and not self.settings.half_life_days:  # with decay: on the decayed scores
             kept = [p for p in fused if p[1] >= params.min_score]
-        kept = kept[:need]  # only these (and the first candidates relevance reads) become Hits with payloads
+        kept = kept[:need]  # only these become Hits with string ids and payloads
         ids = {str(pid): pid for pid, _ in fused[:RELEVANCE_DEPTH] + kept}  # Hit id -> the backend's point id
-        read = {h.id: h for h in self._with_payloads([Hit(key, 0.0, NO_PAYLOAD) for key in ids],
-                                                     {key: owner[pid] for key, pid in ids.items()})}
-        first = [read[str(pid)] for pid, _ in fused[:RELEVANCE_DEPTH] if str(pid) in read]
-        found = relevance(pools, lambda: term_coverage(query.sparse[0] if query.sparse else (), first, self.terms),
-                          self.settings.dense_floor, self.settings.coverage_floor)
+        where = {key: owner[pid] for key, pid in ids.items()}
+        read = {h.id: h for h in self._with_payloads([Hit(str(pid), 0.0, NO_PAYLOAD) for pid, _ in kept], where)}
+
+        def coverage() -> float:  # asked only when no cosine clears the floor: the first candidates' terms
+            first = [Hit(str(pid), 0.0, NO_PAYLOAD) for pid, _ in fused[:RELEVANCE_DEPTH] if str(pid) not in read]
+            read.update((h.id, h) for h in self._with_payloads(first, where))
+            held = [read[str(pid)] for pid, _ in fused[:RELEVANCE_DEPTH] if str(pid) in read]
+            return term_coverage(query.sparse[0] if query.sparse else (), held, self.terms)
+
+        found = relevance(pools, coverage, self.settings.dense_floor, self.settings.coverage_floor)
         hits = [replace(read[str(pid)], score=score) for pid, score in kept if str(pid) in read]
         for stage in stages:
             hits = stage(hits)
@@ -378,10 +384,8 @@ def _mode(params: SearchRequest, settings: SearchSettings) -> str:
     return mode
 
 
-def _as_of(params: SearchRequest) -> Any:
+def _as_of(params: SearchRequest) -> datetime.datetime | None:
     """The moment ``params``' relative time expressions count from (its ``as_of``; now when absent), naive local."""
-    import datetime
-
     if not params.as_of:
         return None
     return datetime.datetime.fromtimestamp(parse_time(params.as_of, "as_of") / 1e9)
