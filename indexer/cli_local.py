@@ -182,44 +182,57 @@ def index(config: Path | None, workspace: Path | None, agent: str | None, state_
 
 
 @click.command()
-@click.option("--to", "url", required=True, help="Qdrant server URL to copy into, e.g. http://qdrant:6333.")
-@click.option("--api-key", help="API key of that server [default: the config's qdrant_api_key].")
+@click.option("--to", "url", help="Qdrant server URL to copy into, e.g. http://qdrant:6333 [default: --from's].")
+@click.option("--from", "source_url", help="Copy from this Qdrant server (the state dir's collections) instead of "
+              "the embedded store.")
+@click.option("--tenancy", type=click.Choice(["collections", "shared"]),
+              help="Layout to write [default: the config's qdrant_tenancy].")
+@click.option("--from-tenancy", type=click.Choice(["collections", "shared"]),
+              help="Layout of --from [default: the other one when --from is --to, else the config's].")
+@click.option("--drop-source", is_flag=True, help="Then delete from --from what was copied and verified.")
+@click.option("--api-key", help="API key of the server(s) [default: the config's qdrant_api_key].")
 @click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
-              help="State dir whose embedded store is copied [default: the configured one].")
+              help="State dir whose store (or whose collections on --from) is copied [default: the configured one].")
 @config_opt
-def migrate(url: str, api_key: str | None, state_dir: Path | None, config: Path | None) -> None:
-    """Copy the embedded store into a Qdrant server or cluster, without embedding anything again.
+def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_tenancy: str | None,
+            drop_source: bool, api_key: str | None, state_dir: Path | None, config: Path | None) -> None:
+    """Copy an index to a Qdrant server, or between its two layouts, without embedding anything again.
 
     \b
-    Every collection under <state-dir>/qdrant is copied with its points' ids, vectors and payloads into the
-    server's collections of the same names (created with the configured qdrant_* collection settings). Running it
-    again is safe: points already there are skipped, so an interrupted run resumes. Stop the daemon first (it
-    holds the embedded store); afterwards, start it on the server (the output says how).
+    From the embedded store (--to): every collection under <state-dir>/qdrant is copied with its points' ids,
+    vectors and payloads into the server, in the configured layout (qdrant_tenancy) or --tenancy.
+    Between layouts (--from): the collections of the daemon whose state dir this is move from one layout to the
+    other (collections: a Qdrant collection each; shared: tenants of shared collections).
+    Each collection is counted on both sides afterwards; the command exits 1 when a count differs. Running it
+    again is safe: points already there are skipped, so an interrupted run resumes. Stop the daemon first; then
+    start it on the server in the new layout (the output says how).
 
     \b
-    Example:
+    Examples:
       qmd-indexer migrate --to http://127.0.0.1:6333
+      qmd-indexer migrate --from http://127.0.0.1:6333 --tenancy shared --drop-source
     """
     settings = settings_from(config, None, None, state_dir, None)
     configure_logging(settings.log_format, settings.log_level)
-    from dataclasses import replace
-
     from indexer.errors import CollectionMismatch, StoreLocked, StoreUnavailable
+    from indexer.migrate import drop_sources, open_stores
     from indexer.migrate import migrate as copy_store
-    from indexer.rebuild import recorded_identity
-    from indexer.store import EdgeStore, ServerOptions, ServerStore
 
-    root = settings.state_dir / "qdrant"
-    if not root.is_dir():
-        fail(f"no embedded store under {settings.state_dir} (nothing to migrate); pass --state-dir")
-    try:  # shared tenancy: the model's shared collections, named by the identity the collections were built with
-        options = replace(ServerOptions.from_settings(settings), space=recorded_identity(settings.state_dir))
+    if not url and not source_url:
+        fail("pass --to URL (from the embedded store) or --from URL (between layouts)", EXIT_USAGE)
+    if drop_source and not source_url:
+        fail("--drop-source needs --from (the embedded store is left for you to remove)", EXIT_USAGE)
+    to_url = url or str(source_url)
+    try:
+        source, target, names = open_stores(settings, to_url, source_url or "", tenancy, from_tenancy,
+                                            api_key or "")
     except ValueError as exc:
         fail(str(exc))
-    source = EdgeStore(root)
-    target = ServerStore(url, api_key or settings.qdrant_api_key, options)
+    except StoreLocked as exc:
+        fail(f"{exc}. Stop the daemon, then migrate.")
     try:
-        results = copy_store(source, target)
+        results = copy_store(source, target, names=names)
+        dropped = drop_sources(source, results) if drop_source else []
     except StoreLocked as exc:
         fail(f"{exc}. Stop the daemon, then migrate.")
     except (StoreUnavailable, CollectionMismatch) as exc:
@@ -227,13 +240,18 @@ def migrate(url: str, api_key: str | None, state_dir: Path | None, config: Path 
     finally:
         source.close()
         target.close()
+    layout = tenancy or settings.qdrant_tenancy
     for r in results:
         click.echo(f"{r.collection:<40} {r.points:>8} points  ({r.copied} copied, {r.skipped} already there, "
-                   f"{r.files_removed} stale files removed)")
-    click.echo(f"Copied {len(results)} collections to {url}. Start the daemon on the server with\n"
-               f"  qmd-indexer run --qdrant-url {url} ...\n"
-               f"or set qdrant_url = \"{url}\" in the config file (environment: QMD_INDEXER_QDRANT_URL). Nothing is "
-               f"embedded again; {root} is no longer used and can be removed once you are satisfied.")
+                   f"{r.files_removed} stale files removed; {r.in_target} in the target"
+                   f"{'' if r.verified else ': COUNTS DIFFER'}{', source dropped' if r.collection in dropped else ''})")
+    if not all(r.verified for r in results):
+        fail("some counts differ (was the daemon running?): run the same command again")
+    click.echo(f"Copied {len(results)} collections to {to_url} ({layout} layout), every count verified. Start the "
+               f"daemon on it with\n  qmd-indexer run --qdrant-url {to_url} ...\nwith qdrant_tenancy = \"{layout}\" "
+               f"(environment: QMD_INDEXER_QDRANT_URL, QMD_INDEXER_QDRANT_TENANCY). Nothing is embedded again."
+               + ("" if source_url else f" {settings.state_dir / 'qdrant'} is no longer used and can be removed once "
+                                         f"you are satisfied."))
 
 
 def _served_agent(config: Path | None, workspace: Path) -> str | None:

@@ -1,22 +1,30 @@
-"""Moving from the embedded store to a Qdrant server without embedding anything again.
+"""Moving an index between stores and layouts without embedding anything again.
 
-``migrate(source, target)`` copies every collection of ``source`` (Qdrant Edge under ``<state_dir>/qdrant``) into
-``target`` under the same name: each point with its id, dense and sparse vectors and payload, read page by page
-(``Store.scroll_points``). It is idempotent and resumable: point ids are deterministic (``indexer.points.point_id``),
-so copying a point again overwrites it with itself, and a point the target already holds at the same content hash is
-not sent again, so a run stopped half way (Ctrl-C, a network failure) continues where it stopped. Files the target
-holds that the source no longer has (or holds at another content hash, from an earlier run) are removed from the
-target, so it ends equal to the source.
+``migrate(source, target)`` copies every collection of ``source`` into ``target`` under the same name: from the
+embedded store (Qdrant Edge under ``<state_dir>/qdrant``) to a Qdrant server, or on a server from one tenancy layout
+to the other (``collections``: a Qdrant collection per logical collection; ``shared``: tenants of shared
+collections). The store layer hides the layout, so the copy is the same in every case: each point with its id, dense
+and sparse vectors and payload, read page by page (``Store.scroll_points``). It is idempotent and resumable: point
+ids are deterministic (``indexer.points.point_id``), so copying a point again overwrites it with itself, and a point
+the target already holds at the same content hash is not sent again, so a run stopped half way (Ctrl-C, a network
+failure) continues where it stopped. Files the target holds that the source no longer has (or holds at another
+content hash, from an earlier run) are removed from the target, so it ends equal to the source. Each collection is
+then counted in the target: ``Migrated.verified`` says the counts agree, and only then may ``drop_sources`` delete
+it from the source.
 
 The embedded store can be opened by one process only: while a daemon runs on it, opening it raises
-``StoreLocked``; stop the daemon first.
+``StoreLocked``; stop the daemon first. ``open_stores`` builds both ends for ``qmd-indexer migrate``: a server source
+is limited to the collections the state dir's daemon recorded (``collection-identity.json``), and the state dir's
+lock is taken, so its daemon cannot write while they move.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 from indexer.points import Point
 from indexer.store.base import SCROLL_PAGE, Store
@@ -25,24 +33,34 @@ from indexer.store.base import SCROLL_PAGE, Store
 @dataclass(frozen=True, slots=True)
 class Migrated:
     """One collection's migration: ``points`` in the source, ``copied`` sent this run, ``skipped`` already in the
-    target at the same content hash, ``files_removed`` files whose stale points were deleted from the target."""
+    target at the same content hash, ``files_removed`` files whose stale points were deleted from the target,
+    ``in_target`` the target's exact count afterwards."""
 
     collection: str
     points: int
     copied: int
     skipped: int
     files_removed: int
+    in_target: int
+
+    @property
+    def verified(self) -> bool:
+        """Whether the target holds as many points of the collection as the source."""
+        return self.in_target == self.points
 
 
 def migrate(source: Store, target: Store, page: int = SCROLL_PAGE,
-            progress: Callable[[str, int], None] | None = None) -> list[Migrated]:
-    """Copy every collection of ``source`` into ``target`` (created there with the same vectors if missing); see
-    the module docstring. ``page`` is the number of points read and upserted at a time; ``progress(collection,
-    points_done)`` is called after each page. Raises ``StoreLocked`` when the embedded source is held by a daemon,
-    ``StoreUnavailable`` when the target cannot be reached (run it again: it resumes), ``CollectionMismatch`` when
-    a target collection has other vector sizes."""
+            progress: Callable[[str, int], None] | None = None,
+            names: Collection[str] | None = None) -> list[Migrated]:
+    """Copy every collection of ``source`` (only those in ``names``, if given) into ``target`` (created there with
+    the same vectors if missing); see the module docstring. ``page`` is the number of points read and upserted at a
+    time; ``progress(collection, points_done)`` is called after each page. Raises ``StoreLocked`` when the embedded
+    source is held by a daemon, ``StoreUnavailable`` when the target cannot be reached (run it again: it resumes),
+    ``CollectionMismatch`` when a target collection has other vector sizes."""
     done = []
     for name, dense in source.collections().items():
+        if names is not None and name not in names:
+            continue
         target.ensure_collection(name, dense)
         held = {(p.abs_path, p.chunk_index): p.file_hash
                 for p in target.scroll(name, ["abs_path", "chunk_index", "file_hash"])}
@@ -76,5 +94,53 @@ def migrate(source: Store, target: Store, page: int = SCROLL_PAGE,
             elif len(wanted) == 1 and not hashes <= wanted:  # an older version copied by an earlier run
                 target.replace_file(name, abs_path, next(iter(wanted)), [])
                 removed += 1
-        done.append(Migrated(name, points, copied, points - copied, removed))
+        done.append(Migrated(name, points, copied, points - copied, removed, target.count(name)))
     return done
+
+
+def drop_sources(source: Store, results: list[Migrated]) -> list[str]:
+    """Delete from ``source`` each collection of ``results`` whose copy was verified (``Store.drop``: a Qdrant
+    collection, or a tenant's points of a shared one); returns the names dropped. One not verified is kept."""
+    dropped = []
+    for r in results:
+        if r.verified:
+            source.drop(r.collection)
+            dropped.append(r.collection)
+    return dropped
+
+
+def open_stores(settings: Any, to_url: str, from_url: str = "", tenancy: str | None = None,
+                from_tenancy: str | None = None, api_key: str = "") -> tuple[Store, Store, list[str] | None]:
+    """The ``(source, target, names)`` of a ``qmd-indexer migrate`` with ``settings`` (``indexer.config.Settings``):
+    the embedded store under ``settings.state_dir`` (``from_url`` empty; ``names`` ``None``: all of it), or the server
+    at ``from_url`` in layout ``from_tenancy`` (default: the other layout when it is the target server, else the
+    configured one) with ``names`` the collections the state dir recorded; the target, the server at ``to_url`` in
+    layout ``tenancy`` (default: the configured one). Shared collections are named by the model identity the state
+    dir recorded. Raises ``ValueError`` for a state dir without what is asked (no embedded store, no recorded
+    collections, several models), ``StoreLocked`` when its daemon runs."""
+    from indexer.rebuild import hold_state_lock, recorded_collections, recorded_identity
+    from indexer.store import EdgeStore, ServerOptions, ServerStore
+
+    state_dir: Path = settings.state_dir
+    tenancy = tenancy or settings.qdrant_tenancy
+    options = replace(ServerOptions.from_settings(settings), space=recorded_identity(state_dir))
+    key = api_key or settings.qdrant_api_key
+    if not from_url:
+        if not (state_dir / "qdrant").is_dir():
+            raise ValueError(f"no embedded store under {state_dir} (nothing to migrate); pass --state-dir")
+        source: Store = EdgeStore(state_dir / "qdrant")
+        names = None
+    else:
+        names = recorded_collections(state_dir)
+        if not names:
+            raise ValueError(f"{state_dir} records no collections: pass the --state-dir of the daemon whose "
+                             f"collections to move")
+        hold_state_lock(state_dir)  # its daemon stopped, and it stays so while the points move
+        if from_tenancy is None:
+            from_tenancy = ({"collections": "shared", "shared": "collections"}[tenancy] if from_url == to_url
+                            else settings.qdrant_tenancy)
+        if from_url == to_url and from_tenancy == tenancy:
+            raise ValueError(f"--from and --to are the same server in the same layout ({tenancy}): nothing to move")
+        source = ServerStore(from_url, key, replace(options, tenancy=from_tenancy))
+    return source, ServerStore(to_url, key, replace(options, tenancy=tenancy)), names
+

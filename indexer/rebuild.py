@@ -109,6 +109,11 @@ def _read_identities(state_dir: Path) -> dict[str, str]:
     return record
 
 
+def recorded_collections(state_dir: Path) -> list[str]:
+    """The collections whose model identity ``state_dir`` records (the daemon's collections), sorted."""
+    return sorted(_read_identities(state_dir))
+
+
 def recorded_identities(state_dir: Path) -> list[str]:
     """The model identities recorded for the collections under ``state_dir``, sorted, each once."""
     return sorted(set(_read_identities(state_dir).values()))

@@ -354,3 +354,102 @@ def test_daemon_model_change_rebuilds_its_tenants_into_the_new_models_collection
     finally:
         second.close()
         drop_all_collections(qdrant_server.url)
+
+
+def _migrate_cli(tmp_path: Path, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from indexer.cli import main
+
+    (tmp_path / "none.toml").write_text("")
+    return CliRunner().invoke(main, ["migrate", *args], env={"QMD_INDEXER_CONFIG": str(tmp_path / "none.toml")})
+
+
+def test_migrate_between_layouts_resumes_verifies_counts_and_the_daemon_embeds_nothing(
+        workspace: Path, tmp_path: Path, make_indexer, qdrant_server: Any) -> None:
+    from conftest import assert_same_points
+    from qdrant.fixtures import drop_all_collections
+
+    from indexer.migrate import migrate, open_stores
+
+    url = qdrant_server.url
+    daemon = make_indexer([{"agent": "main", "path": workspace}], qdrant_url=url)  # the "collections" layout
+    state = daemon.settings.state_dir
+    other = ServerStore(url)  # another daemon's agent on the same server: never touched
+    try:
+        index_once(daemon)
+        names = sorted(c.name for c in daemon.collections)
+        before = {name: daemon.store.count(name) for name in names}
+        other.ensure_collection("memory-dir-other", {"text": 2})
+        other.upsert("memory-dir-other", [_point("memory-dir-other", "other", "/o/memory/a.md", 0, "h", [1, 0], 1)])
+        daemon.store.close()  # the daemon stops
+
+        class Stop(Exception):
+            pass
+
+        def stop(collection: str, done: int) -> None:
+            raise Stop
+
+        with pytest.raises(Stop):  # interrupted after its first page, as by Ctrl-C
+            source, target, recorded = open_stores(daemon.settings, url, url, "shared")
+            try:
+                migrate(source, target, page=2, progress=stop, names=recorded)
+            finally:
+                source.close()
+                target.close()
+        moved = _migrate_cli(tmp_path, "--from", url, "--tenancy", "shared", "--state-dir", str(state))
+        assert moved.exit_code == 0, moved.output
+        assert "already there" in moved.output and "COUNTS DIFFER" not in moved.output
+        assert 'qdrant_tenancy = "shared"' in moved.output
+        source, target, _ = open_stores(daemon.settings, url, url, "shared")
+        assert assert_same_points(target, source, names) == sum(before.values())
+        source.close()
+        target.close()
+        dropped = _migrate_cli(tmp_path, "--from", url, "--tenancy", "shared", "--drop-source", "--state-dir",
+                               str(state))
+        assert dropped.exit_code == 0 and dropped.output.count("source dropped") == len(names), dropped.output
+        physical = {c.name for c in other.client.get_collections().collections}
+        assert not physical & set(names) and "memory-dir-other" in physical
+        assert any(p.startswith(SHARED) for p in physical)
+
+        on_shared = make_indexer([{"agent": "main", "path": workspace}], qdrant_url=url, qdrant_tenancy="shared")
+        assert {name: on_shared.store.count(name) for name in names} == before
+        status = index_once(on_shared)
+        assert status["chunks_embedded"] == 0 and status["cache_hits"] == 0, "every file was already there"
+        on_shared.store.close()
+
+        back = _migrate_cli(tmp_path, "--from", url, "--tenancy", "collections", "--drop-source", "--state-dir",
+                            str(state))
+        assert back.exit_code == 0, back.output
+        assert {name: other.count(name) for name in names} == before
+        assert other.count("memory-dir-other") == 1
+        for p in (c.name for c in other.client.get_collections().collections if c.name.startswith(SHARED)):
+            assert other.client.count(p).count == 0, "the tenants were deleted from the shared collections"
+    finally:
+        other.close()
+        drop_all_collections(url)
+
+
+def test_migrate_between_layouts_is_refused_while_the_daemon_runs(tmp_path: Path, qdrant_server: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from indexer.rebuild import record_identity
+
+    state = tmp_path / "state"
+    state.mkdir()
+    record_identity(state, ["memory-root-main"], "text=model#1; chunking=4")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
+                               "from indexer.rebuild import hold_state_lock; hold_state_lock(Path(sys.argv[1])); "
+                               "print('held', flush=True); sys.stdin.read()", str(state)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert any(line.strip() == "held" for line in iter(holder.stdout.readline, "")), "its stand-in holds the lock"
+        refused = subprocess.run([sys.executable, "-m", "indexer.cli", "migrate", "--from", qdrant_server.url,
+                                  "--tenancy", "shared", "--state-dir", str(state)], capture_output=True, text=True,
+                                 timeout=120, env={**os.environ, "QMD_INDEXER_CONFIG": "/dev/null"})
+        assert refused.returncode == 1 and "Stop the daemon" in refused.stderr, refused.stderr
+    finally:
+        holder.communicate("")
