@@ -130,12 +130,17 @@ def recorded_identity(state_dir: Path) -> str:
     return identities[0] if identities else ""
 
 
-def record_identity(state_dir: Path, names: Iterable[str], identity: str) -> None:
+def record_identity(state_dir: Path, names: Iterable[str], identity: str | None) -> None:
     """Record ``identity`` for the collections ``names`` in ``<state_dir>/collection-identity.json`` (the others
-    keep theirs); written beside and renamed over, so a crash leaves the old record or the new one."""
+    keep theirs; ``None``: forget them, dropped collections); written beside and renamed over, so a crash leaves the
+    old record or the new one."""
     path = state_dir / IDENTITY_FILE
     record = _read_identities(state_dir)
-    record.update({name: identity for name in names})
+    for name in names:
+        if identity is None:
+            record.pop(name, None)
+        else:
+            record[name] = identity
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
     tmp.replace(path)

@@ -6,10 +6,12 @@ that sends ``RELOADING=1`` and wakes the worker, which calls ``Reloader.apply`` 
 
 - Live (``LIVE``): the workspaces, and ``default_agent`` that names one of them. A new workspace gets its
   collections (created, identity recorded), is watched and indexed; a removed one stops being watched and
-  searched at once. Its points stay in the store: a signal never deletes data, a workspace dropped by a typo
-  comes back by fixing the file and reloading (its points are still there, so nothing is embedded again), and
-  ``qmd-indexer status`` lists only configured collections. A workspace whose path or extra paths changed is
-  re-planned: files no longer under its roots lose their points at the scan that follows, as at a restart.
+  searched at once, and its collections are dropped (``Store.drop``: its Qdrant collections, or with shared tenancy
+  its points alone; one ``collections_dropped`` line). The embedding cache keeps their vectors, so a workspace
+  dropped by a typo comes back by fixing the file and reloading with nothing embedded again. A store that cannot be
+  reached then leaves them (one ``store_unavailable`` line; a later reload or ``Store.drop`` removes them). A
+  workspace whose path or extra paths changed is re-planned: files no longer under its roots lose their points at
+  the scan that follows, as at a restart, and a collection it no longer has (an extra path removed) is dropped.
 - Everything else (``port``, ``host``, ``state_dir``, ``model``, ``token``, the Qdrant and search settings...)
   is read once at start: a difference is logged once as ``config_reload_needs_restart`` naming the keys, and the
   running values are kept.
@@ -35,6 +37,7 @@ import structlog
 from indexer.config import Settings
 from indexer.errors import CollectionMismatch, ConfigError, StoreUnavailable
 from indexer.plugins import Registry, load_registry, plugin_configs
+from indexer.rebuild import record_identity
 from indexer.state import Plan
 from indexer.workspace import overlaps
 
@@ -89,7 +92,8 @@ class Reloader:
         plan = Plan.of(old.model_copy(update={key: getattr(new, key) for key in LIVE}))
         before_agents = {w.agent: w for w in old.workspace}
         after_agents = {w.agent: w for w in plan.settings.workspace}
-        changed = plan.collections != indexer.collections
+        before = indexer.collections
+        changed = plan.collections != before
         if changed:
             try:  # creates the new collections, records their identity, reads what is indexed, then swaps the plan
                 indexer.connect(plan)
@@ -97,6 +101,7 @@ class Reloader:
                 return self._failed(str(exc))
             for overlap in overlaps(plan.collections):
                 log.warning("workspaces_overlap", detail=overlap)
+            self._drop({c.name for c in before} - {c.name for c in plan.collections})
         else:
             indexer.state.swap_plan(plan)  # the same collections: readers see the old plan or the new one, whole
         log.info("config_reloaded", added=sorted(after_agents.keys() - before_agents.keys()),
@@ -110,6 +115,19 @@ class Reloader:
             except StoreUnavailable as exc:
                 log.error("store_unavailable", error=str(exc))
         return changed
+
+    def _drop(self, names: set[str]) -> None:
+        """Drop the collections ``names`` (no longer configured) from the store and the identity record."""
+        if not names:
+            return
+        try:
+            for name in sorted(names):
+                self.indexer.store.drop(name)
+        except StoreUnavailable as exc:
+            log.error("store_unavailable", error=str(exc), action="kept the removed collections")
+            return
+        record_identity(self.indexer.settings.state_dir, names, None)
+        log.info("collections_dropped", collections=sorted(names), reason="no longer configured")
 
     def _plugins(self, settings: Settings) -> Registry:
         """The installed plugins read again, with the running ``settings``' plugin options (``load_registry`` with

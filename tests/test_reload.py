@@ -123,9 +123,11 @@ def test_sighup_applies_workspace_changes_and_keeps_the_old_config_when_broken(
     reload_pairs = [m.split("\n")[0] for m in seen if m.startswith(("RELOADING=1", "READY=1"))]
     assert reload_pairs == ["READY=1"] + ["RELOADING=1", "READY=1"] * 3, seen
     assert "Traceback" not in log.read_text()
-    store = open_store(tmp_path / "state")  # the daemon is gone: the removed workspace's points were kept
+    [dropped] = _events(log, "collections_dropped")
+    assert dropped["collections"] == ["memory-dir-notes", "memory-root-notes"]
+    store = open_store(tmp_path / "state")  # the daemon is gone: the removed workspace's collections went with it
     try:
-        assert store.count("memory-root-notes") == 1 and store.count("memory-dir-notes") == 1
+        assert set(store.collections()) == {"memory-root-main", "memory-dir-main"}
     finally:
         store.close()
 

@@ -453,3 +453,34 @@ def test_migrate_between_layouts_is_refused_while_the_daemon_runs(tmp_path: Path
         assert refused.returncode == 1 and "Stop the daemon" in refused.stderr, refused.stderr
     finally:
         holder.communicate("")
+
+
+def test_a_reload_that_removes_an_agent_deletes_its_points_only_and_re_adding_embeds_nothing(
+        tmp_path: Path, make_indexer, qdrant_server: Any) -> None:
+    from qdrant.fixtures import drop_all_collections
+
+    from indexer.reload import Reloader
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    for ws, fact in ((one, "keeps bees"), (two, "keeps goats")):
+        write(ws / "MEMORY.md", f"# Memory\n\nThis agent {fact}.\n")
+        write(ws / "memory" / "log.md", f"# Log\n\nToday the agent {fact} again.\n")
+    both = [{"agent": "one", "path": one}, {"agent": "two", "path": two}]
+    daemon = make_indexer(both, qdrant_url=qdrant_server.url, qdrant_tenancy="shared")
+    try:
+        first = index_once(daemon)
+        settings = daemon.settings
+        assert {c.name: daemon.store.count(c.name) for c in daemon.collections} == {
+            "memory-root-one": 1, "memory-dir-one": 1, "memory-root-two": 1, "memory-dir-two": 1}
+        only_one = settings.model_copy(update={"workspace": settings.workspace[:1]})
+        assert Reloader(daemon, lambda: only_one).apply()
+        assert daemon.store.count("memory-root-two") == daemon.store.count("memory-dir-two") == 0
+        assert daemon.store.count("memory-root-one") == daemon.store.count("memory-dir-one") == 1
+        assert set(daemon.store.collections()) == {"memory-root-one", "memory-dir-one"}
+        assert Reloader(daemon, lambda: settings).apply()  # the typo fixed: two comes back from the cache
+        status = index_once(daemon)  # counts since start: nothing embedded since the first index, two cache hits
+        assert (status["chunks_embedded"], status["cache_hits"]) == (first["chunks_embedded"], first["cache_hits"] + 2)
+        assert daemon.store.count("memory-root-two") == daemon.store.count("memory-dir-two") == 1
+    finally:
+        daemon.store.close()
+        drop_all_collections(qdrant_server.url)
