@@ -36,20 +36,23 @@ LABELS = {"extra_path_missing": "extra path missing", "extra_path_overlaps": "ex
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One thing ``doctor`` reports about ``agent``'s ``path``: ``kind`` (a key of ``LABELS``), a ``detail``, and
-    whether it is a ``problem`` (the exit status says so) or information."""
+    whether it is a ``problem`` (the exit status says so) or information. The store's findings name a Qdrant
+    collection (a str) or the server's URL as ``path``; ``""`` for the agent or the path: none concerned."""
 
     agent: str
     kind: str
-    path: Path
+    path: Path | str
     detail: str
     problem: bool = True
 
     def line(self) -> str:
-        """``<agent>: <label>: <path> (<detail>)``; an overlap names what it overlaps in the label."""
+        """``<agent>: <label>: <path> (<detail>)``, without ``<agent>: `` when there is no agent and as
+        ``<label>: <detail>`` without a path; an overlap names what it overlaps in the label."""
         label = LABELS[self.kind]
         if self.kind == "extra_path_overlaps":
             label += " " + self.detail.split(":")[0].removeprefix("overlaps ")
-        return f"{self.agent}: {label}: {self.path} ({self.detail})"
+        line = f"{label}: {self.path} ({self.detail})" if str(self.path) else f"{label}: {self.detail}"
+        return f"{self.agent}: {line}" if self.agent else line
 
 
 def findings(workspaces: list[Workspace]) -> list[Finding]:
