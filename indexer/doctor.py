@@ -13,6 +13,7 @@ heading that names its origin. Nothing is lost: the legacy text is archived befo
 ``findings`` reports, per agent, a missing extra path, an extra path overlapping ``memory/`` (or an earlier extra
 path), a directory under a memory root that cannot be listed, the inotify watch limit used up (the daemon polls
 then), and, for information only, each root that is polled and why (the ``watch`` setting, or its file system).
+With ``qdrant_url`` set, ``indexer.doctor_store`` adds what it finds on the Qdrant server, as ``Finding``s too.
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ from indexer.workspace import REPAIR_DIR, path_problems, plan_collections, root_
 
 LABELS = {"extra_path_missing": "extra path missing", "extra_path_overlaps": "extra path overlaps",
           "unreadable_directory": "unreadable directory", "watch_limit_reached": "inotify watch limit reached",
-          "polled": "polled"}
+          "polled": "polled",
+          # the Qdrant server's (``indexer.doctor_store``)
+          "qdrant_layout": "qdrant layout", "qdrant_unreachable": "qdrant unreachable", "stored": "stored",
+          "other_layout": "other layout", "rebuild_staging": "rebuild staging", "former_model": "former model",
+          "other_model": "other model", "shared_not_per_tenant": "shared collection not per tenant",
+          "model_unknown": "model unknown"}
 
 
 @dataclass(frozen=True, slots=True)
