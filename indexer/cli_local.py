@@ -282,10 +282,19 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
     missing or overlapping memory/ and directories that cannot be listed, and list the roots
     that are polled rather than watched, and why.
 
+    With qdrant_url set, also check the server (read only) for the config's
+    collections: the layout, and which Qdrant collection holds each one's points,
+    how many. Problems: the server unreachable; points only in the layout
+    qdrant_tenancy does not name (the hint names the migrate command); a shared
+    collection of this model without the is_tenant index or per-tenant HNSW.
+    Information: points a rebuild left in staging; tenants still in a former
+    model's shared collection.
+
     \b
     Only MEMORY.md is indexed; --fix moves memory.md to
     .openclaw-repair/root-memory/<UTC time>/memory.md and, when its text differs,
     appends it to MEMORY.md under a heading naming the archive. Nothing is lost.
+    --fix never touches the Qdrant server.
     Exit status: 0 healthy (or repaired), 1 a problem found and not fixed.
 
     \b
@@ -304,6 +313,11 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
     for overlap in overlaps(plan_collections(settings.workspace)):
         click.echo(f"warning: overlapping workspaces: {overlap}")
     found = findings(list(settings.workspace))
+    if settings.qdrant_url:  # the server's layout: read, never written (nor by --fix)
+        from indexer.doctor_store import store_findings
+
+        configure_logging(settings.log_format, "error")
+        found += store_findings(settings)
     for finding in found:
         problems += finding.problem
         click.echo(finding.line())

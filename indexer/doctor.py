@@ -13,6 +13,7 @@ heading that names its origin. Nothing is lost: the legacy text is archived befo
 ``findings`` reports, per agent, a missing extra path, an extra path overlapping ``memory/`` (or an earlier extra
 path), a directory under a memory root that cannot be listed, the inotify watch limit used up (the daemon polls
 then), and, for information only, each root that is polled and why (the ``watch`` setting, or its file system).
+With ``qdrant_url`` set, ``indexer.doctor_store`` adds what it finds on the Qdrant server, as ``Finding``s too.
 """
 
 from __future__ import annotations
@@ -30,26 +31,34 @@ from indexer.workspace import REPAIR_DIR, path_problems, plan_collections, root_
 
 LABELS = {"extra_path_missing": "extra path missing", "extra_path_overlaps": "extra path overlaps",
           "unreadable_directory": "unreadable directory", "watch_limit_reached": "inotify watch limit reached",
-          "polled": "polled"}
+          "polled": "polled",
+          # the Qdrant server's (``indexer.doctor_store``)
+          "qdrant_layout": "qdrant layout", "qdrant_unreachable": "qdrant unreachable", "stored": "stored",
+          "other_layout": "other layout", "rebuild_staging": "rebuild staging", "former_model": "former model",
+          "other_model": "other model", "shared_not_per_tenant": "shared collection not per tenant",
+          "model_unknown": "model unknown"}
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One thing ``doctor`` reports about ``agent``'s ``path``: ``kind`` (a key of ``LABELS``), a ``detail``, and
-    whether it is a ``problem`` (the exit status says so) or information."""
+    whether it is a ``problem`` (the exit status says so) or information. The store's findings name a Qdrant
+    collection (a str) or the server's URL as ``path``; ``""`` for the agent or the path: none concerned."""
 
     agent: str
     kind: str
-    path: Path
+    path: Path | str
     detail: str
     problem: bool = True
 
     def line(self) -> str:
-        """``<agent>: <label>: <path> (<detail>)``; an overlap names what it overlaps in the label."""
+        """``<agent>: <label>: <path> (<detail>)``, without ``<agent>: `` when there is no agent and as
+        ``<label>: <detail>`` without a path; an overlap names what it overlaps in the label."""
         label = LABELS[self.kind]
         if self.kind == "extra_path_overlaps":
             label += " " + self.detail.split(":")[0].removeprefix("overlaps ")
-        return f"{self.agent}: {label}: {self.path} ({self.detail})"
+        line = f"{label}: {self.path} ({self.detail})" if str(self.path) else f"{label}: {self.detail}"
+        return f"{self.agent}: {line}" if self.agent else line
 
 
 def findings(workspaces: list[Workspace]) -> list[Finding]:
