@@ -186,7 +186,8 @@ def index(config: Path | None, workspace: Path | None, agent: str | None, state_
 @click.option("--from", "source_url", help="Copy from this Qdrant server (the state dir's collections) instead of "
               "the embedded store.")
 @click.option("--tenancy", type=click.Choice(["collections", "shared"]),
-              help="Layout to write [default: the config's qdrant_tenancy].")
+              help="Layout to write [default: the config's qdrant_tenancy; from a server, shared when that is "
+              "auto].")
 @click.option("--from-tenancy", type=click.Choice(["collections", "shared"]),
               help="Layout of --from [default: the other one when --from is --to, else the config's].")
 @click.option("--drop-source", is_flag=True, help="Then delete from --from what was copied and verified.")
@@ -230,6 +231,8 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
         fail(str(exc))
     except StoreLocked as exc:
         fail(f"{exc}. Stop the daemon, then migrate.")
+    except StoreUnavailable as exc:
+        fail(str(exc))
     try:
         results = copy_store(source, target, names=names)
         dropped = drop_sources(source, results) if drop_source else []
@@ -240,7 +243,7 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
     finally:
         source.close()
         target.close()
-    layout = tenancy or settings.qdrant_tenancy
+    layout = target.tenancy
     for r in results:
         click.echo(f"{r.collection:<40} {r.points:>8} points  ({r.copied} copied, {r.skipped} already there, "
                    f"{r.files_removed} stale files removed; {r.in_target} in the target"

@@ -173,8 +173,9 @@ class Settings(BaseSettings):
     qdrant_on_disk_vectors: bool = False
     qdrant_quantization: Literal["none", "int8"] = "none"  # scalar int8 quantization of dense vectors (kept in RAM)
     # Qdrant server only: "collections" gives each agent's collections Qdrant collections of their own; "shared" makes
-    # them tenants of shared collections, one per kind and embedding model (docs/operations.md, "Many agents").
-    qdrant_tenancy: Literal["collections", "shared"] = "collections"
+    # them tenants of shared collections, one per kind and embedding model (docs/operations.md, "Many agents");
+    # "auto": "collections" where the server already holds these agents' collections so, else "shared".
+    qdrant_tenancy: Literal["auto", "collections", "shared"] = "auto"
     # Qdrant Edge: a collection of at least this many points that has no HNSW index gets one, built by a child
     # process on a copy and swapped in (see indexer.store.edge); below it, or with 0, searches scan exactly.
     edge_hnsw_min_points: int = Field(default=20_000, ge=0)

@@ -116,7 +116,7 @@ class Indexer:
                                    if w.multimodal.enabled})
         if store is None:
             options = ServerOptions.from_settings(settings)
-            if settings.qdrant_url and settings.qdrant_tenancy == "shared":
+            if settings.qdrant_url and options.tenancy != "collections":  # "auto" may settle on shared (connect)
                 # the shared collections of this model (a remote embedder's identity asks its server: only here)
                 space = model_identity(registry.embedders)
                 options = replace(options, space=space, former_spaces=tuple(
@@ -143,6 +143,7 @@ class Indexer:
         """
         state = self.state
         plan = plan or state.plan
+        self.store.settle([c.name for c in plan.collections])
         check_identity(plan.settings, [c.name for c in plan.collections], self.registry.embedders,
                        state.rebuild_requested)
         dims = self.pipeline.dense_dims()

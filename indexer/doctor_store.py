@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from indexer.config import Settings
 from indexer.doctor import Finding
+from indexer.errors import StoreUnavailable
 from indexer.rebuild import recorded_identities
 from indexer.store.base import REBUILD
 from indexer.store.tenancy import PAYLOAD_M, SHARED, STAGING, TENANT_KEY, shared_collection
@@ -85,6 +86,14 @@ def store_findings(settings: Settings) -> list[Finding]:
     from indexer.store import ServerOptions, ServerStore
 
     out: list[Finding] = []
+    collections = Plan.of(settings).collections
+    store = ServerStore(settings.qdrant_url, settings.qdrant_api_key, ServerOptions.from_settings(settings))
+    try:  # "auto" read as the daemon reads it at its first connect
+        store.settle([c.name for c in collections])
+    except StoreUnavailable as exc:
+        store.close()
+        return [Finding("", "qdrant_unreachable", shown(settings.qdrant_url), str(exc).splitlines()[0])]
+    settings = settings.model_copy(update={"qdrant_tenancy": store.tenancy})
     spaces = Spaces(None)
     if settings.qdrant_tenancy == "shared":
         try:
@@ -94,8 +103,6 @@ def store_findings(settings: Settings) -> list[Finding]:
                                "collections cannot be named, so they are not checked"))
         else:
             spaces = Spaces(current, tuple(s for s in recorded_identities(settings.state_dir) if s != current))
-    collections = Plan.of(settings).collections
-    store = ServerStore(settings.qdrant_url, settings.qdrant_api_key, ServerOptions.from_settings(settings))
     try:
         out += _checks(store.client, settings, collections, spaces)
     except _unreachable() as exc:

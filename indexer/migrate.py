@@ -28,6 +28,7 @@ from typing import Any
 
 from indexer.points import Point
 from indexer.store.base import SCROLL_PAGE, Store
+from indexer.store.server import ServerStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,37 +111,42 @@ def drop_sources(source: Store, results: list[Migrated]) -> list[str]:
 
 
 def open_stores(settings: Any, to_url: str, from_url: str = "", tenancy: str | None = None,
-                from_tenancy: str | None = None, api_key: str = "") -> tuple[Store, Store, list[str] | None]:
+                from_tenancy: str | None = None, api_key: str = "") -> tuple[Store, ServerStore, list[str] | None]:
     """The ``(source, target, names)`` of a ``qmd-indexer migrate`` with ``settings`` (``indexer.config.Settings``):
     the embedded store under ``settings.state_dir`` (``from_url`` empty; ``names`` ``None``: all of it), or the server
     at ``from_url`` in layout ``from_tenancy`` (default: the other layout when it is the target server, else the
     configured one) with ``names`` the collections the state dir recorded; the target, the server at ``to_url`` in
-    layout ``tenancy`` (default: the configured one). Shared collections are named by the model identity the state
-    dir recorded. Raises ``ValueError`` for a state dir without what is asked (no embedded store, no recorded
-    collections, several models), ``StoreLocked`` when its daemon runs."""
+    layout ``tenancy`` (default: the configured one; ``"shared"`` from a server when that is ``"auto"``). A layout
+    ``"auto"`` is settled as the daemon settles it (``TenantStore.settle``). Shared collections are named by the
+    model identity the state dir recorded. Raises ``ValueError`` for a state dir without what is asked (no embedded
+    store, no recorded collections, several models), ``StoreLocked`` when its daemon runs, ``StoreUnavailable``."""
     from indexer.rebuild import hold_state_lock, recorded_collections, recorded_identity
-    from indexer.store import EdgeStore, ServerOptions, ServerStore
+    from indexer.store import EdgeStore, ServerOptions
 
     state_dir: Path = settings.state_dir
-    tenancy = tenancy or settings.qdrant_tenancy
     options = replace(ServerOptions.from_settings(settings), space=recorded_identity(state_dir))
     key = api_key or settings.qdrant_api_key
+    recorded = recorded_collections(state_dir)
     if not from_url:
         if not (state_dir / "qdrant").is_dir():
             raise ValueError(f"no embedded store under {state_dir} (nothing to migrate); pass --state-dir")
         source: Store = EdgeStore(state_dir / "qdrant")
         names = None
+        tenancy = tenancy or settings.qdrant_tenancy
     else:
-        names = recorded_collections(state_dir)
-        if not names:
+        if not recorded:
             raise ValueError(f"{state_dir} records no collections: pass the --state-dir of the daemon whose "
                              f"collections to move")
-        hold_state_lock(state_dir)  # its daemon stopped, and it stays so while the points move
+        names = recorded
+        tenancy = tenancy or (settings.qdrant_tenancy if settings.qdrant_tenancy != "auto" else "shared")
         if from_tenancy is None:
             from_tenancy = ({"collections": "shared", "shared": "collections"}[tenancy] if from_url == to_url
                             else settings.qdrant_tenancy)
         if from_url == to_url and from_tenancy == tenancy:
             raise ValueError(f"--from and --to are the same server in the same layout ({tenancy}): nothing to move")
+        hold_state_lock(state_dir)  # its daemon stopped, and it stays so while the points move
         source = ServerStore(from_url, key, replace(options, tenancy=from_tenancy))
-    return source, ServerStore(to_url, key, replace(options, tenancy=tenancy)), names
-
+        source.settle(recorded)
+    target = ServerStore(to_url, key, replace(options, tenancy=tenancy))
+    target.settle(recorded or list(source.collections()))
+    return source, target, names

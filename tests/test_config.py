@@ -73,7 +73,7 @@ def test_server_settings_reach_the_store_options(tmp_path: Path, monkeypatch: py
     options = ServerOptions.from_settings(load_settings(config))
     assert options == ServerOptions(prefer_grpc=True, max_request_bytes=int(1.5 * 1024 * 1024), shard_number=3,
                                     replication_factor=2, write_consistency_factor=2, on_disk_vectors=True,
-                                    quantization="int8")
+                                    quantization="int8", tenancy="auto")
 
 
 def test_bm25_settings_shape_the_keyword_terms(tmp_path: Path) -> None:

@@ -104,7 +104,8 @@ def test_migrate_command_refuses_while_a_daemon_holds_the_store_then_copies(tmp_
     daemon = EdgeStore(state / "qdrant")  # a running daemon holds the embedded store
     daemon.ensure_collection("memory-root-main", {"text": 8})
     daemon.replace_file("memory-root-main", "/w/MEMORY.md", "h", _file("memory-root-main", "/w/MEMORY.md", 2, "h"))
-    command = [sys.executable, "-m", "indexer.cli", "migrate", "--to", server.url, "--state-dir", str(state)]
+    command = [sys.executable, "-m", "indexer.cli", "migrate", "--to", server.url, "--state-dir", str(state),
+               "--tenancy", "collections"]
     env = {**os.environ, "QMD_INDEXER_LOG_FORMAT": "json", "QMD_INDEXER_CONFIG": str(tmp_path / "none.toml")}
     (tmp_path / "none.toml").write_text("")
     refused = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)

@@ -373,7 +373,7 @@ def test_migrate_between_layouts_resumes_verifies_counts_and_the_daemon_embeds_n
     from indexer.migrate import migrate, open_stores
 
     url = qdrant_server.url
-    daemon = make_indexer([{"agent": "main", "path": workspace}], qdrant_url=url)  # the "collections" layout
+    daemon = make_indexer([{"agent": "main", "path": workspace}], qdrant_url=url, qdrant_tenancy="collections")
     state = daemon.settings.state_dir
     other = ServerStore(url)  # another daemon's agent on the same server: never touched
     try:
@@ -484,3 +484,39 @@ def test_a_reload_that_removes_an_agent_deletes_its_points_only_and_re_adding_em
     finally:
         daemon.store.close()
         drop_all_collections(qdrant_server.url)
+
+
+def test_auto_tenancy_is_shared_on_a_new_server_and_keeps_an_existing_servers_collections(
+        workspace: Path, tmp_path: Path, make_indexer, qdrant_server: Any) -> None:
+    """The default ``qdrant_tenancy = "auto"``: a daemon on a server that holds none of its collections writes
+    shared ones; one whose agents already have Qdrant collections of their own (a deployment from before) keeps
+    them, embeds nothing and says how to migrate."""
+    from qdrant.fixtures import drop_all_collections
+    from structlog.testing import capture_logs
+
+    url = qdrant_server.url
+    try:
+        with capture_logs() as logs:
+            new = make_indexer([{"agent": "new", "path": workspace}], state_dir=tmp_path / "s1", qdrant_url=url)
+            index_once(new)
+        assert new.store.tenancy == "shared"
+        [settled] = [e for e in logs if e["event"] == "qdrant_tenancy_settled"]
+        assert settled["tenancy"] == "shared" and settled["hint"] is None
+        physical = {c.name for c in new.store.client.get_collections().collections}
+        assert physical and all(p.startswith(SHARED) for p in physical)
+        new.store.close()
+
+        old = make_indexer([{"agent": "old", "path": workspace}], state_dir=tmp_path / "s2", qdrant_url=url,
+                           qdrant_tenancy="collections")
+        first = index_once(old)
+        old.store.close()
+        with capture_logs() as logs:  # the upgraded daemon, on the default
+            again = make_indexer([{"agent": "old", "path": workspace}], state_dir=tmp_path / "s2", qdrant_url=url)
+            status = index_once(again)
+        assert again.store.tenancy == "collections"
+        [settled] = [e for e in logs if e["event"] == "qdrant_tenancy_settled"]
+        assert "memory-root-old" in settled["reason"] and "migrate" in settled["hint"]
+        assert status["chunks_embedded"] == 0 and first["chunks_embedded"] == 4
+        again.store.close()
+    finally:
+        drop_all_collections(url)

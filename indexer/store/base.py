@@ -16,7 +16,7 @@ interrupted rebuild or swap left behind.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +152,10 @@ class Store:
             self._alias_map = None
             if old != new:
                 self._drop(old)
+
+    def settle(self, names: Collection[str]) -> None:
+        """Settle what depends on the collections ``names`` a daemon serves before its first read or write: a
+        server's tenancy ``"auto"`` (``TenantStore.settle``); nothing for the embedded store."""
 
     def sweep(self, name: str) -> list[str]:
         """Drop the physical collections of ``name`` that nothing points at (an interrupted rebuild's

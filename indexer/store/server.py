@@ -56,7 +56,8 @@ class ServerOptions:
     write_consistency_factor: int | None = None
     on_disk_vectors: bool = False
     quantization: str = "none"  # "none" or "int8" (scalar)
-    tenancy: str = "collections"  # "collections" (one Qdrant collection per logical one) or "shared"
+    tenancy: str = "collections"  # "collections" (one Qdrant collection per logical one), "shared", or "auto"
+    # (settled by ``TenantStore.settle`` at the daemon's first connect)
     space: str = ""  # the embedders' identity (``rebuild.model_identity``): names the shared collections
     former_spaces: tuple[str, ...] = ()  # identities the collections were built with before (a model change)
 
@@ -115,9 +116,10 @@ class ServerStore(TenantStore):
         self._failing = False
         self._local = url == ":memory:"
         self.shared = self.options.tenancy == "shared"
+        self.auto = self.options.tenancy == "auto" and not self._local  # in-process: "collections"
         self._lives = {}
-        if self.options.tenancy not in ("collections", "shared"):
-            raise ValueError(f"tenancy must be 'collections' or 'shared', not {self.options.tenancy!r}")
+        if self.options.tenancy not in ("auto", "collections", "shared"):
+            raise ValueError(f"tenancy must be 'auto', 'collections' or 'shared', not {self.options.tenancy!r}")
         if self._local:
             self.client = QdrantClient(location=":memory:")
         else:

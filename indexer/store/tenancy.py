@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from indexer.errors import StoreUnavailable
 from indexer.store.base import REBUILD, SCROLL_PAGE, Store
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class TenantStore(Store):
     _m: Any
     options: ServerOptions
     shared: bool
+    auto: bool  # tenancy "auto" not settled yet (``settle``)
     # logical collection -> another model's shared collection that holds its live points, until a rebuild into this
     # model's is swapped in (``_find_live``)
     _lives: dict[str, str]
@@ -62,11 +64,42 @@ class TenantStore(Store):
         """The dense vectors (name -> size) of physical collection ``name``, ``None`` when it does not exist."""
         raise NotImplementedError
 
+    def settle(self, names: Collection[str]) -> None:
+        """Settle tenancy ``"auto"`` (the default) for the collections ``names`` (the daemon's, at its first
+        ``connect``): ``"collections"`` when the server already holds one of them as a Qdrant collection (or alias)
+        of its own, a deployment from before shared tenancy, kept as it is until ``qmd-indexer migrate`` moves it;
+        else ``"shared"`` (docs/operations.md, "Many agents", says why from measurements). One
+        ``qdrant_tenancy_settled`` line. A set tenancy, or one settled before, is kept. Raises ``StoreUnavailable``
+        when the server cannot be asked (the next ``connect`` asks again)."""
+        if not self.auto:
+            return
+        with self._lock:
+            self.auto = False
+            try:
+                held = sorted(set(Store.collections(self)) & set(names))
+            except BaseException:
+                self.auto = True
+                raise
+            self.shared = not held
+        log.info("qdrant_tenancy_settled", tenancy="shared" if self.shared else "collections",
+                 reason=f"the server holds {', '.join(held)} as Qdrant collections" if held else
+                 "no collection of these agents on the server as a Qdrant collection of its own",
+                 hint="`qmd-indexer migrate --from URL --tenancy shared` moves them into shared collections"
+                 if held else None)
+
+    @property
+    def tenancy(self) -> str:
+        """The layout: ``"collections"``, ``"shared"``, or ``"auto"`` until ``settle``."""
+        return "auto" if self.auto else "shared" if self.shared else "collections"
+
     # the one place a logical collection becomes a physical one and a tenant condition
     def _where(self, name: str) -> tuple[str, Any | None]:
         """The physical collection that holds logical collection ``name`` and the condition that selects its points
         there: ``(name, None)`` with tenancy ``"collections"``; with ``"shared"``, ``shared_collection(name)`` and
-        ``payload.collection == name`` (for ``<name>--rebuild-<n>``: the staging collection, ``== name``)."""
+        ``payload.collection == name`` (for ``<name>--rebuild-<n>``: the staging collection, ``== name``). Raises
+        ``StoreUnavailable`` while tenancy ``"auto"`` is not settled (``settle``)."""
+        if self.auto:
+            raise StoreUnavailable("the store's tenancy is not settled yet (the daemon is connecting)")
         if not self.shared:
             return name, None
         logical, _, rebuild = name.partition(REBUILD)
