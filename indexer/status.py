@@ -41,6 +41,9 @@ class Status(TypedDict):
     ready: Annotated[bool, Field(description="The first full index has finished.")]
     store_connected: bool
     backend: str | None
+    tenancy: NotRequired[Annotated[str | None, Field(description=(
+        "A Qdrant server's layout: collections, shared (tenants of shared collections), auto until connected; "
+        "null for the embedded store."))]]
     state_dir: str
     uptime_s: float
     queue_depth: Annotated[int, Field(description="Files waiting to be indexed or in hand.")]

@@ -122,7 +122,8 @@ def print_answer(answer: Mapping[str, Any], offset: int = 0) -> None:
 def print_status(status: Mapping[str, Any]) -> None:
     if "bind" in status:
         click.echo(f"listening on: {status['bind']}")
-    click.echo(f"ready: {status['ready']}  backend: {status['backend']}  queue: {status['queue_depth']}  "
+    backend = status["backend"] + (f" ({status['tenancy']})" if status.get("tenancy") else "")
+    click.echo(f"ready: {status['ready']}  backend: {backend}  queue: {status['queue_depth']}  "
                f"embedded since start: {status['chunks_embedded']}  cache hits: {status['cache_hits']}  "
                f"failed files: {status['files_failed']}")
     if status.get("store_degraded"):

@@ -499,7 +499,7 @@ def test_auto_tenancy_is_shared_on_a_new_server_and_keeps_an_existing_servers_co
         with capture_logs() as logs:
             new = make_indexer([{"agent": "new", "path": workspace}], state_dir=tmp_path / "s1", qdrant_url=url)
             index_once(new)
-        assert new.store.tenancy == "shared"
+        assert new.store.tenancy == "shared" and new.view.status()["tenancy"] == "shared"
         [settled] = [e for e in logs if e["event"] == "qdrant_tenancy_settled"]
         assert settled["tenancy"] == "shared" and settled["hint"] is None
         physical = {c.name for c in new.store.client.get_collections().collections}
@@ -513,7 +513,7 @@ def test_auto_tenancy_is_shared_on_a_new_server_and_keeps_an_existing_servers_co
         with capture_logs() as logs:  # the upgraded daemon, on the default
             again = make_indexer([{"agent": "old", "path": workspace}], state_dir=tmp_path / "s2", qdrant_url=url)
             status = index_once(again)
-        assert again.store.tenancy == "collections"
+        assert again.store.tenancy == "collections" and again.view.status()["tenancy"] == "collections"
         [settled] = [e for e in logs if e["event"] == "qdrant_tenancy_settled"]
         assert "memory-root-old" in settled["reason"] and "migrate" in settled["hint"]
         assert status["chunks_embedded"] == 0 and first["chunks_embedded"] == 4
