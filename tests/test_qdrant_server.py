@@ -86,6 +86,21 @@ def test_collection_settings_apply_when_created_and_a_difference_is_reported(qdr
         store.close()
 
 
+@pytest.mark.parametrize("grpc", [False, True])
+def test_a_retried_create_whose_first_try_landed_uses_the_collection(qdrant_server: Node, grpc: bool) -> None:
+    """A create the server applied but whose answer was lost (a cluster under a node's restart) is retried; the
+    retry's "already exists" (HTTP 409, gRPC ALREADY_EXISTS) means the collection is there to use, not an error."""
+    store = ServerStore(qdrant_server.url, options=ServerOptions(prefer_grpc=grpc, grpc_port=qdrant_server.grpc_port))
+    try:
+        store._create("created-twice", {"text": 3})
+        store._create("created-twice", {"text": 3})  # the retry
+        store.ensure_collection("created-twice", {"text": 3})
+        assert store.collections() == {"created-twice": {"text": 3}}
+    finally:
+        store.drop("created-twice")
+        store.close()
+
+
 def test_cluster_collections_get_shards_and_replicas(fault_cluster: Cluster) -> None:
     store = ServerStore(fault_cluster.url, options=ServerOptions(**CLUSTER_COLLECTIONS))
     store.ensure_collection("sharded", {"text": 3})

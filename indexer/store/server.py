@@ -197,6 +197,7 @@ class ServerStore(TenantStore):
         self._settings_differ(name, differ)
 
     def _create(self, name: str, dense: dict[str, int]) -> None:
+        import grpc
         from qdrant_client.http.exceptions import UnexpectedResponse
 
         m, o = self._m, self.options
@@ -219,9 +220,10 @@ class ServerStore(TenantStore):
                 sparse_vectors_config={SPARSE: m.SparseVectorParams(modifier=m.Modifier.IDF)},
                 **extra,
             )
-        except (UnexpectedResponse, ValueError):
-            # another daemon created the shared collection first: use it (its indexes are created below, again)
-            if not (self.shared and self.client.collection_exists(name)):
+        except (UnexpectedResponse, ValueError, grpc.RpcError):
+            # it exists: another daemon created the shared collection first, or a retried create whose first try a
+            # cluster applied (gRPC ALREADY_EXISTS after a lost answer); use it (its indexes are created below)
+            if not self.client.collection_exists(name):
                 raise
         if not self._local:  # the in-process mode has no payload indexes (and warns)
             if self.shared:
