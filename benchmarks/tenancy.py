@@ -48,70 +48,106 @@ def disk_bytes(root: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
 
 
+def note_point(rng: np.random.Generator, agent: str, name: str, n: int) -> Any:
+    """Note ``n`` of ``agent`` in collection ``name``: one chunk, a random unit vector and 8 random BM25 term ids."""
+    from indexer.points import Payload, Point, point_id
+
+    path = f"/w/{agent}/memory/note{n}.md"
+    vector = rng.normal(size=DIM).astype(np.float32)
+    payload = Payload(agent=agent, collection=name, abs_path=path, path=f"memory/note{n}.md", file_hash="h",
+                      chunk_index=0, chunk_count=1, size_bytes=100, mtime_ns=1, text=f"note {n} of {agent}")
+    terms = sorted({int(t) for t in rng.integers(0, 5000, 8)})
+    return Point(point_id(name, path, 0), {"text": vector / np.linalg.norm(vector)},
+                 {"bm25": (terms, [1.0] * len(terms))}, payload)
+
+
+def agent_notes(rng: np.random.Generator, a: int, notes: int, big: int) -> list[tuple[str, Any]]:
+    """Agent ``a``'s notes as ``(collection, point)``: one in its ``memory-root``, the rest in its ``memory-dir``
+    (``notes`` in all, ``big`` times as many for agent 0)."""
+    agent = f"agent{a}"
+    return [(name, note_point(rng, agent, name, n))
+            for role, count in (("root", 1), ("dir", notes * (big if a == 0 else 1) - 1))
+            for name in [f"memory-{role}-{agent}"] for n in range(count)]
+
+
+def random_query(rng: np.random.Generator) -> Any:
+    """A hybrid top-10 query: a random unit vector and 4 random BM25 term ids."""
+    from indexer.points import Query
+
+    vector = rng.normal(size=DIM).astype(np.float32)
+    terms = sorted({int(t) for t in rng.integers(0, 5000, 4)})
+    return Query(limit=10, dense={"text": vector / np.linalg.norm(vector)}, sparse=(terms, [1.0] * len(terms)))
+
+
+def search_figures(store: Any, rng: np.random.Generator, agents: int, queries: int) -> tuple[dict[str, float], int]:
+    """``queries`` timed searches of random other agents' ``memory-dir`` and as many of agent 0's: p50/p99 ms of
+    each (``big_``: agent 0's), and the number of hits whose point belongs to another collection."""
+    latencies: dict[bool, list[float]] = {False: [], True: []}
+    leaks = 0
+    for q in range(2 * queries):
+        name = f"memory-dir-agent{0 if q % 2 else 1 + int(rng.integers(agents - 1))}"
+        query = random_query(rng)
+        t = time.perf_counter()
+        lists = store.search(name, query)
+        latencies[bool(q % 2)].append((time.perf_counter() - t) * 1000)
+        leaks += sum(h.payload.collection != name for hits in lists.values() for h in hits)
+    return {f"{prefix}_{p}_ms": round(float(np.percentile(latencies[big], q)), 2)
+            for prefix, big in (("search", False), ("big", True)) for p, q in (("p50", 50), ("p99", 99))}, leaks
+
+
+def daemon_start_ms(url: str, options: Any) -> float:
+    """A daemon's start with one agent: a fresh client, its two collections checked and their files read (ms)."""
+    from indexer.store import ServerStore
+
+    t = time.perf_counter()
+    daemon = ServerStore(url, options=options)
+    for role in ("root", "dir"):
+        daemon.ensure_collection(f"memory-{role}-agent1", {"text": DIM})
+        daemon.file_states(f"memory-{role}-agent1")
+    startup_ms = (time.perf_counter() - t) * 1000
+    daemon.close()
+    return round(startup_ms, 1)
+
+
 def run(layout: str, agents: int, notes: int, queries: int, out: Path, big: int = 100,
         seed: int = 0) -> dict[str, Any]:
     """One layout at one agent count on a fresh node; the figures as a dict (see the module docstring)."""
     sys.path.insert(0, str(REPO / "tests"))  # the Qdrant node starter the tests use (no pytest in it)
     from qdrant import nodes
 
-    from indexer.points import Payload, Point, Query, point_id
     from indexer.store import ServerOptions, ServerStore
 
     rng = np.random.default_rng(seed)
     root = out / f"{layout}-{agents}"
     shutil.rmtree(root, ignore_errors=True)
     with nodes.running(nodes.make_node(root)) as node:
-        store = ServerStore(node.url, options=ServerOptions(tenancy=layout, space="bench-model#1", timeout_s=60))
+        options = ServerOptions(tenancy=layout, space="bench-model#1", timeout_s=60)
+        store = ServerStore(node.url, options=options)
         started = time.monotonic()
         for a in range(agents):
-            agent = f"agent{a}"
-            for role, count in (("root", 1), ("dir", (notes * (big if a == 0 else 1)) - 1)):
-                name = f"memory-{role}-{agent}"
-                store.ensure_collection(name, {"text": DIM})
-                for n in range(count):
-                    path = f"/w/{agent}/memory/note{n}.md"
-                    vector = rng.normal(size=DIM).astype(np.float32)
-                    payload = Payload(agent=agent, collection=name, abs_path=path, path=f"memory/note{n}.md",
-                                      file_hash="h", chunk_index=0, chunk_count=1, size_bytes=100, mtime_ns=1,
-                                      text=f"note {n} of {agent}")
-                    terms = sorted({int(t) for t in rng.integers(0, 5000, 8)})
-                    point = Point(point_id(name, path, 0), {"text": vector / np.linalg.norm(vector)},
-                                  {"bm25": (terms, [1.0] * len(terms))}, payload)
-                    store.replace_file(name, path, "h", [point])
+            for role in ("root", "dir"):
+                store.ensure_collection(f"memory-{role}-agent{a}", {"text": DIM})
+            for name, point in agent_notes(rng, a, notes, big):
+                store.replace_file(name, point.payload.abs_path, "h", [point])
         index_s = time.monotonic() - started
-        latencies: dict[bool, list[float]] = {False: [], True: []}
-        leaks = 0
-        for q in range(2 * queries):
-            name = f"memory-dir-agent{0 if q % 2 else 1 + int(rng.integers(agents - 1))}"
-            vector = rng.normal(size=DIM).astype(np.float32)
-            terms = sorted({int(t) for t in rng.integers(0, 5000, 4)})
-            query = Query(limit=10, dense={"text": vector / np.linalg.norm(vector)},
-                          sparse=(terms, [1.0] * len(terms)))
-            t = time.perf_counter()
-            lists = store.search(name, query)
-            latencies[bool(q % 2)].append((time.perf_counter() - t) * 1000)
-            leaks += sum(h.payload.collection != name for hits in lists.values() for h in hits)
-        # a daemon's start with one agent: a fresh client, its two collections checked and their files read
-        t = time.perf_counter()
-        daemon = ServerStore(node.url, options=ServerOptions(tenancy=layout, space="bench-model#1", timeout_s=60))
-        for role in ("root", "dir"):
-            daemon.ensure_collection(f"memory-{role}-agent1", {"text": DIM})
-            daemon.file_states(f"memory-{role}-agent1")
-        startup_ms = (time.perf_counter() - t) * 1000
-        daemon.close()
+        latencies, leaks = search_figures(store, rng, agents, queries)
         assert node.pid is not None
         figures = {"layout": layout, "agents": agents, "notes": notes, "points": (agents - 1 + big) * notes,
                    "physical_collections": len(store.client.get_collections().collections),
                    "create_index_s": round(index_s, 1), "rss_mib": round(rss_bytes(node.pid) / 2**20),
-                   "disk_mib": round(disk_bytes(root / "storage") / 2**20),
-                   "search_p50_ms": round(float(np.percentile(latencies[False], 50)), 2),
-                   "search_p99_ms": round(float(np.percentile(latencies[False], 99)), 2),
-                   "big_p50_ms": round(float(np.percentile(latencies[True], 50)), 2),
-                   "big_p99_ms": round(float(np.percentile(latencies[True], 99)), 2),
-                   "daemon_start_ms": round(startup_ms, 1), "foreign_hits": leaks}
+                   "disk_mib": round(disk_bytes(root / "storage") / 2**20), **latencies,
+                   "daemon_start_ms": daemon_start_ms(node.url, options), "foreign_hits": leaks}
         store.close()
     shutil.rmtree(root, ignore_errors=True)
     return figures
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """``rows`` as a markdown table, their keys (the first row's) as the header."""
+    keys = list(rows[0])
+    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+    for row in rows:
+        print("| " + " | ".join(str(row[k]) for k in keys) + " |")
 
 
 def main() -> int:
@@ -129,10 +165,7 @@ def main() -> int:
         for layout in args.layouts:
             rows.append(run(layout, agents, args.notes, args.queries, out, args.big))
             print(json.dumps(rows[-1]), flush=True)
-    keys = list(rows[0])
-    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-    for row in rows:
-        print("| " + " | ".join(str(row[k]) for k in keys) + " |")
+    print_table(rows)
     return 0 if all(row["foreign_hits"] == 0 for row in rows) else 1
 
 
