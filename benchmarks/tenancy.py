@@ -6,7 +6,9 @@ Per layout and agent count, on a fresh single node (the pinned binary of ``tests
 ``memory-dir-<agent>``) and write ``--notes`` notes per agent (one into root, the rest into dir, one chunk each)
 through ``ServerStore.replace_file``, as the daemon's first index does, except agent 0, which has ``--big`` times as
 many notes (an uneven tenant); then ``--queries`` hybrid searches (dense top 10 + BM25) of random other agents'
-``memory-dir``, each timed, and as many of agent 0's. Reported: create + first-index seconds, the server's RSS
+``memory-dir``, each timed, and as many of agent 0's: once right after the last write (``busy_``: the server's
+optimizer still merging segments and building graphs), then again once every collection is ``green``
+(``optimize_s`` after the last write). Reported: create + first-index seconds, the server's RSS
 (``/proc/<pid>/status`` ``VmRSS``) and storage size after, search p50/p99 ms (``big_``: agent 0's), a daemon's start
 with one agent (a fresh client checks its two collections and reads their files' states), and a check that a search of
 one agent only returned its own points.
@@ -95,6 +97,18 @@ def search_figures(store: Any, rng: np.random.Generator, agents: int, queries: i
             for prefix, big in (("search", False), ("big", True)) for p, q in (("p50", 50), ("p99", 99))}, leaks
 
 
+def optimized_s(client: Any, timeout_s: float = 1800) -> float:
+    """Seconds until every collection of ``client``'s server is ``green`` (its optimizer done with what the first
+    index wrote: segments merged, per-tenant graphs built), polled every 0.5 s; ``timeout_s`` at most."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        names = [c.name for c in client.get_collections().collections]
+        if all(str(client.get_collection(n).status).lower().endswith("green") for n in names):
+            break
+        time.sleep(0.5)
+    return round(time.monotonic() - started, 1)
+
+
 def daemon_start_ms(url: str, options: Any) -> float:
     """A daemon's start with one agent: a fresh client, its two collections checked and their files read (ms)."""
     from indexer.store import ServerStore
@@ -130,12 +144,17 @@ def run(layout: str, agents: int, notes: int, queries: int, out: Path, big: int 
             for name, point in agent_notes(rng, a, notes, big):
                 store.replace_file(name, point.payload.abs_path, "h", [point])
         index_s = time.monotonic() - started
-        latencies, leaks = search_figures(store, rng, agents, queries)
+        busy, leaks = search_figures(store, rng, agents, queries)  # while the optimizer works on what was written
+        optimize_s = optimized_s(store.client)
+        latencies, settled_leaks = search_figures(store, rng, agents, queries)
+        leaks += settled_leaks
         assert node.pid is not None
         figures = {"layout": layout, "agents": agents, "notes": notes, "points": (agents - 1 + big) * notes,
                    "physical_collections": len(store.client.get_collections().collections),
-                   "create_index_s": round(index_s, 1), "rss_mib": round(rss_bytes(node.pid) / 2**20),
+                   "create_index_s": round(index_s, 1), "optimize_s": optimize_s,
+                   "rss_mib": round(rss_bytes(node.pid) / 2**20),
                    "disk_mib": round(disk_bytes(root / "storage") / 2**20), **latencies,
+                   "busy_p50_ms": busy["search_p50_ms"], "busy_p99_ms": busy["search_p99_ms"],
                    "daemon_start_ms": daemon_start_ms(node.url, options), "foreign_hits": leaks}
         store.close()
     shutil.rmtree(root, ignore_errors=True)
