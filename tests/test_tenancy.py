@@ -306,6 +306,21 @@ def test_a_model_change_answers_from_the_former_model_until_the_rebuild_is_swapp
         assert shared_collection("memory-root-a", "new#2") in {c.name for c in new.client.get_collections().collections}
         # the former model's shared collection lost a's points only
         assert old.count("memory-root-a") == 0 and old.count("memory-root-b") == 1
+        # a swap cut short after it reached the new model's collection: b answers from there, and its next swap
+        # also deletes what the former model's collection still holds of it
+        cut_short = opened("new#2")  # what the swap had written into the new model's collection
+        cut_short.ensure_collection("memory-root-b", {"text": 3})
+        cut_short.upsert("memory-root-b", [_point("memory-root-b", "b", "/w/x.md", 0, "h", [1, 0, 0], 1)])
+        cut_short.close()
+        again = opened("new#2", former=("old#1",))
+        again.ensure_collection("memory-root-b", {"text": 3})
+        assert old.count("memory-root-b") == 1 and again.count("memory-root-b") == 1
+        staged = again.rebuild_target("memory-root-b")
+        again.ensure_collection(staged, {"text": 3})
+        again.upsert(staged, [_point("memory-root-b", "b", "/w/x.md", 0, "h", [1, 0, 0], 1)])
+        again.swap("memory-root-b", staged)
+        assert old.count("memory-root-b") == 0 and again.count("memory-root-b") == 1
+        again.close()
         # a store whose state dir never recorded that model never reads its points
         stranger = opened("other#3")
         stranger.ensure_collection("memory-root-b", {"text": 3})

@@ -158,7 +158,8 @@ class TenantStore(Store):
     def swap(self, name: str, new: str) -> None:
         """See ``Store.swap``. With shared tenancy, ``name``'s points from the staging collection (``new``) are
         upserted over its live ones (same ids for unchanged chunks), its live points absent from them deleted, the
-        staged ones removed; all under the store's lock, so this process's searches see the old set or the new."""
+        staged ones removed, and its points in the shared collections of the models before (``former_spaces``)
+        deleted; all under the store's lock, so this process's searches see the old set or the new."""
         if not self.shared:
             super().swap(name, new)
             return
@@ -178,8 +179,12 @@ class TenantStore(Store):
             for start in range(0, len(stale), SCROLL_PAGE):
                 self._delete_ids(name, stale[start:start + SCROLL_PAGE])
             self._drop(new)
-            if other_model is not None:  # the tenant's points of the model before
-                self._tenant_points(other_model, name, delete=True)
+            # the tenant's points of the models before: the one it answered from, and any a swap cut short left
+            # behind (it had reached this model's collection, so it never answered from there again)
+            names = self._names()
+            for physical in {other_model, *(shared_collection(name, space) for space in self.options.former_spaces)}:
+                if physical is not None and physical in names:
+                    self._tenant_points(physical, name, delete=True)
 
     def sweep(self, name: str) -> list[str]:
         """See ``Store.sweep``; with shared tenancy, deletes ``name``'s points from the staging collection (a rebuild
