@@ -218,6 +218,7 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
     from indexer.errors import CollectionMismatch, StoreLocked, StoreUnavailable
     from indexer.migrate import drop_sources, open_stores
     from indexer.migrate import migrate as copy_store
+    from indexer.rebuild import record_tenancy
 
     if not url and not source_url:
         fail("pass --to URL (from the embedded store) or --from URL (between layouts)", EXIT_USAGE)
@@ -228,11 +229,11 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
         source, target, names = open_stores(settings, to_url, source_url or "", tenancy, from_tenancy,
                                             api_key or "")
     except ValueError as exc:
-        fail(str(exc))
+        fail(str(exc), EXIT_USAGE)
     except StoreLocked as exc:
         fail(f"{exc}. Stop the daemon, then migrate.")
     except StoreUnavailable as exc:
-        fail(str(exc))
+        fail(f"{exc} ({source_url or to_url})")
     try:
         results = copy_store(source, target, names=names)
         dropped = drop_sources(source, results) if drop_source else []
@@ -248,8 +249,13 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
         click.echo(f"{r.collection:<40} {r.points:>8} points  ({r.copied} copied, {r.skipped} already there, "
                    f"{r.files_removed} stale files removed; {r.in_target} in the target"
                    f"{'' if r.verified else ': COUNTS DIFFER'}{', source dropped' if r.collection in dropped else ''})")
+    for name in sorted(set(names or ()) - {r.collection for r in results}):
+        click.echo(f"{name:<40} not in the source ({source_url}, {source.tenancy} layout): already moved?")
+    if not results:
+        fail("nothing to copy: no collection of this state dir is in the source")
     if not all(r.verified for r in results):
         fail("some counts differ (was the daemon running?): run the same command again")
+    record_tenancy(settings.state_dir, to_url, target.tenancy)  # the daemon's "auto" keeps this layout there
     click.echo(f"Copied {len(results)} collections to {to_url} ({layout} layout), every count verified. Start the "
                f"daemon on it with\n  qmd-indexer run --qdrant-url {to_url} ...\nwith qdrant_tenancy = \"{layout}\" "
                f"(environment: QMD_INDEXER_QDRANT_URL, QMD_INDEXER_QDRANT_TENANCY). Nothing is embedded again."

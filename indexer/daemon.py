@@ -45,7 +45,9 @@ from indexer.rebuild import (
     hold_state_lock,
     model_identity,
     record_identity,
+    record_tenancy,
     recorded_identities,
+    recorded_tenancy,
 )
 from indexer.report import StatusView
 from indexer.state import Indexed, IndexState, Plan
@@ -116,6 +118,8 @@ class Indexer:
                                    if w.multimodal.enabled})
         if store is None:
             options = ServerOptions.from_settings(settings)
+            if settings.qdrant_url and options.tenancy == "auto":  # what it settled on before sticks
+                options = replace(options, tenancy=recorded_tenancy(settings.state_dir, settings.qdrant_url) or "auto")
             if settings.qdrant_url and options.tenancy != "collections":  # "auto" may settle on shared (connect)
                 # the shared collections of this model (a remote embedder's identity asks its server: only here)
                 space = model_identity(registry.embedders)
@@ -143,7 +147,9 @@ class Indexer:
         """
         state = self.state
         plan = plan or state.plan
-        self.store.settle([c.name for c in plan.collections])
+        if self.store.tenancy == "auto":
+            self.store.settle([c.name for c in plan.collections])
+            record_tenancy(plan.settings.state_dir, plan.settings.qdrant_url, self.store.tenancy)
         check_identity(plan.settings, [c.name for c in plan.collections], self.registry.embedders,
                        state.rebuild_requested)
         dims = self.pipeline.dense_dims()

@@ -120,7 +120,7 @@ def open_stores(settings: Any, to_url: str, from_url: str = "", tenancy: str | N
     ``"auto"`` is settled as the daemon settles it (``TenantStore.settle``). Shared collections are named by the
     model identity the state dir recorded. Raises ``ValueError`` for a state dir without what is asked (no embedded
     store, no recorded collections, several models), ``StoreLocked`` when its daemon runs, ``StoreUnavailable``."""
-    from indexer.rebuild import hold_state_lock, recorded_collections, recorded_identity
+    from indexer.rebuild import hold_state_lock, recorded_collections, recorded_identity, recorded_tenancy
     from indexer.store import EdgeStore, ServerOptions
 
     state_dir: Path = settings.state_dir
@@ -139,9 +139,9 @@ def open_stores(settings: Any, to_url: str, from_url: str = "", tenancy: str | N
                              f"collections to move")
         names = recorded
         tenancy = tenancy or (settings.qdrant_tenancy if settings.qdrant_tenancy != "auto" else "shared")
-        if from_tenancy is None:
+        if from_tenancy is None:  # the other layout on the same server, else the one its daemon runs in
             from_tenancy = ({"collections": "shared", "shared": "collections"}[tenancy] if from_url == to_url
-                            else settings.qdrant_tenancy)
+                            else recorded_tenancy(state_dir, from_url) or settings.qdrant_tenancy)
         if from_url == to_url and from_tenancy == tenancy:
             raise ValueError(f"--from and --to are the same server in the same layout ({tenancy}): nothing to move")
         hold_state_lock(state_dir)  # its daemon stopped, and it stays so while the points move
@@ -149,4 +149,23 @@ def open_stores(settings: Any, to_url: str, from_url: str = "", tenancy: str | N
         source.settle(recorded)
     target = ServerStore(to_url, key, replace(options, tenancy=tenancy))
     target.settle(recorded or list(source.collections()))
+    if isinstance(source, ServerStore) and source.tenancy == target.tenancy and same_server(source, target):
+        source.close()
+        target.close()
+        raise ValueError(f"{from_url} and {to_url} are the same server, and the layout is the same "
+                         f"({target.tenancy}): nothing to move")
     return source, target, names
+
+
+def same_server(a: ServerStore, b: ServerStore) -> bool:
+    """Whether ``a`` and ``b`` talk to one server (or cluster), whatever their URLs say (``localhost`` and
+    ``127.0.0.1``, a trailing ``/``, a proxy): a probe collection made through ``b`` is looked for through ``a``,
+    then deleted."""
+    import uuid
+
+    probe = f"qmd-migrate-probe-{uuid.uuid4().hex}"
+    b.client.create_collection(probe, vectors_config=b._m.VectorParams(size=1, distance=b._m.Distance.COSINE))
+    try:
+        return bool(a.client.collection_exists(probe))
+    finally:
+        b.client.delete_collection(probe)

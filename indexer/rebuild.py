@@ -146,6 +146,36 @@ def record_identity(state_dir: Path, names: Iterable[str], identity: str | None)
     tmp.replace(path)
 
 
+TENANCY_FILE = "qdrant-tenancy.json"  # under the state dir: Qdrant server URL -> the layout "auto" settled on there
+
+
+def recorded_tenancy(state_dir: Path, url: str) -> str | None:
+    """The layout (``"collections"`` or ``"shared"``) that tenancy ``"auto"`` settled on for the server at ``url``
+    under ``state_dir`` (or that ``migrate`` moved it to), ``None`` when none is recorded."""
+    try:
+        record: dict[str, str] = json.loads((state_dir / TENANCY_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return record.get(url.rstrip("/"))
+
+
+def record_tenancy(state_dir: Path, url: str, tenancy: str) -> None:
+    """Record ``tenancy`` for the server at ``url`` in ``<state_dir>/qdrant-tenancy.json``, so a later start keeps
+    it (an agent added since, holding Qdrant collections of its own, does not flip the layout); written beside and
+    renamed over."""
+    path = state_dir / TENANCY_FILE
+    try:
+        record: dict[str, str] = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        record = {}
+    if record.get(url.rstrip("/")) == tenancy:
+        return
+    record[url.rstrip("/")] = tenancy
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
 def check_identity(settings: Settings, names: Sequence[str], embedders: Mapping[str, Any],
                    rebuild_requested: threading.Event) -> None:
     """Compare the recorded identity of each collection of ``names`` with ``embedders``' (``model_identity``): on a

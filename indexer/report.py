@@ -181,7 +181,7 @@ class StatusView:
             "store_connected": state.connected.is_set(),
             "store_degraded": store.degraded,  # writes failing (being retried)
             "backend": store.kind,
-            "tenancy": getattr(store, "tenancy", None),  # a server's layout: collections, shared (auto until connected)
+            "tenancy": store.tenancy,  # a server's layout: collections, shared (auto until connected)
             "state_dir": str(settings.state_dir),
             "uptime_s": round(time.time() - state.started_at, 1),
             "queue_depth": len(self.settler) + len(state.hand),

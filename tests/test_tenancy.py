@@ -386,6 +386,7 @@ def test_migrate_between_layouts_resumes_verifies_counts_and_the_daemon_embeds_n
     from qdrant.fixtures import drop_all_collections
 
     from indexer.migrate import migrate, open_stores
+    from indexer.rebuild import recorded_tenancy
 
     url = qdrant_server.url
     daemon = make_indexer([{"agent": "main", "path": workspace}], qdrant_url=url, qdrant_tenancy="collections")
@@ -416,7 +417,7 @@ def test_migrate_between_layouts_resumes_verifies_counts_and_the_daemon_embeds_n
         assert moved.exit_code == 0, moved.output
         assert "already there" in moved.output and "COUNTS DIFFER" not in moved.output
         assert 'qdrant_tenancy = "shared"' in moved.output
-        source, target, _ = open_stores(daemon.settings, url, url, "shared")
+        source, target, _ = open_stores(daemon.settings, url, url, "shared", "collections")
         assert assert_same_points(target, source, names) == sum(before.values())
         source.close()
         target.close()
@@ -426,6 +427,14 @@ def test_migrate_between_layouts_resumes_verifies_counts_and_the_daemon_embeds_n
         physical = {c.name for c in other.client.get_collections().collections}
         assert not physical & set(names) and "memory-dir-other" in physical
         assert any(p.startswith(SHARED) for p in physical)
+        assert recorded_tenancy(state, url) == "shared", "the daemon's auto keeps the layout it was moved to"
+        again = _migrate_cli(tmp_path, "--from", url, "--tenancy", "shared", "--state-dir", str(state))
+        assert again.exit_code == 1 and "not in the source" in again.output and "nothing to copy" in again.output
+        # the same server under another name, same layout: refused before anything is dropped
+        alias = url.replace("127.0.0.1", "localhost") + "/"
+        same = _migrate_cli(tmp_path, "--from", url, "--to", alias, "--from-tenancy", "shared", "--tenancy", "shared",
+                            "--drop-source", "--state-dir", str(state))
+        assert same.exit_code == 2 and "are the same server" in same.output, same.output
 
         on_shared = make_indexer([{"agent": "main", "path": workspace}], qdrant_url=url, qdrant_tenancy="shared")
         assert {name: on_shared.store.count(name) for name in names} == before
@@ -438,6 +447,7 @@ def test_migrate_between_layouts_resumes_verifies_counts_and_the_daemon_embeds_n
         assert back.exit_code == 0, back.output
         assert {name: other.count(name) for name in names} == before
         assert other.count("memory-dir-other") == 1
+        assert recorded_tenancy(state, url) == "collections"
         for p in (c.name for c in other.client.get_collections().collections if c.name.startswith(SHARED)):
             assert other.client.count(p).count == 0, "the tenants were deleted from the shared collections"
     finally:
@@ -520,6 +530,12 @@ def test_auto_tenancy_is_shared_on_a_new_server_and_keeps_an_existing_servers_co
         physical = {c.name for c in new.store.client.get_collections().collections}
         assert physical and all(p.startswith(SHARED) for p in physical)
         new.store.close()
+        # an agent added later that holds a Qdrant collection of its own does not flip the layout settled before
+        ServerStore(url).ensure_collection("memory-root-late", {"text": 384})
+        late = make_indexer([{"agent": "new", "path": workspace}, {"agent": "late", "path": tmp_path / "late"}],
+                            state_dir=tmp_path / "s1", qdrant_url=url)
+        assert late.store.tenancy == "shared"
+        late.store.close()
 
         old = make_indexer([{"agent": "old", "path": workspace}], state_dir=tmp_path / "s2", qdrant_url=url,
                            qdrant_tenancy="collections")

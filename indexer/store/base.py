@@ -153,6 +153,11 @@ class Store:
             if old != new:
                 self._drop(old)
 
+    @property
+    def tenancy(self) -> str | None:
+        """A server's layout (``TenantStore.tenancy``); ``None`` for the embedded store."""
+        return None
+
     def settle(self, names: Collection[str]) -> None:
         """Settle what depends on the collections ``names`` a daemon serves before its first read or write: a
         server's tenancy ``"auto"`` (``TenantStore.settle``); nothing for the embedded store."""
