@@ -47,7 +47,6 @@ from indexer.rebuild import (
     record_identity,
     record_tenancy,
     recorded_identities,
-    recorded_tenancy,
 )
 from indexer.report import StatusView
 from indexer.state import Indexed, IndexState, Plan
@@ -118,8 +117,6 @@ class Indexer:
                                    if w.multimodal.enabled})
         if store is None:
             options = ServerOptions.from_settings(settings)
-            if settings.qdrant_url and options.tenancy == "auto":  # what it settled on before sticks
-                options = replace(options, tenancy=recorded_tenancy(settings.state_dir, settings.qdrant_url) or "auto")
             if settings.qdrant_url and options.tenancy != "collections":  # "auto" may settle on shared (connect)
                 # the shared collections of this model (a remote embedder's identity asks its server: only here)
                 space = model_identity(registry.embedders)

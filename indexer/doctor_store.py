@@ -16,14 +16,14 @@ daemon deletes what a cut-short rebuild left at its next start (``Store.sweep``)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from indexer.config import Settings
 from indexer.doctor import Finding
 from indexer.errors import StoreUnavailable
-from indexer.rebuild import recorded_identities, recorded_tenancy
+from indexer.rebuild import recorded_identities
 from indexer.store.base import REBUILD
 from indexer.store.tenancy import PAYLOAD_M, SHARED, STAGING, TENANT_KEY, shared_collection
 from indexer.workspace import Collection
@@ -87,10 +87,7 @@ def store_findings(settings: Settings) -> list[Finding]:
 
     out: list[Finding] = []
     collections = Plan.of(settings).collections
-    options = ServerOptions.from_settings(settings)
-    if options.tenancy == "auto":  # what the daemon settled on, as it reads it at start
-        options = replace(options, tenancy=recorded_tenancy(settings.state_dir, settings.qdrant_url) or "auto")
-    store = ServerStore(settings.qdrant_url, settings.qdrant_api_key, options)
+    store = ServerStore(settings.qdrant_url, settings.qdrant_api_key, ServerOptions.from_settings(settings))
     try:  # "auto" not settled yet: read as the daemon reads it at its first connect
         store.settle([c.name for c in collections])
     except StoreUnavailable as exc:

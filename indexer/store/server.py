@@ -63,7 +63,13 @@ class ServerOptions:
 
     @classmethod
     def from_settings(cls, settings: Any) -> ServerOptions:
-        """The ``qdrant_*`` keys of ``indexer.config.Settings``."""
+        """The ``qdrant_*`` keys of ``indexer.config.Settings``; tenancy ``"auto"`` is the layout it settled on
+        before for this server when the state dir recorded one (``rebuild.recorded_tenancy``)."""
+        from indexer.rebuild import recorded_tenancy
+
+        tenancy = settings.qdrant_tenancy
+        if tenancy == "auto" and settings.qdrant_url:
+            tenancy = recorded_tenancy(settings.state_dir, settings.qdrant_url) or "auto"
         return cls(prefer_grpc=settings.qdrant_prefer_grpc, grpc_port=settings.qdrant_grpc_port,
                    timeout_s=settings.qdrant_timeout_s,
                    max_request_bytes=int(settings.qdrant_max_request_mb * MIB),
@@ -71,7 +77,7 @@ class ServerOptions:
                    replication_factor=settings.qdrant_replication_factor,
                    write_consistency_factor=settings.qdrant_write_consistency_factor,
                    on_disk_vectors=settings.qdrant_on_disk_vectors, quantization=settings.qdrant_quantization,
-                   tenancy=settings.qdrant_tenancy)
+                   tenancy=tenancy)
 
 
 

@@ -76,7 +76,7 @@ class TenantStore(Store):
         with self._lock:
             self.auto = False
             try:
-                held = sorted(set(Store.collections(self)) & set(names))
+                held = sorted((set(self._names()) | set(self._read_aliases())) & set(names))
             except BaseException:
                 self.auto = True
                 raise
