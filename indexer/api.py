@@ -1,6 +1,6 @@
 """The plugin contract: the values that cross from a file to a Qdrant point, and the four plugin kinds.
 
-A plugin is an object registered under one of four entry-point groups (see ``GROUPS``). The entry point names a
+A plugin is an object registered under one of five entry-point groups (see ``GROUPS``). The entry point names a
 factory: a class or function called with that plugin's config table (a ``dict``, empty when none is configured).
 Factories must be cheap: load models lazily, on the first ``embed``/``extract`` call, so that ``qmd-indexer
 plugins`` never imports torch.
@@ -16,6 +16,12 @@ the Qdrant named vector of the same name (``"text"``, ``"image"``). At search ti
 one the ``reranker`` setting names) rescores the first fused hits::
 
     query, [hit text, ...] --Reranker.score--> [float, ...]   (higher is more relevant; the hits are re-sorted)
+
+A session transcript (a ``*.jsonl`` file of a workspace's ``sessions`` folder) is read by the first
+``TranscriptFormat`` whose ``sniff`` claims its first bytes, one JSON record a line (``indexer.transcripts``)::
+
+    first bytes --TranscriptFormat.sniff--> True
+    record      --TranscriptFormat.read-->  TranscriptRecord(session_id, timestamp, messages)
 
 The Protocols below are the one statement of the contract: ``indexer.contract`` derives the load-time checks from
 them (``CONTRACT``: annotated attributes without a default and methods are required; an attribute with a default in
@@ -47,13 +53,15 @@ if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
 
 __all__ = [
     "GROUPS", "HEAD_BYTES", "BadVectors", "Chunk", "Classifier", "EmbedError", "EmbedUnavailable", "Embedder",
-    "ExtractContext", "ExtractError", "Extractor", "FileInfo", "FileSkipped", "Reranker", "TextChunk", "TextEmbedder",
+    "ExtractContext", "ExtractError", "Extractor", "FileInfo", "FileSkipped", "Message", "Reranker", "TextChunk",
+    "TextEmbedder", "TranscriptFormat", "TranscriptRecord",
     "chunk_text", "check_vectors", "decode_text", "l2_normalise", "load_sentence_transformer", "LazyModel",
 ]
 
-#: the entry-point groups, in this order: classifiers, extractors, embedders, rerankers (``indexer.contract.PROTOCOLS``
-#: maps each to the Protocol below its objects must satisfy)
-GROUPS = ("qmd_indexer.classifiers", "qmd_indexer.extractors", "qmd_indexer.embedders", "qmd_indexer.rerankers")
+#: the entry-point groups, in this order: classifiers, extractors, embedders, rerankers, transcript formats
+#: (``indexer.contract.PROTOCOLS`` maps each to the Protocol below its objects must satisfy)
+GROUPS = ("qmd_indexer.classifiers", "qmd_indexer.extractors", "qmd_indexer.embedders", "qmd_indexer.rerankers",
+          "qmd_indexer.transcripts")
 
 #: how many bytes of a file a classifier sees (enough for every magic number we sniff)
 HEAD_BYTES = 512
@@ -272,6 +280,52 @@ class Reranker(Protocol):
     model_id: str
 
     def score(self, query: str, texts: Sequence[str], timeout_s: float | None = None) -> list[float]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of a session transcript, as a ``TranscriptFormat`` reads it from one record.
+
+    - ``role``: ``"user"``, ``"assistant"`` or ``"tool"`` (a tool's result); other roles are not indexed.
+    - ``text``: what was said, the visible text only (no thinking, no tool call arguments).
+    - ``timestamp``: when, ISO 8601 as the record gives it (``2023-05-08T13:57:00.000Z``); empty when unknown.
+    """
+
+    role: str
+    text: str
+    timestamp: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptRecord:
+    """What one JSON record of a transcript holds: the session's id and start where it says them (a header record),
+    its ``timestamp`` (ISO 8601, empty when none) and the ``messages`` it carries (none for bookkeeping records:
+    a model change, a summary)."""
+
+    session_id: str = ""
+    timestamp: str = ""
+    messages: tuple[Message, ...] = ()
+
+
+@runtime_checkable
+class TranscriptFormat(Protocol):
+    """Reads one transcript format (group ``qmd_indexer.transcripts``).
+
+    - ``sniff(head)``: whether a ``*.jsonl`` file whose first ``HEAD_BYTES`` bytes are ``head`` is a transcript of
+      this format (content sniffing: an index such as ``sessions.json``, a lock file or any other JSON Lines file
+      must answer ``False``). Must not raise.
+    - ``read(record)``: one parsed JSON object (a line of the file) as a ``TranscriptRecord``; a record of a type it
+      does not know is an empty ``TranscriptRecord()``. Must not raise for unknown shapes.
+
+    Formats are asked in ascending ``priority`` (built-ins use 100); the first whose ``sniff`` is true reads the
+    file.
+    """
+
+    priority: int = 100
+
+    def sniff(self, head: bytes) -> bool: ...
+
+    def read(self, record: Mapping[str, Any]) -> TranscriptRecord: ...
 
 
 #: the modality of the embedder that embeds text chunks and queries (always required)

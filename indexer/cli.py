@@ -26,6 +26,8 @@ from indexer.terminal import configure_logging, print_answer, print_status
 
 AGENT_DEFAULT = ("[default: default_agent, or the only agent; with several agents and no default_agent it is "
                  "required: a request never spans agents]")
+CORPUS_HELP = ("Look in the memory files, the session transcripts or all "
+               "[default: the daemon's default_corpus, all].")
 AGENT_HELP = "Only this agent's memory " + AGENT_DEFAULT + "."
 
 
@@ -112,6 +114,7 @@ def _client(config: Path | None, port: int | None) -> Any:
               help="Retrieval mode [default: the daemon's search_mode, hybrid].")
 @click.option("--path-prefix", help="Only files at or under this workspace-relative path.")
 @click.option("--kind", multiple=True, help="Only this source kind: markdown, image, audio... (repeatable)")
+@click.option("--corpus", type=click.Choice(["memory", "sessions", "all"]), help=CORPUS_HELP)
 @click.option("--min-score", type=float,
               help="Drop hits scoring below this (the score shown: cosine for dense, fused otherwise).")
 @click.option("--since", help="Only files modified since: a duration (7d, 12h, 30m, 2w) or an ISO date (2026-11-01).")
@@ -201,6 +204,7 @@ def get(path: str, as_json: bool, config: Path | None, port: int | None, **field
 @click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True,
               help="A listing's first file (0-based, in path order), as the line on stderr gives it.")
 @click.option("--agent", help=AGENT_HELP)
+@click.option("--corpus", type=click.Choice(["memory", "sessions", "all"]), help=CORPUS_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help='Print the answer as JSON: {"hits", "relevant", "pending"}, and for a listing "total" and '
                    '"next_offset".')

@@ -29,6 +29,7 @@ Example file (every key optional except a workspace's ``agent`` and ``path``)::
     agent = "main"
     path = "~/agent"
     extra_paths = ["~/notes"]
+    sessions = "~/.openclaw/agents/main/sessions"   # session transcripts: a third collection, sessions-<agent>
     multimodal = { enabled = true, modalities = ["image", "audio"] }
     append = true                    # let the agent append to memory/ (memory_append, POST /append); off by default
     timezone = "Europe/Lisbon"       # IANA name: which day's note memory/YYYY-MM-DD.md is; default the system's zone
@@ -110,6 +111,15 @@ class Workspace(BaseModel):
     agent: str = Field(min_length=1)
     path: Path
     extra_paths: tuple[Path, ...] = ()
+    # A folder of session transcripts (OpenClaw's ~/.openclaw/agents/<id>/sessions, Claude Code's
+    # ~/.claude/projects/<project>): absolute or workspace-relative, ~ expanded; its *.jsonl files whose content a
+    # transcript format plugin recognises become the collection sessions-<agent> (indexer.transcripts).
+    sessions: Path | None = None
+    # Tool results in transcripts are left out unless this is set; then each is cut to sessions_tool_result_chars.
+    sessions_tool_results: bool = False
+    sessions_tool_result_chars: int = Field(default=400, ge=1)
+    # Transcripts last written more than this many days ago are dropped from the index (default: keep all).
+    sessions_max_age_days: float | None = Field(default=None, gt=0)
     multimodal: Multimodal = Multimodal()
     watch: Literal["auto", "native", "poll"] = "auto"  # auto: poll roots on network/FUSE/VM-shared file systems
     # Appends to markdown files under memory/ (indexer.append): off unless set; refused with 403 otherwise.
@@ -202,6 +212,11 @@ class Settings(BaseSettings):
     # the file stays indexable).
     append_max_bytes: int = Field(default=64 * 1024, gt=0)
     append_max_file_bytes: int = Field(default=2 * MIB, gt=0)
+    # A session transcript is read streamed, so it may be larger than max_file_bytes, up to this.
+    sessions_max_file_bytes: int = Field(default=256 * MIB, gt=0)
+    # What search and recall look in when a request names no corpus: "all" (memory files and, where a workspace
+    # configures `sessions`, its transcripts), "memory" or "sessions" (docs/configuration.md, "Session transcripts").
+    default_corpus: Literal["all", "memory", "sessions"] = "all"
     search_mode: Literal["hybrid", "dense", "keyword"] = "hybrid"
     on_model_change: Literal["rebuild", "refuse"] = "rebuild"  # collections made by another model or chunking
     # Fusion and depth chosen with `make eval` (BEIR SciFact, hybrid nDCG@10, tuned on the train queries): dbsf

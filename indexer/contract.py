@@ -21,13 +21,14 @@ from indexer.api import (
     Extractor,
     Reranker,
     TextEmbedder,
+    TranscriptFormat,
 )
 from indexer.errors import PluginError
 
-CLASSIFIERS, EXTRACTORS, EMBEDDERS, RERANKERS = GROUPS
+CLASSIFIERS, EXTRACTORS, EMBEDDERS, RERANKERS, TRANSCRIPTS = GROUPS
 #: group -> the Protocol of ``indexer.api`` its objects must satisfy (a ``"text"`` embedder: ``TextEmbedder``)
 PROTOCOLS: dict[str, type] = {CLASSIFIERS: Classifier, EXTRACTORS: Extractor, EMBEDDERS: Embedder,
-                              RERANKERS: Reranker}
+                              RERANKERS: Reranker, TRANSCRIPTS: TranscriptFormat}
 
 
 def _members(protocol: type) -> tuple[dict[str, Any], dict[str, Any]]:

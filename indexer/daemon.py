@@ -73,7 +73,7 @@ class Indexer:
                  reindex: bool = False) -> None:
         self.store, self.terms, self.polling, self._cache = store, terms, polling, cache
         self.state = IndexState(Plan.of(settings))
-        self.pipeline = Pipeline(registry, cache, settings.max_file_bytes, terms)
+        self.pipeline = Pipeline(registry, cache, settings.max_file_bytes, terms, settings.sessions_max_file_bytes)
         self.settler = Settler(settings.settle_s, clock, settings.settle_max_s)  # debounce queue
         self.metrics = Metrics()  # GET /metrics
         self.view = StatusView(self.state, self.settler, store, self.pipeline, terms, self.metrics)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from indexer import bm25, chunking
+from indexer import bm25, chunking, transcripts
 from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo, check_vectors
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache, cache_key
@@ -162,10 +163,11 @@ class Pipeline:
     workspace's multimodal cap. ``terms`` builds the BM25 vectors (``None``: the product's ``Bm25Terms()``)."""
 
     def __init__(self, registry: Registry, cache: EmbeddingCache, max_file_bytes: int,
-                 terms: Bm25Terms | None = None) -> None:
+                 terms: Bm25Terms | None = None, sessions_max_file_bytes: int = 256 << 20) -> None:
         self.registry = registry
         self.cache = cache
         self.max_file_bytes = max_file_bytes
+        self.sessions_max_file_bytes = sessions_max_file_bytes  # a transcript is read streamed
         self.stats = Stats()
         text = registry.text_embedder
         if text is None:
@@ -191,6 +193,8 @@ class Pipeline:
             raise FileSkipped("symlink", "symlinks are never followed")
         if not stat.S_ISREG(st.st_mode):
             raise FileSkipped("not_regular_file", "a FIFO, socket or device")
+        if collection.corpus == "sessions":
+            return self._prepare_transcript(collection, path, known, st)
         if unchanged_by_stat(known, st):
             return Unchanged(path)
         multimodal = collection.workspace.multimodal
@@ -233,6 +237,31 @@ class Pipeline:
         chunks = kept
         return Prepared(collection, path, info.rel_path, kind, file_hash, st.st_size, st.st_mtime_ns, chunks,
                         st.st_ctime_ns, st.st_ino, st.st_dev)
+
+    def _prepare_transcript(self, collection: Collection, path: Path, known: FileState | None,
+                            st: os.stat_result) -> Prepared | Unchanged:
+        """``prepare`` for a session transcript: too old for the workspace's ``sessions_max_age_days`` is a skip
+        (``expired``: its points go), a file no transcript format sniffs is a skip (``not_a_transcript``), else
+        its chunks (``indexer.transcripts.extract``)."""
+        max_age = collection.workspace.sessions_max_age_days
+        if max_age is not None and st.st_mtime < time.time() - max_age * 86400:
+            raise FileSkipped("expired", f"last written more than sessions_max_age_days ({max_age:g}) ago")
+        if unchanged_by_stat(known, st):
+            return Unchanged(path)
+        st, head, content_hash = read_fingerprint(path, self.sessions_max_file_bytes, collection)
+        file_hash = index_hash(content_hash)
+        if known is not None and _current(known) and known.file_hash == file_hash:
+            return Unchanged(path, stat_identity(st))
+        found = self.registry.transcript_format(head)
+        if found is None:
+            raise FileSkipped("not_a_transcript", "no transcript format plugin recognises its content")
+        if not _utf8(str(path)):
+            raise FileSkipped("undecodable_name")
+        info = FileInfo(path, rel_path(collection.workspace, path), transcripts.KIND, st.st_size,
+                        opener=lambda: open_file_beneath(collection, path))
+        chunks = transcripts.extract(info, found[1], collection.workspace, self.context)
+        return Prepared(collection, path, info.rel_path, transcripts.KIND, file_hash, st.st_size, st.st_mtime_ns,
+                        chunks, st.st_ctime_ns, st.st_ino, st.st_dev)
 
     # -- step 6-7: embed (cached, batched across files) and build points ----------------------------------------
     def _content(self, chunk: Chunk) -> bytes:

@@ -41,6 +41,7 @@ from indexer.api import (
     Extractor,
     Reranker,
     TextEmbedder,
+    TranscriptFormat,
 )
 from indexer.contract import (
     CLASSIFIERS,
@@ -48,6 +49,7 @@ from indexer.contract import (
     EMBEDDERS,
     EXTRACTORS,
     RERANKERS,
+    TRANSCRIPTS,
     check_contract,
     declared,
 )
@@ -61,6 +63,8 @@ log = structlog.get_logger("qmd_indexer.plugins")
 OWN_DISTRIBUTION = "qmd-indexer"
 #: embedders shipped here that run only when ``prefer`` chooses them for their modality (an endpoint to configure)
 OPT_IN_EMBEDDERS = frozenset({"openai"})
+#: the payload fields a transcript window's hit carries: its session, the time of its first turn, its speakers
+TRANSCRIPT_HIT_FIELDS = ("session_id", "session_time", "speakers")
 
 @dataclass(slots=True)
 class PluginRecord:
@@ -93,6 +97,8 @@ def _provides(group: str, obj: Any) -> tuple[str, ...]:
         return (obj.modality,)
     if group == RERANKERS:
         return ("rerank",)
+    if group == TRANSCRIPTS:
+        return ("transcripts",)
     return (f"priority {obj.priority}",)
 
 
@@ -112,6 +118,9 @@ class Registry:
         self.embedders: dict[str, Embedder] = {}
         self.reranker: Reranker | None = None
         self.reranker_name = ""  # the entry-point name of ``reranker``
+        self.transcript_formats: list[tuple[str, TranscriptFormat]] = sorted(
+            ((r.name, r.obj) for r in loaded if r.group == TRANSCRIPTS),
+            key=lambda pair: (declared(TRANSCRIPTS, pair[1], "priority"), pair[0]))
         media: set[str] = set()
         fields: dict[str, None] = {}
         for r in loaded:
@@ -126,6 +135,8 @@ class Registry:
             elif r.group == RERANKERS:
                 self.reranker, self.reranker_name = r.obj, r.name
         self.media_kinds: frozenset[str] = frozenset(media)
+        if self.transcript_formats:  # what a transcript hit carries (indexer.transcripts)
+            fields.update(dict.fromkeys(TRANSCRIPT_HIT_FIELDS))
         self.hit_fields: tuple[str, ...] = tuple(fields)
         self.modalities: tuple[str, ...] = tuple(sorted(self.embedders))
 
@@ -181,6 +192,18 @@ class Registry:
                 continue
             raise ConfigError(f"workspace {agent!r}: multimodal.modalities: unknown media kind "
                               f"{unknown[0]!r}; the loaded plugins provide: {known} (see `qmd-indexer plugins`)")
+
+    def transcript_format(self, head: bytes) -> tuple[str, TranscriptFormat] | None:
+        """``(entry-point name, format)`` of the first transcript format (by ``priority``) whose ``sniff`` claims a
+        file starting with ``head``; ``None`` when none does (the file is no transcript). A plugin that raises is
+        taken as a no."""
+        for name, fmt in self.transcript_formats:
+            try:
+                if fmt.sniff(head):
+                    return name, fmt
+            except Exception as exc:  # a plugin's bug must not stop the daemon
+                log.warning("transcript_sniff_failed", plugin=name, error=f"{type(exc).__name__}: {exc}"[:300])
+        return None
 
     def classify_text(self, path: Path, head: bytes) -> str | None:
         """``classify``, but ``None`` for a media kind: what ``read`` serves is text memory, never a media file."""

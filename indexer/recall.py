@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from indexer.api import HEAD_BYTES
+from indexer.api import HEAD_BYTES, TranscriptFormat
 from indexer.chunking import split_lines
 from indexer.errors import ReadRefused
 from indexer.hits import SNIPPET_CHARS
@@ -43,9 +43,11 @@ from indexer.schema import (
 )
 from indexer.search import Searcher, join_degraded
 from indexer.store import Store
+from indexer.transcripts import render_page
 from indexer.workspace import Collection, anchor, route, walk
 
 LIST_ALL = frozenset({"", "*", "all"})
+SESSION_FIELDS = ("session_id", "session_time")  # what a listed transcript shows of its first chunk
 
 
 def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str | None = None,
@@ -68,7 +70,7 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
         # this one's memory/ belongs to the inner one, never to this agent
         collection, reason = route(collections, candidate)
         if collection is not None and collection.workspace == workspace:
-            if classify is not None:
+            if classify is not None and collection.corpus == "memory":  # a transcript: read_memory sniffs it
                 with open_memory(collection, candidate) as handle:  # FileNotFoundError, ReadRefused propagate
                     kind = classify(candidate, handle.read(HEAD_BYTES))
                 if kind is None or (collection.role == "root" and kind != "markdown"):
@@ -95,7 +97,8 @@ def open_memory(collection: Collection, path: Path, text: bool = False) -> IO[An
 
 def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1, lines: int | None = None,
                 max_chars: int = DEFAULT_MAX_CHARS, agent: str | None = None,
-                classify: Callable[[Path, bytes], str | None] | None = None) -> Page:
+                classify: Callable[[Path, bytes], str | None] | None = None,
+                transcript_format: Callable[[bytes], tuple[str, TranscriptFormat] | None] | None = None) -> Page:
     """A page of memory file ``path``.
 
     Returns ``{"path", "collection", "from", "to", "text", "truncated", "next_from"}``: ``text`` holds whole lines
@@ -104,6 +107,10 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     ask for next (else ``None``). A single line longer than ``max_chars`` is returned cut, with
     ``"line_truncated": true`` (and ``next_from`` the line after it). Raises what ``resolve_memory_path`` raises
     (``classify`` is passed to it) and ``ValueError`` for bad arguments.
+
+    A session transcript (``transcript_format``: the registry's sniffing) reads as its turns, each whole on one line
+    (``L12 [2023-05-08 13:57] Caroline (user): ...``, ``indexer.transcripts.render_page``); ``from``, ``to``,
+    ``lines`` and ``next_from`` count its JSONL lines. Without a format that claims it, it is ``ReadRefused``.
     """
     if from_line < 1 or (lines is not None and lines < 1) or max_chars < 1:
         raise ValueError("from must be >= 1, lines >= 1 and max_chars >= 1")
@@ -118,6 +125,8 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
             raise FileNotFoundError(_closest(collections, path, agent)) from None
         collection, abs_path = resolve_memory_path(collections, respelled, agent, classify)
         note = f"no file is named {path!r}: read {respelled!r}, the same name in another Unicode normalisation form"
+    if collection.corpus == "sessions":
+        return _transcript_page(collection, abs_path, from_line, lines, max_chars, transcript_format)
     out: list[str] = []
     used = 0
     line_no = 0
@@ -152,6 +161,22 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     if note:
         result["note"] = note
     return result
+
+
+def _transcript_page(collection: Collection, abs_path: Path, from_line: int, lines: int | None, max_chars: int,
+                     transcript_format: Callable[[bytes], tuple[str, TranscriptFormat] | None] | None) -> Page:
+    """``read_memory``'s page of a session transcript."""
+    with open_memory(collection, abs_path) as handle:
+        found = transcript_format(handle.read(HEAD_BYTES)) if transcript_format is not None else None
+        if found is None:
+            raise ReadRefused(f"{abs_path.name}: not a session transcript any format plugin reads")
+        handle.seek(0)
+        shown, last, truncated = render_page(handle, found[1], from_line, lines, max_chars,
+                                             collection.workspace.sessions_tool_results)
+    return {"path": str(abs_path) if not abs_path.is_relative_to(collection.workspace.path)
+            else os.path.relpath(abs_path, collection.workspace.path), "collection": collection.name,
+            "from": from_line, "to": last, "text": "\n".join(shown), "truncated": truncated,
+            "next_from": last + 1 if truncated else None}
 
 
 def _respelled(collections: Sequence[Collection], path: str, agent: str | None) -> str | None:
@@ -199,7 +224,7 @@ def list_memories(collections: Sequence[Collection], store: Store, request: Reca
         if agent and collection.agent != agent:
             continue
         for p in store.scroll(collection.name, ["abs_path", "path", "agent", "collection", "kind", "chunk_index",
-                                                "start_line", "end_line", "text"]):
+                                                "start_line", "end_line", "text", *SESSION_FIELDS]):
             entry = entries.get(p.abs_path)
             if entry is None:
                 entry = entries[p.abs_path] = Hit(collection=p.collection, agent=p.agent, path=p.path, start_line=1,
@@ -209,6 +234,9 @@ def list_memories(collections: Sequence[Collection], store: Store, request: Reca
             if p.chunk_index < first.get(p.abs_path, 1 << 30):
                 first[p.abs_path] = p.chunk_index
                 entry["snippet"] = p.text[:SNIPPET_CHARS]
+                for key in SESSION_FIELDS:  # a transcript: its session and when its first turn was
+                    if p.get(key) is not None:
+                        entry[key] = p.get(key)  # type: ignore[literal-required]
     ordered = sorted(entries.values(), key=lambda e: (e["agent"], e["path"]))
     end = offset + min(k, LIST_CAP)
     listed = ordered[offset:end]
@@ -227,8 +255,7 @@ def recall(searcher: Searcher, request: RecallRequest, degraded: list[str] | Non
     shared = request.model_dump(include=set(SearchRequest.model_fields) - {"k"}, exclude_none=True)
     search = SearchRequest(**shared)
     if request.query.strip().lower() in LIST_ALL:
-        searcher.targets(search)  # raises KeyError for an unknown agent
-        return list_memories(searcher.collections, searcher.store, request)
+        return list_memories(searcher.targets(search), searcher.store, request)  # KeyError: an unknown agent
     # a recall may ask for more hits than a search's k allows (RecallK): set without the search's bound
     answer = searcher.answer(search.model_copy(update={"k": request.k or DEFAULT_K}))
     if degraded is not None:
@@ -293,10 +320,10 @@ def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None, budge
     from disk (at most ``budget_chars`` characters each, whole lines), so lines are never pieces of chunks.
     ``degraded`` collects why the query's search was less than the configured one."""
     if query and query.strip().lower() not in LIST_ALL:
-        hits = searcher.search(SearchRequest(query=query, k=20, agent=agent), degraded)
+        hits = searcher.search(SearchRequest(query=query, k=20, agent=agent, corpus="memory"), degraded)
         return [(h["path"], h["start_line"], h["snippet"], h["end_line"] - h["start_line"] + 1)
                 for h in hits if h["kind"] != "image"]
-    targets = searcher.targets(SearchRequest(query="", agent=agent))
+    targets = searcher.targets(SearchRequest(query="", agent=agent, corpus="memory"))  # never transcripts
     files: dict[str, dict[str, Any]] = {}
     for collection in targets:
         for p in searcher.store.scroll(collection.name, ["abs_path", "path", "mtime_ns", "end_line", "modality"]):

@@ -90,6 +90,10 @@ Agent = Annotated[str | None, Field(description=(
     "the agents). A request never spans agents."))]
 Collections = Annotated[list[str] | str | None, Field(
     description="Only these collections (one name or a list), e.g. memory-dir-main.")]
+CorpusName = Literal["memory", "sessions", "all"]
+Corpus = Annotated[CorpusName | None, Field(description=(
+    "Which memory to look in: memory (the memory files), sessions (the session transcripts of a workspace that "
+    "configures `sessions`) or all; default the daemon's default_corpus (all)."))]
 Mode = Annotated[Literal["hybrid", "dense", "keyword"] | None, Field(
     description="hybrid (default: meaning + exact words), dense (meaning only) or keyword (BM25 words only).")]
 PathPrefix = Annotated[str | None, Field(
@@ -171,6 +175,7 @@ class SearchRequest(Request):
     collection: Collections = None
     path_prefix: PathPrefix = None
     kind: Kinds = None
+    corpus: Corpus = None
     since: Since = None
     until: Until = None
     min_score: MinScore = None
@@ -218,6 +223,7 @@ class RecallRequest(Request):
     k: RecallK = None
     offset: Offset = 0
     agent: Agent = None
+    corpus: Corpus = None
 
 
 class BootRequest(Request):

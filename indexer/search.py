@@ -146,6 +146,7 @@ class SearchSettings:
     mmr_lambda: float | None = None
     dense_floor: float = 0.42
     coverage_floor: float = 0.5
+    corpus: str = "all"  # the corpus of a request that names none (``default_corpus``)
 
     @classmethod
     def from_settings(cls, settings: Settings, registry: Registry) -> SearchSettings:
@@ -157,7 +158,7 @@ class SearchSettings:
                    hit_fields=tuple(registry.hit_fields), half_life_days=settings.temporal_half_life_days,
                    rerank_top_n=settings.rerank_top_n, rerank_budget_s=settings.rerank_budget_s,
                    mmr_lambda=settings.mmr_lambda, dense_floor=settings.relevance_floor,
-                   coverage_floor=settings.relevance_coverage)
+                   coverage_floor=settings.relevance_coverage, corpus=settings.default_corpus)
 
 
 _SETTING_NAMES = frozenset(f.name for f in fields(SearchSettings))
@@ -227,14 +228,18 @@ class Searcher:
         self._embed_query(text)
 
     def targets(self, params: SearchRequest) -> list[Collection]:
-        """The collections ``params`` selects (``agent``, ``collection``); raises ``KeyError`` naming an unknown
-        agent or collection."""
+        """The collections ``params`` selects (``agent``, ``collection``, ``corpus``: the memory files, the session
+        transcripts or all, default ``SearchSettings.corpus``); raises ``KeyError`` naming an unknown agent or
+        collection."""
         chosen = self.collections
+        wanted = names(params.collection)
+        corpus = params.corpus or ("all" if wanted else self.settings.corpus)  # named collections are asked for
+        if corpus != "all":
+            chosen = [c for c in chosen if c.corpus == corpus]
         if params.agent:
             chosen = [c for c in chosen if c.agent == params.agent]
-            if not chosen:
+            if not any(c.agent == params.agent for c in self.collections):
                 raise KeyError(f"unknown agent {params.agent!r}")
-        wanted = names(params.collection)
         if wanted:
             unknown = set(wanted) - {c.name for c in self.collections}
             if unknown:

@@ -120,10 +120,11 @@ def needs_polling(fstype: str) -> bool:
 
 def watch_roots(collections: Sequence[Collection]) -> list[tuple[Path, bool]]:
     """``(directory, recursive)`` for every root of ``collections`` to watch: each workspace (not recursive: its
-    root memory files), ``memory/`` and extra directories (recursive), the directory of an extra file."""
+    root memory files), ``memory/``, extra directories and the sessions folder (recursive), the directory of an
+    extra file."""
     roots = [(root, False) for root in sorted({c.workspace.path for c in collections})]
     for collection in collections:
-        if collection.role == "dir":
+        if collection.role in ("dir", "sessions"):
             roots.append((collection.root, True))
         elif collection.role == "extra":
             if collection.root.is_dir():

@@ -10,6 +10,9 @@ Rules (following the reference agent's memory layout):
   names them (images and audio only when the workspace enables that modality).
 - **Extra paths**: files or directories, absolute or workspace-relative, ``~`` expanded, duplicates removed; a
   directory is walked like ``memory/``; each gets a collection of its own.
+- **Sessions**: the workspace's ``sessions`` folder (absolute or workspace-relative, ``~`` expanded), walked like
+  ``memory/``; its ``*.jsonl`` files are candidates, and a transcript format plugin's sniffing decides which are
+  transcripts (``indexer.transcripts``).
 - **Never**: a symlink anywhere on the way (a symlinked file, a symlinked ``memory/``, a symlinked extra root): a
   security boundary, so nothing outside the workspace is pulled in; each skip is reported by name. Hidden names
   (``.git``, ``.obsidian``, editor swap files) and ``.openclaw-repair/`` (the doctor's archive) are skipped.
@@ -24,7 +27,12 @@ Workspace identity: ``attest`` records which filesystem object (device, inode) e
 restored backup or a re-created directory under the same path is noticed (its files' stat shortcut is then
 distrusted).
 
-Collections are named ``memory-root-<agent>``, ``memory-dir-<agent>``, ``memory-extra-<name>-<agent>``, sanitised
+Each of these is a *source* (``Source``, ``SOURCES``): what feeds one kind of collection, which corpus it belongs to
+(``memory`` or ``sessions``), where the symlink checks of its files start and which names are candidates. Everything
+downstream (the pipeline, tenancy, search's ``corpus`` filter) asks the source, never the role by name.
+
+Collections are named ``memory-root-<agent>``, ``memory-dir-<agent>``, ``memory-extra-<name>-<agent>``,
+``sessions-<agent>``, sanitised
 to ``[a-z0-9-]``, with ``-2``, ``-3``, ... appended on collision, unique across all workspaces of one daemon, and
 preceded by the ``collection_prefix`` setting (daemons on several machines sharing one Qdrant server).
 """
@@ -54,16 +62,51 @@ def sanitise(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "x"
 
 
+Role = Literal["root", "dir", "extra", "sessions"]
+Corpus = Literal["memory", "sessions"]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """What feeds one kind of collection: ``corpus`` it belongs to (search's ``corpus`` filter), ``own_root``
+    (symlink checks and opens start at the collection's root, not at the workspace: an extra path, the sessions
+    folder), ``walked`` (a directory walked for candidates; the root memory files are named instead) and ``suffix``
+    (only names ending so are candidates; empty: any name)."""
+
+    role: Role
+    corpus: Corpus
+    own_root: bool
+    walked: bool
+    suffix: str = ""
+
+
+SOURCES: dict[str, Source] = {
+    "root": Source("root", "memory", own_root=False, walked=False),
+    "dir": Source("dir", "memory", own_root=False, walked=True),
+    "extra": Source("extra", "memory", own_root=True, walked=True),
+    "sessions": Source("sessions", "sessions", own_root=True, walked=True, suffix=".jsonl"),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Collection:
-    """One Qdrant collection of one workspace: ``role`` says which rule feeds it; ``root`` is the workspace (for
-    ``"root"``), the memory directory (``"dir"``) or the extra path (``"extra"``, a file or a directory)."""
+    """One Qdrant collection of one workspace: ``role`` names its ``Source``; ``root`` is the workspace (for
+    ``"root"``), the memory directory (``"dir"``), the extra path (``"extra"``, a file or a directory) or the
+    sessions folder (``"sessions"``)."""
 
     name: str
     agent: str
-    role: Literal["root", "dir", "extra"]
+    role: Role
     root: Path
     workspace: Workspace
+
+    @property
+    def source(self) -> Source:
+        return SOURCES[self.role]
+
+    @property
+    def corpus(self) -> Corpus:
+        return SOURCES[self.role].corpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +119,7 @@ class Skip:
 
 def plan_collections(workspaces: Sequence[Workspace], prefix: str = "") -> list[Collection]:
     """The collections of all ``workspaces``, named uniquely (each preceded by ``prefix``), in order (root, dir,
-    extras) per workspace."""
+    extras, sessions) per workspace."""
     taken: set[str] = set()
     out: list[Collection] = []
 
@@ -96,16 +139,28 @@ def plan_collections(workspaces: Sequence[Workspace], prefix: str = "") -> list[
         for extra in extra_roots(ws):
             base = sanitise(extra.stem if extra.suffix else extra.name)
             out.append(Collection(unique(f"memory-extra-{base}-{agent}"), ws.agent, "extra", extra, ws))
+        sessions = sessions_root(ws)
+        if sessions is not None:
+            out.append(Collection(unique(f"sessions-{agent}"), ws.agent, "sessions", sessions, ws))
     return out
+
+
+def _absolute(ws: Workspace, raw: Path) -> Path:
+    path = raw.expanduser()
+    return Path(os.path.abspath(path if path.is_absolute() else ws.path / path))
+
+
+def sessions_root(ws: Workspace) -> Path | None:
+    """The workspace's ``sessions`` folder, ``~`` expanded, made absolute against the workspace; ``None`` when it
+    configures none."""
+    return None if ws.sessions is None else _absolute(ws, ws.sessions)
 
 
 def extra_roots(ws: Workspace) -> list[Path]:
     """The workspace's extra paths: ``~`` expanded, made absolute against the workspace, duplicates removed."""
     seen: dict[Path, None] = {}
     for raw in ws.extra_paths:
-        path = raw.expanduser()
-        path = Path(os.path.abspath(path if path.is_absolute() else ws.path / path))
-        seen.setdefault(path, None)
+        seen.setdefault(_absolute(ws, raw), None)
     return list(seen)
 
 
@@ -235,9 +290,11 @@ def walk_paths(collections: Sequence[Collection]
         if _symlink_on_way(collection, root):
             skips.append(Skip(root, "symlink"))
             continue
+        suffix = collection.source.suffix
         if root.is_dir():
             for path in _walk_dir(str(root), skips):
-                take(collection, path)
+                if path.endswith(suffix):
+                    take(collection, path)
         elif root.is_file():
             take(collection, str(root))
     return found, skips, stats
@@ -246,8 +303,8 @@ def walk_paths(collections: Sequence[Collection]
 def _symlink_on_way(collection: Collection, path: Path) -> bool:
     """Whether ``path`` or any directory between the workspace (or the extra root) and it is a symlink (one
     ``lstat`` per level; string operations, not ``pathlib``: this runs for every file of every scan)."""
-    base = collection.workspace.path if collection.role != "extra" else collection.root
-    if collection.role == "extra" and os.path.islink(base):
+    base = collection.root if collection.source.own_root else collection.workspace.path
+    if collection.source.own_root and os.path.islink(base):
         return True
     rest = _below(base, path)
     if rest is None:
@@ -320,6 +377,8 @@ def _claim(collection: Collection, path: Path) -> tuple[str, str | None]:
         return "pass", None
     if any(_skipped_name(part) for part in parts):
         return "refuse", "hidden"
+    if not path.name.endswith(collection.source.suffix):
+        return "refuse", None  # not a candidate of this source (a transcript folder's index, its lock files)
     if _symlink_on_way(collection, path):
         return "refuse", "symlink"
     return "own", None
@@ -381,7 +440,7 @@ def anchor(collection: Collection, path: Path) -> tuple[Path, str, bool]:
     """``(base, rel, follow_base)`` to open ``path`` of ``collection`` with ``indexer.safeio.open_beneath``: the
     workspace for root and ``memory/`` files (so a symlinked ``memory/`` is refused too), the extra root (or, for a
     file extra, its directory) for extras, whose root itself must not be a symlink."""
-    if collection.role != "extra":
+    if not collection.source.own_root:
         return collection.workspace.path, path.relative_to(collection.workspace.path).as_posix(), True
     if path == collection.root:
         return path.parent, path.name, True

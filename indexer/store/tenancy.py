@@ -2,8 +2,8 @@
 
 Tenancy (``ServerOptions.tenancy``): with ``"collections"`` every logical collection (``memory-root-<agent>``...) is a
 Qdrant collection of its own. With ``"shared"`` the logical collections are tenants of shared physical collections,
-one per kind (``root``, ``dir``, ``extra``) and embedding space (``shared_collection``: the name carries a digest of
-the embedders' identity, so two models never mix): each point's payload carries its agent and its logical
+one per kind (``root``, ``dir``, ``extra``, ``sessions``) and embedding space (``shared_collection``: the name
+carries a digest of the embedders' identity, so two models never mix): each point's payload carries its agent and its logical
 collection, the logical collection's name is the tenant key (a keyword index with ``is_tenant``), HNSW graphs are
 built per tenant (``payload_m``, global ``m=0``). ``TenantStore._where`` is the one place a logical name becomes a
 physical collection plus the tenant condition; every primitive that reads or writes points goes through it, so
@@ -31,17 +31,19 @@ SHARED = "qmd-shared-"  # shared physical collections (tenancy "shared") are nam
 STAGING = "--rebuild"  # beside each: the shared collection a rebuild of its tenants fills, moved in by ``swap``
 TENANT_KEY = "collection"  # the tenant key of a shared collection: the payload's logical collection name
 PAYLOAD_M = 16  # HNSW links per node of a tenant's graph in a shared collection (Qdrant's default m)
-_KIND = re.compile(r"(?:^|-)memory-(root|dir|extra)-")
+_KIND = re.compile(r"(?:^|-)(?:memory-(root|dir|extra)|(sessions))-")
 
 
 def shared_collection(name: str, space: str) -> str:
     """The shared physical collection that holds logical collection ``name`` (a rebuild's ``<name>--rebuild-<n>``:
     the staging collection beside it) for embedding space ``space``: ``qmd-shared-<kind>-<12 hex of sha256(space)>``,
-    ``kind`` the ``root``, ``dir`` or ``extra`` of ``memory-<kind>-<agent>`` (``other`` for any other name)."""
+    ``kind`` the ``root``, ``dir`` or ``extra`` of ``memory-<kind>-<agent>``, ``sessions`` for ``sessions-<agent>``
+    (``other`` for any other name)."""
     logical, _, rebuild = name.partition(REBUILD)
     match = _KIND.search(logical)
     digest = hashlib.sha256(space.encode()).hexdigest()[:12]
-    return f"{SHARED}{match.group(1) if match else 'other'}-{digest}{STAGING if rebuild else ''}"
+    kind = (match.group(1) or match.group(2)) if match else "other"
+    return f"{SHARED}{kind}-{digest}{STAGING if rebuild else ''}"
 
 
 class TenantStore(Store):
