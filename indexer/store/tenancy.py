@@ -5,9 +5,9 @@ Qdrant collection of its own. With ``"shared"`` the logical collections are tena
 one per kind (``root``, ``dir``, ``extra``, ``sessions``) and embedding space (``shared_collection``: the name
 carries a digest of the embedders' identity, so two models never mix): each point's payload carries its agent and
 its logical collection, the logical collection's name is the tenant key (a keyword index with ``is_tenant``), HNSW
-graphs are built per tenant (``payload_m``, global ``m=0``). ``TenantStore._where`` is the one place a logical name becomes a
-physical collection plus the tenant condition; every primitive that reads or writes points goes through it, so
-callers (the daemon, search, recall, migrate) name logical collections only and never see another tenant's points.
+graphs are built per tenant (``payload_m``, global ``m=0``). ``TenantStore._where`` is the one place a logical name
+becomes a physical collection plus the tenant condition; every primitive that reads or writes points goes through it,
+so callers (the daemon, search, recall, migrate) name logical collections only and never see another tenant's points.
 """
 
 from __future__ import annotations
