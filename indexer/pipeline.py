@@ -59,6 +59,13 @@ def unchanged_by_stat(known: FileState | None, st: os.stat_result) -> bool:
     return known is not None and _current(known) and known.identity() == stat_identity(st)
 
 
+def expired(collection: Collection, st: os.stat_result) -> bool:
+    """Whether a file of ``collection`` with ``lstat`` result ``st`` is a transcript last written more than its
+    workspace's ``sessions_max_age_days`` ago (retention: its points are dropped)."""
+    max_age = collection.workspace.sessions_max_age_days
+    return collection.corpus == "sessions" and max_age is not None and st.st_mtime < time.time() - max_age * 86400
+
+
 class Interrupted(Exception):
     """Embedding stopped between slices because a shutdown was requested."""
 
@@ -243,8 +250,8 @@ class Pipeline:
         """``prepare`` for a session transcript: too old for the workspace's ``sessions_max_age_days`` is a skip
         (``expired``: its points go), a file no transcript format sniffs is a skip (``not_a_transcript``), else
         its chunks (``indexer.transcripts.extract``)."""
-        max_age = collection.workspace.sessions_max_age_days
-        if max_age is not None and st.st_mtime < time.time() - max_age * 86400:
+        if expired(collection, st):
+            max_age = collection.workspace.sessions_max_age_days
             raise FileSkipped("expired", f"last written more than sessions_max_age_days ({max_age:g}) ago")
         if unchanged_by_stat(known, st):
             return Unchanged(path)
