@@ -221,10 +221,11 @@ def with_overlap(registry: Any, overlap: float | None) -> Any:
 
 
 def open_indexed(state: Path, workspace: Path | dict[str, Path], variant: str, bm25: str, overlap: float | None,
-                 registry: Any, log: Any, extra: str = "") -> tuple[Any, dict[str, Any]]:
+                 registry: Any, log: Any, extra: str = "",
+                 sessions: dict[str, Path] | None = None) -> tuple[Any, dict[str, Any]]:
     """An opened ``Indexer`` over ``workspace`` (agent ``scifact``; or agent -> workspace, one ``[[workspace]]``
     each) whose index is complete; returns it and index facts (seconds, files, chunks embedded, cache hits, chunk
-    count). The index is rebuilt when the point-shaping code, ``bm25``, ``overlap`` or ``extra`` changed since the
+    count). ``sessions``: agent -> its session transcripts folder. The index is rebuilt when the point-shaping code, ``bm25``, ``overlap`` or ``extra`` changed since the
     variant's last run; the embedding cache ``state/embeddings.sqlite3`` is shared by every variant."""
     from indexer.chunking import OVERLAP_RATIO
     from indexer.config import Settings, Workspace
@@ -242,7 +243,9 @@ def open_indexed(state: Path, workspace: Path | dict[str, Path], variant: str, b
     stamp = code_fingerprint(f"{bm25}|{OVERLAP_RATIO if overlap is None else overlap}" + (f"|{extra}" if extra else ""))
     reindex = not stamp_path.exists() or stamp_path.read_text() != stamp
     agents = workspace if isinstance(workspace, dict) else {"scifact": workspace}
-    settings = Settings(state_dir=state_dir, workspace=tuple(Workspace(agent=a, path=p) for a, p in agents.items()),
+    sessions = sessions or {}
+    settings = Settings(state_dir=state_dir, workspace=tuple(Workspace(agent=a, path=p, sessions=sessions.get(a))
+                                                             for a, p in agents.items()),
                         log_level="warning", bm25=bm25_variant(bm25))
     indexer = Indexer.open(settings, registry=with_overlap(registry, overlap), reindex=reindex)
     stamp_path.unlink(missing_ok=True)

@@ -154,13 +154,15 @@ def _cut(text: str, offsets: list[tuple[int, int]], budget: int) -> list[str]:
 
 
 def transcript_chunks(turns: Iterable[Turn], reading: Reading, context: ExtractContext,
-                      size: int = WINDOW_TURNS, overlap: int = OVERLAP_TURNS) -> list[Chunk]:
+                      size: int | None = None, overlap: int | None = None) -> list[Chunk]:
     """The chunks of a transcript's ``turns``: windows of whole turns (``turn_windows``), each a ``Chunk`` of kind
     ``KIND`` whose lines are the JSONL lines of its first and last turn; a turn alone over the token budget is cut
     into pieces of the same lines. The budget leaves room for the context (``window_context``)."""
     turns = list(turns)
     if not turns:
         return []
+    size = WINDOW_TURNS if size is None else size
+    overlap = OVERLAP_TURNS if overlap is None else overlap
     budget = max(16, context.max_tokens - 48)  # the context: a date in words, a time and a few names
     tokens = [len(context.token_offsets(t.shown())) for t in turns]
     out: list[Chunk] = []

@@ -2,7 +2,7 @@
 // /health) on this origin. Note text is untrusted: everything is rendered with DOM APIs and textContent, never as
 // HTML. The API token, when the daemon has one, is kept in sessionStorage (this tab only) and sent as a bearer token.
 // Each view has its own URL, in the fragment (never sent to the server, so a query stays out of its logs):
-// #/search?q=...&mode=...&agent=...&collection=..., #/file?path=...&agent=...&lines=3-5, #/status. A reload, a
+// #/search?q=...&mode=...&corpus=...&agent=...&collection=..., #/file?path=...&agent=...&lines=3-5, #/status. A reload, a
 // bookmark and back/forward show the same view again.
 "use strict";
 
@@ -118,6 +118,7 @@
       lastSearch = location.hash;
       $("query").value = q;
       $("mode").value = params.get("mode") || "";
+      $("corpus").value = params.get("corpus") || "";
       for (const name of ["agent", "collection"]) {
         const value = params.get(name) || "";
         const select = $(name);
@@ -178,13 +179,13 @@
   function search(event) {
     event.preventDefault();
     const params = { q: $("query").value };
-    for (const name of ["mode", "agent", "collection"]) params[name] = $(name).value;
+    for (const name of ["mode", "corpus", "agent", "collection"]) params[name] = $(name).value;
     go(fragment("search", params));
   }
 
   async function runSearch(query, params) {
     const body = { query, k: 10 };
-    for (const name of ["mode", "agent", "collection"]) {
+    for (const name of ["mode", "corpus", "agent", "collection"]) {
       if (params.get(name)) body[name] = params.get(name);
     }
     try {
@@ -207,7 +208,9 @@
     const score = typeof hit.score === "number" ? hit.score.toFixed(3) : "-";
     return el("li", { className: "hit" },
       el("div", { className: "hit-head" }, open, el("span", { className: "score" }, "score " + score),
-        el("span", { className: "muted" }, `${hit.agent} / ${hit.collection} / ${hit.kind}`)),
+        el("span", { className: "muted" }, `${hit.agent} / ${hit.collection} / ${hit.kind}`
+          + (hit.session_id ? ` / session ${hit.session_id} ${hit.session_time || ""} ${(hit.speakers || []).join(", ")}`
+            : ""))),
       el("pre", { className: "snippet" }, marked(hit.snippet || "", words)));
   }
 
