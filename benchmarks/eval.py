@@ -225,8 +225,9 @@ def open_indexed(state: Path, workspace: Path | dict[str, Path], variant: str, b
                  sessions: dict[str, Path] | None = None) -> tuple[Any, dict[str, Any]]:
     """An opened ``Indexer`` over ``workspace`` (agent ``scifact``; or agent -> workspace, one ``[[workspace]]``
     each) whose index is complete; returns it and index facts (seconds, files, chunks embedded, cache hits, chunk
-    count). ``sessions``: agent -> its session transcripts folder. The index is rebuilt when the point-shaping code, ``bm25``, ``overlap`` or ``extra`` changed since the
-    variant's last run; the embedding cache ``state/embeddings.sqlite3`` is shared by every variant."""
+    count). ``sessions``: agent -> its session transcripts folder. The index is rebuilt when the point-shaping
+    code, ``bm25``, ``overlap`` or ``extra`` changed since the variant's last run; the embedding cache
+    ``state/embeddings.sqlite3`` is shared by every variant."""
     from indexer.chunking import OVERLAP_RATIO
     from indexer.config import Settings, Workspace
     from indexer.daemon import Indexer

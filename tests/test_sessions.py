@@ -17,8 +17,8 @@ from indexer.builtin.transcripts import ClaudeCodeTranscripts, OpenClawTranscrip
 from indexer.memory import LocalMemory
 from indexer.schema import BootRequest, GetRequest, RecallRequest, SearchRequest
 from indexer.store.tenancy import shared_collection
-from indexer.workspace import plan_collections
 from indexer.worker import index_once
+from indexer.workspace import plan_collections
 
 SESSION = "3418b17d-d5fc-56a3-81f2-d41a9587a88c"
 FILLER = ["How was your week?", "Busy with the kids and work, and you?", "I painted a small lake at sunrise.",
