@@ -112,7 +112,8 @@ def print_table(results: dict[str, dict[str, Any]], relevance: dict[str, tuple[i
         line += f"   {said}/{right}"
         print(line)
     script = "  ".join(f"{SCRIPT[c][0]:>5.2f}/{SCRIPT[c][1]:.2f}" for c in ("1", "2", "3", "4"))
-    print(f"{'README script (BM25+MiniLM)':<28}{SCRIPT['ALL'][0]:>7.3f}{SCRIPT['ALL'][1]:>7.3f}{'':>7}{'':>6}  {script}")
+    overall = f"{SCRIPT['ALL'][0]:>7.3f}{SCRIPT['ALL'][1]:>7.3f}"
+    print(f"{'README script (BM25+MiniLM)':<28}{overall}{'':>13}  {script}")
     print("per category: hit@5/recall@5. relevant|top right: questions whose top hit is an evidence turn that "
           "the answer flagged relevant")
 
