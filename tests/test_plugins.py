@@ -36,7 +36,7 @@ except ImportError:  # tests/ imported as a package
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = fakes.__name__
-CLS, EXT, EMB, RRK = GROUPS
+CLS, EXT, EMB, RRK, TRS = GROUPS
 
 
 def ep(name: str, target: str, group: str) -> EntryPoint:
