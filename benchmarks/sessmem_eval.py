@@ -96,8 +96,8 @@ def top_right(q: dict[str, Any], results: Sequence[dict[str, Any]]) -> bool:
     """Whether the first result overlaps an evidence line of ``q``."""
     if not results:
         return False
-    r = results[0]
-    return any(e["path"] == r["path"] and r["start_line"] <= e["start_line"] <= r["end_line"]
+    r = results[0]  # paths match on the file name, as score.py matches them
+    return any(Path(e["path"]).name == Path(r["path"]).name and r["start_line"] <= e["start_line"] <= r["end_line"]
                for e in q["relevant"])
 
 

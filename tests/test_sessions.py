@@ -273,3 +273,23 @@ def test_sessions_is_a_collection_and_a_tenancy_kind_of_its_own(tmp_path) -> Non
     assert [c.role for c in collections] == ["root", "dir", "sessions", "root", "dir"]
     assert shared_collection("lab-sessions-main", "m").startswith("qmd-shared-sessions-")
     assert shared_collection("memory-dir-sessions", "m").startswith("qmd-shared-dir-")
+
+
+def test_the_http_api_and_the_mcp_tool_take_corpus(make_indexer, agent) -> None:
+    from fastapi.testclient import TestClient
+
+    from indexer.server import create_app
+
+    indexer = make_indexer([agent])
+    index_once(indexer)
+    with TestClient(create_app(indexer.view), base_url="http://127.0.0.1:8743") as client:
+        sessions = client.post("/search", json={"query": "kayak race ferry", "corpus": "sessions"}).json()["hits"]
+        memory = client.post("/search", json={"query": "kayak race ferry", "corpus": "memory"}).json()["hits"]
+        assert {h["collection"] for h in sessions} == {"sessions-main"}
+        assert sessions[0]["session_id"] == SESSION
+        assert memory and "sessions-main" not in {h["collection"] for h in memory}
+        assert client.post("/search", json={"query": "x", "corpus": "chats"}).status_code == 422
+        listed = client.post("/recall", json={"query": "*", "corpus": "sessions"}).json()["hits"]
+        assert [h["session_id"] for h in listed] == [SESSION]
+        page = client.get("/get", params={"path": sessions[0]["path"], "from": 1, "lines": 5}).json()
+        assert page["text"].startswith("L4 [2023-06-02 ")
