@@ -183,9 +183,11 @@ def test_the_contract_is_derived_from_the_protocols() -> None:
         EXT: ("kinds", "extract"),
         EMB: ("model_id", "modality", "dim", "max_tokens", "embed", "embed_query"),
         RRK: ("model_id", "score"),
+        TRS: ("sniff", "read"),
     }
     assert TEXT_EMBEDDER == ("token_offsets",)
     assert DEFAULTS[EXT] == {"media": False, "hit_fields": (), "notice": ""}
+    assert DEFAULTS[TRS] == {"priority": 100}
 
 
 def test_allow_list_from_config_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
