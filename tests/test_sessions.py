@@ -293,3 +293,14 @@ def test_the_http_api_and_the_mcp_tool_take_corpus(make_indexer, agent) -> None:
         assert [h["session_id"] for h in listed] == [SESSION]
         page = client.get("/get", params={"path": sessions[0]["path"], "from": 1, "lines": 5}).json()
         assert page["text"].startswith("L4 [2023-06-02 ")
+
+
+def test_the_command_line_takes_corpus() -> None:
+    import click
+
+    from indexer.cli import _request, _search_request
+
+    assert _search_request("ferry", {"corpus": "sessions", "kind": ()}).corpus == "sessions"
+    assert _request("RecallRequest", query="*", corpus="memory").corpus == "memory"
+    with pytest.raises(click.UsageError, match="--corpus"):
+        _request("SearchRequest", query="x", corpus="chats")
