@@ -405,8 +405,8 @@ def overlaps(collections: Sequence[Collection]) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """A configured path the daemon cannot use as meant: ``kind`` is ``extra_path_missing`` (nothing there: an
-    empty collection until it appears) or ``extra_path_overlaps`` (inside, or around, ``memory/`` or an earlier
+    """A configured path the daemon cannot use as meant: ``kind`` is ``extra_path_missing`` or
+    ``sessions_path_missing`` (nothing there: an empty collection until it appears) or ``extra_path_overlaps`` (inside, or around, ``memory/`` or an earlier
     extra path of the same agent: its files are indexed once, in the collection ``detail`` names)."""
 
     kind: str
@@ -416,9 +416,12 @@ class Problem:
 
 
 def path_problems(collections: Sequence[Collection]) -> list[Problem]:
-    """The ``Problem``s of the extra paths among ``collections``, in order."""
+    """The ``Problem``s of the extra paths and sessions folders among ``collections``, in order."""
     out: list[Problem] = []
     for n, extra in enumerate(collections):
+        if extra.role == "sessions" and not os.path.lexists(extra.root):
+            out.append(Problem("sessions_path_missing", extra.agent, extra.root,
+                               "no sessions folder there yet: an empty collection; indexed once it exists"))
         if extra.role != "extra":
             continue
         if not os.path.lexists(extra.root):

@@ -304,3 +304,14 @@ def test_the_command_line_takes_corpus() -> None:
     assert _request("RecallRequest", query="*", corpus="memory").corpus == "memory"
     with pytest.raises(click.UsageError, match="--corpus"):
         _request("SearchRequest", query="x", corpus="chats")
+
+
+def test_a_missing_sessions_folder_is_a_problem_until_it_appears(make_indexer, tmp_path) -> None:
+    ws, sessions = tmp_path / "ws", tmp_path / "not-yet"
+    write(ws / "MEMORY.md", "# Memory\n")
+    indexer = make_indexer([{"agent": "main", "path": ws, "sessions": sessions}])
+    status = index_once(indexer)
+    assert [(p["kind"], p["path"]) for p in status["problems"]] == [("sessions_path_missing", str(sessions))]
+    write(sessions / "s.jsonl", openclaw("s", "2023-06-02", _talk(EVIDENCE)))
+    status = index_once(indexer)
+    assert status["problems"] == [] and status["collections"]["sessions-main"]["files"] == 1
