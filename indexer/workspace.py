@@ -406,8 +406,9 @@ def overlaps(collections: Sequence[Collection]) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class Problem:
     """A configured path the daemon cannot use as meant: ``kind`` is ``extra_path_missing`` or
-    ``sessions_path_missing`` (nothing there: an empty collection until it appears) or ``extra_path_overlaps`` (inside, or around, ``memory/`` or an earlier
-    extra path of the same agent: its files are indexed once, in the collection ``detail`` names)."""
+    ``sessions_path_missing`` (nothing there: an empty collection until it appears) or ``extra_path_overlaps``
+    (inside, or around, ``memory/`` or an earlier extra path of the same agent: its files are indexed once, in the
+    collection ``detail`` names)."""
 
     kind: str
     agent: str
