@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -199,15 +199,19 @@ def extract(info: FileInfo, fmt: TranscriptFormat, workspace: Workspace, context
     return transcript_chunks(turns, reading, context)
 
 
+def passes_out(text: str) -> str:
+    """The one spot where text rendered from a transcript (``render_page``, what ``get`` shows) leaves this module:
+    a filter over what is shown, such as secret redaction, goes here. Today it returns ``text`` as it is."""
+    return text
+
+
 def render_page(handle: IO[bytes], fmt: TranscriptFormat, from_line: int, lines: int | None, max_chars: int,
-                tool_results: bool = True, reveal: Callable[[str], str] = lambda text: text,
-                ) -> tuple[list[str], int, bool]:
+                tool_results: bool = True) -> tuple[list[str], int, bool]:
     """A page of a transcript for ``get``: its turns from JSONL line ``from_line`` on, each whole and readable
     (``L12 [2023-05-08 13:57] Caroline (user): text``), over at most ``lines`` JSONL lines and ``max_chars``
     characters. Returns ``(rendered lines, last JSONL line covered, truncated)``. Tool results are shown (cut to
-    400 characters) unless ``tool_results`` is false; thinking and tool calls never.
-
-    ``reveal`` is the one place rendered text passes out of this module (a redactor plugs in there)."""
+    400 characters) unless ``tool_results`` is false; thinking and tool calls never. Every rendered line goes
+    through ``passes_out``."""
     reading = Reading(roles=ROLES + (("tool",) if tool_results else ()))
     if from_line > 1:  # skipping lines is cheap: no JSON is parsed before from_line
         for number, _ in enumerate(handle, 1):
@@ -218,7 +222,7 @@ def render_page(handle: IO[bytes], fmt: TranscriptFormat, from_line: int, lines:
     for turn in read_turns(handle, fmt, reading, start_line=from_line):
         if lines is not None and turn.line - from_line >= lines:
             return out, last, True
-        shown = reveal(f"L{turn.line} [{_when(turn.time)}] {turn.speaker} ({turn.role}): {turn.text}")
+        shown = passes_out(f"L{turn.line} [{_when(turn.time)}] {turn.speaker} ({turn.role}): {turn.text}")
         if out and used + len(shown) + 1 > max_chars:
             return out, last, True
         out.append(shown[:max_chars])
