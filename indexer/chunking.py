@@ -381,28 +381,39 @@ def _groups(text: str, lines: Sequence[str], sections: Sequence[_Section], piece
     for index, piece in enumerate(pieces):
         by_line.setdefault(piece.line, []).append(index)
     groups: list[tuple[int, int, tuple[str, ...], int, int, bool]] = []
-    held: list[int] = []  # pieces of bodiless headings waiting for the section under them
-    for n_section, section in enumerate(sections):
-        idx = [i for line in range(section.start, section.end) for i in by_line.get(line, ())]
-        if not idx or not text[pieces[idx[0]].start : pieces[idx[-1]].end].strip():
-            continue
-        body = [i for i in idx if pieces[i].line != section.start and text[pieces[i].start : pieces[i].end].strip()]
-        if section.heading and not body and n_section + 1 < len(sections):
-            held.extend(idx)
-            continue
-        talk = is_conversation(lines[section.start : section.end])
-        if held:
-            idx, held, section = held + idx, [], replace(section, heading=False)
+
+    def add(section: _Section, idx: list[int], talk: bool) -> None:
         n = sum(pieces[i].n_tokens for i in idx)
         if groups and not talk and not groups[-1][5]:
             lo, _, crumbs, total, heading, _ = groups[-1]
             shared = _common(crumbs, section.crumbs)
             if total + n + context_of(shared)[1] <= merge_tokens:
                 groups[-1] = (lo, idx[-1] + 1, shared, total + n, heading if shared == crumbs else -1, False)
-                continue
+                return
         groups.append((idx[0], idx[-1] + 1, section.crumbs, n, section.start if section.heading else -1, talk))
-    if held:  # only bodiless headings left: they are the text
-        groups.append((held[0], held[-1] + 1, (), sum(pieces[i].n_tokens for i in held), -1, False))
+
+    held: list[tuple[_Section, list[int]]] = []  # bodiless headings waiting for the section under them
+    for n_section, section in enumerate(sections):
+        idx = [i for line in range(section.start, section.end) for i in by_line.get(line, ())]
+        if not idx or not text[pieces[idx[0]].start : pieces[idx[-1]].end].strip():
+            continue
+        body = [i for i in idx if pieces[i].line != section.start and text[pieces[i].start : pieces[i].end].strip()]
+        if section.heading and not body and n_section + 1 < len(sections):
+            held.append((section, idx))
+            continue
+        talk = is_conversation(lines[section.start : section.end])
+        if held:
+            above = [i for _, part in held for i in part]
+            n = sum(pieces[i].n_tokens for i in above + idx)
+            if not talk and n + context_of(_common(held[0][0].crumbs, section.crumbs))[1] <= merge_tokens:
+                for waiting in held:  # small enough to merge as any small sections do
+                    add(*waiting, False)
+            else:  # a conversation log or a long section: the headings above open its first window
+                idx, section = above + idx, replace(section, heading=False)
+            held = []
+        add(section, idx, talk)
+    for waiting in held:  # only bodiless headings left: they are the text
+        add(*waiting, False)
     return groups
 
 
