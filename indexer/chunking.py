@@ -22,7 +22,7 @@ import datetime
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import takewhile
 
@@ -37,8 +37,9 @@ MAX_CONTEXT_RATIO = 0.25  # share of the window a chunk's document context may t
 MERGE_TOKENS = 128  # adjacent small sections merge while together (with context) under this many tokens
 #: version of what the built-in markdown chunking makes of a note (line ranges and context text); stored with every
 #: point so that a store built by another version is re-indexed once (see ``indexer.pipeline``)
-CHUNKING_VERSION = 4  # 4: conversation logs cut into turn windows; a dated note's date and a window's speakers
-# in the context (3: front matter out of the chunks, its title and tags in their context)
+CHUNKING_VERSION = 5  # 5: a heading with no body joins the section under it (4: conversation logs cut into turn
+# windows; a dated note's date and a window's speakers in the context; 3: front matter out of the chunks, its title
+# and tags in their context)
 CONTEXT_PATH = False  # whether the context also names the note's workspace-relative path
 
 
@@ -373,24 +374,46 @@ def _groups(text: str, lines: Sequence[str], sections: Sequence[_Section], piece
     """(first piece, last piece + 1, crumbs, n_tokens, heading line or -1, conversation) per non-blank section;
     adjacent sections merge while the merged tokens and their shared context stay within ``merge_tokens``. A group
     of merged sections keeps the heading line of its first section only while that heading names the group's
-    crumbs; a conversation log is a group of its own."""
+    crumbs; a conversation log is a group of its own. A heading with no body (nothing but its own line before the
+    next heading, e.g. a daily note's ``# 2026-12-01`` above a conversation log or a long section) belongs to the
+    section under it: alone it was a one-line chunk that took hit slots and boot budget."""
     by_line: dict[int, list[int]] = {}
     for index, piece in enumerate(pieces):
         by_line.setdefault(piece.line, []).append(index)
     groups: list[tuple[int, int, tuple[str, ...], int, int, bool]] = []
-    for section in sections:
-        idx = [i for line in range(section.start, section.end) for i in by_line.get(line, ())]
-        if not idx or not text[pieces[idx[0]].start : pieces[idx[-1]].end].strip():
-            continue
+
+    def add(section: _Section, idx: list[int], talk: bool) -> None:
         n = sum(pieces[i].n_tokens for i in idx)
-        talk = is_conversation(lines[section.start : section.end])
         if groups and not talk and not groups[-1][5]:
             lo, _, crumbs, total, heading, _ = groups[-1]
             shared = _common(crumbs, section.crumbs)
             if total + n + context_of(shared)[1] <= merge_tokens:
                 groups[-1] = (lo, idx[-1] + 1, shared, total + n, heading if shared == crumbs else -1, False)
-                continue
+                return
         groups.append((idx[0], idx[-1] + 1, section.crumbs, n, section.start if section.heading else -1, talk))
+
+    held: list[tuple[_Section, list[int]]] = []  # bodiless headings waiting for the section under them
+    for n_section, section in enumerate(sections):
+        idx = [i for line in range(section.start, section.end) for i in by_line.get(line, ())]
+        if not idx or not text[pieces[idx[0]].start : pieces[idx[-1]].end].strip():
+            continue
+        body = [i for i in idx if pieces[i].line != section.start and text[pieces[i].start : pieces[i].end].strip()]
+        if section.heading and not body and n_section + 1 < len(sections):
+            held.append((section, idx))
+            continue
+        talk = is_conversation(lines[section.start : section.end])
+        if held:
+            above = [i for _, part in held for i in part]
+            n = sum(pieces[i].n_tokens for i in above + idx)
+            if not talk and n + context_of(_common(held[0][0].crumbs, section.crumbs))[1] <= merge_tokens:
+                for waiting in held:  # small enough to merge as any small sections do
+                    add(*waiting, False)
+            else:  # a conversation log or a long section: the headings above open its first window
+                idx, section = above + idx, replace(section, heading=False)
+            held = []
+        add(section, idx, talk)
+    for waiting in held:  # only bodiless headings left: they are the text
+        add(*waiting, False)
     return groups
 
 

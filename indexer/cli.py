@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ AGENT_DEFAULT = ("[default: default_agent, or the only agent; with several agent
 CORPUS_HELP = ("Look in the memory files, the session transcripts or all "
                "[default: the daemon's default_corpus, all].")
 AGENT_HELP = "Only this agent's memory " + AGENT_DEFAULT + "."
+#: ``search --wait`` without SECONDS: a first start loads (and exports) the model in about 20 s, then indexes
+DEFAULT_WAIT_S = 120.0
 
 
 def _search_request(query: str, fields: dict[str, Any]) -> Any:
@@ -121,20 +124,27 @@ def _client(config: Path | None, port: int | None) -> Any:
 @click.option("--until", help="Only files modified before: a duration ago (7d, 12h...) or an ISO date (2026-11-01).")
 @click.option("--as-of", help="The moment a time in QUERY counts from (\"last week\"): an ISO date or a duration ago; "
                                "default now. Notes dated then rank higher; nothing is filtered.")
-@click.option("--wait", "wait_s", type=click.FloatRange(0, 10), is_flag=False, flag_value=10.0, default=None,
-              help="Wait (up to SECONDS, default 10) until no changed file is pending indexing, then search.")
-@click.option("--json", "as_json", is_flag=True, help='Print the answer as JSON: {"hits", "relevant", "pending"}.')
+@click.option("--wait", "wait", type=click.FloatRange(0, None), is_flag=False, flag_value=DEFAULT_WAIT_S,
+              default=None, metavar="[SECONDS]",
+              help=f"Wait (up to SECONDS, default {DEFAULT_WAIT_S:g}) until the first index is built and no changed "
+                   "file is pending indexing, then search.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print the answer as JSON: {"hits", "relevant", "relevance", "pending"}.')
 @config_opt
 @port_opt
-def search(query: str, as_json: bool, config: Path | None, port: int | None, **fields: Any) -> None:
+def search(query: str, as_json: bool, config: Path | None, port: int | None, wait: float | None,
+           **fields: Any) -> None:
     """Ask the running daemon a question; print the best memory chunks.
 
     \b
     Each hit shows path:start-end (1-based lines), score, collection and a snippet.
-    stderr says when nothing relevant was found (nothing reaches relevance_floor)
-    and which changed files are not indexed yet. --json prints the same answer as
-    the API and the MCP tool: {"hits": [{"path", "start_line", "end_line", "score",
-    "snippet", ...}], "relevant": true|false|null, "pending": [path, ...]}.
+    stderr says how sure the answer is (relevance: level and reason), when nothing
+    relevant was found, while the first index is still being built (files done of
+    total) and which changed files are not indexed yet. --json prints the same
+    answer as the API and the MCP tool: {"hits": [{"path", "start_line",
+    "end_line", "score", "snippet", ...}], "relevant": true|false|null,
+    "relevance": {"level", "reason"}, "pending": [path, ...], "indexing": {"done",
+    "total"} (only while the first index is built)}.
 
     \b
     Examples:
@@ -146,9 +156,17 @@ def search(query: str, as_json: bool, config: Path | None, port: int | None, **f
     """
     if not query.strip():
         raise click.UsageError("QUERY is empty; to list every memory file use `qmd-indexer recall`")
-    request = _search_request(query, fields)  # every option but --json, --config and --port is a request field
+    from indexer.schema import MAX_WAIT_S
+
+    # every option but --json, --wait, --config and --port is a request field; --wait asks in steps the daemon
+    # allows (MAX_WAIT_S each) until the first index is built and nothing is pending, or SECONDS have passed
+    deadline = time.monotonic() + (wait or 0.0)
+    request = _search_request(query, {**fields, "wait_s": min(wait, MAX_WAIT_S) if wait else None})
     client = _client(config, port)
     answer = _ask(config, port, lambda _: client.search_response(request))
+    while (answer.get("indexing") or answer.get("pending")) and (left := deadline - time.monotonic()) > 0:
+        step = request.model_copy(update={"wait_s": min(left, MAX_WAIT_S)})
+        answer = _ask(config, port, lambda _: client.search_response(step))  # noqa: B023 - called at once
     if as_json:
         click.echo(json.dumps(answer, ensure_ascii=False, indent=2))
     else:

@@ -129,13 +129,14 @@ class Client:
 
     def search_response(self, query: str | SearchRequest, /, **fields: Any) -> SearchResponse:
         """``POST /search``'s whole answer, as every face gives it: ``{"hits": [Hit, ...], "relevant": bool | None,
-        "pending": [path, ...]}``. ``hits`` are the ``k`` best, best first (see ``indexer.search`` for their keys);
-        ``relevant`` is false when nothing the search found reaches the daemon's ``relevance_floor`` (nothing
-        relevant was found; ``indexer.search.relevance``), null for a keyword-only search; ``pending`` lists the
-        workspace-relative paths changed on disk and not yet indexed (the answer may miss them). ``query`` is a
-        ``SearchRequest``, or its query with any other of its fields as keywords, e.g.
+        "relevance": {"level", "reason"}, "pending": [path, ...]}`` and ``indexing: {"done", "total"}`` while the
+        daemon's first index is being built. ``hits`` are the ``k`` best, best first (see ``indexer.search`` for
+        their keys); ``relevant`` is false when nothing relevant was found (``indexer.relevance.judge``), null for a
+        keyword-only search, and ``relevance`` grades it (high, medium, low, none) with its reason; ``pending``
+        lists the workspace-relative paths changed on disk and not yet indexed (the answer may miss them).
+        ``query`` is a ``SearchRequest``, or its query with any other of its fields as keywords, e.g.
         ``search_response("deploy", k=3, since="7d")`` (``since`` keeps files modified since a duration or an ISO
-        date/date-time; ``wait_s``, at most 10, first waits until no file of the
+        date/date-time; ``wait_s``, at most 10, first waits until the first index is built and no file of the
         agent's collections is pending). An unknown keyword is a ``TypeError``; a value that does not fit the
         request is a ``ClientError`` (status 422) before anything is sent. ``self.pending`` is set too."""
         try:

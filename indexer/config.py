@@ -229,10 +229,11 @@ class Settings(BaseSettings):
     # here (no real CLIP weights on this machine), so tune it for your model.
     image_min_score: float = 0.2
     bm25: Bm25 = Bm25()
-    # "Nothing relevant": a search answers relevant=false when no candidate's raw dense cosine reaches
-    # relevance_floor and none of the first 10 fused candidates holds relevance_coverage of the query's keyword terms
-    # (indexer.search.relevance; judged before k cuts the list, so k never changes it). Calibrated on the devvault
-    # and convmem dev sets: docs/performance.md, "Nothing relevant".
+    # "Nothing relevant": a search answers relevant=false unless a candidate's raw dense cosine reaches
+    # relevance_floor, one of the first 10 fused candidates holds relevance_coverage of the query's terms weighed by
+    # their IDF in the index, or a note dated in the question's period is among the first hits
+    # (indexer.relevance.judge; judged before k cuts the list, so k never changes it).
+    # Measured with benchmarks/relevance_table.py: docs/performance.md, "Nothing relevant".
     relevance_floor: float = Field(default=0.42, ge=-1, le=1)
     relevance_coverage: float = Field(default=0.5, ge=0, le=1)
     # Optional re-ranking of the fused hits, off by default (indexer.search.mmr / decay). MMR lowered nDCG@10 and

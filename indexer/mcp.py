@@ -117,12 +117,14 @@ TOOLS = (
         Search the agent's long-term memory (MEMORY.md and notes under memory/) by meaning and exact words.
 
         Use it before answering anything about earlier conversations, decisions, people, preferences, projects
-        or dates. Returns {"hits": [...], "relevant": ..., "pending": [...]}: hits best first, each with path,
-        start_line, end_line, score, a snippet of at most 700 characters, and a citation (path#Lstart-Lend) to
-        quote; `relevant` false means nothing relevant was found (no hit reaches the relevance floor: do not treat
-        the hits as an answer); `pending` lists files changed on disk and not indexed yet (the answer may miss
-        them). Read more around a hit with memory_get(path, from=start_line). Errors name an unknown agent or
-        collection, a missing agent where several exist, or a bad `since`.""", exclude=frozenset({"wait_s"})),
+        or dates. Returns {"hits": [...], "relevant": ..., "relevance": {...}, "pending": [...]}: hits best first,
+        each with path, start_line, end_line, score, a snippet of at most 700 characters, and a citation
+        (path#Lstart-Lend) to quote; `relevant` false means nothing relevant was found (do not treat the hits as an
+        answer); `relevance` grades it (high, medium, low, none) and says why; `pending` lists files changed on
+        disk and not indexed yet (the answer may miss them); `indexing` {done, total} is there while the first
+        index is still being built. Read more around a hit with memory_get(path, from=start_line). Errors name an
+        unknown agent or collection, a missing agent where several exist, or a bad `since`.""",
+             exclude=frozenset({"wait_s"})),
     ToolSpec("memory_get", "get", GetRequest, Page, """\
         Read one memory file, or part of it, by line: the full text around a search hit, or a whole note.
 

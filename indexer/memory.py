@@ -130,8 +130,9 @@ class LocalMemory:
         return self.view.status()
 
     def search(self, request: SearchRequest, /) -> SearchResponse:
-        """``{"hits", "relevant", "pending"}`` for ``request``, after waiting up to its ``wait_s`` seconds for the
-        agent's pending files (``relevant``: ``indexer.search.relevance``, judged on the whole search)."""
+        """``{"hits", "relevant", "relevance", "pending"}`` (and ``indexing`` while the first index is being built)
+        for ``request``, after waiting up to its ``wait_s`` seconds for the first index and the agent's pending
+        files (``relevant``, ``relevance``: ``indexer.relevance.judge``, on the whole search)."""
         scoped = self.scoped(request)
         if scoped.wait_s:
             self.view.wait_pending(scoped.agent, scoped.wait_s)
@@ -139,7 +140,7 @@ class LocalMemory:
         with self.view.metrics.search_timer() as timer:
             found = searcher.answer(scoped)  # ValueError (a bad since): 400
             timer.mode = scoped.mode or searcher.mode  # a refused mode raised above: never a label
-        answer: SearchResponse = {"hits": found.hits, "relevant": found.relevant}
+        answer: SearchResponse = {"hits": found.hits, "relevant": found.relevant, "relevance": found.relevance}
         return self._attach(answer, scoped.agent, found.degraded)
 
     def recall(self, request: RecallRequest, /) -> SearchResponse:
@@ -172,8 +173,12 @@ class LocalMemory:
         return append_entry(plan.collections, plan.settings, self.scoped(request))
 
     def _attach(self, answer: SearchResponse, agent: str | None, notes: list[str]) -> SearchResponse:
-        """``answer`` with ``agent``'s ``pending`` and, when ``notes`` say why it is less, ``degraded``."""
+        """``answer`` with ``agent``'s ``pending``, ``indexing`` while the first index is being built and, when
+        ``notes`` say why it is less, ``degraded``."""
         answer["pending"] = self.view.pending(agent)
+        indexing = self.view.indexing(agent)
+        if indexing is not None:
+            answer["indexing"] = indexing
         reason = join_degraded(notes)
         if reason:
             answer["degraded"] = reason

@@ -248,9 +248,9 @@ def list_memories(collections: Sequence[Collection], store: Store, request: Reca
 
 def recall(searcher: Searcher, request: RecallRequest, degraded: list[str] | None = None) -> SearchResponse:
     """The ``request.k`` (default ``DEFAULT_K``) best memories for its query (the configured search mode), as
-    ``{"hits", "relevant"}`` (``indexer.search.relevance``); ``*``/``all``/empty lists every memory file instead
-    (``list_memories``: ``k`` defaults to ``LIST_CAP``, ``offset`` pages). The search is the ``SearchRequest`` of
-    the fields the two requests share. Raises ``KeyError`` for an unknown agent. ``degraded``: as
+    ``{"hits", "relevant", "relevance"}`` (``indexer.relevance.judge``); ``*``/``all``/empty lists every memory
+    file instead (``list_memories``: ``k`` defaults to ``LIST_CAP``, ``offset`` pages). The search is the
+    ``SearchRequest`` of the fields the two requests share. Raises ``KeyError`` for an unknown agent. ``degraded``: as
     ``Searcher.retrieve``'s."""
     shared = request.model_dump(include=set(SearchRequest.model_fields) - {"k"}, exclude_none=True)
     search = SearchRequest(**shared)
@@ -260,7 +260,7 @@ def recall(searcher: Searcher, request: RecallRequest, degraded: list[str] | Non
     answer = searcher.answer(search.model_copy(update={"k": request.k or DEFAULT_K}))
     if degraded is not None:
         degraded.extend(answer.degraded)
-    return {"hits": answer.hits, "relevant": answer.relevant}
+    return {"hits": answer.hits, "relevant": answer.relevant, "relevance": answer.relevance}
 
 
 def boot_context(searcher: Searcher, request: BootRequest,

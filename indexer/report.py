@@ -22,6 +22,7 @@ from indexer.pipeline import Pipeline, Stats
 from indexer.plugins import Registry
 from indexer.points import stat_identity
 from indexer.rerank import RerankStats, rerank_status
+from indexer.schema import MAX_WAIT_S, Indexing
 from indexer.search import FallbackStats, Searcher
 from indexer.state import IndexState, Plan
 from indexer.status import CollectionStatus, Health, Status
@@ -31,7 +32,6 @@ from indexer.workspace import Problem, Skip, path_problems
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
-MAX_WAIT_S = 10.0  # the longest a search waits for pending changes (``search --wait``)
 FAILED_LISTED = 20  # the failing files ``status`` names (``failed_files``); ``files_failed`` counts them all
 
 
@@ -152,14 +152,24 @@ class StatusView:
         return sorted(out)
 
     def wait_pending(self, agent: str | None, timeout_s: float) -> list[str]:
-        """Wait up to ``timeout_s`` seconds (capped at ``MAX_WAIT_S``) until ``pending(agent)`` is empty; returns
-        what is still pending."""
+        """Wait up to ``timeout_s`` seconds (capped at ``MAX_WAIT_S``) until the first index has finished
+        (``ready``) and ``pending(agent)`` is empty; returns what is still pending."""
         deadline = time.monotonic() + min(max(timeout_s, 0.0), MAX_WAIT_S)
+        self.state.ready.wait(max(0.0, deadline - time.monotonic()))
         still = self.pending(agent)
         while still and time.monotonic() < deadline:
             time.sleep(0.05)
             still = self.pending(agent)
         return still
+
+    def indexing(self, agent: str | None = None) -> Indexing | None:
+        """``{"done", "total"}`` files of ``agent``'s collections (every agent's when ``None``) while the first
+        index is being built: indexed so far, and indexed plus ``pending``; ``None`` once it has finished."""
+        if self.ready():
+            return None
+        names = {c.name for c in self.plan.collections if agent is None or c.agent == agent}
+        done = sum(1 for entry in list(self.state.indexed.values()) if entry.collection in names)
+        return {"done": done, "total": done + len(self.pending(agent))}
 
     def status(self) -> Status:
         """``GET /status``, ``qmd-indexer status``: per-collection files and chunks, queue, embeddings since start,

@@ -124,9 +124,11 @@ BudgetChars = Annotated[int, Field(strict=True, ge=1, le=1_000_000,
                                    description="Size of the boot context, in characters."), JsonInt]
 RecallQuery = Annotated[str, Field(validation_alias=AliasChoices("query", "q"),
                                    description="What to recall; `*`, `all` or empty lists every memory file.")]
-WaitS = Annotated[float, Field(strict=True, ge=0, le=10, allow_inf_nan=False, description=(
-    "Wait up to this many seconds until no file of the agent's collections is pending (changed on disk, not yet "
-    "indexed), then search."))]
+#: the longest one request waits (``wait_s``); ``search --wait`` asks again in such steps for longer waits
+MAX_WAIT_S = 10.0
+WaitS = Annotated[float, Field(strict=True, ge=0, le=MAX_WAIT_S, allow_inf_nan=False, description=(
+    "Wait up to this many seconds until the daemon's first index is built and no file of the agent's collections "
+    "is pending (changed on disk, not yet indexed), then search."))]
 BootQuery = Annotated[str | None, Field(description="Fill the budget with the best hits for this instead of the "
                                                     "root memory file and the most recent notes.")]
 
@@ -292,6 +294,24 @@ class Hit(TypedDict):
         "OCR hits: [left, top, right, bottom], the image's pixels holding the snippet's lines."))]]
 
 
+class Relevance(TypedDict):
+    """How sure a search is that it found something relevant (``indexer.relevance.judge``), beside ``relevant``."""
+
+    level: Annotated[Literal["high", "medium", "low", "none"], Field(description=(
+        "high: a close meaning match that holds the question's telling words; medium: enough evidence (close "
+        "meaning, most of the question's telling words in one hit, or a note dated in the period it names); "
+        "relevant is true for these two. low: something related but the question's telling words are missing; "
+        "none: nothing found or nothing close."))]
+    reason: Annotated[str, Field(description="Why, in a few words (the evidence or what is missing).")]
+
+
+class Indexing(TypedDict):
+    """The first index is still being built: the answer may miss memory files not indexed yet."""
+
+    done: Annotated[int, Field(description="Files of the agent's collections indexed so far.")]
+    total: Annotated[int, Field(description="Files of the agent's collections known so far (indexed + queued).")]
+
+
 @with_config(ConfigDict(extra="allow"))
 class SearchResponse(TypedDict):
     """``POST /search`` and ``POST /recall``, the ``memory_search`` and ``memory_recall`` tools, ``Client.
@@ -304,6 +324,11 @@ class SearchResponse(TypedDict):
         description="False when nothing the search found is close enough (relevance_floor, relevance_coverage; "
                     "judged on every candidate, so k does not change it): nothing relevant was found; null for a "
                     "keyword-only search and for a listing.")]]
+    relevance: NotRequired[Annotated[Relevance, Field(description=(
+        "A search only: the graded confidence behind `relevant` and its reason."))]]
+    indexing: NotRequired[Annotated[Indexing, Field(description=(
+        "Present only while the daemon's first index is being built (files done of those known so far): the "
+        "answer may miss notes; search with wait_s (CLI: --wait) to wait for it."))]]
     pending: NotRequired[Annotated[list[str], Field(description=(
         "Workspace-relative paths of the agent's collections changed on disk and not yet indexed (queued or in "
         "hand): the answer may miss or still show them."))]]

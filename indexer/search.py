@@ -14,9 +14,8 @@ dense search answers from keyword search instead, and says so: the caller's ``de
 ``"keyword only: <why>"`` (``SearchResponse.degraded``), and ``FallbackStats`` counts it for ``status`` and
 ``/metrics``.
 
-Whether anything relevant was found (``Answer.relevant``) is judged on the whole candidate lists, before ``k`` cuts
-them, so it never depends on ``k``: the fused score cannot say it (fusion normalises each query's lists: DBSF top-1
-is about 2 for any query), so ``relevance`` reads the best raw dense cosine and the best BM25 score per query term.
+Whether anything relevant was found (``Answer.relevant``) and how sure that is (``Answer.relevance``: level and
+reason) is ``indexer.relevance.judge``'s, on the whole candidate lists before ``k`` cuts them.
 """
 
 from __future__ import annotations
@@ -41,6 +40,16 @@ from indexer.hits import shown, to_hit
 from indexer.plugins import Registry
 from indexer.points import NO_PAYLOAD, SPARSE, Hit, Payload, Query, search_filter
 from indexer.ranking import boost_period, collapse, decay, fuse_scores, mmr, with_keyword_zeros
+from indexer.relevance import (
+    DF_DEPTH,
+    NOTHING,
+    RELEVANCE_DEPTH,
+    DocumentFrequencies,
+    Evidence,
+    Judgement,
+    dated_in,
+    judge,
+)
 from indexer.rerank import Reranker, RerankStats, rerank
 from indexer.schema import SearchRequest, names, search_request
 from indexer.store import Store
@@ -51,8 +60,8 @@ from indexer.workspace import Collection
 TIME_BOOST = 1.0
 #: hits read per hit asked before ``collapse`` thins them (overlapping windows drop out)
 COLLAPSE_DEPTH = 3
-#: fused candidates whose keyword terms ``relevance`` reads (a fixed number: ``k`` never changes the flag)
-RELEVANCE_DEPTH = 10
+#: first hits (after the stages) in which a note dated in the query's period counts as evidence
+DATED_DEPTH = 3
 
 
 class FallbackStats:
@@ -87,42 +96,15 @@ def join_degraded(notes: Sequence[str]) -> str | None:
 SearchParams = search_request
 
 
-def relevance(lists: Mapping[str, Sequence[tuple[Any, float]]], coverage: Callable[[], float], dense_floor: float,
-              coverage_floor: float) -> bool | None:
-    """Whether a search found anything relevant, from its whole candidate lists (vector name -> ``(point id,
-    score)`` pairs, before fusion and before ``k``): the best dense cosine (``"text"``) reaches ``dense_floor``, or
-    ``coverage()`` (the largest share of the query's keyword terms one of the first fused candidates holds, in
-    [0, 1]; asked only when the cosine falls short) reaches ``coverage_floor``. ``None`` for a keyword-only search
-    (no dense list to judge by), ``False`` when nothing was found. Floors: ``Settings.relevance_floor`` and
-    ``relevance_coverage``, calibrated on the devvault and convmem dev sets (docs/performance.md)."""
-    dense = lists.get("text")
-    if not dense and not lists.get(SPARSE):
-        return False
-    if not dense:
-        return None
-    return max(score for _, score in dense) >= dense_floor or coverage() >= coverage_floor
-
-
-def term_coverage(query_terms: Sequence[int], hits: Sequence[Hit], bm25: Bm25Terms) -> float:
-    """The largest share of ``query_terms`` (BM25 term ids of the query) that one of ``hits`` holds in its context
-    and text, by the same tokenizer and stemmer as the index; 0.0 when the query has no term."""
-    wanted = set(query_terms)
-    if not wanted:
-        return 0.0
-    best = 0.0
-    for h in hits:
-        vector = bm25.document(f"{h.payload.context}\n{h.payload.text}")
-        best = max(best, len(wanted & set(vector[0] if vector else ())) / len(wanted))
-    return best
-
-
 class Answer(NamedTuple):
     """What ``Searcher.answer`` returns: the ``hits`` (API hits, best first), whether anything ``relevant`` was
-    found (``relevance``) and why the answer is less than the configured search (``degraded`` notes)."""
+    found, why the answer is less than the configured search (``degraded`` notes) and the graded ``relevance``
+    (``{"level", "reason"}``; ``indexer.relevance.judge``)."""
 
     hits: list[schema.Hit]
     relevant: bool | None
     degraded: list[str]
+    relevance: schema.Relevance = {"level": "none", "reason": "nothing found"}  # noqa: RUF012 - never mutated
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +165,7 @@ class Searcher:
         self.rerank_stats = rerank_stats if rerank_stats is not None else RerankStats()
         self.fallback_stats = fallback_stats if fallback_stats is not None else FallbackStats()
         self._embed_query = lru_cache(maxsize=256)(self.embed_query)
+        self.frequencies = DocumentFrequencies()  # the query terms' document frequencies (``indexer.relevance``)
         self.notes = tuple(notes)  # said in every answer's ``degraded`` (a configured reranker that failed to load)
 
     @classmethod
@@ -281,8 +264,9 @@ class Searcher:
         lists = {using: sorted(pairs, key=lambda p: -p[1])[: query.limit] for using, pairs in pools.items() if pairs}
         return lists, whole, owner
 
-    def _stages(self, params: SearchRequest,
-                degraded: list[str] | None) -> tuple[list[Callable[[list[Hit]], list[Hit]]], int]:
+    def _stages(self, params: SearchRequest, degraded: list[str] | None,
+                period: tuple[datetime.date, datetime.date] | None) -> tuple[list[Callable[[list[Hit]], list[Hit]]],
+                                                                        int]:
         """The post-fusion stages ``params`` runs, in order (``indexer.ranking``), from the settings and the query,
         each taking and returning hits with payloads; and how many of the fused candidates they need (all of them
         for a stage that re-orders the whole list: decay, the period boost, MMR)."""
@@ -293,7 +277,6 @@ class Searcher:
             need = s.prefetch_limit + params.k
         if s.half_life_days:
             stages.append(partial(decay, half_life_days=s.half_life_days, now_s=self.now()))
-        period = query_period(params.query, _as_of(params)) if s.time_boost else None
         if period:
             stages.append(partial(boost_period, period=period, boost=s.time_boost))
             need = s.prefetch_limit + params.k
@@ -308,10 +291,12 @@ class Searcher:
 
     def answer(self, params: SearchRequest) -> Answer:
         """The ``params.k`` best hits across the selected collections as the API's hits, whether anything relevant
-        was found, and the ``degraded`` notes (see ``retrieve``)."""
+        was found and how sure that is (``indexer.relevance.judge``), and the ``degraded`` notes (see
+        ``retrieve``)."""
         degraded: list[str] = []
         hits, found = self._retrieve(params, degraded)
-        return Answer([to_hit(hit, params.query, self.settings.hit_fields) for hit in hits], found, degraded)
+        return Answer([to_hit(hit, params.query, self.settings.hit_fields) for hit in hits], found.relevant, degraded,
+                      found.as_dict())
 
     def retrieve(self, params: SearchRequest, degraded: list[str] | None = None) -> list[Hit]:
         """Fused hits (raw payloads), best first: the lists of every selected collection (ids and scores only)
@@ -323,25 +308,26 @@ class Searcher:
         collection) and ``ValueError`` (a bad mode, or a time ``parse_time`` cannot read)."""
         return self._retrieve(params, degraded)[0]
 
-    def _retrieve(self, params: SearchRequest, degraded: list[str] | None) -> tuple[list[Hit], bool | None]:
+    def _retrieve(self, params: SearchRequest, degraded: list[str] | None) -> tuple[list[Hit], Judgement]:
         _mode(params, self.settings)
         targets = self.targets(params)
         point_filter = search_filter(params)
         if not params.query.strip():
-            return [], False
+            return [], NOTHING
         if degraded is not None:
             degraded.extend(self.notes)
         query, _ = self._query(params, point_filter, degraded)
         lists, whole, owner = self._pools(targets, query)
         if not lists:
-            return [], False
+            return [], NOTHING
         raw = {using: dict(pairs) for using, pairs in lists.items()}
         pools = lists
         if self.settings.fusion == "dbsf" and whole.get(SPARSE):
             lists = with_keyword_zeros(lists)
         fused = (next(iter(lists.values())) if len(lists) == 1
                  else fuse_scores(list(lists.values()), self.settings.fusion, self.settings.rrf_k, query.limit))
-        stages, need = self._stages(params, degraded)
+        period = query_period(params.query, _as_of(params)) if self.settings.time_boost else None
+        stages, need = self._stages(params, degraded, period)
         kept = fused
         if params.min_score is not None and not self.settings.half_life_days:  # with decay: on the decayed scores
             kept = [p for p in fused if p[1] >= params.min_score]
@@ -349,21 +335,34 @@ class Searcher:
         ids = {str(pid): pid for pid, _ in fused[:RELEVANCE_DEPTH] + kept}  # Hit id -> the backend's point id
         where = {key: owner[pid] for key, pid in ids.items()}
         read = {h.id: h for h in self._with_payloads([Hit(str(pid), 0.0, NO_PAYLOAD) for pid, _ in kept], where)}
-
-        def coverage() -> float:  # asked only when no cosine clears the floor: the first candidates' terms
-            first = [Hit(str(pid), 0.0, NO_PAYLOAD) for pid, _ in fused[:RELEVANCE_DEPTH] if str(pid) not in read]
-            read.update((h.id, h) for h in self._with_payloads(first, where))
-            held = [read[str(pid)] for pid, _ in fused[:RELEVANCE_DEPTH] if str(pid) in read]
-            return term_coverage(query.sparse[0] if query.sparse else (), held, self.terms)
-
-        found = relevance(pools, coverage, self.settings.dense_floor, self.settings.coverage_floor)
         hits = [replace(read[str(pid)], score=score) for pid, score in kept if str(pid) in read]
         for stage in stages:
             hits = stage(hits)
+
+        def candidates() -> list[Hit]:  # the first fused candidates, with payloads (most were read for the stages)
+            first = [Hit(str(pid), 0.0, NO_PAYLOAD) for pid, _ in fused[:RELEVANCE_DEPTH] if str(pid) not in read]
+            read.update((h.id, h) for h in self._with_payloads(first, where))
+            return [read[str(pid)] for pid, _ in fused[:RELEVANCE_DEPTH] if str(pid) in read]
+
+        evidence = Evidence(candidates, partial(self._frequencies, targets),
+                            partial(dated_in, hits[:DATED_DEPTH], period))
+        found = judge(pools, query.sparse[0] if query.sparse else (), evidence, self.terms, params.query,
+                      self.settings.dense_floor, self.settings.coverage_floor)
         if params.min_score is not None and self.settings.half_life_days:
             hits = [h for h in hits if h.score >= params.min_score]
         return [replace(h, dense_score=raw.get("text", {}).get(ids[h.id]),
                         keyword_score=raw.get(SPARSE, {}).get(ids[h.id])) for h in hits[: params.k]], found
+
+    def _frequencies(self, targets: Sequence[Collection], terms: Sequence[int]) -> tuple[dict[int, int], int]:
+        """``(term id -> points holding it, at most DF_DEPTH per collection; points searched)`` over ``targets``,
+        whole (no filter): the document frequencies ``indexer.relevance`` weighs the query's terms by."""
+        sizes = tuple((c.name, self.store.count(c.name)) for c in targets)
+
+        def lookup(term: int) -> int:
+            probe = Query(limit=DF_DEPTH, sparse=([term], [1.0]))
+            return sum(len(self.store.scores(name, probe).get(SPARSE, ())) for name, _ in sizes)
+
+        return self.frequencies.get(sizes, terms, lookup), sum(n for _, n in sizes)
 
     def _with_payloads(self, hits: Sequence[Hit], owner: Mapping[str, str]) -> list[Hit]:
         """``hits`` with their payloads read by id (one request per collection; ``owner``: point id -> collection);

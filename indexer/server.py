@@ -10,7 +10,8 @@ GET        /            the web page (``PAGE_FILES``, from ``indexer/web``): sea
 GET        /health      ``Health``: ``{"status": "ok", "ready": bool}``; ready once the first full index has finished
 GET        /status      ``Status``: per-collection files and chunks, ``queue_depth``, embeddings since start
 POST       /search      body ``SearchRequest``; ``SearchResponse`` ``{"hits": [Hit, ...], "relevant": bool | null,
-                        "pending": [path, ...]}`` (``relevant`` is false when no hit clears ``relevance_floor``)
+                        "relevance": {"level", "reason"}, "pending": [path, ...]}`` (``relevant``: anything relevant
+                        found, ``indexer.relevance.judge``; ``indexing`` while the first index is built)
 POST       /recall      body ``RecallRequest``; ``SearchResponse``; query ``*``/``all``/empty lists every memory file,
                         a page of at most ``LIST_CAP`` files from ``offset``, with ``total`` and ``next_offset``
 POST       /boot        body ``BootRequest``; ``BootContext`` (see ``indexer.recall.boot_context``)

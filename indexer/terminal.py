@@ -99,15 +99,24 @@ def print_hits(hits: list[dict[str, Any]]) -> None:
 
 
 def print_answer(answer: Mapping[str, Any], offset: int = 0) -> None:
-    """A ``SearchResponse``: its hits on stdout (``print_hits``), then on stderr a line when nothing relevant was
-    found (``relevant`` false) and, for a recall listing (``total`` present), which files of how many it shows and
-    the ``--offset`` that continues it. ``offset`` is the listing's, as asked."""
+    """A ``SearchResponse``: its hits on stdout (``print_hits``), then on stderr a line while the first index is
+    being built (``indexing``), the graded ``relevance`` (a "nothing relevant" line when ``relevant`` is false)
+    and, for a recall listing (``total`` present), which files of how many it shows and the ``--offset`` that
+    continues it. ``offset`` is the listing's, as asked."""
     print_hits(answer["hits"])
     if answer.get("degraded"):
         click.echo(f"degraded: {answer['degraded']}", err=True)
+    if answer.get("indexing"):
+        done, total = answer["indexing"]["done"], answer["indexing"]["total"]
+        click.echo(f"indexing: the first index is still being built ({done} of {total} files done); the answer may "
+                   f"miss notes (search --wait waits for it)", err=True)
+    graded = answer.get("relevance")
+    why = f" ({graded['level']}: {graded['reason']})" if graded else ""
     if answer.get("relevant") is False:
-        click.echo("nothing relevant: nothing found reaches relevance_floor"
+        click.echo("nothing relevant: nothing found reaches relevance_floor" + why
                    + ("; the hits above are only the closest" if answer["hits"] else ""), err=True)
+    elif graded and answer.get("relevant") is not None:
+        click.echo(f"relevance: {graded['level']} ({graded['reason']})", err=True)
     if "total" in answer:
         shown, total, after = len(answer["hits"]), answer["total"], answer.get("next_offset")
         where = f"files {offset + 1}-{offset + shown} of {total}" if shown else f"no file at offset {offset} of {total}"

@@ -59,7 +59,8 @@ def test_daemon_serves_search_and_status_and_stops_cleanly(workspace: Path, tmp_
         result = _cli("search", "when are deploys allowed?", "--json", "-k", "2", "--port", str(daemon.port))
         assert result.returncode == 0, result.stderr
         answer = json.loads(result.stdout)  # the API's SearchResponse
-        assert set(answer) == {"hits", "relevant", "pending"} and answer["relevant"] is True
+        assert set(answer) == {"hits", "relevant", "relevance", "pending"} and answer["relevant"] is True
+        assert answer["relevance"]["level"] in ("high", "medium") and answer["relevance"]["reason"]
         hits = answer["hits"]
         assert hits[0]["path"] == "MEMORY.md"
         assert {"collection", "path", "start_line", "end_line", "score", "snippet"} <= set(hits[0])

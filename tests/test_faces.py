@@ -77,6 +77,7 @@ def test_every_face_says_nothing_relevant_and_what_is_pending(served: tuple[Serv
     with Client(port=port) as client:
         http = client._call("POST", "/search", json={"query": "deploy windows zebra", "k": 2})
         assert http["relevant"] is False and http["pending"] == ["memory/late.md"] and http["hits"]
+        assert http["relevance"]["level"] in ("low", "none") and "'zebra' in no hit" in http["relevance"]["reason"]
         for face in _mcp_answers(port, "memory_search", {"query": "deploy windows zebra", "k": 2}):
             assert face == http
         answer = client.search_response("deploy windows zebra", k=2)
@@ -94,6 +95,7 @@ def test_every_face_says_nothing_relevant_and_what_is_pending(served: tuple[Serv
     human = _cli("search", "deploy windows zebra", "-k", "2", "--port", str(port))
     assert human.returncode == 0 and "MEMORY.md" in human.stdout
     assert "nothing relevant" in human.stderr and "relevance_floor" in human.stderr
+    assert http["relevance"]["reason"] in human.stderr  # the graded confidence's reason, beside the flag
     assert "1 file(s) changed and not yet indexed (memory/late.md)" in human.stderr
     recall_human = _cli("recall", "deploy windows zebra", "-k", "2", "--port", str(port))
     assert recall_human.returncode == 0 and "nothing relevant" in recall_human.stderr

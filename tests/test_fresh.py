@@ -207,3 +207,35 @@ def test_changes_behind_a_fuse_mount_are_found_by_polling(tmp_path: Path, worksp
             wait_for(lambda: _keyword(indexer, "BEHINDAAA1") == ["memory/behind.md"], timeout_s=10)
     finally:
         subprocess.run(["fusermount", "-u", str(mount)], capture_output=True)
+
+
+def test_a_search_during_the_first_index_says_so_and_can_wait_for_it(workspace: Path, make_indexer) -> None:
+    """Before the first index is built a search found nothing and said only "nothing relevant" (for about 17 s at
+    a first start) and ``wait_s`` returned at once (nothing was pending before the scan): the answer says the index
+    is being built (files done of total) on every face, and ``wait_s`` waits for it."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from indexer.memory import LocalMemory
+    from indexer.schema import SearchRequest
+    from indexer.server import create_app
+    from indexer.worker import drain
+
+    indexer = make_indexer([{"agent": "main", "path": workspace}])
+    memory = LocalMemory(indexer.view)
+    early = memory.search(SearchRequest(query="flat white"))
+    assert early["indexing"] == {"done": 0, "total": 0} and early["hits"] == []
+    waited: dict = {}
+    asker = threading.Thread(target=lambda: waited.update(memory.search(SearchRequest(query="flat white",
+                                                                                      wait_s=10))))
+    asker.start()  # asked before the first scan: nothing is pending yet, the index is not built
+    indexer.settler.add_many(indexer.scan())  # the first scan, nothing indexed yet
+    total = len(indexer.view.pending())
+    with TestClient(create_app(indexer.view), base_url="http://127.0.0.1:8743") as http:
+        assert http.post("/search", json={"query": "flat white"}).json()["indexing"] == {"done": 0, "total": total}
+    drain(indexer)  # the first index, as the daemon's worker runs it, then ready
+    indexer.state.ready.set()
+    asker.join(15)
+    assert "indexing" not in waited and waited["pending"] == [] and waited["hits"], waited
+    assert "indexing" not in memory.search(SearchRequest(query="flat white"))

@@ -17,8 +17,8 @@ from indexer.hits import snippet
 from indexer.points import SPARSE, Hit, Payload, Query
 from indexer.ranking import decay, fuse_scores, mmr
 from indexer.recall import read_memory
+from indexer.relevance import NOTHING, Evidence, idf, judge, term_coverage, weighted_coverage
 from indexer.schema import SearchRequest
-from indexer.search import relevance, term_coverage
 from indexer.server import create_app
 from indexer.worker import index_once
 
@@ -385,19 +385,49 @@ def test_hits_carry_raw_scores_and_say_when_nothing_is_relevant(indexed) -> None
     assert searcher.answer(SearchRequest(query="ACME-4471", k=1, mode="keyword")).relevant is None  # no dense list
 
 
-def test_relevance_reads_the_best_cosine_then_the_terms_the_first_candidates_hold() -> None:
-    dense, keyword = [("a", 0.45), ("b", 0.2)], [("b", 6.0), ("a", 1.0)]
-    asked = []
+def _evidence(hits=(), frequencies=None, day=None, asked=None):
+    def candidates():
+        if asked is not None:
+            asked.append("candidates")
+        return list(hits)
 
-    def coverage(share: float):
-        return lambda: asked.append(share) or share
+    return Evidence(candidates, lambda terms: (dict(frequencies or {}), 100), lambda: day)
 
-    assert relevance({"text": dense}, coverage(0.0), dense_floor=0.4, coverage_floor=0.5) is True
-    assert asked == []  # the cosine alone answers: the terms are not read
-    assert relevance({"text": dense, SPARSE: keyword}, coverage(0.4), dense_floor=0.5, coverage_floor=0.5) is False
-    assert relevance({"text": dense, SPARSE: keyword}, coverage(0.5), dense_floor=0.5, coverage_floor=0.5) is True
-    assert relevance({SPARSE: keyword}, coverage(1.0), dense_floor=0.5, coverage_floor=0.5) is None  # keyword only
-    assert relevance({}, coverage(1.0), dense_floor=0.5, coverage_floor=0.5) is False
+
+def test_relevance_weighs_the_query_terms_by_how_rare_they_are_in_the_index(indexed) -> None:
+    """One common word must not carry a question: "name" is in most notes, "cat" in none, so a hit holding "name"
+    holds little of the question's weight (the share of terms said true: 1 of 2 reached relevance_coverage)."""
+    indexer, _ = indexed
+    terms = indexer.view.terms
+    [cat, name] = [terms.query(word)[0][0] for word in ("cat", "name")]
+    hit = [Hit("a", 1.0, Payload(text="Name: Dana. Works as an SRE."))]
+    lists = {"text": [("a", 0.30)], SPARSE: [("a", 2.0)]}
+    common = judge(lists, [cat, name], _evidence(hit, {name: 80, cat: 0}), terms, "what is my cat's name?", 0.42, 0.5)
+    assert common.relevant is False and common.level == "low" and "'cat' in no hit" in common.reason
+    assert judge(lists, [cat, name], _evidence(hit, {name: 1, cat: 80}), terms, "cat name", 0.42, 0.5).relevant
+    assert weighted_coverage({cat: idf(0, 100), name: idf(80, 100)}, {name}) < 0.2
+
+
+def test_relevance_levels_and_what_counts_as_evidence(indexed) -> None:
+    indexer, _ = indexed
+    terms = indexer.view.terms
+    query = terms.query("disk outage")[0]
+    holds = [Hit("a", 1.0, Payload(text="The disk filled up.", context="Outage review"))]
+    dense, keyword = [("a", 0.9), ("b", 0.2)], [("a", 6.0)]
+    asked: list[str] = []
+    sure = judge({"text": dense, SPARSE: keyword}, query, _evidence(holds, asked=asked), terms, "disk outage", 0.42,
+                 0.5)
+    assert (sure.relevant, sure.level) == (True, "high") and "cosine 0.90" in sure.reason
+    assert asked == []  # close in meaning: no payload read, no term looked up (the hot path stays as it was)
+    far = [("a", 0.2)]
+    assert judge({"text": far}, (), _evidence(), terms, "zzz", 0.42, 0.5) == (False, "none", "cosine 0.20")
+    dated = judge({"text": far, SPARSE: keyword}, query, _evidence(day="2026-11-27"), terms, "x", 0.42, 0.5)
+    assert (dated.relevant, dated.level) == (True, "medium") and "a note dated 2026-11-27" in dated.reason
+    words = judge({"text": far, SPARSE: keyword}, query, _evidence(holds), terms, "disk outage", 0.42, 0.5)
+    assert (words.relevant, words.level) == (True, "medium")
+    only = judge({SPARSE: keyword}, query, _evidence(holds), terms, "disk outage", 0.42, 0.5)
+    assert only.relevant is None and only.level == "medium"  # keyword only: no meaning to judge by
+    assert judge({}, query, _evidence(holds), terms, "disk outage", 0.42, 0.5) == NOTHING
 
 
 def test_term_coverage_counts_the_query_terms_one_hit_holds(indexed) -> None:
@@ -408,6 +438,26 @@ def test_term_coverage_counts_the_query_terms_one_hit_holds(indexed) -> None:
     query = terms.query("disk outage Marco pages")[0]
     assert term_coverage(query, hits, terms) == pytest.approx(2 / 4)  # disk + outage (context) in one hit
     assert term_coverage(terms.query("banana bread")[0], hits, terms) == 0.0
+
+
+DEMO = Path(__file__).resolve().parent.parent / "deploy" / "demo-workspace"
+
+
+def test_the_demo_workspace_says_relevant_when_it_is_and_only_then(make_indexer) -> None:
+    """On the shipped demo workspace: a question about something memory never mentions is not relevant although
+    one of its words ("name") is in a note (it said true); "what happened yesterday?" as of the day after a daily
+    note finds that note first and is relevant (it said false: no word of the question is in it)."""
+    indexer = make_indexer([{"agent": "demo", "path": DEMO}])
+    index_once(indexer)
+    searcher = indexer.view.searcher()
+    cat = searcher.answer(SearchRequest(query="what is my cat's name?"))
+    assert cat.relevant is False and cat.relevance["level"] in ("low", "none"), cat.relevance
+    assert "'cat'" in cat.relevance["reason"]
+    yesterday = searcher.answer(SearchRequest(query="what happened yesterday?", as_of="2026-11-28"))
+    assert yesterday.hits[0]["path"] == "memory/2026-11-27.md"
+    assert yesterday.relevant is True and "2026-11-27" in yesterday.relevance["reason"], yesterday.relevance
+    deploy = searcher.answer(SearchRequest(query="when can we deploy?"))
+    assert deploy.relevant is True and deploy.relevance["level"] in ("high", "medium")
 
 
 def test_relevant_does_not_depend_on_k(indexed) -> None:

@@ -167,6 +167,14 @@
     else if (answer.relevant === false) {
       out.push(["relevant", "relevant: no (no hit reaches the relevance floor)", "warn"]);
     } else out.push(["relevant", "relevant: not judged (keyword search)", ""]);
+    if (answer.relevance) {
+      out.push(["relevance", `confidence: ${answer.relevance.level} (${answer.relevance.reason})`,
+        answer.relevant === false ? "warn" : ""]);
+    }
+    if (answer.indexing) {
+      out.push(["indexing", `indexing: first index still being built, ${answer.indexing.done} of ` +
+        `${answer.indexing.total} file(s) done; the answer may miss notes`, "warn"]);
+    }
     const pending = answer.pending || [];
     out.push(["pending", pending.length
       ? `pending: ${pending.length} file(s) changed and not indexed yet: ${pending.join(", ")}`
