@@ -10,7 +10,8 @@ shared machine. Measured, per daemon:
 
 - search: ``POST /search`` (hybrid, k 6) of each question once through one keep-alive connection, after 3 warm-up
   searches; wall milliseconds p50/p95, and the daemon's CPU milliseconds per search (psutil), which a busy machine
-  disturbs less than the wall clock;
+  disturbs less than the wall clock; then the same for the questions of convmem that name a time (the period
+  boost's path);
 - save-to-searchable: a line with a new token appended to a note (write + close), then ``POST /search`` (keyword)
   every 20 ms until a hit of that note shows the token; seconds p50/p95, and the daemon's CPU seconds per save
   (the polling searches included).
@@ -50,15 +51,20 @@ DEMO_QUESTIONS = ("what is my cat's name?", "what happened yesterday?", "which c
                   "when is the next review?", "what changed in November 2026?")
 
 
-def workspace_and_questions(limit: int) -> tuple[Path, list[str]]:
-    """The workspace to copy and up to ``limit`` questions of it (see the module)."""
+def workspace_and_questions(limit: int) -> tuple[Path, list[str], list[str]]:
+    """The workspace to copy, up to ``limit`` questions of it, and up to ``limit`` questions that name a time
+    (``indexer.dates.time_phrases``; of every convmem agent: the period boost runs whatever the workspace)."""
+    from indexer.dates import time_phrases
+
     for data in SHARED:
         agent = data / "convmem" / "agents" / CONVMEM_AGENT
         if agent.is_dir():
             rows = [json.loads(line) for line in (data / "convmem" / "queries.jsonl").read_text().splitlines()]
-            return agent, [r["query"] for r in rows if r.get("agent") == CONVMEM_AGENT][:limit]
+            timed = [r["query"] for r in rows if time_phrases(r["query"])][:limit]
+            return agent, [r["query"] for r in rows if r.get("agent") == CONVMEM_AGENT][:limit], timed
     log(f"convmem is missing (looked in {', '.join(map(str, SHARED))}): the demo workspace and fixed questions")
-    return DEMO, [DEMO_QUESTIONS[n % len(DEMO_QUESTIONS)] for n in range(limit)]
+    fixed = [DEMO_QUESTIONS[n % len(DEMO_QUESTIONS)] for n in range(limit)]
+    return DEMO, fixed, [q for q in fixed if time_phrases(q)]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -83,6 +89,8 @@ class Subject:
         self.http = httpx.Client(timeout=60)
         self.search_s: list[float] = []
         self.search_cpu_s = 0.0
+        self.timed_s: list[float] = []
+        self.timed_cpu_s = 0.0
         self.save_s: list[float] = []
         self.save_cpu_s = 0.0
         self.spy: subprocess.Popen[bytes] | None = None
@@ -132,6 +140,10 @@ def summary(s: Subject) -> dict[str, Any]:
             "search_ms": {"p50": round(1000 * pct(s.search_s, 50), 2), "p95": round(1000 * pct(s.search_s, 95), 2),
                           "cpu_per_search": round(1000 * s.search_cpu_s / len(s.search_s), 2),
                           "n": len(s.search_s)},
+            "time_questions_ms": {"p50": round(1000 * pct(s.timed_s, 50), 2),
+                                  "p95": round(1000 * pct(s.timed_s, 95), 2),
+                                  "cpu_per_search": round(1000 * s.timed_cpu_s / max(1, len(s.timed_s)), 2),
+                                  "n": len(s.timed_s)},
             "save_to_searchable_s": {"p50": round(pct(s.save_s, 50), 3), "p95": round(pct(s.save_s, 95), 3),
                                      "max": round(max(s.save_s), 3), "n": len(s.save_s),
                                      "cpu_per_save": round(s.save_cpu_s / len(s.save_s), 3)}}
@@ -147,9 +159,10 @@ def main() -> int:
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default="auto",
                         help="the daemons' text embedding precision [%(default)s]")
     args = parser.parse_args()
-    source, questions = workspace_and_questions(args.queries)
+    source, questions, timed = workspace_and_questions(args.queries)
     load_start = os.getloadavg()
-    log(f"workspace {source}, {len(questions)} questions; load average {load_start[0]:.2f}")
+    log(f"workspace {source}, {len(questions)} questions, {len(timed)} that name a time; load average "
+        f"{load_start[0]:.2f}")
     subjects = [Subject("after", REPO, source, args.out, args.precision)]
     if args.before:
         subjects.append(Subject("before", args.before.resolve(), source, args.out, args.precision))
@@ -167,6 +180,12 @@ def main() -> int:
                 s.search(query)
                 s.search_s.append(time.perf_counter() - started)
                 s.search_cpu_s += s.daemon.cpu_s() - cpu
+        for query in timed:
+            for s in subjects:
+                cpu, started = s.daemon.cpu_s(), time.perf_counter()
+                s.search(query)
+                s.timed_s.append(time.perf_counter() - started)
+                s.timed_cpu_s += s.daemon.cpu_s() - cpu
         for s in subjects:
             s.profile("save" if args.profile else None)
         for n in range(args.edits):
@@ -186,7 +205,9 @@ def main() -> int:
     for s in subjects:
         r = result[s.name]
         log(f"{s.name:6}  search p50 {r['search_ms']['p50']:.1f} ms, p95 {r['search_ms']['p95']:.1f} ms, daemon CPU "
-            f"{r['search_ms']['cpu_per_search']:.1f} ms/search; save-to-searchable p50 "
+            f"{r['search_ms']['cpu_per_search']:.1f} ms/search; questions naming a time p50 "
+            f"{r['time_questions_ms']['p50']:.1f} ms, CPU {r['time_questions_ms']['cpu_per_search']:.1f} ms/search; "
+            f"save-to-searchable p50 "
             f"{r['save_to_searchable_s']['p50']:.3f} s, p95 {r['save_to_searchable_s']['p95']:.3f} s, daemon CPU "
             f"{r['save_to_searchable_s']['cpu_per_save']:.3f} s/save (polling searches included)")
     if args.before:
@@ -194,6 +215,9 @@ def main() -> int:
         result["ratios"] = {
             "search_p50": round(a["search_ms"]["p50"] / b["search_ms"]["p50"], 2),
             "search_cpu": round(a["search_ms"]["cpu_per_search"] / b["search_ms"]["cpu_per_search"], 2),
+            "time_questions_p50": round(a["time_questions_ms"]["p50"] / b["time_questions_ms"]["p50"], 2),
+            "time_questions_cpu": round(a["time_questions_ms"]["cpu_per_search"]
+                                        / b["time_questions_ms"]["cpu_per_search"], 2),
             "save_p50": round(a["save_to_searchable_s"]["p50"] / b["save_to_searchable_s"]["p50"], 2),
             "save_p95": round(a["save_to_searchable_s"]["p95"] / b["save_to_searchable_s"]["p95"], 2),
             "save_cpu": round(a["save_to_searchable_s"]["cpu_per_save"] / b["save_to_searchable_s"]["cpu_per_save"], 2)}
