@@ -1,13 +1,15 @@
 """Where a restart's seconds go (``make restart``): a 40-note workspace indexed once, then restarted after SIGKILL
 (``--kills``, default 10) and after SIGTERM on the same port with an idle client connected (``--terms``, default 3).
-
 Each restart is timed from the process's start: the daemon's own ``startup_phase`` log lines (``imports``,
-``store_opened``, ``http_listening``, ``model_loaded``, ``ready``: the first scan drained, queue empty; seconds since
-the process started, ``indexer.state.Startup``), the model's ``model_loaded`` line (the sentence-transformers load and
-the precision's own step: bf16 cast or int8 session), and, seen by a client polling from the start, the first
-answered keyword search, the first answered hybrid search and the first hybrid search answered in full (without
-``degraded``). Prints p50, min and max of each over the SIGKILL restarts and over the SIGTERM ones, and writes
-``<out>/restart-<time>.json``. Notes: 40 from ``../shared/data/vault`` when present (said on stderr), else generated.
+``store_opened``, ``http_listening``, ``model_loaded``, ``ready``: the first scan drained, queue empty; seconds
+since the process started, ``indexer.state.Startup``), the model's ``model_loaded`` line (the sentence-transformers
+load and the precision's own step: bf16 cast or int8 session), and, seen by a client polling from the start, the
+first answered keyword search, the first answered hybrid search, the first hybrid search answered in full (without
+``degraded``) and ``append_found``: a line with a new word appended to a note right after the process started, found
+by a keyword search (its file indexed again: chunked and embedded, with the saved ONNX files while the model loads).
+Prints p50, min and max of each over the SIGKILL restarts and over the SIGTERM ones, and writes
+``<out>/restart-<time>.json``. Notes: 40 from ``../shared/data/vault`` when present (said on stderr), else
+generated.
 
 ``--first-starts N`` adds N first starts, each on an empty state dir (no store, no exported models: the int8 and
 query exports run behind the listening API, ``model_loading`` saying their progress), timed the same way.
@@ -29,6 +31,7 @@ import os
 import statistics
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +67,26 @@ def _probe(url: str, query: str, mode: str, out: dict[str, float], t0: float, st
             time.sleep(0.02)
 
 
+def _found(url: str, note: Path, ws: Path, out: dict[str, float], t0: float, stop: threading.Event) -> None:
+    """Append a line with a new word to ``note`` now, then poll a keyword search for it: ``append_found`` is when
+    a hit of that note shows it (seconds since ``t0``, wall clock)."""
+    token = f"restartword{uuid.uuid4().hex[:10]}"
+    rel = note.relative_to(ws).as_posix()
+    with open(note, "a", encoding="utf-8") as handle:
+        handle.write(f"\nSaved right after the restart: {token}.\n")
+    with httpx.Client(timeout=60) as client:
+        while not stop.is_set():
+            try:
+                answer = client.post(url + "/search", json={"query": token, "mode": "keyword", "k": 3})
+                if answer.status_code == 200 and any(
+                        h.get("path") == rel and token in h.get("snippet", "") for h in answer.json()["hits"]):
+                    out["append_found"] = time.time() - t0
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.02)
+
+
 def restart(ws: Path, state: Path, log_path: Path, env: dict[str, str], query: str,
             port: int | None = None, repo: Path = REPO) -> tuple[Daemon, dict[str, Any]]:
     """Start a daemon of ``repo`` and time its start (see the module); returns it running, and the figures."""
@@ -71,8 +94,10 @@ def restart(ws: Path, state: Path, log_path: Path, env: dict[str, str], query: s
     daemon = Daemon(ws, state, log_path, env=env, fp32=False, port=port, repo=repo)
     got: dict[str, Any] = {}
     stop = threading.Event()
+    note = sorted((ws / "memory").rglob("*.md"))[0]
     probes = [threading.Thread(target=_probe, args=(daemon.url, query, "keyword", got, t0, stop, False)),
-              threading.Thread(target=_probe, args=(daemon.url, query, "hybrid", got, t0, stop, True))]
+              threading.Thread(target=_probe, args=(daemon.url, query, "hybrid", got, t0, stop, True)),
+              threading.Thread(target=_found, args=(daemon.url, note, ws, got, t0, stop))]
     for probe in probes:
         probe.start()
     try:

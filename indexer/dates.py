@@ -68,39 +68,63 @@ _PERIOD_DAYS = {"day": 1, "week": 7}
 
 def query_period(query: str, as_of: datetime.datetime | None = None) -> tuple[datetime.date, datetime.date] | None:
     """``(first, last)`` days (inclusive) of the first time expression in ``query`` (English), relative to
-    ``as_of`` (naive local time; default now): a day (``on 24 October 2023``, ``yesterday``, ``two days ago``),
-    the 7 days of a week (``last week``), a month (``in May 2023``; a month without a year is the latest one not
-    after ``as_of``) or a year (``in 2023``). ``None`` when the query names no time."""
-    base = (as_of or datetime.datetime.now()).replace(microsecond=0)
-    return _period(query, base)
+    ``as_of`` (naive local time, to the minute; default now): a day (``on 24 October 2023``, ``yesterday``, ``two
+    days ago``), the 7 days of a week (``last week``), a month (``in May 2023``; a month without a year is the latest
+    one not after ``as_of``) or a year (``in 2023``). ``None`` when the query names no time.
+
+    The expressions a query holds are found once per query (``time_phrases``: they do not depend on the moment)
+    and each is read once per minute of ``as_of``, so a question asked again costs a dictionary look-up, not
+    dateparser's few milliseconds (docs/performance.md)."""
+    base = (as_of or datetime.datetime.now()).replace(second=0, microsecond=0)
+    for phrase in time_phrases(query):
+        period = _phrase_period(phrase, base)
+        if period is not None:
+            return period
+    return None
+
+
+def _settings(base: datetime.datetime | None) -> dict[str, object]:
+    settings: dict[str, object] = {"PREFER_DATES_FROM": "past", "RETURN_AS_TIMEZONE_AWARE": False}
+    if base is not None:
+        settings["RELATIVE_BASE"] = base
+    return settings
 
 
 @lru_cache(maxsize=1024)
-def _period(query: str, base: datetime.datetime) -> tuple[datetime.date, datetime.date] | None:
+def time_phrases(query: str) -> tuple[str, ...]:
+    """The time expressions dateparser's ``search_dates`` finds in ``query`` that hold a cue (``_CUE``), in order;
+    ``()`` without a cue (dateparser is then not asked). Cached per query (1,024)."""
     if not _CUE.search(query):
-        return None
-    from dateparser.date import DateDataParser
+        return ()
     from dateparser.search import search_dates
 
-    settings = {"RELATIVE_BASE": base, "PREFER_DATES_FROM": "past", "RETURN_AS_TIMEZONE_AWARE": False}
-    found = search_dates(query, languages=["en"], settings=settings) or []
-    for phrase, _ in found:
-        if not _CUE.search(phrase):
-            continue
-        data = DateDataParser(languages=["en"], settings=settings).get_date_data(phrase)
-        if data.date_obj is None:
-            continue
-        day = data.date_obj.date()
-        if data.period == "year":
-            return datetime.date(day.year, 1, 1), datetime.date(day.year, 12, 31)
-        if data.period == "month":
-            following = datetime.date(day.year + day.month // 12, day.month % 12 + 1, 1)
-            return datetime.date(day.year, day.month, 1), following - datetime.timedelta(days=1)
-        if data.period == "week":
-            monday = day - datetime.timedelta(days=day.weekday())
-            return monday, monday + datetime.timedelta(days=6)
-        return day, day
-    return None
+    found = search_dates(query, languages=["en"], settings=_settings(None)) or []
+    return tuple(phrase for phrase, _ in found if _CUE.search(phrase))
+
+
+@lru_cache(maxsize=1024)
+def _phrase_period(phrase: str, base: datetime.datetime) -> tuple[datetime.date, datetime.date] | None:
+    from dateparser.date import DateDataParser
+
+    data = DateDataParser(languages=["en"], settings=_settings(base)).get_date_data(phrase)
+    if data.date_obj is None:
+        return None
+    day = data.date_obj.date()
+    if data.period == "year":
+        return datetime.date(day.year, 1, 1), datetime.date(day.year, 12, 31)
+    if data.period == "month":
+        following = datetime.date(day.year + day.month // 12, day.month % 12 + 1, 1)
+        return datetime.date(day.year, day.month, 1), following - datetime.timedelta(days=1)
+    if data.period == "week":
+        monday = day - datetime.timedelta(days=day.weekday())
+        return monday, monday + datetime.timedelta(days=6)
+    return day, day
+
+
+def warm_dates() -> None:
+    """Import dateparser and read one question now (about 0.7 s of loading its language data on 2 cores), so the
+    first question that names a time does not pay for it; the daemon calls it while its model loads."""
+    query_period("what happened yesterday?")
 
 
 _DURATION = re.compile(r"^ *([0-9]+(?:\.[0-9]+)?) *(s|m|h|d|w) *$")  # as indexer.schema publishes it

@@ -265,23 +265,26 @@ class Searcher:
         return lists, whole, owner
 
     def _stages(self, params: SearchRequest, degraded: list[str] | None,
-                period: tuple[datetime.date, datetime.date] | None) -> tuple[list[Callable[[list[Hit]], list[Hit]]],
-                                                                        int]:
+                period: tuple[datetime.date, datetime.date] | None,
+                fused: Sequence[tuple[Any, float]]) -> tuple[list[Callable[[list[Hit]], list[Hit]]], int]:
         """The post-fusion stages ``params`` runs, in order (``indexer.ranking``), from the settings and the query,
-        each taking and returning hits with payloads; and how many of the fused candidates they need (all of them
-        for a stage that re-orders the whole list: decay, the period boost, MMR)."""
+        each taking and returning hits with payloads; and how many of the ``fused`` candidates (best first) they
+        need: all of them for a stage that re-orders the whole list (decay, MMR); for the period boost, those its
+        factor can lift into the first ones the later stages read (``_boost_depth``)."""
         s = self.settings
         stages: list[Callable[[list[Hit]], list[Hit]]] = []
         need = params.k * COLLAPSE_DEPTH
-        if s.half_life_days or s.mmr_lambda is not None:
+        if self.reranker is not None:
+            need = max(need, s.rerank_top_n)
+        whole = bool(s.half_life_days or s.mmr_lambda is not None)
+        if whole:
             need = s.prefetch_limit + params.k
         if s.half_life_days:
             stages.append(partial(decay, half_life_days=s.half_life_days, now_s=self.now()))
         if period:
             stages.append(partial(boost_period, period=period, boost=s.time_boost))
-            need = s.prefetch_limit + params.k
+            need = s.prefetch_limit + params.k if whole else _boost_depth(fused, need, s.time_boost)
         if self.reranker is not None:
-            need = max(need, s.rerank_top_n)
             stages.append(partial(rerank, query=params.query, reranker=self.reranker, top_n=s.rerank_top_n,
                                   budget_s=s.rerank_budget_s, stats=self.rerank_stats, degraded=degraded))
         if s.mmr_lambda is not None:
@@ -327,7 +330,7 @@ class Searcher:
         fused = (next(iter(lists.values())) if len(lists) == 1
                  else fuse_scores(list(lists.values()), self.settings.fusion, self.settings.rrf_k, query.limit))
         period = query_period(params.query, _as_of(params)) if self.settings.time_boost else None
-        stages, need = self._stages(params, degraded, period)
+        stages, need = self._stages(params, degraded, period, fused)
         kept = fused
         if params.min_score is not None and not self.settings.half_life_days:  # with decay: on the decayed scores
             kept = [p for p in fused if p[1] >= params.min_score]
@@ -386,6 +389,19 @@ def _mode(params: SearchRequest, settings: SearchSettings) -> str:
     if mode not in ("hybrid", "dense", "keyword"):
         raise ValueError(f"mode must be hybrid, dense or keyword, got {mode!r}")
     return mode
+
+
+def _boost_depth(fused: Sequence[tuple[Any, float]], need: int, boost: float) -> int:
+    """How many of ``fused`` (``(point id, score)``, best first) the period boost must read so that its first
+    ``need`` are those of boosting them all: a candidate counts when its best score (boosted or not: a factor of
+    ``1 + boost`` raises a positive score and lowers a negative one) reaches the ``need``-th best of the scores
+    each candidate keeps at worst. Both bounds fall with the fused score, so the count is a prefix of ``fused``.
+    A time question then reads the payloads of these instead of every candidate (docs/performance.md)."""
+    if len(fused) <= need:
+        return len(fused)
+    factor = 1 + boost
+    floor = sorted((min(score, score * factor) for _, score in fused), reverse=True)[need - 1]
+    return sum(1 for _, score in fused if max(score, score * factor) >= floor)
 
 
 def _as_of(params: SearchRequest) -> datetime.datetime | None:

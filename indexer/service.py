@@ -30,6 +30,7 @@ import structlog
 
 from indexer.config import Settings
 from indexer.daemon import Indexer
+from indexer.dates import warm_dates
 from indexer.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -109,14 +110,16 @@ def check_port(host: str, port: int) -> None:
 
 
 def warm_models(indexer: Indexer) -> None:
-    """Load the daemon's models while it already serves (its own thread, started once the API listens): each
-    embedder's model (``preload`` where it has one: its queries answer ``EmbedUnavailable`` meanwhile, so searches
-    answer from keyword search, flagged ``degraded``), the fusion code and the reranker's model, then a warm-up
-    query each, so no search pays for a first call. Logs ``model_loaded`` per embedder (seconds of its load and of
-    its precision's step, where it says them) and ``startup_phase`` ``model_loaded`` at the end."""
+    """Load the daemon's models while it already serves (its own thread, started once the API listens): each embedder's
+    model (``preload`` where it has one: its queries answer ``EmbedUnavailable`` meanwhile, so searches answer
+    from keyword search, flagged ``degraded``), the fusion code and the reranker's model, then a warm-up query
+    each, so no search pays for a first call (dateparser's data too: ``indexer.dates.warm_dates``). Logs
+    ``model_loaded`` per embedder (seconds of its load and of its precision's step, where it says them) and
+    ``startup_phase`` ``model_loaded`` at the end."""
     embedders = indexer.registry.embedders
     loads = [thread for e in embedders.values() if (thread := getattr(e, "preload", lambda: None)()) is not None]
     load_fusion()  # qdrant-client's fusion: not inside the first hybrid search
+    warm_dates()  # dateparser's language data: not inside the first question that names a time
     for thread in loads:
         thread.join()
     for embedder in embedders.values():

@@ -114,22 +114,27 @@ def test_answers_during_the_debounce_say_what_is_pending_and_search_can_wait(wor
     from indexer.server import create_app
 
     # fresh.md stays open (no close-after-write, which would end its quiet period at once) and the quiet period
-    # outlasts the answers below, so both paths are pending however slowly they come
-    indexer = make_indexer([{"agent": "main", "path": workspace}], settle_s=4.0)
+    # outlasts the answers below, so both paths are pending however slowly they come (on a loaded machine too)
+    indexer = make_indexer([{"agent": "main", "path": workspace}], settle_s=10.0, settle_max_s=10.0)
     with Running(indexer), TestClient(create_app(indexer.view), base_url="http://127.0.0.1:8743") as http:
         assert http.post("/search", json={"query": "flat white"}).json()["pending"] == []
         fresh = open(workspace / "memory" / "fresh.md", "w", encoding="utf-8")  # noqa: SIM115 (closed below)
         fresh.write("# Fresh\n\nPENDINGAAA1 just written.\n")
         fresh.flush()
         (workspace / "memory" / "travel.md").unlink()
-        wait_for(lambda: len(indexer.view.pending()) == 2, timeout_s=5)  # the watcher saw both (not only the first)
+        wait_for(lambda: len(indexer.view.pending()) == 2, timeout_s=9)  # the watcher saw both (not only the first)
         answer = http.post("/search", json={"query": "PENDINGAAA1", "mode": "keyword"}).json()
         assert answer["pending"] == ["memory/fresh.md", "memory/travel.md"]
         assert http.post("/recall", json={"query": "*"}).json()["pending"] == answer["pending"]
         assert http.post("/boot", json={}).json()["pending"] == answer["pending"]
         assert http.post("/search", json={"query": "x", "agent": "other"}).status_code in (200, 404)
         fresh.close()
-        waited = http.post("/search", json={"query": "PENDINGAAA1", "mode": "keyword", "wait_s": 10}).json()
+
+        def settled() -> dict | None:  # each search waits its most (10 s) for the deletion's quiet period to end
+            answer = http.post("/search", json={"query": "PENDINGAAA1", "mode": "keyword", "wait_s": 10}).json()
+            return answer if answer["pending"] == [] else None
+
+        waited = wait_for(settled, timeout_s=60, interval_s=0)
         assert waited["pending"] == [] and [h["path"] for h in waited["hits"]] == ["memory/fresh.md"]
         assert http.post("/search", json={"query": "q", "wait_s": 11}).status_code == 422
 

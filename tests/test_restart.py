@@ -170,12 +170,13 @@ def test_a_failed_model_load_is_said_though_the_query_model_answers(tmp_path: Pa
         daemon.close()
 
 
-@pytest.mark.parametrize("precision", ["int8", "fp32"])
+@pytest.mark.parametrize("precision", ["int8", "fp32", "bf16"])
 def test_a_note_saved_while_the_model_loads_is_indexed_without_it(tmp_path: Path, registry: Registry,
                                                                   precision: str) -> None:
-    """Where an earlier load left the model's ONNX files (int8's ``model.onnx``, fp32's trace) a restart embeds
-    chunks with them while the model itself still loads: a note saved then is indexed and found by a hybrid search
-    with the model held back by the test the whole time; its vectors are the loaded model's."""
+    """Where an earlier load left the model's ONNX files (int8's ``model.onnx``, the fp32 trace for fp32 and bf16) a
+    restart embeds chunks with them while the model itself still loads: a note saved then is indexed and found by a
+    hybrid search with the model held back by the test the whole time; its vectors are the loaded model's (bf16:
+    the fp32 vectors of the same model)."""
     from indexer.builtin.embedding import SentenceTransformerEmbedder
     from indexer.model_loading import int8_available
 

@@ -175,10 +175,11 @@ class SentenceTransformerEmbedder:
 
     def open_document_model(self) -> bool:
         """Open the ONNX file chunks are embedded with (int8: the export's ``model.onnx`` once its quality check
-        passed; fp32: the fp32 trace, the query model's file) with ONNX Runtime and ``tokenizers`` alone
+        passed; fp32 and bf16: the fp32 trace, the query model's file) with ONNX Runtime and ``tokenizers`` alone
         (``OnnxDocumentEncoder``), so ``encode`` and ``token_offsets`` answer while the model itself still loads: a
-        note saved then is indexed at once. Returns whether it is open; ``False`` for bf16 (its vectors come from
-        torch), on another device, or before the first load exported the files. Dropped once the model is loaded.
+        note saved then is indexed at once (with bf16 to the fp32 vectors, as its queries are: within cosine 0.9999
+        of the bf16 ones, docs/performance.md). Returns whether it is open; ``False`` on another device, or before
+        the first load exported the files. Dropped once the model is loaded.
         Looked for once (``preload``, or the worker's first chunks, whichever comes first: the other waits)."""
         with self._documents_lock:
             if not self._documents_tried:
@@ -191,7 +192,7 @@ class SentenceTransformerEmbedder:
             return
         if self.precision == "int8" and self.int8_state() == "passed":
             chunks_file = int8_dir(self.cache_dir, self.base_id, self.fingerprint) / "model.onnx"
-        elif self.precision == "fp32":
+        elif self.precision in ("fp32", "bf16"):  # bf16: the fp32 trace too (cosine >= 0.9999 to the bf16 vector)
             chunks_file = query_model_path(self.cache_dir, self.base_id, self.fingerprint, "fp32")
         else:
             return
