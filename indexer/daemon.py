@@ -48,9 +48,11 @@ from indexer.rebuild import (
     record_tenancy,
     recorded_identities,
 )
+from indexer.rename import move_renamed
 from indexer.report import StatusView
 from indexer.state import Indexed, IndexState, Plan
 from indexer.store import ServerOptions, Store, open_store
+from indexer.store.claims import claim_agents
 from indexer.sync import Pace, Sync
 from indexer.watcher import Settler
 from indexer.workspace import Collection, overlaps, walk, walk_paths
@@ -143,10 +145,14 @@ class Indexer:
         by another process); the running plan is then unchanged.
         """
         state = self.state
-        plan = plan or state.plan
+        plan = plan or Plan.of(state.plan.settings)  # whole again: an agent refused before may be claimed now
         if self.store.tenancy == "auto":
             self.store.settle([c.name for c in plan.collections])
             record_tenancy(plan.settings.state_dir, plan.settings.qdrant_url, self.store.tenancy)
+        refused = claim_agents(self.store, plan.settings.state_dir, plan.collections)  # one owner per agent
+        if refused:
+            plan = replace(plan, collections=tuple(c for c in plan.collections if c.agent not in refused))
+        move_renamed(self.store, plan.collections, self.pipeline.dense_dims(), plan.settings.state_dir)
         check_identity(plan.settings, [c.name for c in plan.collections], self.registry.embedders,
                        state.rebuild_requested)
         dims = self.pipeline.dense_dims()

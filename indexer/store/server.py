@@ -30,6 +30,7 @@ from typing import Any, ParamSpec, TypeVar
 from indexer.errors import CollectionMismatch, StoreUnavailable
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
 from indexer.store.base import REBUILD, SCROLL_PAGE, Dialect, point_from_record
+from indexer.store.claims import ClaimingStore
 from indexer.store.tenancy import PAYLOAD_M, TENANT_KEY, TenantStore
 
 P = ParamSpec("P")
@@ -108,8 +109,9 @@ def json_bytes(point: Point) -> int:
     return len(point.id) + payload + 25 * floats + 11 * indices + 64 * (2 + len(point.dense) + len(point.sparse))
 
 
-class ServerStore(TenantStore):
-    """A Qdrant server or cluster at ``url`` (``":memory:"``: qdrant-client's in-process mode)."""
+class ServerStore(ClaimingStore, TenantStore):
+    """A Qdrant server or cluster at ``url`` (``":memory:"``: qdrant-client's in-process mode). Once ``claim``-ed
+    (``indexer.store.claims``), every write primitive first ``guard``s the logical collection it writes."""
 
     kind = "server"
 
@@ -124,6 +126,7 @@ class ServerStore(TenantStore):
         self.shared = self.options.tenancy == "shared"
         self.auto = self.options.tenancy == "auto" and not self._local  # in-process: "collections"
         self._lives = {}
+        self._claimed = {}
         if self.options.tenancy not in ("auto", "collections", "shared"):
             raise ValueError(f"tenancy must be 'auto', 'collections' or 'shared', not {self.options.tenancy!r}")
         if self._local:
@@ -136,9 +139,9 @@ class ServerStore(TenantStore):
                                        check_compatibility=False)
         for method in ("_physical_config", "_create", "_add_vector", "_names", "_scroll_page", "_points_page", "_query",
                        "_retrieve", "_count", "_drop", "_read_aliases", "_set_alias", "_ids_page", "_facet",
-                       "_tenant_points"):
+                       "_tenant_points", "read_claims", "_claims_ready"):
             setattr(self, method, self._retrying(getattr(self, method), write=False))
-        for method in ("_upsert_request", "_delete", "_delete_ids"):
+        for method in ("_upsert_request", "_delete", "_delete_ids", "_write_claims", "_delete_claims"):
             setattr(self, method, self._retrying(getattr(self, method), write=True))
 
     def _retrying(self, fn: Callable[P, R], write: bool) -> Callable[P, R]:
@@ -252,6 +255,7 @@ class ServerStore(TenantStore):
 
     # points -----------------------------------------------------------------------------------------------------
     def _upsert(self, name: str, points: Sequence[Point]) -> None:
+        self.guard(name)
         physical, tenant = self._where(name)
         stamp = {TENANT_KEY: name.partition(REBUILD)[0]} if tenant is not None else {}
         for batch in self.batches(points):
@@ -287,6 +291,7 @@ class ServerStore(TenantStore):
         self.client.upsert(name, structs, wait=True)
 
     def _delete(self, name: str, flt: Filter) -> None:
+        self.guard(name)
         physical, scoped = self._scoped(name, self.dialect.filter(flt))
         self.client.delete(physical, points_selector=self._m.FilterSelector(filter=scoped), wait=True)
 
@@ -336,6 +341,7 @@ class ServerStore(TenantStore):
         return int(self.client.count(physical, count_filter=flt, exact=True).count)
 
     def _drop(self, name: str) -> None:
+        self.guard(name)
         physical, flt = self._scoped(name)
         if not self.client.collection_exists(physical):
             return
@@ -348,6 +354,7 @@ class ServerStore(TenantStore):
         return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
 
     def _set_alias(self, name: str, new: str | None, old: str) -> None:
+        self.guard(name)
         m = self._m
         if old == name and new is not None and self.client.collection_exists(name):
             self.client.delete_collection(name)  # a plain collection of that name (made before aliases) gives way

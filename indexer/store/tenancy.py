@@ -134,6 +134,7 @@ class TenantStore(Store):
         them (returns 0)."""
         flt = self._m.Filter(must=[self.dialect.match(TENANT_KEY, name)])
         if delete:
+            self.guard(name)
             self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
             return 0
         return int(self.client.count(physical, count_filter=flt, exact=True).count)
@@ -247,5 +248,6 @@ class TenantStore(Store):
         return self._m.Filter(must=[self._m.HasIdCondition(has_id=any_ids)])
 
     def _delete_ids(self, name: str, ids: list[str]) -> None:
+        self.guard(name)
         physical, flt = self._scoped(name, self._has_id(ids))
         self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
