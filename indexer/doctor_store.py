@@ -105,11 +105,46 @@ def store_findings(settings: Settings) -> list[Finding]:
             spaces = Spaces(current, tuple(s for s in recorded_identities(settings.state_dir) if s != current))
     try:
         out += _checks(store.client, settings, collections, spaces)
+        out += claim_findings(store, settings, collections)
     except _unreachable() as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return [Finding("", "qdrant_unreachable", shown(settings.qdrant_url), reason)]
     finally:
         store.close()
+    return out
+
+
+def claim_findings(store: Any, settings: Settings, collections: Sequence[Collection]) -> list[Finding]:
+    """The claims of ``collections`` on ``store`` (``indexer.store.claims``): this config's own (information),
+    another daemon's (a problem: the daemon refuses that agent), and points of a collection whose path lies outside
+    the workspace its claim (or, unclaimed, this config) names (a problem: another owner's files in the index).
+    Reads only; raises what the store raises."""
+    from indexer.store.claims import OWNER_FILE
+
+    try:
+        mine = (settings.state_dir / OWNER_FILE).read_text().strip()
+    except OSError:
+        mine = ""  # no daemon of this state dir has claimed anything yet
+    claims = store.read_claims([c.name for c in collections])
+    held = store.collections()
+    out: list[Finding] = []
+    for c in collections:
+        claim = claims.get(c.name)
+        if claim is not None and claim.owner == mine:
+            out.append(Finding(c.agent, "claim", c.name, f"held by this daemon ({claim.by()}, workspace "
+                               f"{claim.workspace})", problem=False))
+        elif claim is not None:
+            out.append(Finding(c.agent, "claimed_elsewhere", c.name, f"held by {claim.by()} for workspace "
+                               f"{claim.workspace}: this daemon refuses the agent; set another collection_prefix, or "
+                               f"once that daemon is gone for good run `qmd-indexer release --agent {c.agent}`"))
+        if c.name not in held:
+            continue
+        root = str(c.root if c.role == "extra" else claim.workspace if claim else c.workspace.path).rstrip("/")
+        foreign = sorted(p for p in store.file_states(c.name) if p != root and not p.startswith(root + "/"))
+        if foreign:
+            out.append(Finding(c.agent, "foreign_paths", c.name, f"{len(foreign)} files outside {root}, e.g. "
+                               f"{foreign[0]}: another owner's notes in this index; the owner's next scan removes "
+                               "them"))
     return out
 
 

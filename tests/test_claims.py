@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from indexer.config import Workspace
+from indexer.doctor import findings
+from indexer.doctor_store import claim_findings
 from indexer.search import SearchParams
-from indexer.store.claims import NotOwner, Owner
+from indexer.store.claims import NotOwner
 from indexer.worker import index_once
 from indexer.workspace import agent_slug, plan_collections, sanitise
 
@@ -68,6 +70,18 @@ def _daemon(make_indexer: Any, tmp_path: Path, name: str, agent: str, fact: str,
     return make_indexer([{"agent": agent, "path": ws}], state_dir=tmp_path / f"state-{name}", **server)
 
 
+def _release(tmp_path: Path, server: dict[str, Any], agent: str) -> Any:
+    """``qmd-indexer release --agent <agent>`` with a config of that agent on ``server``."""
+    from click.testing import CliRunner
+
+    from indexer.cli import main
+
+    config = tmp_path / "release.toml"
+    config.write_text(f'qdrant_url = "{server["qdrant_url"]}"\nstate_dir = "{tmp_path / "state-new"}"\n'
+                      f'[[workspace]]\nagent = "{agent}"\npath = "{tmp_path}"\n')
+    return CliRunner().invoke(main, ["release", "--config", str(config), "--agent", agent])
+
+
 def _answers(daemon: Any, agent: str, query: str) -> list[str]:
     return [h["snippet"] for h in daemon.view.searcher().search(SearchParams(query, k=10, agent=agent))]
 
@@ -112,9 +126,16 @@ def test_the_same_id_on_a_second_daemon_is_refused_until_released(tmp_path: Path
         two.scan("periodic")
         assert {c.name: one.store.count(c.name) for c in one.collections} == before, "nothing of one's deleted"
         assert all("goats" not in s for s in _answers(one, "carol", "what animals are kept"))
+        # doctor names the claims: the first daemon's own, the second's refusal
+        def kinds(daemon: Any) -> set[tuple[str, bool]]:
+            found = claim_findings(daemon.store, daemon.settings, plan_collections(daemon.settings.workspace))
+            return {(f.kind, f.problem) for f in found}
+
+        assert kinds(one) == {("claim", False)} and kinds(two) == {("claimed_elsewhere", True)}
         # released explicitly (the one way out once the other is gone): the second daemon takes the agent over
-        released = two.store.release([c.name for c in one.collections])
-        assert {c.owner for c in released} == {Owner.of(tmp_path / "state-one").id}
+        released = _release(tmp_path, server, "carol")
+        assert released.exit_code == 0 and released.output.count("released memory-") == 2, released.output
+        assert str(tmp_path / "state-one") in released.output
         two.connect()
         assert two.state.plan.agents() == ["carol"]
         name = one.collections[1].name
@@ -138,6 +159,10 @@ def test_a_store_under_the_former_name_moves_once_without_embedding(tmp_path: Pa
     index_once(old)
     counts = {c.name: old.store.count(c.name) for c in former.collections}
     assert all(counts.values()) and all(n.endswith("-bob") for n in counts)
+    # the former name also holds a note of agent "bob" (another daemon's, before names had hashes): it stays there
+    legacy_dir = former.collections[1].name
+    theirs = _elsewhere(next(iter(old.store.scroll_points(legacy_dir))), legacy_dir, "bob", "/elsewhere/memory/x.md")
+    old.store.upsert(legacy_dir, [theirs])
     old.store.close()
     with capture_logs() as logs:
         new = _daemon(make_indexer, tmp_path, "one", "Bob", "keeps bees", server)
@@ -145,11 +170,29 @@ def test_a_store_under_the_former_name_moves_once_without_embedding(tmp_path: Pa
         moved = [e for e in logs if e["event"] == "collection_renamed"]
         assert sorted((e["former"], e["points_moved"], e["chunks_embedded"]) for e in moved) == sorted(
             (n, k, 0) for n, k in counts.items())
-        assert all(n not in new.store.collections() for n in counts)
+        assert [e["points_left"] for e in moved if e["former"] == legacy_dir] == [1]
+        assert former.collections[0].name not in new.store.collections()
+        assert [p.payload.agent for p in new.store.scroll_points(legacy_dir)] == ["bob"], "the other's note stays"
         embedded = new.pipeline.stats.chunks_embedded
         index_once(new)
         assert new.pipeline.stats.chunks_embedded == embedded, "nothing re-embedded after the move"
         assert sum(new.store.count(c.name) for c in new.collections) == sum(counts.values())
         assert any("bees" in s for s in _answers(new, "Bob", "what animals are kept"))
+        # doctor: the hashed names, and a path of another owner in this agent's index
+        assert [f.kind for f in findings(list(new.settings.workspace)) if f.kind == "hashed_name"] == ["hashed_name"]
+        mine = new.collections[1].name
+        new.store.upsert(mine, [_elsewhere(next(iter(new.store.scroll_points(mine))), mine, "Bob", "/else/m.md")])
+        found = claim_findings(new.store, new.settings, new.collections)
+        assert [(f.path, f.problem) for f in found if f.kind == "foreign_paths"] == [(mine, True)]
     finally:
         new.store.close()
+
+
+def _elsewhere(point: Any, collection: str, agent: str, abs_path: str) -> Any:
+    """``point`` as if another workspace's file of ``agent`` had made it in ``collection``."""
+    from dataclasses import replace
+
+    from indexer.points import Point, point_id
+
+    payload = replace(point.payload, agent=agent, abs_path=abs_path, path=abs_path, collection=collection)
+    return Point(point_id(collection, abs_path, 0), point.dense, point.sparse, payload)
