@@ -117,7 +117,8 @@ def store_findings(settings: Settings) -> list[Finding]:
 def claim_findings(store: Any, settings: Settings, collections: Sequence[Collection]) -> list[Finding]:
     """The claims of ``collections`` on ``store`` (``indexer.store.claims``): this config's own (information),
     another daemon's (a problem: the daemon refuses that agent), and points of a collection whose path lies outside
-    the workspace its claim (or, unclaimed, this config) names (a problem: another owner's files in the index).
+    the workspace its claim (or, unclaimed, this config) names (another owner's files in the index: a problem
+    under a claim, information without one).
     Reads only; raises what the store raises."""
     from indexer.store.claims import OWNER_FILE
 
@@ -141,10 +142,12 @@ def claim_findings(store: Any, settings: Settings, collections: Sequence[Collect
             continue
         root = str(c.root if c.role == "extra" else claim.workspace if claim else c.workspace.path).rstrip("/")
         foreign = sorted(p for p in store.file_states(c.name) if p != root and not p.startswith(root + "/"))
-        if foreign:
+        if foreign:  # a problem under a claim; unclaimed, it may as well be a workspace that moved
             out.append(Finding(c.agent, "foreign_paths", c.name, f"{len(foreign)} files outside {root}, e.g. "
-                               f"{foreign[0]}: another owner's notes in this index; the owner's next scan removes "
-                               "them"))
+                               f"{foreign[0]}: " + ("another owner's notes in this index; the owner's next scan "
+                               "removes them" if claim else "not claimed by any daemon yet: another daemon's notes, "
+                               "or a workspace that moved; the next daemon to claim it removes them"),
+                               problem=claim is not None))
     return out
 
 

@@ -11,7 +11,7 @@ id and the workspace path. ``ClaimingStore`` (``ServerStore``'s base):
 - ``claim`` at connect: an agent any of whose collections another owner holds is refused (the daemon leaves it out
   of its plan and says so in one ``agent_claimed_elsewhere`` line); the others are claimed (written with strong
   ordering, read back with consistency ``all``, so two daemons starting at once on a cluster cannot both keep one);
-- ``guard`` before every write (upsert, delete, drop) of a claimed collection: another owner's claim raises
+- ``guard`` before every write (upsert, delete, drop, alias change) of a collection: another owner's claim raises
   ``NotOwner`` (a ``StoreUnavailable``: the write is retried later, never made), a claim gone (released) is written
   again;
 - ``release`` (``qmd-indexer release --agent X``) deletes claims: the one way a claim ends (an owner whose state dir
@@ -183,16 +183,17 @@ class ClaimingStore:
 
     def guard(self, name: str) -> None:
         """Before a write to (physical or staging) ``name``: raise ``NotOwner`` when another owner claims its
-        logical collection; write this daemon's claim again when it was released meanwhile. A no-op without
-        ``claim`` (no owner) and for names this daemon did not claim."""
-        mine = self._claimed.get(logical(name)) if self.owner is not None else None
-        if mine is None:
+        logical collection (whether or not this daemon serves it: its points are never deleted or overwritten);
+        write this daemon's claim again when it was released meanwhile. A no-op before ``claim`` (no owner)."""
+        if self.owner is None:
             return
-        now = self.read_claims([mine.collection]).get(mine.collection)
-        if now is None:
+        collection = logical(name)
+        now = self.read_claims([collection]).get(collection)
+        if now is not None and now.owner != self.owner.id:
+            raise NotOwner(f"{collection} is claimed by {now.by()}; this daemon does not write it")
+        mine = self._claimed.get(collection)
+        if now is None and mine is not None:
             self._write_claims([mine])
-        elif now.owner != mine.owner:
-            raise NotOwner(f"{mine.collection} is claimed by {now.by()}; this daemon no longer writes it")
 
     def release(self, names: Sequence[str], owner_id: str | None = None) -> list[Claim]:
         """Delete the claims of the logical collections ``names`` (only ``owner_id``'s, when given); returns the

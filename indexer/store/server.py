@@ -350,6 +350,12 @@ class ServerStore(ClaimingStore, TenantStore):
         else:  # a tenant's points only
             self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
 
+    def drop(self, name: str) -> None:
+        """See ``TenantStore.drop``; this daemon's claim of ``name`` ends with it (an agent removed)."""
+        super().drop(name)
+        if self.owner is not None:
+            self.release([name], self.owner.id)
+
     def _read_aliases(self) -> dict[str, str]:
         return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
 

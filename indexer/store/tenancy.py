@@ -21,6 +21,7 @@ import structlog
 
 from indexer.errors import StoreUnavailable
 from indexer.store.base import REBUILD, SCROLL_PAGE, Store
+from indexer.store.claims import CLAIMS
 
 if TYPE_CHECKING:
     from indexer.store.server import ServerOptions
@@ -212,7 +213,7 @@ class TenantStore(Store):
         """See ``Store.collections``; with shared tenancy, the logical collections (the tenant key's values) of
         every shared collection of this store's embedding space, each with its shared collection's dense vectors."""
         if not self.shared:
-            return super().collections()
+            return {name: dense for name, dense in super().collections().items() if name != CLAIMS}
         space = shared_collection("", self.options.space).rpartition("-")[2]
         with self._lock:
             out: dict[str, dict[str, int]] = {}
