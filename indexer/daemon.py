@@ -147,7 +147,7 @@ class Indexer:
         state = self.state
         plan = plan or Plan.of(state.plan.settings)  # whole again: an agent refused before may be claimed now
         if self.store.tenancy == "auto":
-            self.store.settle([c.name for c in plan.collections])
+            self.store.settle([c.name for c in plan.collections] + [c.former for c in plan.collections if c.former])
             record_tenancy(plan.settings.state_dir, plan.settings.qdrant_url, self.store.tenancy)
         refused = claim_agents(self.store, plan.settings.state_dir, plan.collections)  # one owner per agent
         if refused:

@@ -89,7 +89,7 @@ def store_findings(settings: Settings) -> list[Finding]:
     collections = Plan.of(settings).collections
     store = ServerStore(settings.qdrant_url, settings.qdrant_api_key, ServerOptions.from_settings(settings))
     try:  # "auto" not settled yet: read as the daemon reads it at its first connect
-        store.settle([c.name for c in collections])
+        store.settle([c.name for c in collections] + [c.former for c in collections if c.former])
     except StoreUnavailable as exc:
         store.close()
         return [Finding("", "qdrant_unreachable", shown(settings.qdrant_url), str(exc).splitlines()[0])]
