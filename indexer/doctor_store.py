@@ -25,7 +25,7 @@ from indexer.doctor import Finding
 from indexer.errors import StoreUnavailable
 from indexer.rebuild import recorded_identities
 from indexer.store.base import REBUILD
-from indexer.store.tenancy import PAYLOAD_M, SHARED, STAGING, TENANT_KEY, shared_collection
+from indexer.store.layout import PAYLOAD_M, SHARED, STAGING, TENANT_KEY, shared_collection
 from indexer.workspace import Collection
 
 Where = Literal["own", "tenant", "staging", "former", "other"]

@@ -1,5 +1,6 @@
-"""Moving a store to its collection's current name once (``workspace.agent_slug`` changed how agent ids that
-sanitising alters are named: ``Bob`` was ``memory-dir-bob``, now ``memory-dir-bob--<hash>``).
+"""Where a plan's collections stand on the store before the daemon reads them (``placed``: layout settled, agents
+claimed, names moved), and moving a store to its collection's current name once (``workspace.agent_slug`` changed
+how agent ids that sanitising alters are named: ``Bob`` was ``memory-dir-bob``, now ``memory-dir-bob--<hash>``).
 
 ``move_renamed`` runs in ``Indexer.connect`` before anything is read or written: for each planned collection whose
 ``former`` name holds points and whose own name holds none, the points of this collection's agent under its root
@@ -20,13 +21,31 @@ from pathlib import Path
 import structlog
 
 from indexer.points import Point, point_id
-from indexer.rebuild import _read_identities, record_identity
+from indexer.rebuild import _read_identities, record_identity, record_tenancy
+from indexer.state import Plan
 from indexer.store import Store
+from indexer.store.claims import claim_agents
 from indexer.workspace import Collection
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
 BATCH = 256  # points copied per upsert
+
+
+def placed(store: Store, plan: Plan, dims: dict[str, int]) -> Plan:
+    """Where ``plan``'s collections stand on ``store`` before ``Indexer.connect`` reads them: a server's tenancy
+    ``"auto"`` settled (on the names and the former names) and recorded; the agents claimed
+    (``claims.claim_agents``), those another owner holds left out of the plan returned; stores under former names
+    moved (``move_renamed``; ``dims`` the dense vectors a new collection gets). Raises ``StoreUnavailable``."""
+    state_dir = plan.settings.state_dir
+    if store.tenancy == "auto":
+        store.settle([c.name for c in plan.collections] + [c.former for c in plan.collections if c.former])
+        record_tenancy(state_dir, plan.settings.qdrant_url, str(store.tenancy))
+    refused = claim_agents(store, state_dir, plan.collections)  # one owner per agent
+    if refused:
+        plan = dataclasses.replace(plan, collections=tuple(c for c in plan.collections if c.agent not in refused))
+    move_renamed(store, plan.collections, dims, state_dir)
+    return plan
 
 
 def move_renamed(store: Store, collections: Sequence[Collection], dims: dict[str, int], state_dir: Path) -> int:

@@ -16,7 +16,7 @@ from indexer.points import Filter, Payload, Point, Query, point_id
 from indexer.search import SearchParams
 from indexer.store import ServerOptions, ServerStore
 from indexer.store.claims import CLAIMS
-from indexer.store.tenancy import SHARED, TENANT_KEY, shared_collection
+from indexer.store.layout import SHARED, TENANT_KEY, shared_collection
 from indexer.worker import index_once
 
 

@@ -16,7 +16,8 @@ Collection settings (shards, replicas, write consistency, on-disk vectors, int8 
 a collection is created; an existing collection that differs is reported in one log line and left as it is.
 
 Tenancy (``ServerOptions.tenancy``: one Qdrant collection per logical collection, or tenants of shared physical
-collections) is ``indexer.store.tenancy``'s, which ``ServerStore`` extends.
+collections) is ``indexer.store.tenancy``'s, which ``ServerStore`` extends; the options and the shared collections'
+names are ``indexer.store.layout``'s.
 """
 
 from __future__ import annotations
@@ -24,62 +25,19 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from indexer.errors import CollectionMismatch, StoreUnavailable
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
 from indexer.store.base import REBUILD, SCROLL_PAGE, Dialect, point_from_record
 from indexer.store.claims import ClaimingStore
-from indexer.store.tenancy import PAYLOAD_M, TENANT_KEY, TenantStore
+from indexer.store.layout import PAYLOAD_M, TENANT_KEY, ServerOptions
+from indexer.store.tenancy import TenantStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
-MIB = 1024 * 1024
 ATTEMPTS = 5  # tries per request: waits of 0.5, 1, 2, 4 s between them
 _ENVELOPE_BYTES = 1024  # the upsert body's own JSON around the points (`{"points": [...]}`), with room to spare
-
-
-@dataclass(frozen=True, slots=True)
-class ServerOptions:
-    """How to talk to a server and what to create: gRPC on ``grpc_port`` if ``prefer_grpc``; ``timeout_s`` per
-    request (seconds); ``max_request_bytes`` the server's request size limit (its ``max_request_size_mb``);
-    ``batch_points`` the most points per upsert request; the rest are collection creation settings (``None``: the
-    server's default)."""
-
-    prefer_grpc: bool = False
-    grpc_port: int = 6334
-    timeout_s: float = 10.0
-    max_request_bytes: int = 32 * MIB
-    batch_points: int = 256
-    shard_number: int | None = None
-    replication_factor: int | None = None
-    write_consistency_factor: int | None = None
-    on_disk_vectors: bool = False
-    quantization: str = "none"  # "none" or "int8" (scalar)
-    tenancy: str = "collections"  # "collections" (one Qdrant collection per logical one), "shared", or "auto"
-    # (settled by ``TenantStore.settle`` at the daemon's first connect)
-    space: str = ""  # the embedders' identity (``rebuild.model_identity``): names the shared collections
-    former_spaces: tuple[str, ...] = ()  # identities the collections were built with before (a model change)
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> ServerOptions:
-        """The ``qdrant_*`` keys of ``indexer.config.Settings``; tenancy ``"auto"`` is the layout it settled on
-        before for this server when the state dir recorded one (``rebuild.recorded_tenancy``)."""
-        from indexer.rebuild import recorded_tenancy
-
-        tenancy = settings.qdrant_tenancy
-        if tenancy == "auto" and settings.qdrant_url:
-            tenancy = recorded_tenancy(settings.state_dir, settings.qdrant_url) or "auto"
-        return cls(prefer_grpc=settings.qdrant_prefer_grpc, grpc_port=settings.qdrant_grpc_port,
-                   timeout_s=settings.qdrant_timeout_s,
-                   max_request_bytes=int(settings.qdrant_max_request_mb * MIB),
-                   batch_points=settings.qdrant_batch_points, shard_number=settings.qdrant_shard_number,
-                   replication_factor=settings.qdrant_replication_factor,
-                   write_consistency_factor=settings.qdrant_write_consistency_factor,
-                   on_disk_vectors=settings.qdrant_on_disk_vectors, quantization=settings.qdrant_quantization,
-                   tenancy=tenancy)
-
 
 
 def _transient(exc: BaseException) -> bool:

@@ -12,38 +12,17 @@ callers (the daemon, search, recall, migrate) name logical collections only and 
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Collection, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from indexer.errors import StoreUnavailable
 from indexer.store.base import REBUILD, SCROLL_PAGE, Store
 from indexer.store.claims import CLAIMS
-
-if TYPE_CHECKING:
-    from indexer.store.server import ServerOptions
+from indexer.store.layout import SHARED, TENANT_KEY, ServerOptions, shared_collection
 
 log = structlog.get_logger("qmd_indexer.store")
-
-SHARED = "qmd-shared-"  # shared physical collections (tenancy "shared") are named qmd-shared-<kind>-<space digest>
-STAGING = "--rebuild"  # beside each: the shared collection a rebuild of its tenants fills, moved in by ``swap``
-TENANT_KEY = "collection"  # the tenant key of a shared collection: the payload's logical collection name
-PAYLOAD_M = 16  # HNSW links per node of a tenant's graph in a shared collection (Qdrant's default m)
-_KIND = re.compile(r"(?:^|-)memory-(root|dir|extra)-")
-
-
-def shared_collection(name: str, space: str) -> str:
-    """The shared physical collection that holds logical collection ``name`` (a rebuild's ``<name>--rebuild-<n>``:
-    the staging collection beside it) for embedding space ``space``: ``qmd-shared-<kind>-<12 hex of sha256(space)>``,
-    ``kind`` the ``root``, ``dir`` or ``extra`` of ``memory-<kind>-<agent>`` (``other`` for any other name)."""
-    logical, _, rebuild = name.partition(REBUILD)
-    match = _KIND.search(logical)
-    digest = hashlib.sha256(space.encode()).hexdigest()[:12]
-    return f"{SHARED}{match.group(1) if match else 'other'}-{digest}{STAGING if rebuild else ''}"
-
 
 class TenantStore(Store):
     """The store operations that differ with shared tenancy (``shared``), over a qdrant-client ``client`` and its
