@@ -9,8 +9,9 @@ id recorded once in ``<state_dir>/owner-id``, with the host and the state dir fo
 id and the workspace path. ``ClaimingStore`` (``ServerStore``'s base):
 
 - ``claim`` at connect: an agent any of whose collections another owner holds is refused (the daemon leaves it out
-  of its plan and says so in one ``agent_claimed_elsewhere`` line); the others are claimed (written with strong
-  ordering, read back with consistency ``all``, so two daemons starting at once on a cluster cannot both keep one);
+  of its plan and says so in one ``agent_claimed_elsewhere`` line); the others are claimed (written through the
+  shard's leader, ``medium`` ordering, waited for, then read back: of two daemons starting at once, the claim read
+  back decides, and the other refuses at its next write);
 - ``guard`` before every write (upsert, delete, drop, alias change) of a collection: another owner's claim raises
   ``NotOwner`` (a ``StoreUnavailable``: the write is retried later, never made), a claim gone (released) is written
   again;
@@ -130,8 +131,8 @@ class ClaimingStore:
                 raise
 
     def read_claims(self, names: Iterable[str] | None = None) -> dict[str, Claim]:
-        """The claims of ``names`` (every claim when ``None``) by logical collection; reads with consistency
-        ``all`` on a cluster."""
+        """The claims of ``names`` (every claim when ``None``) by logical collection, read from any live replica
+        (a stricter read consistency fails while a replica is down, and so would every guarded write)."""
         if not self.client.collection_exists(CLAIMS):
             return {}
         if names is None:
@@ -144,20 +145,19 @@ class ClaimingStore:
                     break
         else:
             ids = [claim_id(n) for n in names]
-            records = self.client.retrieve(CLAIMS, ids, with_payload=True, with_vectors=False,
-                                           consistency=self._m.ReadConsistencyType.ALL) if ids else []
+            records = self.client.retrieve(CLAIMS, ids, with_payload=True, with_vectors=False) if ids else []
         claims = [_claim_of(r.payload or {}) for r in records]
         return {c.collection: c for c in claims}
 
     def _write_claims(self, claims: Sequence[Claim]) -> None:
         if claims:
             self.client.upsert(CLAIMS, [self._m.PointStruct(id=claim_id(c.collection), vector={}, payload=asdict(c))
-                                        for c in claims], wait=True, ordering=self._m.WriteOrdering.STRONG)
+                                        for c in claims], wait=True, ordering=self._m.WriteOrdering.MEDIUM)
 
     def _delete_claims(self, ids: list[str]) -> None:
         if ids:
             self.client.delete(CLAIMS, points_selector=self._m.PointIdsList(points=list(ids)), wait=True,
-                               ordering=self._m.WriteOrdering.STRONG)
+                               ordering=self._m.WriteOrdering.MEDIUM)
 
     def claim(self, owner: Owner, wanted: Mapping[str, tuple[str, str]]) -> dict[str, Claim]:
         """Claim the logical collections ``wanted`` (name -> (agent id, workspace path)) for ``owner``, agent by
