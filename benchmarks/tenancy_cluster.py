@@ -176,7 +176,7 @@ def node_counts(url: str, physical: dict[str, str], shared: bool) -> dict[str, i
     per shared collection, else a count per collection. ``physical``: tenant -> its Qdrant collection."""
     import httpx
 
-    from indexer.store.tenancy import TENANT_KEY
+    from indexer.store.layout import TENANT_KEY
 
     if not shared:
         return {name: httpx.post(f"{url}/collections/{coll}/points/count", json={"exact": True},
@@ -233,7 +233,7 @@ def run(layout: str, agents: int, notes: int, queries: int, out: Path, big: int,
     from qdrant import nodes
 
     from indexer.store import ServerOptions, ServerStore
-    from indexer.store.tenancy import shared_collection
+    from indexer.store.layout import shared_collection
 
     # a node restarted with hundreds of shard replicas on a busy 2-core machine needs more than the tests' 30 s
     nodes.READY_TIMEOUT_S = max(nodes.READY_TIMEOUT_S, 300.0)

@@ -22,6 +22,7 @@ import click
 
 from indexer import __version__
 from indexer.cli_local import COMMANDS, config_opt, fail, port_opt, settings_from
+from indexer.cli_release import release
 from indexer.errors import EXIT_FAILURE, EXIT_USAGE
 from indexer.terminal import configure_logging, print_answer, print_status
 
@@ -80,6 +81,7 @@ def main() -> None:
 
 for _command in COMMANDS:  # run, index, migrate, doctor, plugins (click lists every command by name)
     main.add_command(_command)
+main.add_command(release)
 
 
 def _ask(config: Path | None, port: int | None, call: Any) -> Any:

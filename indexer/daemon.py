@@ -26,7 +26,6 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -39,25 +38,17 @@ from indexer.errors import CollectionMismatch
 from indexer.metrics import Metrics
 from indexer.pipeline import Pipeline, expired, unchanged_by_stat
 from indexer.plugins import Registry, load_registry, plugin_configs
-from indexer.rebuild import (
-    attest,
-    check_identity,
-    hold_state_lock,
-    model_identity,
-    record_identity,
-    record_tenancy,
-    recorded_identities,
-)
+from indexer.rebuild import attest, check_identity, hold_state_lock, rebuild_beside
+from indexer.rename import placed
 from indexer.report import StatusView
 from indexer.state import Indexed, IndexState, Plan
-from indexer.store import ServerOptions, Store, open_store
+from indexer.store import Store, open_store
+from indexer.store.layout import for_daemon
 from indexer.sync import Pace, Sync
 from indexer.watcher import Settler
-from indexer.workspace import Collection, overlaps, walk, walk_paths
+from indexer.workspace import Collection, overlaps, walk_paths
 
 log = structlog.get_logger("qmd_indexer.daemon")
-
-REBUILD_BATCH_FILES = 32  # files prepared before each write of a rebuild (as the worker's BATCH_FILES)
 
 
 class Indexer:
@@ -116,14 +107,8 @@ class Indexer:
         registry.check_multimodal({w.agent: w.multimodal.modalities for w in settings.workspace
                                    if w.multimodal.enabled})
         if store is None:
-            options = ServerOptions.from_settings(settings)
-            if settings.qdrant_url and options.tenancy != "collections":  # "auto" may settle on shared (connect)
-                # the shared collections of this model (a remote embedder's identity asks its server: only here)
-                space = model_identity(registry.embedders)
-                options = replace(options, space=space, former_spaces=tuple(
-                    s for s in recorded_identities(settings.state_dir) if s != space))
-            store = open_store(settings.state_dir, settings.qdrant_url, settings.qdrant_api_key, options,
-                               settings.state_min_free_bytes)
+            store = open_store(settings.state_dir, settings.qdrant_url, settings.qdrant_api_key,
+                               for_daemon(settings, registry.embedders), settings.state_min_free_bytes)
         cache = EmbeddingCache(settings.state_dir / "embeddings.sqlite3")
         indexer = cls(settings, registry, store, cache, terms if terms is not None else Bm25Terms(settings.bm25),
                       polling=polling, reindex=reindex)
@@ -143,10 +128,8 @@ class Indexer:
         by another process); the running plan is then unchanged.
         """
         state = self.state
-        plan = plan or state.plan
-        if self.store.tenancy == "auto":
-            self.store.settle([c.name for c in plan.collections])
-            record_tenancy(plan.settings.state_dir, plan.settings.qdrant_url, self.store.tenancy)
+        plan = plan or Plan.of(state.plan.settings)  # whole again: an agent refused before may be claimed now
+        plan = placed(self.store, plan, self.pipeline.dense_dims())  # layout settled, agents claimed, names moved
         check_identity(plan.settings, [c.name for c in plan.collections], self.registry.embedders,
                        state.rebuild_requested)
         dims = self.pipeline.dense_dims()
@@ -245,28 +228,5 @@ class Indexer:
 
     # -- rebuilding ---------------------------------------------------------------------------------------------
     def rebuild(self, pace: Pace | None = None) -> bool:
-        """Rebuild every collection beside the live one and swap the new ones in when all are complete (the worker
-        calls it, with its ``Pace``; searches meanwhile answer from the old collections). Vectors come from the
-        embedding cache where it has them, so only what is not cached is embedded. Returns False, leaving the old
-        collections serving and the new ones for ``connect()`` to sweep at the next start, when ``pace``'s stop was
-        set or the store failed; raises ``StoreUnavailable`` from the store's own calls."""
-        store, stats, collections = self.store, self.pipeline.stats, self.collections
-        with self.state.rebuilding_now():
-            started, before = time.monotonic(), stats.chunks_embedded
-            dims = self.pipeline.dense_dims()
-            into = {c.name: store.rebuild_target(c.name) for c in collections}
-            log.info("rebuild_started", collections=into)
-            for target in into.values():
-                store.ensure_collection(target, dims)
-            found, _ = walk(collections)  # skips are logged by the scan that follows
-            if not self.sync.fill(found, into, REBUILD_BATCH_FILES, pace):
-                log.warning("rebuild_abandoned", reason="stop requested or store unavailable",
-                            hint="the old collections keep serving; the next start sweeps the new ones")
-                return False
-            for collection in collections:
-                store.swap(collection.name, into[collection.name])
-            record_identity(self.settings.state_dir, list(into), model_identity(self.registry.embedders))
-            self.connect()
-            log.info("rebuild_finished", files=len(self.state.indexed), seconds=round(time.monotonic() - started, 2),
-                     chunks_embedded=stats.chunks_embedded - before)
-            return True
+        """``indexer.rebuild.rebuild_beside`` this daemon's collections (the worker calls it, with its ``Pace``)."""
+        return rebuild_beside(self, pace)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from indexer.config import Workspace
 from indexer.watchmode import poll_reason, watch_roots, watches_exhausted
-from indexer.workspace import REPAIR_DIR, path_problems, plan_collections, root_files, walk
+from indexer.workspace import REPAIR_DIR, agent_slug, path_problems, plan_collections, root_files, walk
 
 LABELS = {"extra_path_missing": "extra path missing", "extra_path_overlaps": "extra path overlaps",
           "unreadable_directory": "unreadable directory", "watch_limit_reached": "inotify watch limit reached",
@@ -36,7 +36,8 @@ LABELS = {"extra_path_missing": "extra path missing", "extra_path_overlaps": "ex
           "qdrant_layout": "qdrant layout", "qdrant_unreachable": "qdrant unreachable", "stored": "stored",
           "other_layout": "other layout", "rebuild_staging": "rebuild staging", "former_model": "former model",
           "other_model": "other model", "shared_not_per_tenant": "shared collection not per tenant",
-          "model_unknown": "model unknown"}
+          "model_unknown": "model unknown", "hashed_name": "hashed name", "claim": "claim",
+          "claimed_elsewhere": "claimed by another daemon", "foreign_paths": "paths of another owner"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,12 @@ def findings(workspaces: list[Workspace]) -> list[Finding]:
         if os.path.isdir(ws.path) and watches_exhausted(ws.path):
             out.append(Finding(ws.agent, "watch_limit_reached", ws.path, "no inotify watch left for this user: the "
                                "daemon polls what it cannot watch; raise fs.inotify.max_user_watches"))
+    for ws in workspaces:
+        if agent_slug(ws.agent) != ws.agent:
+            names = ", ".join(c.name for c in collections if c.agent == ws.agent and c.role != "extra")
+            out.append(Finding(ws.agent, "hashed_name", "", f"the id is not [a-z0-9-] as written, so its collections "
+                               f"carry a hash of it ({names}): ids that differ only in case or punctuation never "
+                               "share an index", problem=False))
     for root, _ in watch_roots(collections):
         reason = poll_reason(collections, root) if os.path.isdir(root) else ""
         if reason:

@@ -25,7 +25,7 @@ from indexer.doctor import Finding
 from indexer.errors import StoreUnavailable
 from indexer.rebuild import recorded_identities
 from indexer.store.base import REBUILD
-from indexer.store.tenancy import PAYLOAD_M, SHARED, STAGING, TENANT_KEY, shared_collection
+from indexer.store.layout import PAYLOAD_M, SHARED, STAGING, TENANT_KEY, shared_collection
 from indexer.workspace import Collection
 
 Where = Literal["own", "tenant", "staging", "former", "other"]
@@ -89,7 +89,7 @@ def store_findings(settings: Settings) -> list[Finding]:
     collections = Plan.of(settings).collections
     store = ServerStore(settings.qdrant_url, settings.qdrant_api_key, ServerOptions.from_settings(settings))
     try:  # "auto" not settled yet: read as the daemon reads it at its first connect
-        store.settle([c.name for c in collections])
+        store.settle([c.name for c in collections] + [c.former for c in collections if c.former])
     except StoreUnavailable as exc:
         store.close()
         return [Finding("", "qdrant_unreachable", shown(settings.qdrant_url), str(exc).splitlines()[0])]
@@ -105,11 +105,49 @@ def store_findings(settings: Settings) -> list[Finding]:
             spaces = Spaces(current, tuple(s for s in recorded_identities(settings.state_dir) if s != current))
     try:
         out += _checks(store.client, settings, collections, spaces)
+        out += claim_findings(store, settings, collections)
     except _unreachable() as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return [Finding("", "qdrant_unreachable", shown(settings.qdrant_url), reason)]
     finally:
         store.close()
+    return out
+
+
+def claim_findings(store: Any, settings: Settings, collections: Sequence[Collection]) -> list[Finding]:
+    """The claims of ``collections`` on ``store`` (``indexer.store.claims``): this config's own (information),
+    another daemon's (a problem: the daemon refuses that agent), and points of a collection whose path lies outside
+    the workspace its claim (or, unclaimed, this config) names (another owner's files in the index: a problem
+    under a claim, information without one).
+    Reads only; raises what the store raises."""
+    from indexer.store.claims import OWNER_FILE
+
+    try:
+        mine = (settings.state_dir / OWNER_FILE).read_text().strip()
+    except OSError:
+        mine = ""  # no daemon of this state dir has claimed anything yet
+    claims = store.read_claims([c.name for c in collections])
+    held = store.collections()
+    out: list[Finding] = []
+    for c in collections:
+        claim = claims.get(c.name)
+        if claim is not None and claim.owner == mine:
+            out.append(Finding(c.agent, "claim", c.name, f"held by this daemon ({claim.by()}, workspace "
+                               f"{claim.workspace})", problem=False))
+        elif claim is not None:
+            out.append(Finding(c.agent, "claimed_elsewhere", c.name, f"held by {claim.by()} for workspace "
+                               f"{claim.workspace}: this daemon refuses the agent; set another collection_prefix, or "
+                               f"once that daemon is gone for good run `qmd-indexer release --agent {c.agent}`"))
+        if c.name not in held:
+            continue
+        root = str(c.root if c.role == "extra" else claim.workspace if claim else c.workspace.path).rstrip("/")
+        foreign = sorted(p for p in store.file_states(c.name) if p != root and not p.startswith(root + "/"))
+        if foreign:  # a problem under a claim; unclaimed, it may as well be a workspace that moved
+            out.append(Finding(c.agent, "foreign_paths", c.name, f"{len(foreign)} files outside {root}, e.g. "
+                               f"{foreign[0]}: " + ("another owner's notes in this index; the owner's next scan "
+                               "removes them" if claim else "not claimed by any daemon yet: another daemon's notes, "
+                               "or a workspace that moved; the next daemon to claim it removes them"),
+                               problem=claim is not None))
     return out
 
 

@@ -11,7 +11,7 @@
   (``<state_dir>/attestations.json``), so a restored backup or a re-created directory is re-hashed rather than
   trusted by size and mtime.
 
-The rebuild itself is ``Indexer.rebuild`` (``indexer.daemon``): it fills a new collection beside each live one and
+The rebuild itself is ``rebuild_beside`` (``Indexer.rebuild``): it fills a new collection beside each live one and
 swaps them in; ``StatusView.request_rebuild`` (``POST /reindex``) asks the worker for one.
 """
 
@@ -228,3 +228,39 @@ def attest(workspaces: Sequence[Workspace], record: Path) -> list[Workspace]:
         tmp.write_text(json.dumps(current, indent=1))
         tmp.replace(record)
     return changed
+
+
+# -- the rebuild -----------------------------------------------------------------------------------------------------
+REBUILD_BATCH_FILES = 32  # files prepared before each write of a rebuild (as the worker's BATCH_FILES)
+
+
+def rebuild_beside(indexer: Any, pace: Any = None) -> bool:
+    """Rebuild every collection of ``indexer`` (an ``indexer.daemon.Indexer``) beside the live one and swap the new
+    ones in when all are complete (searches meanwhile answer from the old collections). Vectors come from the
+    embedding cache where it has them, so only what is not cached is embedded. Returns False, leaving the old
+    collections serving and the new ones for ``connect()`` to sweep at the next start, when ``pace``'s stop (an
+    ``indexer.sync.Pace``) was set or the store failed; raises ``StoreUnavailable`` from the store's own calls."""
+    import time
+
+    from indexer.workspace import walk
+
+    store, stats, collections = indexer.store, indexer.pipeline.stats, indexer.collections
+    with indexer.state.rebuilding_now():
+        started, before = time.monotonic(), stats.chunks_embedded
+        dims = indexer.pipeline.dense_dims()
+        into = {c.name: store.rebuild_target(c.name) for c in collections}
+        log.info("rebuild_started", collections=into)
+        for target in into.values():
+            store.ensure_collection(target, dims)
+        found, _ = walk(collections)  # skips are logged by the scan that follows
+        if not indexer.sync.fill(found, into, REBUILD_BATCH_FILES, pace):
+            log.warning("rebuild_abandoned", reason="stop requested or store unavailable",
+                        hint="the old collections keep serving; the next start sweeps the new ones")
+            return False
+        for collection in collections:
+            store.swap(collection.name, into[collection.name])
+        record_identity(indexer.settings.state_dir, list(into), model_identity(indexer.registry.embedders))
+        indexer.connect()
+        log.info("rebuild_finished", files=len(indexer.state.indexed), seconds=round(time.monotonic() - started, 2),
+                 chunks_embedded=stats.chunks_embedded - before)
+        return True

@@ -31,14 +31,20 @@ Each of these is a *source* (``Source``, ``SOURCES``): what feeds one kind of co
 (``memory`` or ``sessions``), where the symlink checks of its files start and which names are candidates. Everything
 downstream (the pipeline, tenancy, search's ``corpus`` filter) asks the source, never the role by name.
 
-Collections are named ``memory-root-<agent>``, ``memory-dir-<agent>``, ``memory-extra-<name>-<agent>``,
-``sessions-<agent>``, sanitised
-to ``[a-z0-9-]``, with ``-2``, ``-3``, ... appended on collision, unique across all workspaces of one daemon, and
-preceded by the ``collection_prefix`` setting (daemons on several machines sharing one Qdrant server).
+Collections are named ``memory-root-<slug>``, ``memory-dir-<slug>``, ``memory-extra-<name>-<slug>``,
+``sessions-<slug>``, ``<slug>``
+being ``agent_slug(agent)``: the agent id itself when it is already ``[a-z0-9-]`` as sanitising leaves it, else
+the sanitised id, ``--`` and 8 hex of its sha256 (``Bob`` -> ``bob--<hash>``), so ids that differ only in case or
+punctuation never share a name (sanitising never leaves ``--``, so the two forms cannot meet). ``<name>`` is
+sanitised; ``-2``, ``-3``, ... are appended on a collision within one daemon (two extra paths of one name); every
+name is preceded by the ``collection_prefix`` setting (daemons on several machines sharing one Qdrant server).
+``Collection.former`` is the name the same collection had before slugs (``sanitise(agent)``): a store under it is
+moved once (``indexer.rename``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -88,6 +94,20 @@ SOURCES: dict[str, Source] = {
 }
 
 
+SLUG_HASH_HEX = 8  # hex digits of sha256(agent id) in a slug whose id sanitising changed
+
+
+def agent_slug(agent: str) -> str:
+    """The agent's part of every collection name (and shared tenant key): ``agent`` itself when ``sanitise`` leaves
+    it unchanged (``[a-z0-9-]``, no ``--``, no leading or trailing ``-``), else ``<sanitise(agent)>--<8 hex of
+    sha256(agent, UTF-8)>``. Injective up to a 32-bit hash collision between ids with the same sanitised form (the
+    server's claims, ``indexer.store.claims``, record the exact id and refuse even that)."""
+    safe = sanitise(agent)
+    if safe == agent:
+        return agent
+    return f"{safe}--{hashlib.sha256(agent.encode()).hexdigest()[:SLUG_HASH_HEX]}"
+
+
 @dataclass(frozen=True, slots=True)
 class Collection:
     """One Qdrant collection of one workspace: ``role`` names its ``Source``; ``root`` is the workspace (for
@@ -99,6 +119,7 @@ class Collection:
     role: Role
     root: Path
     workspace: Workspace
+    former: str = ""  # its name before slugs, when that differs (``indexer.rename`` moves a store under it once)
 
     @property
     def source(self) -> Source:
@@ -118,12 +139,14 @@ class Skip:
 
 
 def plan_collections(workspaces: Sequence[Workspace], prefix: str = "") -> list[Collection]:
-    """The collections of all ``workspaces``, named uniquely (each preceded by ``prefix``), in order (root, dir,
-    extras, sessions) per workspace."""
+    """The collections of all ``workspaces``, named uniquely (each preceded by ``prefix``; the agent's part is
+    ``agent_slug``), in order (root, dir, extras, sessions) per workspace; ``former`` is set where the name before slugs
+    differs."""
     taken: set[str] = set()
+    taken_before: set[str] = set()
     out: list[Collection] = []
 
-    def unique(base: str) -> str:
+    def unique(base: str, taken: set[str]) -> str:
         base = prefix + base
         name, n = base, 1
         while name in taken:
@@ -132,16 +155,19 @@ def plan_collections(workspaces: Sequence[Workspace], prefix: str = "") -> list[
         taken.add(name)
         return name
 
+    def add(kind: str, ws: Workspace, role: Role, root: Path) -> None:
+        name = unique(f"{kind}{agent_slug(ws.agent)}", taken)
+        before = unique(f"{kind}{sanitise(ws.agent)}", taken_before)
+        out.append(Collection(name, ws.agent, role, root, ws, before if before != name else ""))
+
     for ws in workspaces:
-        agent = sanitise(ws.agent)
-        out.append(Collection(unique(f"memory-root-{agent}"), ws.agent, "root", ws.path, ws))
-        out.append(Collection(unique(f"memory-dir-{agent}"), ws.agent, "dir", ws.path / MEMORY_DIR, ws))
+        add("memory-root-", ws, "root", ws.path)
+        add("memory-dir-", ws, "dir", ws.path / MEMORY_DIR)
         for extra in extra_roots(ws):
-            base = sanitise(extra.stem if extra.suffix else extra.name)
-            out.append(Collection(unique(f"memory-extra-{base}-{agent}"), ws.agent, "extra", extra, ws))
+            add(f"memory-extra-{sanitise(extra.stem if extra.suffix else extra.name)}-", ws, "extra", extra)
         sessions = sessions_root(ws)
         if sessions is not None:
-            out.append(Collection(unique(f"sessions-{agent}"), ws.agent, "sessions", sessions, ws))
+            add("sessions-", ws, "sessions", sessions)
     return out
 
 

@@ -136,7 +136,7 @@ def test_two_daemons_on_one_cluster_keep_to_their_own_agents(tmp_path: Path, qdr
     alpha, beta = daemons
     listed = httpx.get(f"{qdrant_cluster.url}/collections").json()["result"]["collections"]
     on_server = sorted(c["name"] for c in listed)
-    assert on_server == ["memory-dir-alpha", "memory-dir-beta", "memory-root-alpha", "memory-root-beta"]
+    assert on_server == ["memory-dir-alpha", "memory-dir-beta", "memory-root-alpha", "memory-root-beta", "qmd-claims"]
     for d in daemons:  # nothing collided: each collection holds exactly what its daemon indexed
         for name, counts in d.view.status()["collections"].items():
             assert d.store.count(name) == counts["chunks"] > 0

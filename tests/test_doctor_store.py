@@ -27,7 +27,7 @@ from indexer.points import Payload, Point, point_id
 from indexer.rebuild import record_identity
 from indexer.state import Plan
 from indexer.store import ServerOptions, ServerStore
-from indexer.store.tenancy import shared_collection
+from indexer.store.layout import shared_collection
 
 PREFIX = "doc-"  # the config's collection_prefix: doctor must name the collections as the daemon does
 

@@ -15,8 +15,14 @@ from hypothesis import strategies as st
 from indexer.points import Filter, Payload, Point, Query, point_id
 from indexer.search import SearchParams
 from indexer.store import ServerOptions, ServerStore
-from indexer.store.tenancy import SHARED, TENANT_KEY, shared_collection
+from indexer.store.claims import CLAIMS
+from indexer.store.layout import SHARED, TENANT_KEY, shared_collection
 from indexer.worker import index_once
+
+
+def _physical(client: Any) -> set[str]:
+    """The names of the Qdrant collections on ``client``'s server but the claims' (``qmd-claims``)."""
+    return {c.name for c in client.get_collections().collections} - {CLAIMS}
 
 
 @pytest.fixture(name="shared")
@@ -124,7 +130,7 @@ def test_daemon_indexes_two_agents_into_shared_collections(tmp_path: Path, make_
         assert set(status["collections"]) == {"memory-root-one", "memory-dir-one", "memory-root-two",
                                               "memory-dir-two"}
         assert all(c["files"] == 1 for c in status["collections"].values())
-        physical = {c.name for c in indexer.store.client.get_collections().collections}
+        physical = _physical(indexer.store.client)
         assert len(physical) == 2 and all(p.startswith(SHARED) for p in physical)
         searcher = indexer.view.searcher()
         hits = searcher.search(SearchParams("deploy window", k=5, collection="memory-root-two"))
@@ -224,7 +230,7 @@ def test_migrate_into_shared_collections_then_the_daemon_embeds_nothing(workspac
         assert moved.exit_code == 0, moved.output
         on_server = make_indexer([{"agent": "main", "path": workspace}], qdrant_url=qdrant_server.url,
                                  qdrant_tenancy="shared")
-        physical = {c.name for c in on_server.store.client.get_collections().collections}
+        physical = _physical(on_server.store.client)
         assert len(physical) == 2 and all(p.startswith(SHARED) for p in physical), "the daemon's own model space"
         assert {name: on_server.store.count(name) for name in before} == before
         status = index_once(on_server)
@@ -248,7 +254,7 @@ def test_two_daemons_write_their_agents_into_the_same_shared_collections(tmp_pat
     try:
         for daemon in daemons:
             index_once(daemon)
-        physical = {c.name for c in daemons[0].store.client.get_collections().collections}
+        physical = _physical(daemons[0].store.client)
         assert len(physical) == 2, "both daemons' agents in one shared collection per kind"
         for daemon, other in ((daemons[0], "goats"), (daemons[1], "bees")):
             hits = daemon.view.searcher().search(SearchParams(f"the agent {other}", k=10))
@@ -303,7 +309,7 @@ def test_a_model_change_answers_from_the_former_model_until_the_rebuild_is_swapp
         assert set(new.file_states("memory-root-a")) == {"/w/x.md"}
         new.swap("memory-root-a", target)
         assert set(new.file_states("memory-root-a")) == {"/w/y.md"}
-        assert shared_collection("memory-root-a", "new#2") in {c.name for c in new.client.get_collections().collections}
+        assert shared_collection("memory-root-a", "new#2") in _physical(new.client)
         # the former model's shared collection lost a's points only
         assert old.count("memory-root-a") == 0 and old.count("memory-root-b") == 1
         # a swap cut short after it reached the new model's collection: b answers from there, and its next swap
@@ -346,7 +352,7 @@ def test_daemon_model_change_rebuilds_its_tenants_into_the_new_models_collection
     server = {"qdrant_url": qdrant_server.url, "qdrant_tenancy": "shared"}
     first = make_indexer([{"agent": "main", "path": workspace}], **server)
     index_once(first)
-    former = {c.name for c in first.store.client.get_collections().collections}
+    former = _physical(first.store.client)
     first.close()
     model = load_sentence_transformer(resolve_model("all-MiniLM-L6-v2")[1], "cpu")  # a 2-layer copy, 384-d too
     model[0].auto_model.encoder.layer = model[0].auto_model.encoder.layer[:2]
@@ -364,7 +370,7 @@ def test_daemon_model_change_rebuilds_its_tenants_into_the_new_models_collection
         payloads = second.store.scroll("memory-dir-main", ["model_id"])
         assert len(payloads) == 3 and all(p.model_id.endswith("minilm-2-layers") for p in payloads)
         client = second.store.client
-        assert {c.name for c in client.get_collections().collections} - former, "the new model's own collections"
+        assert _physical(client) - former, "the new model's own collections"
         assert all(client.count(name).count == 0 for name in former), "the former model's points are gone"
     finally:
         second.close()
@@ -424,7 +430,7 @@ def test_migrate_between_layouts_resumes_verifies_counts_and_the_daemon_embeds_n
         dropped = _migrate_cli(tmp_path, "--from", url, "--tenancy", "shared", "--drop-source", "--state-dir",
                                str(state))
         assert dropped.exit_code == 0 and dropped.output.count("source dropped") == len(names), dropped.output
-        physical = {c.name for c in other.client.get_collections().collections}
+        physical = _physical(other.client)
         assert not physical & set(names) and "memory-dir-other" in physical
         assert any(p.startswith(SHARED) for p in physical)
         assert recorded_tenancy(state, url) == "shared", "the daemon's auto keeps the layout it was moved to"
@@ -527,7 +533,7 @@ def test_auto_tenancy_is_shared_on_a_new_server_and_keeps_an_existing_servers_co
         assert new.store.tenancy == "shared" and new.view.status()["tenancy"] == "shared"
         [settled] = [e for e in logs if e["event"] == "qdrant_tenancy_settled"]
         assert settled["tenancy"] == "shared" and settled["hint"] is None
-        physical = {c.name for c in new.store.client.get_collections().collections}
+        physical = _physical(new.store.client)
         assert physical and all(p.startswith(SHARED) for p in physical)
         new.store.close()
         # an agent added later that holds a Qdrant collection of its own does not flip the layout settled before

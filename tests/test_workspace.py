@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from conftest import write
 
 from indexer.config import Workspace
-from indexer.workspace import plan_collections, route, sanitise, walk
+from indexer.workspace import plan_collections, route, walk
 
 
 def _ws(path: Path, agent: str = "main", extra: tuple[str, ...] = ()) -> Workspace:
@@ -105,12 +106,19 @@ def test_extra_path_overlapping_memory_dir_is_indexed_once(tmp_path: Path) -> No
                      "memory-extra-notes-main", "memory-extra-ideas-main"]
 
 
-def test_collection_names_are_sanitised_and_unique_across_agents(tmp_path: Path) -> None:
-    names = [c.name for c in plan_collections([_ws(tmp_path, "Main"), _ws(tmp_path, "main"),
-                                               _ws(tmp_path, "Ops Bot/2")])]
-    assert names == ["memory-root-main", "memory-dir-main", "memory-root-main-2", "memory-dir-main-2",
-                     "memory-root-ops-bot-2", "memory-dir-ops-bot-2"]
-    assert all(sanitise(n) == n for n in names)
+def test_collection_names_keep_safe_ids_readable_and_hash_the_others(tmp_path: Path) -> None:
+    from indexer.workspace import agent_slug
+
+    plan = plan_collections([_ws(tmp_path, "Main"), _ws(tmp_path, "main"), _ws(tmp_path, "Ops Bot/2")])
+    main, ops = agent_slug("Main"), agent_slug("Ops Bot/2")
+    assert main.startswith("main--") and ops.startswith("ops-bot-2--")
+    assert [c.name for c in plan] == [f"memory-root-{main}", f"memory-dir-{main}", "memory-root-main",
+                                      "memory-dir-main", f"memory-root-{ops}", f"memory-dir-{ops}"]
+    # the names before hashes (``former``: a store under them moves once), set only where they differ
+    assert [c.former for c in plan] == ["memory-root-main", "memory-dir-main", "memory-root-main-2",
+                                        "memory-dir-main-2", "memory-root-ops-bot-2", "memory-dir-ops-bot-2"]
+    names = [c.name for c in plan]
+    assert all(re.fullmatch(r"[a-z0-9-]+", n) for n in names)
     assert len(set(names)) == len(names)
 
 

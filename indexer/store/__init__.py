@@ -11,7 +11,8 @@ from pathlib import Path
 
 from indexer.store.base import Store
 from indexer.store.edge import EdgeStore
-from indexer.store.server import ServerOptions, ServerStore
+from indexer.store.layout import ServerOptions
+from indexer.store.server import ServerStore
 
 __all__ = ["EdgeStore", "ServerOptions", "ServerStore", "Store", "open_store"]
 

@@ -16,7 +16,7 @@ interrupted rebuild or swap left behind.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +161,23 @@ class Store:
     def settle(self, names: Collection[str]) -> None:
         """Settle what depends on the collections ``names`` a daemon serves before its first read or write: a
         server's tenancy ``"auto"`` (``TenantStore.settle``); nothing for the embedded store."""
+
+    # claims (``indexer.store.claims``): a server's; the embedded store has one owner by construction
+    def claim(self, owner: Any, wanted: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
+        """Claim the logical collections ``wanted`` (name -> (agent, workspace)) for ``owner`` (a
+        ``claims.Owner``); returns other owners' claims by agent (``ClaimingStore.claim``). Nothing here."""
+        return {}
+
+    def read_claims(self, names: Iterable[str] | None = None) -> dict[str, Any]:
+        """The claims of ``names`` (all when ``None``) by logical collection; none here."""
+        return {}
+
+    def release(self, names: Sequence[str], owner_id: str | None = None) -> list[Any]:
+        """Delete the claims of ``names``; none here."""
+        return []
+
+    def guard(self, name: str) -> None:
+        """Before a write to ``name``: raise ``claims.NotOwner`` when another owner claims it; nothing here."""
 
     def sweep(self, name: str) -> list[str]:
         """Drop the physical collections of ``name`` that nothing points at (an interrupted rebuild's

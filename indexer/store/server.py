@@ -16,7 +16,8 @@ Collection settings (shards, replicas, write consistency, on-disk vectors, int8 
 a collection is created; an existing collection that differs is reported in one log line and left as it is.
 
 Tenancy (``ServerOptions.tenancy``: one Qdrant collection per logical collection, or tenants of shared physical
-collections) is ``indexer.store.tenancy``'s, which ``ServerStore`` extends.
+collections) is ``indexer.store.tenancy``'s, which ``ServerStore`` extends; the options and the shared collections'
+names are ``indexer.store.layout``'s.
 """
 
 from __future__ import annotations
@@ -24,61 +25,19 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from indexer.errors import CollectionMismatch, StoreUnavailable
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
 from indexer.store.base import REBUILD, SCROLL_PAGE, Dialect, point_from_record
-from indexer.store.tenancy import PAYLOAD_M, TENANT_KEY, TenantStore
+from indexer.store.claims import ClaimingStore
+from indexer.store.layout import PAYLOAD_M, TENANT_KEY, ServerOptions
+from indexer.store.tenancy import TenantStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
-MIB = 1024 * 1024
 ATTEMPTS = 5  # tries per request: waits of 0.5, 1, 2, 4 s between them
 _ENVELOPE_BYTES = 1024  # the upsert body's own JSON around the points (`{"points": [...]}`), with room to spare
-
-
-@dataclass(frozen=True, slots=True)
-class ServerOptions:
-    """How to talk to a server and what to create: gRPC on ``grpc_port`` if ``prefer_grpc``; ``timeout_s`` per
-    request (seconds); ``max_request_bytes`` the server's request size limit (its ``max_request_size_mb``);
-    ``batch_points`` the most points per upsert request; the rest are collection creation settings (``None``: the
-    server's default)."""
-
-    prefer_grpc: bool = False
-    grpc_port: int = 6334
-    timeout_s: float = 10.0
-    max_request_bytes: int = 32 * MIB
-    batch_points: int = 256
-    shard_number: int | None = None
-    replication_factor: int | None = None
-    write_consistency_factor: int | None = None
-    on_disk_vectors: bool = False
-    quantization: str = "none"  # "none" or "int8" (scalar)
-    tenancy: str = "collections"  # "collections" (one Qdrant collection per logical one), "shared", or "auto"
-    # (settled by ``TenantStore.settle`` at the daemon's first connect)
-    space: str = ""  # the embedders' identity (``rebuild.model_identity``): names the shared collections
-    former_spaces: tuple[str, ...] = ()  # identities the collections were built with before (a model change)
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> ServerOptions:
-        """The ``qdrant_*`` keys of ``indexer.config.Settings``; tenancy ``"auto"`` is the layout it settled on
-        before for this server when the state dir recorded one (``rebuild.recorded_tenancy``)."""
-        from indexer.rebuild import recorded_tenancy
-
-        tenancy = settings.qdrant_tenancy
-        if tenancy == "auto" and settings.qdrant_url:
-            tenancy = recorded_tenancy(settings.state_dir, settings.qdrant_url) or "auto"
-        return cls(prefer_grpc=settings.qdrant_prefer_grpc, grpc_port=settings.qdrant_grpc_port,
-                   timeout_s=settings.qdrant_timeout_s,
-                   max_request_bytes=int(settings.qdrant_max_request_mb * MIB),
-                   batch_points=settings.qdrant_batch_points, shard_number=settings.qdrant_shard_number,
-                   replication_factor=settings.qdrant_replication_factor,
-                   write_consistency_factor=settings.qdrant_write_consistency_factor,
-                   on_disk_vectors=settings.qdrant_on_disk_vectors, quantization=settings.qdrant_quantization,
-                   tenancy=tenancy)
-
 
 
 def _transient(exc: BaseException) -> bool:
@@ -108,8 +67,9 @@ def json_bytes(point: Point) -> int:
     return len(point.id) + payload + 25 * floats + 11 * indices + 64 * (2 + len(point.dense) + len(point.sparse))
 
 
-class ServerStore(TenantStore):
-    """A Qdrant server or cluster at ``url`` (``":memory:"``: qdrant-client's in-process mode)."""
+class ServerStore(ClaimingStore, TenantStore):
+    """A Qdrant server or cluster at ``url`` (``":memory:"``: qdrant-client's in-process mode). Once ``claim``-ed
+    (``indexer.store.claims``), every write primitive first ``guard``s the logical collection it writes."""
 
     kind = "server"
 
@@ -124,6 +84,7 @@ class ServerStore(TenantStore):
         self.shared = self.options.tenancy == "shared"
         self.auto = self.options.tenancy == "auto" and not self._local  # in-process: "collections"
         self._lives = {}
+        self._claimed = {}
         if self.options.tenancy not in ("auto", "collections", "shared"):
             raise ValueError(f"tenancy must be 'auto', 'collections' or 'shared', not {self.options.tenancy!r}")
         if self._local:
@@ -136,9 +97,9 @@ class ServerStore(TenantStore):
                                        check_compatibility=False)
         for method in ("_physical_config", "_create", "_add_vector", "_names", "_scroll_page", "_points_page", "_query",
                        "_retrieve", "_count", "_drop", "_read_aliases", "_set_alias", "_ids_page", "_facet",
-                       "_tenant_points"):
+                       "_tenant_points", "read_claims", "_claims_ready"):
             setattr(self, method, self._retrying(getattr(self, method), write=False))
-        for method in ("_upsert_request", "_delete", "_delete_ids"):
+        for method in ("_upsert_request", "_delete", "_delete_ids", "_write_claims", "_delete_claims"):
             setattr(self, method, self._retrying(getattr(self, method), write=True))
 
     def _retrying(self, fn: Callable[P, R], write: bool) -> Callable[P, R]:
@@ -252,6 +213,7 @@ class ServerStore(TenantStore):
 
     # points -----------------------------------------------------------------------------------------------------
     def _upsert(self, name: str, points: Sequence[Point]) -> None:
+        self.guard(name)
         physical, tenant = self._where(name)
         stamp = {TENANT_KEY: name.partition(REBUILD)[0]} if tenant is not None else {}
         for batch in self.batches(points):
@@ -287,6 +249,7 @@ class ServerStore(TenantStore):
         self.client.upsert(name, structs, wait=True)
 
     def _delete(self, name: str, flt: Filter) -> None:
+        self.guard(name)
         physical, scoped = self._scoped(name, self.dialect.filter(flt))
         self.client.delete(physical, points_selector=self._m.FilterSelector(filter=scoped), wait=True)
 
@@ -336,6 +299,7 @@ class ServerStore(TenantStore):
         return int(self.client.count(physical, count_filter=flt, exact=True).count)
 
     def _drop(self, name: str) -> None:
+        self.guard(name)
         physical, flt = self._scoped(name)
         if not self.client.collection_exists(physical):
             return
@@ -344,10 +308,17 @@ class ServerStore(TenantStore):
         else:  # a tenant's points only
             self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
 
+    def drop(self, name: str) -> None:
+        """See ``TenantStore.drop``; this daemon's claim of ``name`` ends with it (an agent removed)."""
+        super().drop(name)
+        if self.owner is not None:
+            self.release([name], self.owner.id)
+
     def _read_aliases(self) -> dict[str, str]:
         return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
 
     def _set_alias(self, name: str, new: str | None, old: str) -> None:
+        self.guard(name)
         m = self._m
         if old == name and new is not None and self.client.collection_exists(name):
             self.client.delete_collection(name)  # a plain collection of that name (made before aliases) gives way

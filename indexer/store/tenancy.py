@@ -12,39 +12,17 @@ so callers (the daemon, search, recall, migrate) name logical collections only a
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Collection, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from indexer.errors import StoreUnavailable
 from indexer.store.base import REBUILD, SCROLL_PAGE, Store
-
-if TYPE_CHECKING:
-    from indexer.store.server import ServerOptions
+from indexer.store.claims import CLAIMS
+from indexer.store.layout import SHARED, TENANT_KEY, ServerOptions, shared_collection
 
 log = structlog.get_logger("qmd_indexer.store")
-
-SHARED = "qmd-shared-"  # shared physical collections (tenancy "shared") are named qmd-shared-<kind>-<space digest>
-STAGING = "--rebuild"  # beside each: the shared collection a rebuild of its tenants fills, moved in by ``swap``
-TENANT_KEY = "collection"  # the tenant key of a shared collection: the payload's logical collection name
-PAYLOAD_M = 16  # HNSW links per node of a tenant's graph in a shared collection (Qdrant's default m)
-_KIND = re.compile(r"(?:^|-)(?:memory-(root|dir|extra)|(sessions))-")
-
-
-def shared_collection(name: str, space: str) -> str:
-    """The shared physical collection that holds logical collection ``name`` (a rebuild's ``<name>--rebuild-<n>``:
-    the staging collection beside it) for embedding space ``space``: ``qmd-shared-<kind>-<12 hex of sha256(space)>``,
-    ``kind`` the ``root``, ``dir`` or ``extra`` of ``memory-<kind>-<agent>``, ``sessions`` for ``sessions-<agent>``
-    (``other`` for any other name)."""
-    logical, _, rebuild = name.partition(REBUILD)
-    match = _KIND.search(logical)
-    digest = hashlib.sha256(space.encode()).hexdigest()[:12]
-    kind = (match.group(1) or match.group(2)) if match else "other"
-    return f"{SHARED}{kind}-{digest}{STAGING if rebuild else ''}"
-
 
 class TenantStore(Store):
     """The store operations that differ with shared tenancy (``shared``), over a qdrant-client ``client`` and its
@@ -136,6 +114,7 @@ class TenantStore(Store):
         them (returns 0)."""
         flt = self._m.Filter(must=[self.dialect.match(TENANT_KEY, name)])
         if delete:
+            self.guard(name)
             self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
             return 0
         return int(self.client.count(physical, count_filter=flt, exact=True).count)
@@ -213,7 +192,7 @@ class TenantStore(Store):
         """See ``Store.collections``; with shared tenancy, the logical collections (the tenant key's values) of
         every shared collection of this store's embedding space, each with its shared collection's dense vectors."""
         if not self.shared:
-            return super().collections()
+            return {name: dense for name, dense in super().collections().items() if name != CLAIMS}
         space = shared_collection("", self.options.space).rpartition("-")[2]
         with self._lock:
             out: dict[str, dict[str, int]] = {}
@@ -249,5 +228,6 @@ class TenantStore(Store):
         return self._m.Filter(must=[self._m.HasIdCondition(has_id=any_ids)])
 
     def _delete_ids(self, name: str, ids: list[str]) -> None:
+        self.guard(name)
         physical, flt = self._scoped(name, self._has_id(ids))
         self.client.delete(physical, points_selector=self._m.FilterSelector(filter=flt), wait=True)
