@@ -18,7 +18,7 @@ from indexer.memory import LocalMemory
 from indexer.schema import BootRequest, GetRequest, RecallRequest, SearchRequest
 from indexer.store.tenancy import shared_collection
 from indexer.worker import index_once
-from indexer.workspace import plan_collections
+from indexer.workspace import agent_slug, plan_collections
 
 SESSION = "3418b17d-d5fc-56a3-81f2-d41a9587a88c"
 FILLER = ["How was your week?", "Busy with the kids and work, and you?", "I painted a small lake at sunrise.",
@@ -265,7 +265,7 @@ def test_sniffing_tells_transcripts_from_other_json() -> None:
 def test_sessions_is_a_collection_and_a_tenancy_kind_of_its_own(tmp_path) -> None:
     from indexer.config import Workspace
 
-    ws = Workspace(agent="Main", path=tmp_path / "ws", sessions=Path("~/.openclaw/agents/main/sessions"))
+    ws = Workspace(agent="main", path=tmp_path / "ws", sessions=Path("~/.openclaw/agents/main/sessions"))
     collections = plan_collections([ws, Workspace(agent="other", path=tmp_path / "o")], prefix="lab-")
     sessions = collections[2]
     assert (sessions.name, sessions.role, sessions.corpus) == ("lab-sessions-main", "sessions", "sessions")
@@ -273,6 +273,9 @@ def test_sessions_is_a_collection_and_a_tenancy_kind_of_its_own(tmp_path) -> Non
     assert [c.role for c in collections] == ["root", "dir", "sessions", "root", "dir"]
     assert shared_collection("lab-sessions-main", "m").startswith("qmd-shared-sessions-")
     assert shared_collection("memory-dir-sessions", "m").startswith("qmd-shared-dir-")
+    # an id sanitising changes gets the same hashed slug as its memory collections (indexer.workspace.agent_slug)
+    bob = plan_collections([Workspace(agent="Bob", path=tmp_path / "b", sessions=Path("s"))])
+    assert bob[2].name == bob[1].name.replace("memory-dir-", "sessions-") == f"sessions-{agent_slug('Bob')}"
 
 
 def test_the_http_api_and_the_mcp_tool_take_corpus(make_indexer, agent) -> None:
