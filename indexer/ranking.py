@@ -1,6 +1,7 @@
 """The ranking after the searches: fusion of the per-vector lists, and the stages that re-order the fused hits.
 
-Fusion (``fuse_scores``, ``with_keyword_zeros``) turns the dense and BM25 candidate lists into one ranked list.
+Fusion (``fuse_scores``, ``with_keyword_zeros``) turns the dense and BM25 candidate lists into one ranked list; a BM25
+list that matched nothing meaningful does not vote (``keyword_votes``).
 The post-fusion stages each take the fused hits (payloads read) and return them re-ordered or thinned;
 ``indexer.search.Searcher`` builds the list of stages a search runs from its settings and the query:
 
@@ -148,6 +149,26 @@ def with_keyword_zeros(lists: Mapping[str, Sequence[tuple[Any, float]]]) -> dict
                            for pid, _ in pairs if pid not in present)
     return {using: list(pairs) + ([(pid, 0.0) for pid in absent] if using == SPARSE else [])
             for using, pairs in lists.items()}
+
+
+#: keyword hits whose terms decide whether the keyword list votes in fusion (``keyword_votes``)
+VOTE_DEPTH = 3
+#: the share of the query's keyword terms one of the first ``VOTE_DEPTH`` keyword hits must hold for the keyword list
+#: to vote; measured on zhmem, devvault, convmem and SciFact (docs/models.md, "Languages")
+VOTE_COVERAGE = 0.25
+
+
+def keyword_votes(coverage: float) -> bool:
+    """Whether the BM25 list takes part in fusion, given ``coverage``: the largest share of the query's keyword terms
+    that one of its first ``VOTE_DEPTH`` hits holds (``indexer.search.term_coverage``, in [0, 1]).
+
+    Why: a question in one language about notes in another (an English question over Chinese notes) has keyword
+    hits that share a number or a stray word with it and nothing else. RRF gives that list's first hit as much as
+    the dense list's first, so the meaningless list drags the dense one down: on zhmem's English questions, e5
+    alone found 0.947 in its top 5, fused with BM25 by RRF 0.737 (plain scripts, zhmem's README). A list whose best
+    hits hold under ``VOTE_COVERAGE`` of the query's terms matched nothing meaningful, and does not vote; a list
+    that holds the query's identifier (``RECON_WORKERS`` in an English question over Chinese notes) still does."""
+    return coverage >= VOTE_COVERAGE
 
 
 def fuse_scores(lists: Sequence[Sequence[tuple[Any, float]]], method: str, rrf_k: int,

@@ -40,7 +40,16 @@ from indexer.errors import BadVectors, EmbedUnavailable
 from indexer.hits import shown, to_hit
 from indexer.plugins import Registry
 from indexer.points import NO_PAYLOAD, SPARSE, Hit, Payload, Query, search_filter
-from indexer.ranking import boost_period, collapse, decay, fuse_scores, mmr, with_keyword_zeros
+from indexer.ranking import (
+    VOTE_DEPTH,
+    boost_period,
+    collapse,
+    decay,
+    fuse_scores,
+    keyword_votes,
+    mmr,
+    with_keyword_zeros,
+)
 from indexer.rerank import Reranker, RerankStats, rerank
 from indexer.schema import SearchRequest, names, search_request
 from indexer.store import Store
@@ -332,6 +341,8 @@ class Searcher:
             return [], False
         raw = {using: dict(pairs) for using, pairs in lists.items()}
         pools = lists
+        if len(lists) > 1 and lists.get(SPARSE) and not self._keyword_votes(query, lists[SPARSE], owner):
+            lists = {using: pairs for using, pairs in lists.items() if using != SPARSE}
         if self.settings.fusion == "dbsf" and whole.get(SPARSE):
             lists = with_keyword_zeros(lists)
         fused = (next(iter(lists.values())) if len(lists) == 1
@@ -359,6 +370,13 @@ class Searcher:
             hits = [h for h in hits if h.score >= params.min_score]
         return [replace(h, dense_score=raw.get("text", {}).get(ids[h.id]),
                         keyword_score=raw.get(SPARSE, {}).get(ids[h.id])) for h in hits[: params.k]], found
+
+    def _keyword_votes(self, query: Query, keyword: Sequence[tuple[Any, float]], owner: Mapping[Any, str]) -> bool:
+        """Whether the BM25 list ``keyword`` votes in fusion (``indexer.ranking.keyword_votes``): the share of the
+        query's terms its first ``VOTE_DEPTH`` hits hold, read from their payloads."""
+        first = [Hit(str(pid), 0.0, NO_PAYLOAD) for pid, _ in keyword[:VOTE_DEPTH]]
+        held = self._with_payloads(first, {h.id: owner[pid] for h, (pid, _) in zip(first, keyword)})
+        return keyword_votes(term_coverage(query.sparse[0] if query.sparse else (), held, self.terms))
 
     def _with_payloads(self, hits: Sequence[Hit], owner: Mapping[str, str]) -> list[Hit]:
         """``hits`` with their payloads read by id (one request per collection; ``owner``: point id -> collection);
