@@ -73,14 +73,16 @@ def run_product(zh: ZhSet, indexer: Any, mode: str, fusion: str | None = None,
     """Every question through ``Searcher.answer`` (in ``fusion``, default the product's; with ``every_list_votes``
     the BM25 list votes whatever it matched, as before ``indexer.ranking.keyword_votes``); returns (query id ->
     ranked results, query id -> ``relevant``)."""
-    from indexer import ranking
+    from indexer import search
 
     searcher = indexer.view.searcher(mode=mode, **({"fusion": fusion} if fusion else {}))
-    floor, ranking.VOTE_COVERAGE = ranking.VOTE_COVERAGE, 0.0 if every_list_votes else ranking.VOTE_COVERAGE
+    rule = search.keyword_votes
+    if every_list_votes:
+        search.keyword_votes = lambda *_: True  # type: ignore[assignment]
     try:
         return _ask(zh, searcher, mode)
     finally:
-        ranking.VOTE_COVERAGE = floor
+        search.keyword_votes = rule  # type: ignore[assignment]
 
 
 def _ask(zh: ZhSet, searcher: Any, mode: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -153,22 +153,22 @@ def with_keyword_zeros(lists: Mapping[str, Sequence[tuple[Any, float]]]) -> dict
 
 #: keyword hits whose terms decide whether the keyword list votes in fusion (``keyword_votes``)
 VOTE_DEPTH = 3
-#: the share of the query's keyword terms one of the first ``VOTE_DEPTH`` keyword hits must hold for the keyword list
-#: to vote; measured on zhmem, devvault, convmem and SciFact (docs/models.md, "Languages")
-VOTE_COVERAGE = 0.25
 
 
-def keyword_votes(coverage: float) -> bool:
-    """Whether the BM25 list takes part in fusion, given ``coverage``: the largest share of the query's keyword terms
-    that one of its first ``VOTE_DEPTH`` hits holds (``indexer.search.term_coverage``, in [0, 1]).
+def keyword_votes(query_terms: Set[int], number_terms: Set[int], held: Sequence[Set[int]]) -> bool:
+    """Whether the BM25 list takes part in fusion: the query's terms (``query_terms``, BM25 term ids) less its
+    numbers (``number_terms``: ``indexer.bm25.Bm25Terms.number_terms``) are its words; the list votes when one of
+    its first ``VOTE_DEPTH`` hits (``held``: each hit's term ids) holds one of them, or when the query has no words.
 
     Why: a question in one language about notes in another (an English question over Chinese notes) has keyword
-    hits that share a number or a stray word with it and nothing else. RRF gives that list's first hit as much as
-    the dense list's first, so the meaningless list drags the dense one down: on zhmem's English questions, e5
-    alone found 0.947 in its top 5, fused with BM25 by RRF 0.737 (plain scripts, zhmem's README). A list whose best
-    hits hold under ``VOTE_COVERAGE`` of the query's terms matched nothing meaningful, and does not vote; a list
-    that holds the query's identifier (``RECON_WORKERS`` in an English question over Chinese notes) still does."""
-    return coverage >= VOTE_COVERAGE
+    hits that share only a number with it (an amount, a day). RRF gives that list's first hit as much as the dense
+    list's first, so the meaningless list drags the dense one down (on zhmem's plain scripts, e5 alone found 0.947
+    of the English questions in its top 5, fused with BM25 by RRF 0.737: zhmem's README). A list whose first hits
+    hold a word of the question still votes, however few: the share of the words held is no test, since a rare
+    identifier (``EVA`` in an English question over Chinese notes, ``October`` in a note's date) is a real match
+    (with a 25 % floor on that share, zhmem's English nDCG@10 fell from 0.917 to 0.845: docs/models.md)."""
+    words = set(query_terms) - set(number_terms)
+    return not words or any(words & terms for terms in held)
 
 
 def fuse_scores(lists: Sequence[Sequence[tuple[Any, float]]], method: str, rrf_k: int,

@@ -341,7 +341,8 @@ class Searcher:
             return [], False
         raw = {using: dict(pairs) for using, pairs in lists.items()}
         pools = lists
-        if len(lists) > 1 and lists.get(SPARSE) and not self._keyword_votes(query, lists[SPARSE], owner):
+        keyword = lists.get(SPARSE)
+        if keyword and len(lists) > 1 and not self._keyword_votes(query, params.query, keyword, owner):
             lists = {using: pairs for using, pairs in lists.items() if using != SPARSE}
         if self.settings.fusion == "dbsf" and whole.get(SPARSE):
             lists = with_keyword_zeros(lists)
@@ -371,12 +372,16 @@ class Searcher:
         return [replace(h, dense_score=raw.get("text", {}).get(ids[h.id]),
                         keyword_score=raw.get(SPARSE, {}).get(ids[h.id])) for h in hits[: params.k]], found
 
-    def _keyword_votes(self, query: Query, keyword: Sequence[tuple[Any, float]], owner: Mapping[Any, str]) -> bool:
-        """Whether the BM25 list ``keyword`` votes in fusion (``indexer.ranking.keyword_votes``): the share of the
-        query's terms its first ``VOTE_DEPTH`` hits hold, read from their payloads."""
+    def _keyword_votes(self, query: Query, text: str, keyword: Sequence[tuple[Any, float]],
+                       owner: Mapping[Any, str]) -> bool:
+        """Whether the BM25 list ``keyword`` votes in fusion (``indexer.ranking.keyword_votes``): the terms its first
+        ``VOTE_DEPTH`` hits hold, read from their payloads and tokenised as the index was."""
         first = [Hit(str(pid), 0.0, NO_PAYLOAD) for pid, _ in keyword[:VOTE_DEPTH]]
-        held = self._with_payloads(first, {h.id: owner[pid] for h, (pid, _) in zip(first, keyword)})
-        return keyword_votes(term_coverage(query.sparse[0] if query.sparse else (), held, self.terms))
+        read = self._with_payloads(first, {h.id: owner[pid] for h, (pid, _) in zip(first, keyword)})
+        held = [set(vector[0]) if (vector := self.terms.document(f"{h.payload.context}\n{h.payload.text}")) else set()
+                for h in read]
+        return keyword_votes(set(query.sparse[0]) if query.sparse else set(), self.terms.number_terms(text),
+                             held)
 
     def _with_payloads(self, hits: Sequence[Hit], owner: Mapping[str, str]) -> list[Hit]:
         """``hits`` with their payloads read by id (one request per collection; ``owner``: point id -> collection);

@@ -211,9 +211,9 @@ def test_missing_extra_refuses_with_the_install_line(monkeypatch: pytest.MonkeyP
 
 def test_a_keyword_list_that_matched_nothing_meaningful_does_not_vote(e5: Registry, tmp_path: Path) -> None:
     """An English question over Chinese notes that shares only a number with the wrong note: the BM25 list holds
-    that note alone, at 1 of the question's 5 terms (under ``VOTE_COVERAGE``), so it does not vote and RRF keeps
-    the dense list's answer first; with every list voting (the old fusion) the stray match came first."""
-    from indexer import ranking
+    that note alone, by a number and no word, so it does not vote and RRF keeps the dense list's answer first; with
+    every list voting (the old fusion) the stray match came first."""
+    from indexer import search
 
     indexer = open_indexer(tmp_path, chinese_workspace(tmp_path / "ws"), e5)
     try:
@@ -221,11 +221,11 @@ def test_a_keyword_list_that_matched_nothing_meaningful_does_not_vote(e5: Regist
         searcher = indexer.view.searcher(fusion="rrf")
         request = SearchRequest(query="Which tea does the user drink, order 350?", k=3)
         assert searcher.search(request)[0]["path"] == "MEMORY.md"
-        floor, ranking.VOTE_COVERAGE = ranking.VOTE_COVERAGE, 0.0  # every list votes, as before
+        rule, search.keyword_votes = search.keyword_votes, lambda *_: True  # every list votes, as before
         try:
             assert searcher.search(request)[0]["path"] == "memory/2026-10-20.md"
         finally:
-            ranking.VOTE_COVERAGE = floor
+            search.keyword_votes = rule
         # a list that holds the question's identifier still votes: it is first
         hits = searcher.search(SearchRequest(query="what is pg_upgrade --link for", k=3))
         assert hits[0]["path"] == "memory/2026-10-03.md" and hits[0]["keyword_score"]
