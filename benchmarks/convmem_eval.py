@@ -120,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="override a constant of indexer.chunking or indexer.conversation for this run "
                              "(e.g. WINDOW_TURNS=5); give it its own --variant")
     parser.add_argument("--runs", type=Path, default=None, help="write each run here as score.py-readable JSONL")
+    parser.add_argument("--model", choices=("default", "minilm", "e5"), default="default",
+                        help="text embedder: the configured one, minilm or e5; give the run its own --variant")
     parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -136,10 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import structlog
 
-    from benchmarks.eval import open_indexed, set_constants
+    from benchmarks.eval import model_registry, open_indexed, set_constants
     from indexer import chunking, conversation
     from indexer.config import Settings
-    from indexer.plugins import load_registry, plugin_configs
 
     problem = set_constants(args.set, chunking, conversation)
     if problem:
@@ -147,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     defaults = Settings(state_dir=args.state)
-    registry = load_registry(defaults.plugins, plugin_configs(defaults), defaults.prefer)
+    registry = model_registry(defaults, args.model)
     log(f"convmem: {len(conv.queries)} questions over agents {', '.join(conv.agents)}")
     agents = {agent: conv.root / "agents" / agent for agent in conv.agents}
     indexer, facts = open_indexed(args.state.resolve(), agents, args.variant, "default", None, registry, log,

@@ -333,6 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also count the chunks the markdown extractor makes of the notes under this folder")
     parser.add_argument("--runs", type=Path, default=None, help="write each run here as score.py-readable JSONL")
     parser.add_argument("--per-query", action="store_true", help="print per-query nDCG@10 / hit@5 per method")
+    parser.add_argument("--model", choices=("default", "minilm", "e5"), default="default",
+                        help="text embedder: the configured one, minilm or e5; give the run its own --variant")
     parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -349,10 +351,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import structlog
 
-    from benchmarks.eval import open_indexed, set_constants
+    from benchmarks.eval import model_registry, open_indexed, set_constants
     from indexer import chunking
     from indexer.config import Settings
-    from indexer.plugins import load_registry, plugin_configs
 
     problem = set_constants(args.set, chunking)
     if problem:
@@ -361,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     defaults = Settings(state_dir=args.state)
     prefetch = args.prefetch_limit or defaults.prefetch_limit
-    registry = load_registry(defaults.plugins, plugin_configs(defaults), defaults.prefer)
+    registry = model_registry(defaults, args.model)
     embedder = registry.embedders["text"]
     state = args.state.resolve()
     workspace = state / "workspace"

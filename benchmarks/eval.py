@@ -263,6 +263,25 @@ def open_indexed(state: Path, workspace: Path | dict[str, Path], variant: str, b
     return indexer, facts
 
 
+MODELS = ("default", "minilm", "e5")  # ``--model``: the configured one, all-MiniLM-L6-v2, multilingual-e5-small
+
+
+def model_registry(defaults: Any, model: str = "default") -> Any:
+    """The plugins of ``defaults`` (``Settings``) with the text embedder ``model`` chooses: ``"default"`` what the
+    settings say, ``"minilm"`` the built-in sentence-transformers model (its precision from the settings:
+    ``QMD_INDEXER_PRECISION=int8`` forces int8), ``"e5"`` the ``e5`` plugin (``prefer = { text = "e5" }``)."""
+    from indexer.plugins import load_registry, plugin_configs
+
+    prefer = dict(defaults.prefer)
+    if model == "minilm":
+        prefer.pop("text", None)
+    elif model == "e5":
+        prefer["text"] = "e5"
+    registry = load_registry(defaults.plugins, plugin_configs(defaults), prefer)
+    registry.check_text_choice(prefer)
+    return registry
+
+
 def set_constants(items: Sequence[str], *modules: Any) -> str | None:
     """Apply ``NAME=VALUE`` overrides to the first of ``modules`` that has ``NAME`` (a bool reads 1/true/yes, any
     other constant its own type); returns an error line naming one no module has, else ``None``."""
@@ -416,6 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mmr", type=float, action="append", default=[], metavar="LAMBDA",
                         help="also hybrid dbsf with MMR at this lambda (repeatable)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--model", choices=MODELS, default="default",
+                        help="text embedder: the configured one, minilm or e5 [%(default)s]")
     parser.add_argument("--sample", type=int, default=None, metavar="N",
                         help="smoke test: only N queries and a matching slice of the corpus (figures not comparable)")
     args = parser.parse_args(argv)
@@ -438,13 +459,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import structlog
 
     from indexer.config import Settings
-    from indexer.plugins import load_registry, plugin_configs
-
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))  # errors only during the run
     defaults = Settings(state_dir=args.state)
     prefetch = args.prefetch_limit or defaults.prefetch_limit
     rrf_k = args.rrf_k or defaults.rrf_k
-    registry = load_registry(defaults.plugins, plugin_configs(defaults), defaults.prefer)
+    registry = model_registry(defaults, args.model)
     run = evaluate(data, args.state, registry, prefetch=prefetch, rrf_k=rrf_k, bm25=args.bm25, overlap=args.overlap,
                    experiments=args.experiments, mmr=args.mmr, log=log)
     facts, table, variant = run["index"], run["results"], run["variant"]

@@ -89,6 +89,11 @@ class Bm25Terms:
             values.append(1.0)  # as Qdrant weighs each query term
         return indices, values
 
+    def number_terms(self, text: str) -> set[int]:
+        """Term ids of the standalone numbers in ``text`` (two digits or more; empty without the multilingual
+        tokenizer): what a query's keyword list may match with no word of it (``indexer.ranking.keyword_votes``)."""
+        return self._number_ids(text)
+
     def _number_ids(self, text: str) -> set[int]:
         """Term ids of the standalone numbers in ``text`` (empty without the multilingual tokenizer)."""
         if self._numbers is None:

@@ -37,9 +37,9 @@ MAX_CONTEXT_RATIO = 0.25  # share of the window a chunk's document context may t
 MERGE_TOKENS = 128  # adjacent small sections merge while together (with context) under this many tokens
 #: version of what the built-in markdown chunking makes of a note (line ranges and context text); stored with every
 #: point so that a store built by another version is re-indexed once (see ``indexer.pipeline``)
-CHUNKING_VERSION = 5  # 5: a heading with no body joins the section under it (4: conversation logs cut into turn
-# windows; a dated note's date and a window's speakers in the context; 3: front matter out of the chunks, its title
-# and tags in their context)
+CHUNKING_VERSION = 5  # 5: a heading with no body joins the section under it; conversation logs with the full-width
+# colon (``小王：...``) cut into turn windows too (4: conversation logs cut into turn windows; a dated note's date and a
+# window's speakers in the context; 3: front matter out of the chunks, its title and tags in their context)
 CONTEXT_PATH = False  # whether the context also names the note's workspace-relative path
 
 

@@ -311,7 +311,7 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
       qmd-indexer doctor --workspace ~/agent
       qmd-indexer doctor --config /etc/qmd-indexer/config.toml --fix
     """
-    from indexer.doctor import find_split, findings, fix_split
+    from indexer.doctor import find_split, findings, fix_split, language_findings
     from indexer.workspace import overlaps, plan_collections
 
     if workspace is not None and agent is None:
@@ -321,7 +321,7 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
     problems = 0
     for overlap in overlaps(plan_collections(settings.workspace)):
         click.echo(f"warning: overlapping workspaces: {overlap}")
-    found = findings(list(settings.workspace))
+    found = findings(list(settings.workspace)) + language_findings(list(settings.workspace), settings.prefer)
     if settings.qdrant_url:  # the server's layout: read, never written (nor by --fix)
         from indexer.doctor_store import store_findings
 

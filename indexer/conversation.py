@@ -3,10 +3,12 @@
 An agent logs what was said as a note with one line per turn (``- Caroline: I went to ...``, ``Caroline: ...``,
 ``[10:42] Caroline: ...``, ``**user**: ...``). ``turn_speaker`` reads a line's speaker; ``is_conversation`` decides
 whether a run of lines is such a log (detected, never configured: enough turns, and most of them by speakers who
-speak more than once, so a list of ``- Note: ...`` items is not one). ``turn_windows`` cuts the turns into windows
-of whole turns with overlap: retrieval over conversation logs works best on windows of a few turns (Pan et al.,
-"On Memory Construction and Retrieval for Personalized Conversational Agents", 2025; the LoCoMo baselines), and the
-window and overlap here were measured on the convmem dev set (docs/benchmarks.md, "Conversation memory").
+speak more than once, so a list of ``- Note: ...`` items is not one; Chinese and Japanese logs, written with the
+full-width colon and no space after it, ``- [10:02] 小王：明天开会``, are read the same way). ``turn_windows`` cuts
+the turns into windows of whole turns with overlap: retrieval over conversation logs works best on windows of a few
+turns (Pan et al., "On Memory Construction and Retrieval for Personalized Conversational Agents", 2025; the LoCoMo
+baselines), and the window and overlap here were measured on the convmem dev set (docs/benchmarks.md, "Conversation
+memory").
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ _TURN = re.compile(
     r"^(?:[-*+][ \t]+)?"  # a top-level list item's marker (a nested item is a detail of its parent, not a turn)
     r"(?:[\[(]?\d{1,2}:\d{2}(?::\d{2})?(?:[ \t]*[AaPp][Mm])?[\])]?[ \t]*[-\u2013\u2014]?[ \t]*)?"  # [10:42] / 10:42 -
     r"(?:\*\*|__)?(?P<name>[^\W\d_][\w.'\u2019-]*(?:[ \t][^\W\d_][\w.'\u2019-]*){0,2})(?:\*\*|__)?"  # 1-3 words
-    r"[ \t]*(?:\*\*|__)?:(?:\*\*|__)?[ \t]+\S")  # the colon, then what was said
+    # the colon, then what was said: ": " or the full-width "\uff1a" of Chinese and Japanese, no space needed after it
+    r"[ \t]*(?:\*\*|__)?(?::(?:\*\*|__)?[ \t]+|\uff1a(?:\*\*|__)?[ \t]*)\S")
 
 
 _FENCE = re.compile(r"^ {0,3}(?:```|~~~)")
@@ -36,7 +39,8 @@ _FENCE = re.compile(r"^ {0,3}(?:```|~~~)")
 
 def turn_speaker(line: str) -> str | None:
     """The speaker of ``line`` when it reads as a turn (``- Name: text``, ``Name: text``, ``[10:42] Name: text``,
-    ``**Name**: text``; a name of one to three words; not indented), else ``None``."""
+    ``**Name**: text``, ``- 小王：text`` with the full-width colon; a name of one to three words; not indented), else
+    ``None``."""
     match = _TURN.match(line)
     return match["name"] if match else None
 

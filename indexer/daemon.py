@@ -97,13 +97,15 @@ class Indexer:
         term builder (``None``: the product's).
 
         Raises ``StoreLocked`` when another process holds the state dir (``hold_state_lock``), ``StateReadOnly``
-        when it is read-only, ``ConfigError`` for conflicting plugins, ``PluginError`` without a text embedder,
+        when it is read-only, ``ConfigError`` for conflicting plugins, ``PluginError`` without a text embedder (or when
+        the one ``prefer.text`` chooses failed to load),
         ``OSError`` when the state directory cannot be used, and what ``connect`` raises.
         """
         hold_state_lock(settings.state_dir)  # first: nothing is created before the lock is ours
         if registry is None:
             registry = load_registry(settings.plugins, plugin_configs(settings), settings.prefer,
                                      reranker=settings.reranker)
+            registry.check_text_choice(settings.prefer)
         registry.check_multimodal({w.agent: w.multimodal.modalities for w in settings.workspace
                                    if w.multimodal.enabled})
         if store is None:

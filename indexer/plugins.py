@@ -53,7 +53,7 @@ from indexer.contract import (
     check_contract,
     declared,
 )
-from indexer.errors import ConfigError
+from indexer.errors import ConfigError, PluginError
 
 if TYPE_CHECKING:
     from indexer.config import Settings
@@ -62,7 +62,7 @@ log = structlog.get_logger("qmd_indexer.plugins")
 
 OWN_DISTRIBUTION = "qmd-indexer"
 #: embedders shipped here that run only when ``prefer`` chooses them for their modality (an endpoint to configure)
-OPT_IN_EMBEDDERS = frozenset({"openai"})
+OPT_IN_EMBEDDERS = frozenset({"openai", "e5"})
 #: the payload fields a transcript window's hit carries: its session, the time of its first turn, its speakers
 TRANSCRIPT_HIT_FIELDS = ("session_id", "session_time", "speakers")
 
@@ -139,6 +139,16 @@ class Registry:
             fields.update(dict.fromkeys(TRANSCRIPT_HIT_FIELDS))
         self.hit_fields: tuple[str, ...] = tuple(fields)
         self.modalities: tuple[str, ...] = tuple(sorted(self.embedders))
+
+    def check_text_choice(self, prefer: Mapping[str, str]) -> None:
+        """Raise ``PluginError`` (one line) when the text embedder ``prefer.text`` chooses failed to load (e.g.
+        ``e5`` without the ``multilingual`` extra): left alone, the built-in model would index every note instead,
+        silently, and the index be rebuilt once more when the chosen one loads. The daemon calls it at open;
+        ``qmd-indexer plugins`` lists the failure instead."""
+        chosen = prefer.get(TEXT)
+        for r in self.records:
+            if r.group == EMBEDDERS and r.name == chosen and r.status == "failed":
+                raise PluginError(f"prefer.text = {chosen!r}: the embedder failed to load: {r.reason}"[:300])
 
     @property
     def failures(self) -> list[str]:

@@ -39,7 +39,16 @@ from indexer.errors import BadVectors, EmbedUnavailable
 from indexer.hits import shown, to_hit
 from indexer.plugins import Registry
 from indexer.points import NO_PAYLOAD, SPARSE, Hit, Payload, Query, search_filter
-from indexer.ranking import boost_period, collapse, decay, fuse_scores, mmr, with_keyword_zeros
+from indexer.ranking import (
+    VOTE_DEPTH,
+    boost_period,
+    collapse,
+    decay,
+    fuse_scores,
+    keyword_votes,
+    mmr,
+    with_keyword_zeros,
+)
 from indexer.relevance import (
     DF_DEPTH,
     NOTHING,
@@ -325,6 +334,9 @@ class Searcher:
             return [], NOTHING
         raw = {using: dict(pairs) for using, pairs in lists.items()}
         pools = lists
+        keyword = lists.get(SPARSE)
+        if keyword and len(lists) > 1 and not self._keyword_votes(query, params.query, keyword, owner):
+            lists = {using: pairs for using, pairs in lists.items() if using != SPARSE}
         if self.settings.fusion == "dbsf" and whole.get(SPARSE):
             lists = with_keyword_zeros(lists)
         fused = (next(iter(lists.values())) if len(lists) == 1
@@ -366,6 +378,19 @@ class Searcher:
             return sum(len(self.store.scores(name, probe).get(SPARSE, ())) for name, _ in sizes)
 
         return self.frequencies.get(sizes, terms, lookup), sum(n for _, n in sizes)
+
+    def _keyword_votes(self, query: Query, text: str, keyword: Sequence[tuple[Any, float]],
+                       owner: Mapping[Any, str]) -> bool:
+        """Whether the BM25 list ``keyword`` votes in fusion (``indexer.ranking.keyword_votes``): the terms its first
+        ``VOTE_DEPTH`` hits hold, read from their payloads and tokenised as the index was."""
+        numbers = self.terms.number_terms(text)
+        if not numbers:  # every hit of a keyword list holds a word of the query: it votes (no payload read)
+            return True
+        first = [Hit(str(pid), 0.0, NO_PAYLOAD) for pid, _ in keyword[:VOTE_DEPTH]]
+        read = self._with_payloads(first, {h.id: owner[pid] for h, (pid, _) in zip(first, keyword)})
+        held = [set(vector[0]) if (vector := self.terms.document(f"{h.payload.context}\n{h.payload.text}")) else set()
+                for h in read]
+        return keyword_votes(set(query.sparse[0]) if query.sparse else set(), numbers, held)
 
     def _with_payloads(self, hits: Sequence[Hit], owner: Mapping[str, str]) -> list[Hit]:
         """``hits`` with their payloads read by id (one request per collection; ``owner``: point id -> collection);

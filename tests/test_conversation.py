@@ -41,6 +41,9 @@ def embedder_fixture(registry):
     ("**user**: what is the plan?", "user"),
     ("* assistant: here it is", "assistant"),
     ("- Zoë: ça va?", "Zoë"),
+    ("- [10:02] 小王：明天上午十点开会。", "小王"),  # the full-width colon of Chinese, no space after it
+    ("老李：好的", "老李"),
+    ("**小王**：收到", "小王"),
 ])
 def test_a_turn_names_its_speaker(line: str, speaker: str) -> None:
     assert turn_speaker(line) == speaker
@@ -94,6 +97,22 @@ def test_a_log_is_cut_into_windows_of_whole_turns_that_know_when_and_who(embedde
         assert len(shared) == conversation.OVERLAP_TURNS
 
 
+def test_a_chinese_log_is_cut_into_windows_that_name_its_speakers(embedder) -> None:
+    """A log written ``- [10:0n] 小王：...`` (full-width colon, no space) is a conversation as an English one is:
+    windows of whole turns, each naming its speakers in its context, dated by the note's name."""
+    said = ["周五的发布要推迟吗？", "要推迟，测试环境还没准备好。", "那改到下周一上午。", "好的，我通知运维。",
+            "顺便把回滚脚本也检查一下。", "没问题，今天下班前完成。", "数据库备份呢？", "昨晚已经做完了。"]
+    turns = [f"- [10:0{n}] {('小王', '老李')[n % 2]}：{what}" for n, what in enumerate(said)]
+    text = "# 2026-10-21 周三\n\n" + "\n".join(turns) + "\n"
+    assert is_conversation(text.splitlines()[2:])
+    chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/2026-10-21.md")
+    assert len(chunks) == 3  # the title and 8 turns: windows of 5 units sharing 2
+    for chunk in chunks:
+        assert sum(1 for line in chunk.text.splitlines() if turn_speaker(line)) <= conversation.WINDOW_TURNS
+        assert set(chunk.speakers) == {"小王", "老李"} and chunk.date == "2026-10-21"
+        assert chunk.context.startswith("2026-10-21")
+
+
 def test_a_turn_longer_than_the_window_is_cut_and_other_notes_keep_their_chunking(embedder) -> None:
     long_turn = "- Melanie: " + " ".join(f"word{i}" for i in range(600))
     text = _log("2023-05-09", 6).rstrip("\n") + "\n" + long_turn + "\n- Caroline: wow.\n"
@@ -135,6 +154,28 @@ AS_OF = datetime.datetime(2023, 11, 1, 12, 0)
 ])
 def test_a_question_names_the_days_it_asks_about(query: str, first: str, last: str) -> None:
     assert query_period(query, AS_OF) == (datetime.date.fromisoformat(first), datetime.date.fromisoformat(last))
+
+
+@pytest.mark.parametrize(("query", "first", "last"), [  # AS_OF is Wednesday 1 November 2023
+    ("我10月3日做了什么？", "2023-10-03", "2023-10-03"),
+    ("小王12月5号说了什么", "2022-12-05", "2022-12-05"),  # the latest 5 December not after as_of
+    ("2023年5月的预算是多少", "2023-05-01", "2023-05-31"),
+    ("上周二开会说了什么", "2023-10-24", "2023-10-24"),
+    ("上周的会议", "2023-10-23", "2023-10-29"),  # Monday to Sunday, as "last week"
+    ("昨天小王说了什么", "2023-10-31", "2023-10-31"),
+    ("前天的账单", "2023-10-30", "2023-10-30"),
+    ("三天前的事", "2023-10-29", "2023-10-29"),
+    ("上个月的营业额", "2023-10-01", "2023-10-31"),
+    ("去年的体检", "2022-01-01", "2022-12-31"),
+    ("What did Xiao Wang say 上周二?", "2023-10-24", "2023-10-24"),
+])
+def test_a_chinese_question_names_the_days_it_asks_about(query: str, first: str, last: str) -> None:
+    assert query_period(query, AS_OF) == (datetime.date.fromisoformat(first), datetime.date.fromisoformat(last))
+
+
+@pytest.mark.parametrize("query", ["小王喜欢喝什么茶？", "周末", "2月30日的事"])
+def test_a_chinese_question_without_a_time_names_none(query: str) -> None:
+    assert query_period(query, AS_OF) is None
 
 
 @pytest.mark.parametrize("query", ["How may I help?", "what did we say about the second deploy?",

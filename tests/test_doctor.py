@@ -90,3 +90,22 @@ def test_doctor_names_the_agent_the_running_daemon_serves_the_workspace_as(works
     assert served.returncode == 0 and served.stdout.startswith(f"demo: ok ({workspace}"), served
     alone = subprocess.run(cli, capture_output=True, text=True, timeout=60, env=env)  # no daemon: the default
     assert alone.returncode == 0 and alone.stdout.startswith("main: ok"), alone
+
+
+def test_doctor_suggests_the_multilingual_model_for_chinese_notes(tmp_path: Path) -> None:
+    """Notes in Chinese with the English-only default model: doctor says how many and the one line that switches
+    (information: the exit status stays 0); with ``prefer = { text = "e5" }`` it says nothing."""
+    ws = tmp_path / "ws"
+    write(ws / "MEMORY.md", "# 记忆\n\n用户喜欢喝不加糖的乌龙茶，早上不开会。\n")
+    write(ws / "memory" / "2026-10-21.md", "# 2026-10-21\n\n- 小王：周五的发布要推迟吗？\n- 老李：要推迟。\n")
+    write(ws / "memory" / "deploys.md", "# Deploys\n\nDeploy windows are Tuesday and Thursday mornings.\n")
+    cli = [sys.executable, "-m", "indexer.cli", "doctor", "--workspace", str(ws)]
+    run = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    line = next(x for x in run.stdout.splitlines() if "notes in Chinese, Japanese or Korean" in x)
+    assert "2 of 3 notes" in line and "pip install 'qmd-indexer[multilingual]'" in line
+    assert 'prefer = { text = "e5" }' in line
+    config = write(tmp_path / "config.toml", f'[prefer]\ntext = "e5"\n\n[[workspace]]\npath = "{ws}"\n')
+    run = subprocess.run([sys.executable, "-m", "indexer.cli", "doctor", "--config", str(config)],
+                         capture_output=True, text=True, timeout=120)
+    assert "notes in Chinese" not in run.stdout, run.stdout + run.stderr
