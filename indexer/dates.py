@@ -70,8 +70,9 @@ _PERIOD_DAYS = {"day": 1, "week": 7}
 
 def query_period(query: str, as_of: datetime.datetime | None = None) -> tuple[datetime.date, datetime.date] | None:
     """``(first, last)`` days (inclusive) of the first time expression in ``query`` (English; a question with Han
-    characters is read by ``zh_period`` first), relative to ``as_of`` (naive local time, to the minute; default now): a day (``on 24 October 2023``, ``yesterday``, ``two
-    days ago``), the 7 days of a week (``last week``), a month (``in May 2023``; a month without a year is the latest
+    characters is read by ``zh_period`` first), relative to ``as_of`` (naive local time, to the minute; default
+    now): a day (``on 24 October 2023``, ``yesterday``, ``two days ago``), the 7 days of a week (``last week``), a
+    month (``in May 2023``; a month without a year is the latest
     one not after ``as_of``) or a year (``in 2023``). ``None`` when the query names no time.
 
     The expressions a query holds are found once per query (``time_phrases``: they do not depend on the moment)
