@@ -73,7 +73,7 @@ class Indexer:
                  reindex: bool = False) -> None:
         self.store, self.terms, self.polling, self._cache = store, terms, polling, cache
         self.state = IndexState(Plan.of(settings))
-        self.pipeline = Pipeline(registry, cache, settings.max_file_bytes, terms)
+        self.pipeline = Pipeline(registry, cache, settings.max_file_bytes, terms, settings)
         self.settler = Settler(settings.settle_s, clock, settings.settle_max_s)  # debounce queue
         self.metrics = Metrics()  # GET /metrics
         self.view = StatusView(self.state, self.settler, store, self.pipeline, terms, self.metrics)
@@ -231,16 +231,17 @@ class Indexer:
             self.sync.remove(abs_path, reason="gone")
         state.ledger.keep_only(on_disk | {str(s.path) for s in skips})  # gone, or no longer a candidate
         to_check = [Path(path) for collection, path in found
-                    if not self._unchanged(collection.name, path, stats[path])]
+                    if not self._unchanged(collection, path, stats[path])]
         state.record_scan(time.monotonic() - started, problems)
         return to_check
 
-    def _unchanged(self, collection: str, path: str, st: os.stat_result) -> bool:
+    def _unchanged(self, collection: Collection, path: str, st: os.stat_result) -> bool:
         """Whether ``path``, found by the walk for ``collection`` with ``lstat`` result ``st``, is indexed there
         whole at that stat: then nothing is queued for it (the walk never enters a symlink, so the path is as safe
         as when indexed)."""
         entry = self.state.indexed.get(path)
-        return entry is not None and entry.collection == collection and unchanged_by_stat(entry.state, st)
+        return entry is not None and entry.collection == collection.name and unchanged_by_stat(
+            entry.state, st, self.pipeline.redactor(collection).version)
 
     # -- rebuilding ---------------------------------------------------------------------------------------------
     def rebuild(self, pace: Pace | None = None) -> bool:

@@ -27,35 +27,40 @@ from indexer import bm25, chunking
 from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo, check_vectors
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache, cache_key
+from indexer.config import Settings
 from indexer.errors import ExtractError, FileSkipped, PluginError
 from indexer.plugins import Registry
 from indexer.points import SPARSE, FileState, Payload, Point, point_id, stat_identity
+from indexer.redact import Redactor
 from indexer.safeio import UnsafePath, open_beneath
 from indexer.workspace import Collection, anchor, rel_path
 
 EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop
 _READ_BLOCK = 1 << 20
+DEFAULT_REDACTION = Redactor().version  # the default settings' (``redact_secrets`` on, no patterns of the user's)
 _SKIP_DETAILS = {"symlink": "symlinks are never followed", "not_regular_file": "a FIFO, socket or device"}
 
 
-def index_hash(content_hash: str) -> str:
+def index_hash(content_hash: str, redaction: str = DEFAULT_REDACTION) -> str:
     """The ``file_hash`` a file's points carry: its content's sha256 hex, ``+chunking`` and
-    ``indexer.chunking.CHUNKING_VERSION``, ``+terms`` and ``indexer.bm25.TERMS_VERSION``. A store written by another
-    chunking or keyword-terms version thus holds other hashes: every file is re-chunked once (the stat shortcut and
-    the hash check both compare it; its vectors come from the embedding cache) and ``replace_file`` deletes the old
-    version's points, so versions never mix in a collection."""
-    return f"{content_hash}+chunking{chunking.CHUNKING_VERSION}+terms{bm25.TERMS_VERSION}"
+    ``indexer.chunking.CHUNKING_VERSION``, ``+terms`` and ``indexer.bm25.TERMS_VERSION``, ``+redact`` and the
+    redaction applied (``indexer.redact.Redactor.version``: ``off``, or the pattern table's version). A store written
+    by another chunking, keyword-terms or redaction version thus holds other hashes: every file is re-chunked once
+    (the stat shortcut and the hash check both compare it; its vectors come from the embedding cache) and
+    ``replace_file`` deletes the old version's points, so versions never mix in a collection."""
+    return f"{content_hash}+chunking{chunking.CHUNKING_VERSION}+terms{bm25.TERMS_VERSION}+redact{redaction}"
 
 
-def _current(known: FileState | None) -> bool:
-    """Whether ``known`` was indexed whole, by this chunking version."""
-    return bool(known and known.complete and known.file_hash.endswith(index_hash("")))
+def _current(known: FileState | None, redaction: str = DEFAULT_REDACTION) -> bool:
+    """Whether ``known`` was indexed whole, by this chunking version and ``redaction``."""
+    return bool(known and known.complete and known.file_hash.endswith(index_hash("", redaction)))
 
 
-def unchanged_by_stat(known: FileState | None, st: os.stat_result) -> bool:
-    """Whether a file indexed as ``known`` (whole, by this chunking version) still has the ``lstat`` result ``st``
-    it was indexed at (``stat_identity``): it needs no reading."""
-    return known is not None and _current(known) and known.identity() == stat_identity(st)
+def unchanged_by_stat(known: FileState | None, st: os.stat_result, redaction: str = DEFAULT_REDACTION) -> bool:
+    """Whether a file indexed as ``known`` (whole, by this chunking version and ``redaction``, its collection's
+    ``Redactor.version``) still has the ``lstat`` result ``st`` it was indexed at (``stat_identity``): it needs no
+    reading."""
+    return known is not None and _current(known, redaction) and known.identity() == stat_identity(st)
 
 
 class Interrupted(Exception):
@@ -159,10 +164,12 @@ def _utf8(path: str) -> bool:
 
 class Pipeline:
     """Turns files into points with the loaded plugins. ``max_file_bytes`` caps text files; media use the
-    workspace's multimodal cap. ``terms`` builds the BM25 vectors (``None``: the product's ``Bm25Terms()``)."""
+    workspace's multimodal cap. ``terms`` builds the BM25 vectors (``None``: the product's ``Bm25Terms()``).
+    ``settings``: where ``redact_secrets`` and ``redact_patterns`` come from (``None``: their defaults); a
+    workspace's own ``redact_secrets`` is read from each collection's workspace, so a reload applies it."""
 
     def __init__(self, registry: Registry, cache: EmbeddingCache, max_file_bytes: int,
-                 terms: Bm25Terms | None = None) -> None:
+                 terms: Bm25Terms | None = None, settings: Settings | None = None) -> None:
         self.registry = registry
         self.cache = cache
         self.max_file_bytes = max_file_bytes
@@ -173,6 +180,11 @@ class Pipeline:
         self.text_embedder = text
         self.terms = terms if terms is not None else Bm25Terms()
         self._context: ExtractContext | None = None
+        self._redact_settings = settings
+
+    def redactor(self, collection: Collection) -> Redactor:
+        """The redactor of ``collection``'s chunks (``indexer.redact.Redactor.for_collection``)."""
+        return Redactor.for_collection(self._redact_settings, collection)
 
     @property
     def context(self) -> ExtractContext:
@@ -191,12 +203,13 @@ class Pipeline:
             raise FileSkipped("symlink", "symlinks are never followed")
         if not stat.S_ISREG(st.st_mode):
             raise FileSkipped("not_regular_file", "a FIFO, socket or device")
-        if unchanged_by_stat(known, st):
+        redactor = self.redactor(collection)
+        if unchanged_by_stat(known, st, redactor.version):
             return Unchanged(path)
         multimodal = collection.workspace.multimodal
         cap = max(self.max_file_bytes, multimodal.max_file_bytes if multimodal.enabled else 0)
         st, head, content_hash = read_fingerprint(path, cap, collection)
-        file_hash = index_hash(content_hash)
+        file_hash = index_hash(content_hash, redactor.version)
         kind = self.registry.classify(path, head)
         if kind is None:
             raise FileSkipped("unsupported_type", "no classifier claims it")
@@ -209,7 +222,7 @@ class Pipeline:
                 raise FileSkipped("too_large", f"{st.st_size} bytes > multimodal limit {multimodal.max_file_bytes}")
         elif st.st_size > self.max_file_bytes:
             raise FileSkipped("too_large", f"{st.st_size} bytes > limit {self.max_file_bytes}")
-        if known is not None and _current(known) and known.file_hash == file_hash:
+        if known is not None and _current(known, redactor.version) and known.file_hash == file_hash:
             return Unchanged(path, stat_identity(st))
         if not _utf8(str(path)):  # memory, but its name cannot be stored: the ledger's detail says to rename it
             raise FileSkipped("undecodable_name")
@@ -230,7 +243,8 @@ class Pipeline:
         if chunks and not kept:
             missing = sorted({chunk.modality for chunk in chunks})
             raise FileSkipped("no_embedder", f"no embedder of modality {', '.join(map(repr, missing))} is loaded")
-        chunks = kept
+        # secrets out before anything is embedded, cached, keyword-indexed, stored, shown or logged (indexer.redact)
+        chunks = redactor.chunks(kept)
         return Prepared(collection, path, info.rel_path, kind, file_hash, st.st_size, st.st_mtime_ns, chunks,
                         st.st_ctime_ns, st.st_ino, st.st_dev)
 
