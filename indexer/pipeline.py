@@ -302,11 +302,12 @@ class Pipeline:
                 self.stats.cache_hits += sum(len(group) - 1 for _, group in piece)
         return [[vectors[f, c] for c in range(len(file.chunks))] for f, file in enumerate(prepared)]
 
-    def points(self, file: Prepared, vectors: Sequence[np.ndarray]) -> list[Point]:
-        """The Qdrant points of one embedded file: deterministic ids, payload with path, lines and hash."""
+    def points(self, file: Prepared, vectors: Sequence[np.ndarray], start: int = 0) -> list[Point]:
+        """The Qdrant points of one embedded file: deterministic ids, payload with path, lines and hash. ``start``:
+        ``vectors`` are those of ``file.chunks[start:]`` (a slice of a file written in slices)."""
         out = []
         abs_path = str(file.path)
-        for index, (chunk, vector) in enumerate(zip(file.chunks, vectors)):
+        for index, chunk, vector in zip(range(start, len(file.chunks)), file.chunks[start:], vectors):
             sparse: dict[str, tuple[list[int], list[float]]] = {}
             terms = self.terms.document(chunk.embed_text)
             if terms is not None:

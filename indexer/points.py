@@ -189,7 +189,9 @@ class Filter:
     - ``kinds``: source kinds (``markdown``, ``image``...), any of them;
     - ``since_ns``: files modified at or after this time (nanoseconds since the epoch, the payload's ``mtime_ns``);
     - ``until_ns``: files modified before this time (same unit; with ``since_ns``, the window ``[since, until)``);
-    - ``abs_path``: one file; ``except_hash``: points whose ``file_hash`` differs (a file's stale points).
+    - ``abs_path``: one file; ``except_hash``: points whose ``file_hash`` differs (a file's stale points);
+    - ``chunk_index``: points of that chunk index (with ``abs_path``: one point, a file's chunk 0 that carries its
+      state).
     """
 
     path_prefix: str | None = None
@@ -198,6 +200,7 @@ class Filter:
     until_ns: int | None = None
     abs_path: str | None = None
     except_hash: str | None = None
+    chunk_index: int | None = None
 
 
 _NO_FILTER = Filter()

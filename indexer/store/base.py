@@ -59,6 +59,8 @@ class Dialect:
             must.append(m.FieldCondition(key="mtime_ns", range=self.range(gte=float(f.since_ns))))
         if f.until_ns is not None:
             must.append(m.FieldCondition(key="mtime_ns", range=self.range(lt=float(f.until_ns))))
+        if f.chunk_index is not None:
+            must.append(m.FieldCondition(key="chunk_index", match=m.MatchValue(value=f.chunk_index)))
         must_not = [self.match("file_hash", f.except_hash)] if f.except_hash is not None else None
         if not must and not must_not:
             return None
@@ -205,6 +207,14 @@ class Store:
             if points:
                 self._upsert(physical, points)
             self._delete(physical, Filter(abs_path=abs_path, except_hash=file_hash))
+
+    def begin_file(self, name: str, abs_path: str) -> None:
+        """Delete the chunk 0 of ``abs_path`` in ``name`` (the point that carries the file's state), before a file
+        too big for one write is written in slices (``indexer.sync``): until its new chunk 0 comes last (with
+        ``replace_file``), the file reads as incomplete (no chunk 0: ``file_states``), so a crash midway is
+        re-indexed at the next start, and searches meanwhile see its other points."""
+        with self._lock:
+            self._delete(self._target(name), Filter(abs_path=abs_path, chunk_index=0))
 
     def delete_file(self, name: str, abs_path: str) -> None:
         """Remove every point of ``abs_path`` from ``name``."""
