@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Running, make_settings, write
+from conftest import Running, make_settings, wait_for, write
 from structlog.testing import capture_logs
 
 from indexer import chunking, sync
@@ -88,7 +88,6 @@ def test_a_huge_note_is_written_in_slices_that_let_searches_in(tmp_path: Path, m
     daemon.store.upsert = watched  # type: ignore[method-assign]
     with capture_logs() as logs, Running(daemon):
         log = write(ws / "memory" / "2023-05-08.md", conversation(80, "the heliotrope kiln is fixed"))
-        from conftest import wait_for
         wait_for(lambda: any(e["event"] == "file_indexed" and e["path"] == str(log) for e in logs), 120)
         answer = LocalMemory(daemon.view).search(SearchRequest(query="heliotrope kiln", mode="hybrid"))
     indexed = next(e for e in logs if e["event"] == "file_indexed" and e["path"] == str(log))

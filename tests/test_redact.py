@@ -143,7 +143,8 @@ def test_a_key_block_keeps_its_lines_whole_or_cut() -> None:
     assert Redactor().redact(text) == "\n".join(["before", "[redacted: private_key]", "", "", "", "after"])
     # cut short (a paste that lost its end): its base64 lines go, the prose after them stays
     cut = "\n".join(["before", *block[:2], "and then we talked about lunch"])
-    assert Redactor().redact(cut) == "\n".join(["before", "[redacted: private_key]", "", "and then we talked about lunch"])
+    assert Redactor().redact(cut) == "\n".join(
+        ["before", "[redacted: private_key]", "", "and then we talked about lunch"])
     # one line with \n escapes, as in a JSON file
     escaped = '{"key": "' + "\\n".join(block) + '\\n", "user": "dana"}'
     assert Redactor().redact(escaped) == '{"key": "[redacted: private_key]\\n", "user": "dana"}'
