@@ -119,6 +119,34 @@ def measure(repo: Path, out: Path, text: str, env: dict[str, str]) -> dict[str, 
         daemon.stop()
 
 
+def chunk_cost(text: str) -> dict[str, float]:
+    """In this process, with whatever ``indexer`` is importable (``PYTHONPATH`` picks a checkout): the growth of the
+    resident set's peak (MiB, ``ru_maxrss``) and the seconds while the log is cut into chunks by the model's own
+    tokenizer (``transformers``' fast tokenizer, as the embedder's ``token_offsets``), with no model and no store:
+    the part of the daemon's peak that reading a huge note costs before anything is embedded."""
+    import resource
+
+    from transformers import AutoTokenizer
+
+    from indexer.chunking import chunk_markdown
+    from indexer.model_loading import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2")[1])
+
+    def token_offsets(part: str) -> list[tuple[int, int]]:
+        encoded = tokenizer(part, add_special_tokens=False, return_offsets_mapping=True,
+                            return_attention_mask=False, truncation=False)
+        return [tuple(pair) for pair in encoded["offset_mapping"]]
+
+    token_offsets("warm up")
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    started = time.perf_counter()
+    chunks = chunk_markdown(text, token_offsets, 256, "memory/2023-05-08.md")
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"chunks": len(chunks), "growth_mib": peak - base, "seconds": seconds}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, default=10.0, help="size of the log, MB")
@@ -126,12 +154,22 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="another checkout to measure first, in the same run")
     parser.add_argument("--this", action=argparse.BooleanOptionalAction, default=True,
                         help="measure this checkout (--no-this: only --before's)")
+    parser.add_argument("--chunk-only", action="store_true",
+                        help="only the chunking of the log, in this process (no daemon): its peak growth and time")
     parser.add_argument("--out", type=Path, default=Path(".big_log"))
     args = parser.parse_args()
     pool, source = turn_pool()
     text, turns = big_log(int(args.mb * 1_000_000), pool)
     log(f"log: {len(text.encode()) / 1e6:.1f} MB, {turns} turns, texts from {source}"
         + (" (../shared/data/convmem is missing)" if source == "generated" else ""))
+    if args.chunk_only:
+        import indexer
+
+        load = os.getloadavg()
+        cost = chunk_cost(text)
+        print(f"{Path(indexer.__file__).parent.parent}: {cost['chunks']} chunks, peak +{cost['growth_mib']:.0f} MiB, "
+              f"{cost['seconds']:.1f} s; load average {load[0]:.2f}")
+        return
     env = {"QMD_INDEXER_PRECISION": args.precision}
     trees = {**({"before": args.before.resolve()} if args.before else {}), **({"this": REPO} if args.this else {})}
     load = os.getloadavg()

@@ -128,7 +128,7 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     truncated = line_cut = False
     redactor = Redactor.for_collection(settings, collection)
     with open_memory(collection, abs_path, text=True) as handle:
-        for line_no, raw in enumerate(redactor.lines(handle), 1):  # from line 1: a key block may start before
+        for line_no, raw in enumerate(redactor.lines(handle, from_line), 1):  # from line 1: a block may start before
             if line_no < from_line:
                 continue
             line = raw.rstrip("\n")

@@ -74,6 +74,7 @@ _PEM_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----")
 _PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----")
 _PEM_BODY = re.compile(r"^\s*(?:[A-Za-z0-9+/]+=*|[A-Za-z-]+:[^\n]*)?\s*$")  # base64, an RFC 1421 header, blank
 _MARKER = "PRIVATE KEY"
+MAX_TAIL_LINES = 160  # base64 lines of the longest key block (RSA 8192: about 100 lines of 64 characters), rounded up
 
 
 def mark(kind: str) -> str:
@@ -159,20 +160,26 @@ class Redactor:
         if not self.enabled or not text:
             return text
         if _MARKER in text:
-            return "".join(self.lines(text.splitlines(keepends=True)))
+            return "".join(self.lines(text.splitlines(keepends=True), cut=True))
         return self._line(text)
 
-    def lines(self, lines: Iterable[str]) -> Iterator[str]:
+    def lines(self, lines: Iterable[str], first: int = 1, cut: bool = False) -> Iterator[str]:
         """Each of ``lines`` (with or without their line ends, kept as they are) redacted, one out per one in: a
         private-key block's first line becomes ``[redacted: private_key]`` and the rest of it empty lines. Streams:
-        ``get`` pages a file through it from its first line."""
+        ``get`` pages a file through it from its first line; lines before line ``first`` (1-based), which it skips,
+        pass unredacted unless in a block (only a block's start is looked for). ``cut``: the lines may begin inside a
+        block whose start was cut off (a chunk's text): up to ``MAX_TAIL_LINES`` base64 lines before an ``END``
+        line are taken for its tail."""
         if not self.enabled:
             yield from lines
             return
         leading: list[str] = []  # lines that may be the tail of a block whose BEGIN was cut off (a chunk's start)
         in_block = False
-        started = False
-        for line in lines:
+        started = not cut
+        for n, line in enumerate(lines, 1):
+            if n < first and not in_block and _MARKER not in line:
+                yield line
+                continue
             if in_block:
                 end = _PEM_END.search(line)
                 if end:
@@ -184,7 +191,8 @@ class Redactor:
                     continue
                 in_block = False
             if not started:
-                if _PEM_BODY.match(line) and line.strip() and not _PEM_BEGIN.search(line):
+                if (len(leading) < MAX_TAIL_LINES and _PEM_BODY.match(line) and line.strip()
+                        and not _PEM_BEGIN.search(line)):
                     leading.append(line)
                     continue
                 started = True
@@ -264,5 +272,5 @@ def _pem_lines(chunks: Sequence[Chunk]) -> dict[int, str]:
 
 
 def _redacted_run(plain: Redactor, run: list[int], numbered: dict[int, str]) -> dict[int, str]:
-    redacted = list(plain.lines(numbered[n] for n in run))
+    redacted = list(plain.lines((numbered[n] for n in run), cut=True))
     return {n: line for n, line, original in zip(run, redacted, (numbered[n] for n in run)) if line != original}

@@ -72,7 +72,8 @@ def test_a_secret_in_a_note_is_absent_from_every_answer_payload_cache_file_and_l
             answers.append(memory.boot(BootRequest()))
             answers.append(memory.boot(BootRequest(query="heliotrope deploy keys")))
             page = memory.get(GetRequest(path="memory/deploy.md"))
-            answers.append(page)
+            inside = memory.get(GetRequest(path="memory/deploy.md", from_line=NOTE.split("\n").index(PEM_BODY[0]) + 1))
+            answers += [page, inside]
             payloads = [p for c in daemon.state.plan.collections for p in daemon.store.scroll(c.name)]
             stored = [json.dumps(dataclasses.asdict(p), default=str) for p in payloads]
     assert not _leaks(json.dumps(answers, default=str))
@@ -86,6 +87,7 @@ def test_a_secret_in_a_note_is_absent_from_every_answer_payload_cache_file_and_l
     assert "- database: password=[redacted: password]" in lines
     block = original.index("-----BEGIN RSA PRIVATE KEY-----")
     assert lines[block:block + 4] == ["[redacted: private_key]", "", "", ""]
+    assert inside["from"] == block + 2 and inside["text"].split("\n")[:4] == ["", "", "", original[block + 4]]
     # nothing under the state dir (Edge's segments, the embedding cache) holds a secret's bytes
     for path in (tmp_path / "state").rglob("*"):
         if path.is_file():
