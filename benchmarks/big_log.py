@@ -98,6 +98,7 @@ def measure(repo: Path, out: Path, text: str, env: dict[str, str]) -> dict[str, 
         threads = [threading.Thread(target=sample, daemon=True), threading.Thread(target=ask, daemon=True)]
         for thread in threads:
             thread.start()
+        log(f"{repo}: {before / 2**20:.0f} MiB before the log; writing it")
         started = time.monotonic()
         path = ws / "memory" / "2023-05-08.md"
         path.write_text(text, encoding="utf-8")
