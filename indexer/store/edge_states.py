@@ -19,7 +19,8 @@ files), in one of three ways:
   delete of its other versions, so a file is never short of points; a file too big for one write
   (``indexer.sync``) loses its chunk 0 first and gets its new one last, so while it is short of points it has no
   chunk 0 (not listed by the checks: the exact way). What a crash can leave is extra points (an old version's
-  tail, points of a file without a chunk 0), which make a file's count or the total exceed what the chunk 0s say. Anything else takes the exact way. Each way's cost: docs/performance.md, "Qdrant Edge".
+  tail, points of a file without a chunk 0), which make a file's count or the total exceed what the chunk 0s
+  say. Anything else takes the exact way. Each way's cost: docs/performance.md, "Qdrant Edge".
 - Exact (otherwise): Qdrant's exact facet counts of ``abs_path`` (points per file) and of ``file_hash`` (points per
   content hash). A file is ``complete`` when its points number its chunk 0's ``chunk_count`` and the points of its
   hash add up: the points of all files whose chunk 0 has hash ``h`` equal the facet count of ``h`` (a file left with
