@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import takewhile
@@ -34,6 +34,7 @@ from indexer.frontmatter import front_matter, front_matter_lines
 
 OVERLAP_RATIO = 0.2  # reference: 80 of 400 tokens
 MAX_CONTEXT_RATIO = 0.25  # share of the window a chunk's document context may take
+TOKENIZE_BLOCK_CHARS = 1 << 16  # characters of whole lines tokenized at once (``_token_starts``)
 MERGE_TOKENS = 128  # adjacent small sections merge while together (with context) under this many tokens
 #: version of what the built-in markdown chunking makes of a note (line ranges and context text); stored with every
 #: point so that a store built by another version is re-indexed once (see ``indexer.pipeline``)
@@ -98,16 +99,33 @@ def split_lines(text: str) -> list[str]:
     return [text[begin:end] for begin, end in line_spans(text)]
 
 
-def _pieces(text: str, offsets: list[tuple[int, int]], max_tokens: int) -> list[_Piece]:
+def _token_starts(text: str, spans: Sequence[tuple[int, int]],
+                  token_offsets: Callable[[str], list[tuple[int, int]]]) -> Iterator[list[int]]:
+    """Per line of ``spans``, the start offsets (in ``text``) of its non-empty model tokens. The text is tokenized in
+    blocks of whole lines of about ``TOKENIZE_BLOCK_CHARS`` characters: a model token never spans a line break (the
+    tokenizers pre-split on whitespace), so the tokens are those of the whole text, while a huge note (a 10 MB
+    conversation log) never holds millions of offsets at once nor the tokenizer for seconds."""
+    line = 0
+    while line < len(spans):
+        last, size = line, 0
+        while last < len(spans) and (last == line or size + spans[last][1] - spans[last][0] < TOKENIZE_BLOCK_CHARS):
+            size += spans[last][1] - spans[last][0] + 1
+            last += 1
+        base, stop = spans[line][0], spans[last - 1][1]
+        starts: list[list[int]] = [[] for _ in range(last - line)]
+        line_starts = [begin for begin, _ in spans[line:last]]
+        for start, end in token_offsets(text[base:stop]):
+            if end > start:
+                starts[bisect_right(line_starts, base + start) - 1].append(base + start)
+        yield from starts
+        line = last
+
+
+def _pieces(text: str, token_offsets: Callable[[str], list[tuple[int, int]]], max_tokens: int) -> list[_Piece]:
     spans = line_spans(text)
-    line_starts = [begin for begin, _ in spans]
-    tokens_by_line: list[list[int]] = [[] for _ in line_starts]
-    for start, end in offsets:
-        if end > start:
-            tokens_by_line[bisect_right(line_starts, start) - 1].append(start)
+    tokens_by_line = _token_starts(text, spans, token_offsets)
     pieces: list[_Piece] = []
-    for line, (begin, end) in enumerate(spans):
-        line_tokens = tokens_by_line[line]
+    for line, ((begin, end), line_tokens) in enumerate(zip(spans, tokens_by_line, strict=True)):
         for s_begin, s_end in _sentences(text, begin, end):
             starts = line_tokens[bisect_left(line_tokens, s_begin) : bisect_left(line_tokens, s_end)]
             if len(starts) <= max_tokens:
@@ -162,7 +180,7 @@ def chunk_text(
     if not text.strip():
         return []
     overlap = int(max_tokens * OVERLAP_RATIO) if overlap_tokens is None else overlap_tokens
-    pieces = _pieces(text, token_offsets(text), max_tokens)
+    pieces = _pieces(text, token_offsets, max_tokens)
     headings = heading_lines(text)
     return [TextChunk(text[pieces[lo].start : pieces[hi].end], pieces[lo].line + 1, pieces[hi].line + 1, total)
             for lo, hi, total in _pack(text, pieces, max_tokens, overlap, headings)]
@@ -322,7 +340,7 @@ def chunk_markdown(
     title = document_title(first_h1, rel_path, meta.title)
     day = note_date(rel_path, meta.date, first_h1)
     cap = max(1, int(max_tokens * MAX_CONTEXT_RATIO))
-    pieces = _pieces(text, token_offsets(text), max_tokens - cap)
+    pieces = _pieces(text, token_offsets, max_tokens - cap)
     lines = text.split("\n")
     context_of = _Context(token_offsets, cap, title, rel_path, meta.tags, day).of
     groups = _groups(text, lines, sections, pieces, context_of, min(MERGE_TOKENS, max_tokens))

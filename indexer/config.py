@@ -127,6 +127,8 @@ class Workspace(BaseModel):
     # The agent's time zone, an IANA name ("Europe/Lisbon"): the date of its daily note memory/YYYY-MM-DD.md.
     # Empty: the system's local zone.
     timezone: str = ""
+    # Secrets in notes replaced by [redacted: kind] before indexing (indexer.redact); unset: the global setting.
+    redact_secrets: bool | None = None
 
     @field_validator("path")
     @classmethod
@@ -256,6 +258,20 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     workspace: tuple[Workspace, ...] = ()
+    # Secrets (API keys, tokens, private keys, password= assignments: indexer.redact's table) replaced by
+    # [redacted: kind] before anything is embedded, stored or shown. On by default: a key pasted into a note is as
+    # exposed in an index as in a transcript. Transcripts are redacted whatever this says; a workspace may override
+    # it for its notes. redact_patterns: more regular expressions, each matched within a line.
+    redact_secrets: bool = True
+    redact_patterns: tuple[str, ...] = ()
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _compiles(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from indexer.redact import compile_patterns
+
+        compile_patterns(value)  # ValueError naming the pattern
+        return value
 
     @field_validator("plugins", mode="before")
     @classmethod

@@ -64,7 +64,7 @@ class Indexer:
                  reindex: bool = False) -> None:
         self.store, self.terms, self.polling, self._cache = store, terms, polling, cache
         self.state = IndexState(Plan.of(settings))
-        self.pipeline = Pipeline(registry, cache, settings.max_file_bytes, terms, settings.sessions_max_file_bytes)
+        self.pipeline = Pipeline(registry, cache, settings.max_file_bytes, terms, settings)
         self.settler = Settler(settings.settle_s, clock, settings.settle_max_s)  # debounce queue
         self.metrics = Metrics()  # GET /metrics
         self.view = StatusView(self.state, self.settler, store, self.pipeline, terms, self.metrics)
@@ -225,7 +225,8 @@ class Indexer:
         whole at that stat: then nothing is queued for it (the walk never enters a symlink, so the path is as safe
         as when indexed)."""
         entry = self.state.indexed.get(path)
-        return (entry is not None and entry.collection == collection.name and unchanged_by_stat(entry.state, st)
+        return (entry is not None and entry.collection == collection.name
+                and unchanged_by_stat(entry.state, st, self.pipeline.redactor(collection).version)
                 and not expired(collection, st))  # a transcript past its retention is queued, to lose its points
 
     # -- rebuilding ---------------------------------------------------------------------------------------------

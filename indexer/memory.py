@@ -153,7 +153,7 @@ class LocalMemory:
     def boot(self, request: BootRequest, /) -> BootContext:
         """``indexer.recall.boot_context``'s answer, with the scoped agent's ``pending``."""
         scoped = self.scoped(request)
-        context = boot_context(self.searcher, scoped, self.view.registry.classify_text)
+        context = boot_context(self.searcher, scoped, self.view.registry.classify_text, self.view.plan.settings)
         context["pending"] = self.view.pending(scoped.agent)
         return context
 
@@ -164,7 +164,7 @@ class LocalMemory:
         lines = min(scoped.lines, MAX_PAGE_LINES) if scoped.lines is not None else MAX_PAGE_LINES
         return read_memory(self.view.plan.collections, scoped.path, scoped.from_line, lines,
                            min(scoped.max_chars, MAX_PAGE_CHARS), scoped.agent, self.view.registry.classify_text,
-                           self.view.registry.transcript_format)
+                           self.view.registry.transcript_format, self.view.plan.settings)
 
     def append(self, request: AppendRequest, /) -> AppendResponse:
         """``indexer.append.append_entry`` in the scoped agent's workspace (its errors, its answer); the watcher

@@ -28,35 +28,42 @@ from indexer import bm25, chunking, transcripts
 from indexer.api import HEAD_BYTES, Chunk, ExtractContext, FileInfo, check_vectors
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache, cache_key
+from indexer.config import Settings
 from indexer.errors import ExtractError, FileSkipped, PluginError
 from indexer.plugins import Registry
 from indexer.points import SPARSE, FileState, Payload, Point, point_id, stat_identity
+from indexer.redact import Redactor
 from indexer.safeio import UnsafePath, open_beneath
+from indexer.tailing import Tail, read_tail, read_whole
+from indexer.transcripts import Reading
 from indexer.workspace import Collection, anchor, rel_path
 
 EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop
 _READ_BLOCK = 1 << 20
+DEFAULT_REDACTION = Redactor().version  # the default settings' (``redact_secrets`` on, no patterns of the user's)
 _SKIP_DETAILS = {"symlink": "symlinks are never followed", "not_regular_file": "a FIFO, socket or device"}
 
 
-def index_hash(content_hash: str) -> str:
+def index_hash(content_hash: str, redaction: str = DEFAULT_REDACTION) -> str:
     """The ``file_hash`` a file's points carry: its content's sha256 hex, ``+chunking`` and
-    ``indexer.chunking.CHUNKING_VERSION``, ``+terms`` and ``indexer.bm25.TERMS_VERSION``. A store written by another
-    chunking or keyword-terms version thus holds other hashes: every file is re-chunked once (the stat shortcut and
-    the hash check both compare it; its vectors come from the embedding cache) and ``replace_file`` deletes the old
-    version's points, so versions never mix in a collection."""
-    return f"{content_hash}+chunking{chunking.CHUNKING_VERSION}+terms{bm25.TERMS_VERSION}"
+    ``indexer.chunking.CHUNKING_VERSION``, ``+terms`` and ``indexer.bm25.TERMS_VERSION``, ``+redact`` and the
+    redaction applied (``indexer.redact.Redactor.version``: ``off``, or the pattern table's version). A store written
+    by another chunking, keyword-terms or redaction version thus holds other hashes: every file is re-chunked once
+    (the stat shortcut and the hash check both compare it; its vectors come from the embedding cache) and
+    ``replace_file`` deletes the old version's points, so versions never mix in a collection."""
+    return f"{content_hash}+chunking{chunking.CHUNKING_VERSION}+terms{bm25.TERMS_VERSION}+redact{redaction}"
 
 
-def _current(known: FileState | None) -> bool:
-    """Whether ``known`` was indexed whole, by this chunking version."""
-    return bool(known and known.complete and known.file_hash.endswith(index_hash("")))
+def _current(known: FileState | None, redaction: str = DEFAULT_REDACTION) -> bool:
+    """Whether ``known`` was indexed whole, by this chunking version and ``redaction``."""
+    return bool(known and known.complete and known.file_hash.endswith(index_hash("", redaction)))
 
 
-def unchanged_by_stat(known: FileState | None, st: os.stat_result) -> bool:
-    """Whether a file indexed as ``known`` (whole, by this chunking version) still has the ``lstat`` result ``st``
-    it was indexed at (``stat_identity``): it needs no reading."""
-    return known is not None and _current(known) and known.identity() == stat_identity(st)
+def unchanged_by_stat(known: FileState | None, st: os.stat_result, redaction: str = DEFAULT_REDACTION) -> bool:
+    """Whether a file indexed as ``known`` (whole, by this chunking version and ``redaction``, its collection's
+    ``Redactor.version``) still has the ``lstat`` result ``st`` it was indexed at (``stat_identity``): it needs no
+    reading."""
+    return known is not None and _current(known, redaction) and known.identity() == stat_identity(st)
 
 
 def expired(collection: Collection, st: os.stat_result) -> bool:
@@ -96,6 +103,16 @@ class Prepared:
     device: int = -1
     embedded: int = 0
     cache_hits: int = 0
+    # a transcript's tail (``indexer.tailing``): the chunk index of each of ``chunks`` (``None``: 0, 1, 2...; else
+    # chunk 0 first, then the open window's index on), the file's chunks in all, and where it was read up to
+    indexes: list[int] | None = None
+    total: int = -1
+    tail: Tail | None = None
+
+    @property
+    def chunk_count(self) -> int:
+        """The file's chunks in all (its points once written)."""
+        return len(self.chunks) if self.indexes is None else self.total
 
 
 @dataclass(slots=True)
@@ -167,14 +184,17 @@ def _utf8(path: str) -> bool:
 
 class Pipeline:
     """Turns files into points with the loaded plugins. ``max_file_bytes`` caps text files; media use the
-    workspace's multimodal cap. ``terms`` builds the BM25 vectors (``None``: the product's ``Bm25Terms()``)."""
+    workspace's multimodal cap. ``terms`` builds the BM25 vectors (``None``: the product's ``Bm25Terms()``).
+    ``settings``: where ``redact_secrets`` and ``redact_patterns`` come from (``None``: their defaults); a
+    workspace's own ``redact_secrets`` is read from each collection's workspace, so a reload applies it."""
 
     def __init__(self, registry: Registry, cache: EmbeddingCache, max_file_bytes: int,
-                 terms: Bm25Terms | None = None, sessions_max_file_bytes: int = 256 << 20) -> None:
+                 terms: Bm25Terms | None = None, settings: Settings | None = None) -> None:
         self.registry = registry
         self.cache = cache
         self.max_file_bytes = max_file_bytes
-        self.sessions_max_file_bytes = sessions_max_file_bytes  # a transcript is read streamed
+        # a transcript is read streamed, so its cap is its own
+        self.sessions_max_file_bytes = settings.sessions_max_file_bytes if settings is not None else 256 << 20
         self.stats = Stats()
         text = registry.text_embedder
         if text is None:
@@ -182,6 +202,11 @@ class Pipeline:
         self.text_embedder = text
         self.terms = terms if terms is not None else Bm25Terms()
         self._context: ExtractContext | None = None
+        self._redact_settings = settings
+
+    def redactor(self, collection: Collection) -> Redactor:
+        """The redactor of ``collection``'s chunks (``indexer.redact.Redactor.for_collection``)."""
+        return Redactor.for_collection(self._redact_settings, collection)
 
     @property
     def context(self) -> ExtractContext:
@@ -200,14 +225,15 @@ class Pipeline:
             raise FileSkipped("symlink", "symlinks are never followed")
         if not stat.S_ISREG(st.st_mode):
             raise FileSkipped("not_regular_file", "a FIFO, socket or device")
+        redactor = self.redactor(collection)
         if collection.corpus == "sessions":
-            return self._prepare_transcript(collection, path, known, st)
-        if unchanged_by_stat(known, st):
+            return self._prepare_transcript(collection, path, known, st, redactor)
+        if unchanged_by_stat(known, st, redactor.version):
             return Unchanged(path)
         multimodal = collection.workspace.multimodal
         cap = max(self.max_file_bytes, multimodal.max_file_bytes if multimodal.enabled else 0)
         st, head, content_hash = read_fingerprint(path, cap, collection)
-        file_hash = index_hash(content_hash)
+        file_hash = index_hash(content_hash, redactor.version)
         kind = self.registry.classify(path, head)
         if kind is None:
             raise FileSkipped("unsupported_type", "no classifier claims it")
@@ -220,7 +246,7 @@ class Pipeline:
                 raise FileSkipped("too_large", f"{st.st_size} bytes > multimodal limit {multimodal.max_file_bytes}")
         elif st.st_size > self.max_file_bytes:
             raise FileSkipped("too_large", f"{st.st_size} bytes > limit {self.max_file_bytes}")
-        if known is not None and _current(known) and known.file_hash == file_hash:
+        if known is not None and _current(known, redactor.version) and known.file_hash == file_hash:
             return Unchanged(path, stat_identity(st))
         if not _utf8(str(path)):  # memory, but its name cannot be stored: the ledger's detail says to rename it
             raise FileSkipped("undecodable_name")
@@ -241,34 +267,81 @@ class Pipeline:
         if chunks and not kept:
             missing = sorted({chunk.modality for chunk in chunks})
             raise FileSkipped("no_embedder", f"no embedder of modality {', '.join(map(repr, missing))} is loaded")
-        chunks = kept
+        # secrets out before anything is embedded, cached, keyword-indexed, stored, shown or logged (indexer.redact)
+        chunks = redactor.chunks(kept)
         return Prepared(collection, path, info.rel_path, kind, file_hash, st.st_size, st.st_mtime_ns, chunks,
                         st.st_ctime_ns, st.st_ino, st.st_dev)
 
     def _prepare_transcript(self, collection: Collection, path: Path, known: FileState | None,
-                            st: os.stat_result) -> Prepared | Unchanged:
+                            st: os.stat_result, redactor: Redactor) -> Prepared | Unchanged:
         """``prepare`` for a session transcript: too old for the workspace's ``sessions_max_age_days`` is a skip
         (``expired``: its points go), a file no transcript format sniffs is a skip (``not_a_transcript``), else
         its chunks (``indexer.transcripts.extract``)."""
         if expired(collection, st):
             max_age = collection.workspace.sessions_max_age_days
             raise FileSkipped("expired", f"last written more than sessions_max_age_days ({max_age:g}) ago")
-        if unchanged_by_stat(known, st):
+        if unchanged_by_stat(known, st, redactor.version):
             return Unchanged(path)
-        st, head, content_hash = read_fingerprint(path, self.sessions_max_file_bytes, collection)
-        file_hash = index_hash(content_hash)
-        if known is not None and _current(known) and known.file_hash == file_hash:
-            return Unchanged(path, stat_identity(st))
-        found = self.registry.transcript_format(head)
-        if found is None:
-            raise FileSkipped("not_a_transcript", "no transcript format plugin recognises its content")
         if not _utf8(str(path)):
             raise FileSkipped("undecodable_name")
-        info = FileInfo(path, rel_path(collection.workspace, path), transcripts.KIND, st.st_size,
-                        opener=lambda: open_file_beneath(collection, path))
-        chunks = transcripts.extract(info, found[1], collection.workspace, self.context)
-        return Prepared(collection, path, info.rel_path, transcripts.KIND, file_hash, st.st_size, st.st_mtime_ns,
-                        chunks, st.st_ctime_ns, st.st_ino, st.st_dev)
+        workspace = collection.workspace
+        reading = Reading(roles=transcripts.ROLES + (("tool",) if workspace.sessions_tool_results else ()),
+                          tool_chars=workspace.sessions_tool_result_chars, redact=redactor.redact)
+        settings = (reading.roles, reading.tool_chars, redactor.version)
+        tail = known.tail if known is not None and _current(known, redactor.version) else None
+        if tail is not None:  # a file that grew: its tail alone (``indexer.tailing``)
+            grown = self._read_transcript(collection, path, reading, settings, tail)
+            if isinstance(grown, Prepared):
+                grown.file_hash = known.file_hash if known is not None else grown.file_hash  # the points' version
+                return grown
+            reading = Reading(roles=reading.roles, tool_chars=reading.tool_chars, redact=redactor.redact)
+        st, head, content_hash = read_fingerprint(path, self.sessions_max_file_bytes, collection)
+        file_hash = index_hash(content_hash, redactor.version)
+        if known is not None and _current(known, redactor.version) and known.file_hash == file_hash:
+            return Unchanged(path, stat_identity(st))
+        prepared = self._read_transcript(collection, path, reading, settings, None)
+        assert prepared is not None
+        prepared.file_hash = file_hash
+        return prepared
+
+    def _read_transcript(self, collection: Collection, path: Path, reading: Reading, settings: tuple[object, ...],
+                         tail: Tail | None) -> Prepared | None:
+        """Transcript ``path`` read whole (``tail`` ``None``) or from ``tail``'s open window on, as a ``Prepared``
+        (``file_hash`` left for the caller); ``None`` when the tail cannot be trusted (``indexer.tailing``). Raises
+        ``FileSkipped`` (``too_large``, ``not_a_transcript``) and ``ExtractError`` when it cannot be read."""
+        try:
+            with open_file_beneath(collection, path) as handle:
+                st = os.fstat(handle.fileno())
+                if st.st_size > self.sessions_max_file_bytes:
+                    raise FileSkipped("too_large", f"{st.st_size} bytes > limit {self.sessions_max_file_bytes}")
+                found = self.registry.transcript_format(handle.read(HEAD_BYTES))
+                if found is None:
+                    raise FileSkipped("not_a_transcript", "no transcript format plugin recognises its content")
+                handle.seek(0)
+                if tail is None:
+                    chunks, new_tail = read_whole(handle, st, found[1], reading, self.context, path.stem, settings)
+                    indexes, total = None, len(chunks)
+                else:
+                    grown = read_tail(handle, st, tail, found[1], reading, self.context, path.stem, settings)
+                    if grown is None:
+                        return None
+                    chunks, new_tail = grown
+                    indexes = list(range(tail.open_index, new_tail.chunk_count))
+                    if tail.open_index:  # chunk 0 carries the file's state: rewritten with it, first
+                        chunks, indexes = [new_tail.first, *chunks], [0, *indexes]
+                    total = new_tail.chunk_count
+        except UnsafePath as exc:
+            reason = "not_regular_file" if exc.reason == "not_regular_file" else "symlink"
+            raise FileSkipped(reason, _SKIP_DETAILS[reason]) from None
+        except PermissionError:
+            raise FileSkipped("permission_denied", "no read permission") from None
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
+        return Prepared(collection, path, rel_path(collection.workspace, path), transcripts.KIND, "", st.st_size,
+                        st.st_mtime_ns, chunks, st.st_ctime_ns, st.st_ino, st.st_dev, indexes=indexes, total=total,
+                        tail=new_tail)
 
     # -- step 6-7: embed (cached, batched across files) and build points ----------------------------------------
     def _content(self, chunk: Chunk) -> bytes:
@@ -324,11 +397,13 @@ class Pipeline:
                 self.stats.cache_hits += sum(len(group) - 1 for _, group in piece)
         return [[vectors[f, c] for c in range(len(file.chunks))] for f, file in enumerate(prepared)]
 
-    def points(self, file: Prepared, vectors: Sequence[np.ndarray]) -> list[Point]:
-        """The Qdrant points of one embedded file: deterministic ids, payload with path, lines and hash."""
+    def points(self, file: Prepared, vectors: Sequence[np.ndarray], start: int = 0) -> list[Point]:
+        """The Qdrant points of one embedded file: deterministic ids, payload with path, lines and hash. ``start``:
+        ``vectors`` are those of ``file.chunks[start:]`` (a slice of a file written in slices)."""
         out = []
         abs_path = str(file.path)
-        for index, (chunk, vector) in enumerate(zip(file.chunks, vectors)):
+        indexes = file.indexes if file.indexes is not None else range(len(file.chunks))
+        for index, chunk, vector in zip(indexes[start:], file.chunks[start:], vectors):
             sparse: dict[str, tuple[list[int], list[float]]] = {}
             terms = self.terms.document(chunk.embed_text)
             if terms is not None:
@@ -337,7 +412,7 @@ class Pipeline:
                 agent=file.collection.agent, collection=file.collection.name, path=file.rel_path, abs_path=abs_path,
                 file_hash=file.file_hash, size_bytes=file.size_bytes, mtime_ns=file.mtime_ns, ctime_ns=file.ctime_ns,
                 inode=file.inode, device=file.device, chunk_index=index,
-                chunk_count=len(file.chunks), start_line=chunk.start_line, end_line=chunk.end_line, text=chunk.text,
+                chunk_count=file.chunk_count, start_line=chunk.start_line, end_line=chunk.end_line, text=chunk.text,
                 context=chunk.context, kind=chunk.kind, modality=chunk.modality,
                 model_id=self.registry.embedders[chunk.modality].model_id, chunking_version=chunking.CHUNKING_VERSION,
                 start_s=None if chunk.start_s is None else float(chunk.start_s),

@@ -168,6 +168,8 @@ class FileState:
     ctime_ns: int = -1
     inode: int = -1
     device: int = -1
+    # a transcript's ``indexer.tailing.Tail`` (where it was indexed up to; kept in memory only, never stored)
+    tail: Any = field(default=None, compare=False)
 
     def identity(self) -> tuple[int, int, int, int, int]:
         """``(size, mtime_ns, ctime_ns, inode, device)``: the stat that, all equal, lets a file skip its hash."""
@@ -189,7 +191,9 @@ class Filter:
     - ``kinds``: source kinds (``markdown``, ``image``...), any of them;
     - ``since_ns``: files modified at or after this time (nanoseconds since the epoch, the payload's ``mtime_ns``);
     - ``until_ns``: files modified before this time (same unit; with ``since_ns``, the window ``[since, until)``);
-    - ``abs_path``: one file; ``except_hash``: points whose ``file_hash`` differs (a file's stale points).
+    - ``abs_path``: one file; ``except_hash``: points whose ``file_hash`` differs (a file's stale points);
+    - ``chunk_index``: points of that chunk index (with ``abs_path``: one point, a file's chunk 0 that carries its
+      state).
     """
 
     path_prefix: str | None = None
@@ -198,6 +202,7 @@ class Filter:
     until_ns: int | None = None
     abs_path: str | None = None
     except_hash: str | None = None
+    chunk_index: int | None = None
 
 
 _NO_FILTER = Filter()

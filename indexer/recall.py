@@ -25,8 +25,10 @@ from typing import IO, Any
 
 from indexer.api import HEAD_BYTES, TranscriptFormat
 from indexer.chunking import split_lines
+from indexer.config import Settings
 from indexer.errors import ReadRefused
 from indexer.hits import SNIPPET_CHARS
+from indexer.redact import Redactor
 from indexer.safeio import UnsafePath, open_beneath
 from indexer.schema import (
     DEFAULT_K,
@@ -98,8 +100,10 @@ def open_memory(collection: Collection, path: Path, text: bool = False) -> IO[An
 def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1, lines: int | None = None,
                 max_chars: int = DEFAULT_MAX_CHARS, agent: str | None = None,
                 classify: Callable[[Path, bytes], str | None] | None = None,
-                transcript_format: Callable[[bytes], tuple[str, TranscriptFormat] | None] | None = None) -> Page:
-    """A page of memory file ``path``.
+                transcript_format: Callable[[bytes], tuple[str, TranscriptFormat] | None] | None = None,
+                settings: Settings | None = None) -> Page:
+    """A page of memory file ``path``, its secrets redacted as its collection's chunks are
+    (``indexer.redact.Redactor.for_collection`` of ``settings``; ``None``: the default settings, redaction on).
 
     Returns ``{"path", "collection", "from", "to", "text", "truncated", "next_from"}``: ``text`` holds whole lines
     ``from``..``to`` (1-based, inclusive; ``to < from`` when the file has no such lines). ``truncated`` is true when
@@ -126,13 +130,15 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
         collection, abs_path = resolve_memory_path(collections, respelled, agent, classify)
         note = f"no file is named {path!r}: read {respelled!r}, the same name in another Unicode normalisation form"
     if collection.corpus == "sessions":
-        return _transcript_page(collection, abs_path, from_line, lines, max_chars, transcript_format)
+        return _transcript_page(collection, abs_path, from_line, lines, max_chars, transcript_format,
+                                Redactor.for_collection(settings, collection))
     out: list[str] = []
     used = 0
     line_no = 0
     truncated = line_cut = False
+    redactor = Redactor.for_collection(settings, collection)
     with open_memory(collection, abs_path, text=True) as handle:
-        for line_no, raw in enumerate(handle, 1):
+        for line_no, raw in enumerate(redactor.lines(handle, from_line), 1):  # from line 1: a block may start before
             if line_no < from_line:
                 continue
             line = raw.rstrip("\n")
@@ -164,15 +170,16 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
 
 
 def _transcript_page(collection: Collection, abs_path: Path, from_line: int, lines: int | None, max_chars: int,
-                     transcript_format: Callable[[bytes], tuple[str, TranscriptFormat] | None] | None) -> Page:
-    """``read_memory``'s page of a session transcript."""
+                     transcript_format: Callable[[bytes], tuple[str, TranscriptFormat] | None] | None,
+                     redactor: Redactor) -> Page:
+    """``read_memory``'s page of a session transcript, its messages redacted as when indexed."""
     with open_memory(collection, abs_path) as handle:
         found = transcript_format(handle.read(HEAD_BYTES)) if transcript_format is not None else None
         if found is None:
             raise ReadRefused(f"{abs_path.name}: not a session transcript any format plugin reads")
         handle.seek(0)
         shown, last, truncated = render_page(handle, found[1], from_line, lines, max_chars,
-                                             collection.workspace.sessions_tool_results)
+                                             collection.workspace.sessions_tool_results, redactor.redact)
     return {"path": str(abs_path) if not abs_path.is_relative_to(collection.workspace.path)
             else os.path.relpath(abs_path, collection.workspace.path), "collection": collection.name,
             "from": from_line, "to": last, "text": "\n".join(shown), "truncated": truncated,
@@ -264,14 +271,16 @@ def recall(searcher: Searcher, request: RecallRequest, degraded: list[str] | Non
 
 
 def boot_context(searcher: Searcher, request: BootRequest,
-                 classify: Callable[[Path, bytes], str | None] | None = None) -> BootContext:
+                 classify: Callable[[Path, bytes], str | None] | None = None,
+                 settings: Settings | None = None) -> BootContext:
     """Memory for the start of a session, packed into ``request.budget_chars`` characters.
 
     Order: with a query, its best hits; without, the root memory file, then notes by most recent change. Each
     piece is a header line ``## <path>#L<a>-L<b>`` and whole lines of text; a piece that does not fit is cut at the
     last whole line that does. Returns ``{"text", "used_chars", "budget_chars", "included": [citations],
     "omitted": [{"citation", "lines"}]}``, and ``"degraded"`` when the query's search was less than the configured
-    one (``Searcher.retrieve``: e.g. keyword only while the model loads).
+    one (``Searcher.retrieve``: e.g. keyword only while the model loads). Files read from disk are redacted as
+    ``read_memory`` redacts them (``settings``).
     """
     budget_chars, agent, query = request.budget_chars, request.agent, request.query
     if budget_chars < 1:
@@ -281,7 +290,7 @@ def boot_context(searcher: Searcher, request: BootRequest,
     omitted: list[Omitted] = []
     used = 0
     degraded: list[str] = []
-    for path, start, text, total in _boot_pieces(searcher, agent, query, budget_chars, classify, degraded):
+    for path, start, text, total in _boot_pieces(searcher, agent, query, budget_chars, classify, degraded, settings):
         last = start + total - 1
         if text is None:
             omitted.append({"citation": f"{path}#L{start}-L{last}", "lines": total})
@@ -315,7 +324,8 @@ def boot_context(searcher: Searcher, request: BootRequest,
 
 def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None, budget_chars: int,
                  classify: Callable[[Path, bytes], str | None] | None = None,
-                 degraded: list[str] | None = None) -> list[tuple[str, int, str | None, int]]:
+                 degraded: list[str] | None = None, settings: Settings | None = None
+                 ) -> list[tuple[str, int, str | None, int]]:
     """``(path, start_line, text, total_lines)`` candidates in priority order. Without a query, files are read
     from disk (at most ``budget_chars`` characters each, whole lines), so lines are never pieces of chunks.
     ``degraded`` collects why the query's search was less than the configured one."""
@@ -335,7 +345,8 @@ def _boot_pieces(searcher: Searcher, agent: str | None, query: str | None, budge
     pieces = []
     for abs_path, f in sorted(files.items(), key=lambda kv: (not kv[1]["root"], -kv[1]["mtime"], kv[1]["path"])):
         try:
-            page = read_memory(searcher.collections, abs_path, 1, None, budget_chars, agent, classify)
+            page = read_memory(searcher.collections, abs_path, 1, None, budget_chars, agent, classify,
+                               settings=settings)
         except (ReadRefused, OSError):
             continue
         # a first line longer than the budget cannot be shown whole: the piece is listed as omitted

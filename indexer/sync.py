@@ -20,7 +20,7 @@ import threading
 import time
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -37,7 +37,7 @@ from indexer.errors import (
 from indexer.ledger import FAILURES
 from indexer.metrics import Metrics
 from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
-from indexer.points import FileState
+from indexer.points import FileState, Point
 from indexer.state import IndexState
 from indexer.store import Store
 from indexer.workspace import ROOT_NAMES, Collection, Skip, route, walk_dir
@@ -45,6 +45,7 @@ from indexer.workspace import ROOT_NAMES, Collection, Skip, route, walk_dir
 log = structlog.get_logger("qmd_indexer.daemon")
 
 GROUP_CHUNKS = 256  # chunks embedded and written together; smaller files of a batch go first
+STREAM_CHUNKS = 2 * GROUP_CHUNKS  # a file of more chunks is embedded and written in slices (``Sync._write_slices``)
 RETRY_AFTER_S = 5.0  # a store found unreachable is tried again after this long (connecting, or a file's write)
 
 
@@ -253,6 +254,8 @@ class Sync:
             self.store.ensure_room(0)  # a full state dir: retry later, without embedding in vain meanwhile
         except StateDirFull:
             return [file.path for file in prepared]
+        if len(prepared) == 1 and len(prepared[0].chunks) > STREAM_CHUNKS:
+            return self._write_slices(prepared[0], into, pace)
         try:
             vectors = self.pipeline.embed(prepared, should_stop=pace.should_stop)
         except Interrupted:
@@ -286,7 +289,10 @@ class Sync:
                     continue
                 if old and old.collection != file.collection.name:
                     self.store.delete_file(old.collection, abs_path)
-                self.store.replace_file(file.collection.name, abs_path, file.file_hash, points)
+                if file.indexes is not None and old is not None:  # a transcript's tail: its other points stay
+                    self._write_tail(file.collection.name, abs_path, points, old.state.points, file.chunk_count)
+                else:
+                    self.store.replace_file(file.collection.name, abs_path, file.file_hash, points)
             except StoreUnavailable as exc:
                 self.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
                 if not isinstance(exc, StateDirFull):  # that one the store logs once per outage
@@ -295,12 +301,88 @@ class Sync:
                 continue
             self.metrics.store_write_seconds.observe(time.monotonic() - started)
             self.state.put(abs_path, file.collection.name, FileState(
-                file.file_hash, file.size_bytes, file.mtime_ns, len(points), True, file.ctime_ns, file.inode,
-                file.device))
+                file.file_hash, file.size_bytes, file.mtime_ns, file.chunk_count, True, file.ctime_ns, file.inode,
+                file.device, file.tail))
             log.info("file_indexed", path=abs_path, collection=file.collection.name, kind=file.kind,
-                     chunks=len(points), embedded=file.embedded, cache_hits=file.cache_hits,
+                     chunks=file.chunk_count, written=len(points), embedded=file.embedded, cache_hits=file.cache_hits,
                      write_ms=round((time.monotonic() - started) * 1000, 1))
         return retry
+
+    def _write_tail(self, name: str, abs_path: str, points: Sequence[Point], had: int, count: int) -> None:
+        """Write a transcript's tail (``indexer.tailing``): its new points over the open window's (same ids),
+        chunk 0 (``points[0]``, the file's state) last, then the indexes past its new end deleted. A crash between
+        leaves more points than chunk 0 counts or an old chunk 0: incomplete, re-indexed whole at the next start."""
+        self.store.upsert(name, points[1:])
+        self.store.upsert(name, points[:1])
+        if count < had:
+            self.store.trim_file(name, abs_path, count, had)
+
+
+    def _write_slices(self, file: Prepared, into: Mapping[str, str] | None, pace: Pace) -> list[Path]:
+        """Embed and store one huge file (a 10 MB conversation log: 20,000 chunks) ``GROUP_CHUNKS`` chunks at a
+        time, so its vectors and points are never all held at once and the store's lock is taken per slice
+        (searches interleave with the write). Its old chunk 0, the point that carries the file's state, goes first
+        (``Store.begin_file``) and its new one last (``replace_file``, which then deletes the old version's other
+        points): until then the file reads as incomplete, in the store (a crash midway is re-indexed at the next
+        start, its vectors from the embedding cache) and here (``IndexState``: the next event re-indexes it).
+        Returns the files to retry, as ``_write_group``."""
+        abs_path, logical = str(file.path), file.collection.name
+        name = into[logical] if into is not None else logical
+        old = self.state.indexed.get(abs_path) if into is None else None
+        started = time.monotonic()
+        try:
+            if old is not None and old.collection != logical:
+                self.store.delete_file(old.collection, abs_path)
+                old = None
+            self.store.begin_file(name, abs_path)
+            if into is None:  # half-written from here on: never taken for indexed
+                self.state.put(abs_path, logical, FileState(file.file_hash, file.size_bytes, file.mtime_ns, 0, False,
+                                                            file.ctime_ns, file.inode, file.device))
+            first = None
+            for start in range(0, len(file.chunks), GROUP_CHUNKS):
+                if start and pace.should_stop():  # between slices, cached or not
+                    raise Interrupted("stop requested")
+                part = replace(file, chunks=file.chunks[start : start + GROUP_CHUNKS], embedded=0, cache_hits=0)
+                vectors = self.pipeline.embed([part], should_stop=pace.should_stop)[0]
+                file.embedded, file.cache_hits = file.embedded + part.embedded, file.cache_hits + part.cache_hits
+                points = self.pipeline.points(file, vectors, start)
+                if start == 0:
+                    first, points = points[0], points[1:]
+                self.store.upsert(name, points)
+            assert first is not None
+            self.store.replace_file(name, abs_path, file.file_hash, [first])
+            if file.indexes is not None and old is not None and file.chunk_count < old.state.points:
+                self.store.trim_file(name, abs_path, file.chunk_count, old.state.points)
+        except Interrupted:
+            log.info("index_interrupted", files=[abs_path],
+                     hint="embedded slices are cached; the next start finishes them")
+            return []
+        except EmbedUnavailable as exc:
+            self.metrics.error("embedder_unavailable")
+            self._embed_delay_s = self.state.ledger.outage.hold([abs_path], f"{type(exc).__name__}: {exc}",
+                                                                exc.retry_after_s)
+            return [file.path]
+        except (EmbedError, ExtractError) as exc:
+            if isinstance(exc, BadVectors):
+                self.state.ledger.skip(file.path, "bad_vectors", str(exc), failed=True)
+            else:
+                self.skip(file.path, "embed_failed", str(exc), failed=True)
+            return []
+        except StoreUnavailable as exc:
+            self.metrics.error("state_dir_full" if isinstance(exc, StateDirFull) else "store_unavailable")
+            if not isinstance(exc, StateDirFull):
+                log.error("store_unavailable", path=abs_path, error=str(exc), retry_after_s=RETRY_AFTER_S)
+            return [file.path]
+        self.state.ledger.outage.release(abs_path)
+        self.metrics.store_write_seconds.observe(time.monotonic() - started)
+        if into is None:
+            self.state.put(abs_path, logical, FileState(file.file_hash, file.size_bytes, file.mtime_ns,
+                                                        file.chunk_count, True, file.ctime_ns, file.inode, file.device,
+                                                        file.tail))
+        log.info("file_indexed", path=abs_path, collection=logical, kind=file.kind, chunks=file.chunk_count,
+                 embedded=file.embedded, cache_hits=file.cache_hits, slices=-(-len(file.chunks) // GROUP_CHUNKS),
+                 write_ms=round((time.monotonic() - started) * 1000, 1))
+        return []
 
 
 def _folded(name: str) -> str:

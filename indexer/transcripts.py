@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from indexer.api import Chunk, ExtractContext, FileInfo, Message, TranscriptFormat
@@ -47,6 +47,7 @@ class Turn:
     speaker: str
     text: str
     time: datetime.datetime | None
+    offset: int = 0  # bytes: where its JSONL line starts in the file
 
     def shown(self) -> str:
         """The turn as one line of a chunk: ``Caroline: text``."""
@@ -62,9 +63,11 @@ class Reading:
     session_id: str = ""
     started: datetime.datetime | None = None
     lines: int = 0
+    end: int = 0  # bytes: where the last line read whole ends (a torn last one excluded)
     bad_lines: int = 0
     roles: tuple[str, ...] = ROLES
     tool_chars: int = 400
+    redact: Callable[[str], str] = field(default=lambda text: text)  # ``indexer.redact.Redactor.redact``
 
 
 def parse_time(value: str) -> datetime.datetime | None:
@@ -80,38 +83,44 @@ def parse_time(value: str) -> datetime.datetime | None:
     return parsed.astimezone(datetime.UTC)
 
 
-def _turn(line: int, message: Message, fallback: str, reading: Reading) -> Turn | None:
-    text = " ".join(message.text.split()) if message.role == "tool" else message.text.strip()
+def _turn(line: int, message: Message, fallback: str, reading: Reading, offset: int) -> Turn | None:
+    # secrets out per message, before a turn is windowed, embedded, stored or shown: a turn's text never depends on
+    # its neighbours, so a tail read alone (``indexer.tailing``) gives the windows a whole read gives
+    text = reading.redact(message.text)
+    text = " ".join(text.split()) if message.role == "tool" else text.strip()
     if message.role not in reading.roles or not text:
         return None
     if message.role == "tool":
         cut = text[: reading.tool_chars]
         return Turn(line, "tool", "tool result", cut + ("…" if len(cut) < len(text) else ""),
-                    parse_time(message.timestamp or fallback))
+                    parse_time(message.timestamp or fallback), offset)
     first = text.split("\n", 1)[0]
     name = turn_speaker(first)
     if name is not None:
         text = text[text.index(":") + 1 :].lstrip()
-    return Turn(line, message.role, name or message.role, text, parse_time(message.timestamp or fallback))
+    return Turn(line, message.role, name or message.role, text, parse_time(message.timestamp or fallback), offset)
 
 
-def read_turns(handle: IO[bytes], fmt: TranscriptFormat, reading: Reading, start_line: int = 1) -> Iterator[Turn]:
-    """The turns of the transcript open in ``handle`` (binary, at the start of line ``start_line``), read one line
-    at a time (never the whole file); ``reading`` is filled as it goes. A plugin's exception in ``read`` is an
-    ``ExtractError`` naming the line."""
-    number = start_line - 1
+def read_turns(handle: IO[bytes], fmt: TranscriptFormat, reading: Reading, start_line: int = 1,
+               start_offset: int = 0) -> Iterator[Turn]:
+    """The turns of the transcript open in ``handle`` (binary, at the start of line ``start_line``, byte
+    ``start_offset``), read one line at a time (never the whole file); ``reading`` is filled as it goes. A plugin's
+    exception in ``read`` is an ``ExtractError`` naming the line."""
+    number, offset = start_line - 1, start_offset
+    reading.end = start_offset
     for raw in handle:
         number += 1
+        at, offset = offset, offset + len(raw)
         try:
             record = json.loads(raw)
         except ValueError:
             if not raw.endswith(b"\n"):
-                number -= 1  # a writer mid-append: this line is read whole at the next event
+                number, offset = number - 1, at  # a writer mid-append: this line is read whole at the next event
                 break
             reading.bad_lines += 1
             continue
         finally:
-            reading.lines = number
+            reading.lines, reading.end = number, offset
         if not isinstance(record, dict):
             continue
         try:
@@ -123,7 +132,7 @@ def read_turns(handle: IO[bytes], fmt: TranscriptFormat, reading: Reading, start
         if reading.started is None and read.timestamp:
             reading.started = parse_time(read.timestamp)
         for message in read.messages:
-            turn = _turn(number, message, read.timestamp, reading)
+            turn = _turn(number, message, read.timestamp, reading, at)
             if turn is not None:
                 yield turn
 
@@ -158,15 +167,26 @@ def transcript_chunks(turns: Iterable[Turn], reading: Reading, context: ExtractC
     """The chunks of a transcript's ``turns``: windows of whole turns (``turn_windows``), each a ``Chunk`` of kind
     ``KIND`` whose lines are the JSONL lines of its first and last turn; a turn alone over the token budget is cut
     into pieces of the same lines. The budget leaves room for the context (``window_context``)."""
-    turns = list(turns)
+    return windowed(list(turns), reading, context, size, overlap)[0]
+
+
+def windowed(turns: list[Turn], reading: Reading, context: ExtractContext, size: int | None = None,
+             overlap: int | None = None) -> tuple[list[Chunk], int, int]:
+    """``transcript_chunks`` of ``turns`` and where its last window (the open one, which a turn appended later may
+    still extend) starts: ``(chunks, index of its first turn in turns, index of its first chunk in chunks)``
+    (``(0, 0)`` for no turns). ``turn_windows`` is a greedy pass forward in which only the last window reaches the
+    end of the turns, so every window before it stays as it is when turns are appended: windowing again from the
+    open window's first turn gives the windows a pass over all the turns gives (``indexer.tailing``)."""
     if not turns:
-        return []
+        return [], 0, 0
     size = WINDOW_TURNS if size is None else size
     overlap = OVERLAP_TURNS if overlap is None else overlap
     budget = max(16, context.max_tokens - 48)  # the context: a date in words, a time and a few names
     tokens = [len(context.token_offsets(t.shown())) for t in turns]
     out: list[Chunk] = []
+    open_turn = open_chunk = 0
     for first, last in turn_windows(tokens, budget, size, overlap):
+        open_turn, open_chunk = first, len(out)
         window = turns[first : last + 1]
         ctx, speakers = window_context(window)
         time = next((t.time for t in window if t.time is not None), None)
@@ -180,15 +200,18 @@ def transcript_chunks(turns: Iterable[Turn], reading: Reading, context: ExtractC
             shown = window[0].shown()
             texts = _cut(shown, context.token_offsets(shown), budget)
         out.extend(Chunk(text, window[0].line, window[-1].line, kind=KIND, meta=meta, context=ctx) for text in texts)
-    return out
+    return out, open_turn, open_chunk
 
 
-def extract(info: FileInfo, fmt: TranscriptFormat, workspace: Workspace, context: ExtractContext) -> list[Chunk]:
+def extract(info: FileInfo, fmt: TranscriptFormat, workspace: Workspace, context: ExtractContext,
+            redact: Callable[[str], str] | None = None) -> list[Chunk]:
     """The chunks of transcript ``info`` (opened through its opener, read streamed) under ``workspace``'s settings
-    (``sessions_tool_results``, ``sessions_tool_result_chars``). The session id is the file name's stem when no
-    record names one. Raises ``ExtractError`` when the file cannot be read."""
+    (``sessions_tool_results``, ``sessions_tool_result_chars``), each message's text through ``redact``. The session
+    id is the file name's stem when no record names one. Raises ``ExtractError`` when the file cannot be read."""
     reading = Reading(roles=ROLES + (("tool",) if workspace.sessions_tool_results else ()),
                       tool_chars=workspace.sessions_tool_result_chars)
+    if redact is not None:
+        reading.redact = redact
     try:
         with info.open() as handle:
             turns = list(read_turns(handle, fmt, reading))
@@ -199,20 +222,16 @@ def extract(info: FileInfo, fmt: TranscriptFormat, workspace: Workspace, context
     return transcript_chunks(turns, reading, context)
 
 
-def passes_out(text: str) -> str:
-    """The one spot where text rendered from a transcript (``render_page``, what ``get`` shows) leaves this module:
-    a filter over what is shown, such as secret redaction, goes here. Today it returns ``text`` as it is."""
-    return text
-
-
 def render_page(handle: IO[bytes], fmt: TranscriptFormat, from_line: int, lines: int | None, max_chars: int,
-                tool_results: bool = True) -> tuple[list[str], int, bool]:
+                tool_results: bool = True, redact: Callable[[str], str] | None = None) -> tuple[list[str], int, bool]:
     """A page of a transcript for ``get``: its turns from JSONL line ``from_line`` on, each whole and readable
     (``L12 [2023-05-08 13:57] Caroline (user): text``), over at most ``lines`` JSONL lines and ``max_chars``
     characters. Returns ``(rendered lines, last JSONL line covered, truncated)``. Tool results are shown (cut to
-    400 characters) unless ``tool_results`` is false; thinking and tool calls never. Every rendered line goes
-    through ``passes_out``."""
+    400 characters) unless ``tool_results`` is false; thinking and tool calls never. Each message's text goes
+    through ``redact`` (``indexer.redact.Redactor.redact``) as when it is indexed."""
     reading = Reading(roles=ROLES + (("tool",) if tool_results else ()))
+    if redact is not None:
+        reading.redact = redact
     if from_line > 1:  # skipping lines is cheap: no JSON is parsed before from_line
         for number, _ in enumerate(handle, 1):
             if number >= from_line - 1:
@@ -222,7 +241,7 @@ def render_page(handle: IO[bytes], fmt: TranscriptFormat, from_line: int, lines:
     for turn in read_turns(handle, fmt, reading, start_line=from_line):
         if lines is not None and turn.line - from_line >= lines:
             return out, last, True
-        shown = passes_out(f"L{turn.line} [{_when(turn.time)}] {turn.speaker} ({turn.role}): {turn.text}")
+        shown = f"L{turn.line} [{_when(turn.time)}] {turn.speaker} ({turn.role}): {turn.text}"
         if out and used + len(shown) + 1 > max_chars:
             return out, last, True
         out.append(shown[:max_chars])

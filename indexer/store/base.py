@@ -59,6 +59,8 @@ class Dialect:
             must.append(m.FieldCondition(key="mtime_ns", range=self.range(gte=float(f.since_ns))))
         if f.until_ns is not None:
             must.append(m.FieldCondition(key="mtime_ns", range=self.range(lt=float(f.until_ns))))
+        if f.chunk_index is not None:
+            must.append(m.FieldCondition(key="chunk_index", match=m.MatchValue(value=f.chunk_index)))
         must_not = [self.match("file_hash", f.except_hash)] if f.except_hash is not None else None
         if not must and not must_not:
             return None
@@ -80,13 +82,15 @@ class Dialect:
 
 
 def file_states(payloads: Iterator[Mapping[str, Any]]) -> dict[str, FileState]:
-    """``abs_path -> FileState`` from the ``STATE_FIELDS`` of every point of a collection."""
+    """``abs_path -> FileState`` from the ``STATE_FIELDS`` (and ``chunk_index``) of every point of a collection;
+    a file's state is its chunk 0's where it has one (a transcript's tail rewrites chunk 0 with the file's new state
+    and leaves its other points as they were, ``indexer.sync``)."""
     seen: dict[str, tuple[set[str], int, Payload]] = {}
     for raw in payloads:
         p = Payload.from_payload(raw)
         hashes, n, first = seen.get(p.abs_path, (set(), 0, p))
         hashes.add(p.file_hash)
-        seen[p.abs_path] = (hashes, n + 1, first)
+        seen[p.abs_path] = (hashes, n + 1, p if p.chunk_index == 0 and "chunk_index" in raw else first)
     return {path: FileState(first.file_hash, first.size_bytes, first.mtime_ns, n,
                             len(hashes) == 1 and n == first.chunk_count,
                             first.ctime_ns, first.inode, first.device)
@@ -223,6 +227,22 @@ class Store:
                 self._upsert(physical, points)
             self._delete(physical, Filter(abs_path=abs_path, except_hash=file_hash))
 
+    def begin_file(self, name: str, abs_path: str) -> None:
+        """Delete the chunk 0 of ``abs_path`` in ``name`` (the point that carries the file's state), before a file
+        too big for one write is written in slices (``indexer.sync``): until its new chunk 0 comes last (with
+        ``replace_file``), the file reads as incomplete (no chunk 0: ``file_states``), so a crash midway is
+        re-indexed at the next start, and searches meanwhile see its other points."""
+        with self._lock:
+            self._delete(self._target(name), Filter(abs_path=abs_path, chunk_index=0))
+
+    def trim_file(self, name: str, abs_path: str, keep: int, had: int) -> None:
+        """Delete the points of ``abs_path`` in ``name`` of chunk indexes ``keep`` to ``had - 1`` (a transcript
+        whose tail was written over and now ends sooner, ``indexer.sync``)."""
+        with self._lock:
+            physical = self._target(name)
+            for index in range(max(keep, 0), had):
+                self._delete(physical, Filter(abs_path=abs_path, chunk_index=index))
+
     def delete_file(self, name: str, abs_path: str) -> None:
         """Remove every point of ``abs_path`` from ``name``."""
         with self._lock:
@@ -231,7 +251,7 @@ class Store:
     def file_states(self, name: str) -> dict[str, FileState]:
         """``abs_path -> FileState`` for every file with points in ``name`` (one scroll over the payloads)."""
         with self._lock:
-            return file_states(self._scroll(self._target(name), list(STATE_FIELDS)))
+            return file_states(self._scroll(self._target(name), [*STATE_FIELDS, "chunk_index"]))
 
     def search(self, name: str, query: Query, with_payload: bool = True) -> dict[str, list[Hit]]:
         """Run ``query`` on ``name``: vector name (``"text"``, ``"image"``, ``"bm25"``) -> hits, best first.

@@ -16,9 +16,11 @@ files), in one of three ways:
   listed file has a chunk 0 whose ``chunk_count`` equals its count and the exact point count equals the sum of
   the counts: every file is then complete. Why that suffices on Edge: a file is written by ``replace_file`` as one
   upsert of all its points (one write-ahead-log record, applied whole or not at all after a crash) and then one
-  delete of its other versions, so a file is never short of points; what a crash can leave is extra points (an
-  old version's tail, points of a file without a chunk 0), which make a file's count or the total exceed what
-  the chunk 0s say. Anything else takes the exact way. Each way's cost: docs/performance.md, "Qdrant Edge".
+  delete of its other versions, so a file is never short of points; a file too big for one write
+  (``indexer.sync``) loses its chunk 0 first and gets its new one last, so while it is short of points it has no
+  chunk 0 (not listed by the checks: the exact way). What a crash can leave is extra points (an old version's
+  tail, points of a file without a chunk 0), which make a file's count or the total exceed what the chunk 0s
+  say. Anything else takes the exact way. Each way's cost: docs/performance.md, "Qdrant Edge".
 - Exact (otherwise): Qdrant's exact facet counts of ``abs_path`` (points per file) and of ``file_hash`` (points per
   content hash). A file is ``complete`` when its points number its chunk 0's ``chunk_count`` and the points of its
   hash add up: the points of all files whose chunk 0 has hash ``h`` equal the facet count of ``h`` (a file left with
@@ -131,7 +133,8 @@ class _ShardReader:
         flt, offset = self.dialect.filter(Filter(abs_path=abs_path)), None
         while True:
             records, offset = self.shard.scroll(self.qe.ScrollRequest(
-                offset=offset, limit=self.page, filter=flt, with_payload=list(STATE_FIELDS), with_vector=False))
+                offset=offset, limit=self.page, filter=flt, with_payload=[*STATE_FIELDS, "chunk_index"],
+                with_vector=False))
             yield from (dict(r.payload or {}) for r in records)
             if offset is None:
                 return
