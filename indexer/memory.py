@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Protocol, TypeVar
 
 from indexer.append import append_entry
+from indexer.errors import unknown_agent
 from indexer.recall import boot_context, read_memory, recall
 from indexer.report import StatusView
 from indexer.schema import (
@@ -88,13 +89,16 @@ def check_query(query: str | None) -> None:
 
 def scope_agent(plan: Plan, agent: str | None) -> str | None:
     """The agent a request is about: ``agent`` when given, else the configured ``default_agent``, else the only
-    agent. Raises ``ValueError`` (400) naming the agents when several are configured and none applies, so an
-    unscoped request never spans agents (fail closed)."""
+    agent. Raises ``KeyError`` (404) for an agent no workspace has, naming the known ones, and ``ValueError`` (400)
+    naming the agents when several are configured and none applies, so an unscoped request never spans agents
+    (fail closed)."""
+    agents = plan.agents()
     if agent:
+        if agent not in agents:
+            raise KeyError(unknown_agent(agent, agents))
         return agent
     if plan.settings.default_agent:
         return plan.settings.default_agent
-    agents = plan.agents()
     if len(agents) <= 1:
         return agents[0] if agents else None
     raise ValueError(f"several agents are configured ({', '.join(agents)}): name one with agent, or set "

@@ -83,7 +83,7 @@ _ERRORS = {
     403: "not a memory file of the workspace (traversal, symlink, outside path, non-text file), or permission denied",
     404: "unknown agent or collection, or a missing file",
     413: "an entry over append_max_bytes, or a file it would take over append_max_file_bytes",
-    503: "Qdrant unreachable",
+    503: "Qdrant unreachable, or the daemon cannot write the workspace (an append on a read-only file system)",
 }
 
 
@@ -155,7 +155,7 @@ def _add_memory_routes(app: FastAPI, memory: LocalMemory) -> None:
     def get(query: Annotated[GetRequest, Query()]) -> Page:
         return _answer(lambda: memory.get(query), path=query.path)
 
-    @app.post("/append", responses=_errors(400, 403, 404, 413))
+    @app.post("/append", responses=_errors(400, 403, 404, 413, 503))
     def append(body: AppendRequest) -> AppendResponse:
         """Append ``text`` to ``path`` (default: today's daily note), on workspaces with ``append = true``."""
         return _answer(lambda: memory.append(body), path=body.path)
