@@ -42,6 +42,9 @@ from qmd_indexer_image.sniff import image_format
 SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif"})
 HEIF_SUFFIXES = frozenset({".heic", ".heif"})
 KIND = "image"
+#: the keys of ``[plugin.image]``, read by both objects (another key is a config error naming the closest)
+CONFIG_KEYS = frozenset({"max_pixels", "ocr", "ocr_languages", "ocr_min_confidence", "ocr_max_pixels",
+                         "ocr_timeout_s", "ocr_cache", "state_dir"})
 
 log = structlog.get_logger("qmd_indexer.image")
 
@@ -56,6 +59,7 @@ class ImageClassifier:
     mislabelled or corrupt file by name instead of it vanishing silently."""
 
     priority = 100
+    config_keys = CONFIG_KEYS
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.suffixes = suffixes()
@@ -93,6 +97,7 @@ class ImageExtractor:
     kinds = frozenset({KIND})
     media = True  # indexed only where a workspace's multimodal settings allow "image"
     hit_fields = ("width", "height", "format", "source", "box")
+    config_keys = CONFIG_KEYS
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})
