@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from indexer import api, testing
+from indexer import __version__, api, testing
 from indexer.api import GROUPS
 from indexer.config import load_settings
 from indexer.contract import CONTRACT, DEFAULTS, PROTOCOLS, TEXT_EMBEDDER, check_contract
@@ -412,9 +412,9 @@ def test_plugins_command_lists_rerankers_and_loads_the_configured_one(tmp_path: 
     assert run.returncode == 0, run.stderr
     records = {r["name"]: r for r in json.loads(run.stdout) if r["group"] == RRK}
     assert records == {
-        "cross-encoder": {"group": RRK, "name": "cross-encoder", "distribution": "qmd-indexer", "version": "0.1.0",
+        "cross-encoder": {"group": RRK, "name": "cross-encoder", "distribution": "qmd-indexer", "version": __version__,
                           "provides": [], "status": "unused", "reason": "rerank is off: reranker not set"},
-        "http": {"group": RRK, "name": "http", "distribution": "qmd-indexer", "version": "0.1.0",
+        "http": {"group": RRK, "name": "http", "distribution": "qmd-indexer", "version": __version__,
                  "provides": [], "status": "unused", "reason": "rerank is off: reranker not set"},
         "fake-rerank": {"group": RRK, "name": "fake-rerank", "distribution": "qmd-fake-plugins", "version": "1.2.3",
                         "provides": [], "status": "unused", "reason": "rerank is off: reranker not set"},
