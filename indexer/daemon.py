@@ -49,7 +49,7 @@ from indexer.rebuild import (
     recorded_identities,
 )
 from indexer.report import StatusView
-from indexer.state import Indexed, IndexState, Plan
+from indexer.state import NO_DRIFT, Indexed, IndexState, Plan
 from indexer.store import ServerOptions, Store, open_store
 from indexer.sync import Pace, Sync
 from indexer.watcher import Settler
@@ -229,7 +229,7 @@ class Indexer:
                 log.warning("reconcile_drift", **drift, reason=reason,
                             hint="the watcher missed these; indexing them now")
         elif reconcile:  # the start's scan compares disk and index too; what changed while down is not drift
-            state.record_reconcile(dict.fromkeys(("not_indexed", "gone", "changed"), 0), "start")
+            state.record_reconcile(NO_DRIFT, "start")
         for abs_path in [p for p in indexed if p not in on_disk]:
             self.sync.remove(abs_path, reason="gone")
         state.ledger.keep_only(on_disk | {str(s.path) for s in skips})  # gone, or no longer a candidate
