@@ -162,7 +162,7 @@ def _add_memory_routes(app: FastAPI, memory: LocalMemory) -> None:
     def get(query: Annotated[GetRequest, Query()]) -> Page:
         return _answer(lambda: memory.get(query), path=query.path)
 
-    @app.get("/media", responses=_errors(403, 404), response_class=Response)
+    @app.get("/media", include_in_schema=False)  # bytes, not JSON (as /metrics): not in /openapi.json
     def media(path: str, agent: str | None = None) -> Response:
         """The bytes of a picture among the agent's memory files (a media file a plugin indexed: PNG, JPEG, GIF or
         WebP), read beneath the workspace, for the web page to show beside the text it was read to."""
