@@ -57,7 +57,7 @@ infinity: ## install the infinity-emb server the endpoint tests start, in its ow
 
 demo: install-lean ## index a copy of the shipped demo workspace ($(STATE)/workspace: edits and appends stay out of the checkout) and serve searches on 127.0.0.1:$(PORT)
 	@mkdir -p $(STATE) && [ -d $(STATE)/workspace ] || cp -R deploy/demo-workspace $(STATE)/workspace
-	HF_HUB_OFFLINE=1 $(BIN)/qmd-indexer run --workspace $(STATE)/workspace --agent demo --state-dir $(STATE) --port $(PORT)
+	HF_HUB_OFFLINE=1 $(BIN)/qmd-indexer run --workspace $(STATE)/workspace --agent demo --append --state-dir $(STATE) --port $(PORT)
 
 lint: install ## ruff on the whole repository, mypy on the package (settings in pyproject.toml)
 	$(BIN)/ruff check .

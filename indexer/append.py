@@ -26,6 +26,10 @@ Rules, checked before anything is written (a refused call writes nothing, not ev
 - **Line range**: after the write the descriptor's offset (``lseek``; its own, whatever others appended since)
   says where the entry landed; the line breaks before it (``\\n``, ``\\r\\n``, lone ``\\r``: the line model of
   ``indexer.chunking.line_spans``, as hits and ``get`` count) give its first line.
+- **Writable**: a file system the daemon may not write (systemd's ``ProtectHome=read-only`` without
+  ``ReadWritePaths=``, a read-only mount) or missing permission is the server's state, not the request's fault:
+  ``AppendUnavailable`` (503) saying why and what to change; ``append_state`` says the same ahead of any call
+  (``/health``'s ``append``).
 - **Logs** name the agent, path, bytes and lines, never the text.
 """
 
@@ -42,7 +46,7 @@ from zoneinfo import ZoneInfo
 import structlog
 
 from indexer.config import Settings, Workspace
-from indexer.errors import AppendRefused, EntryTooLarge
+from indexer.errors import AppendRefused, AppendUnavailable, EntryTooLarge
 from indexer.safeio import UnsafePath, open_append
 from indexer.schema import AppendRequest, AppendResponse
 from indexer.workspace import MEMORY_DIR, REPAIR_DIR, Collection, route
@@ -55,6 +59,41 @@ NAME_MAX = 255  # bytes of one path component (Linux, most file systems)
 #: what the refusal says for each ``UnsafePath`` reason of ``indexer.safeio.open_append``
 _UNSAFE = {"symlink": "symlink", "not_directory": "not a directory", "not_regular_file": "not a regular file",
            "hard_link": "hard link", "outside": "outside", "changing": "a folder on the way keeps changing"}
+
+
+#: errno values that mean the daemon may not write the workspace at all (not this request's fault)
+_NOT_WRITABLE = {errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+                 errno.EPERM: "operation not permitted"}
+#: how to let the daemon write, said with each of those refusals
+_HOW_TO_WRITE = ("appends need the memory/ folder writable by the daemon: under the shipped systemd unit "
+                 "(ProtectHome=read-only) add ReadWritePaths=<workspace>/memory in a drop-in "
+                 "(docs/operations.md, \"Appends under systemd\")")
+
+
+def append_state(workspace: Workspace) -> str:
+    """Whether ``workspace`` takes appends now: ``"off"`` (``append`` not set), ``"on"``, or ``"unavailable:
+    <why>"`` when the daemon cannot write its ``memory/`` folder (the workspace itself while it has none): a
+    read-only file system (``statvfs``'s ``ST_RDONLY``, as a read-only bind mount or systemd's ``ProtectHome`` gives)
+    or no write permission for the daemon's user (``os.access``). Two system calls; reads nothing."""
+    if not workspace.append:
+        return "off"
+    folder = workspace.path / MEMORY_DIR
+    target = folder if folder.is_dir() else workspace.path
+    try:
+        if os.statvfs(target).f_flag & os.ST_RDONLY:
+            return "unavailable: read-only file system"
+        if not os.access(target, os.W_OK | os.X_OK):
+            return "unavailable: permission denied"
+    except OSError as exc:
+        return f"unavailable: {exc.strerror or exc}"
+    return "on"
+
+
+def _unavailable(exc: OSError, rel: str) -> OSError | AppendUnavailable:
+    """``exc`` as ``AppendUnavailable`` when it says the daemon may not write there (``_NOT_WRITABLE``), else
+    ``exc``."""
+    why = _NOT_WRITABLE.get(exc.errno or 0)
+    return AppendUnavailable(f"cannot write {rel}: {why}; {_HOW_TO_WRITE}") if why else exc
 
 
 def daily_note(workspace: Workspace, now: datetime | None = None) -> str:
@@ -120,7 +159,8 @@ def append_entry(collections: Sequence[Collection], settings: Settings, request:
     Returns ``{"agent", "path", "from", "to", "citation", "bytes"}``: the workspace-relative path, the entry's
     first and last line (1-based, inclusive), ``path#Lfrom-Lto``, and the bytes written (separator included).
     Raises ``KeyError`` (unknown agent, 404), ``AppendRefused`` (403), ``EntryTooLarge`` (413), ``ValueError``
-    (empty text, NUL byte, malformed path: 400), ``PermissionError`` and other ``OSError`` from the file system.
+    (empty text, NUL byte, malformed path: 400), ``AppendUnavailable`` (503: a read-only file system, no write
+    permission) and other ``OSError`` from the file system.
     """
     text, path, agent = request.text, request.path, request.agent
     chosen = [c for c in collections if c.agent == agent]
@@ -149,11 +189,15 @@ def append_entry(collections: Sequence[Collection], settings: Settings, request:
             fd = open_append(workspace.path, rel)
         except UnsafePath as exc:
             raise AppendRefused(f"{rel}: refused ({_UNSAFE.get(exc.reason, exc.reason)})") from None
-    except (AppendRefused, EntryTooLarge, ValueError, OSError) as exc:
+        except OSError as exc:
+            raise _unavailable(exc, rel) from None
+    except (AppendRefused, EntryTooLarge, ValueError, OSError, AppendUnavailable) as exc:
         log.warning("append_refused", agent=agent, path=asked, reason=type(exc).__name__, detail=str(exc))
         raise
     try:
         first, written = _write_entry(fd, body.encode("utf-8"), file_cap, rel, agent)
+    except OSError as exc:
+        raise _unavailable(exc, rel) from None
     finally:
         os.close(fd)
     last = first + body.count("\n") - 1

@@ -353,31 +353,42 @@ def reindex(config: Path | None, port: int | None) -> None:
 
 
 @main.command("mcp")
+@click.option("--agent", help="Serve this agent's memory only: the tools take no agent argument and every call is "
+                              "made for it (a multi-agent daemon) [default: each call may name one].")
 @config_opt
 @port_opt
-def mcp_(config: Path | None, port: int | None) -> None:
+def mcp_(agent: str | None, config: Path | None, port: int | None) -> None:
     """Serve the memory tools to an MCP client (an AI agent) over stdio.
 
     \b
     Tools: memory_search, memory_get, memory_recall, memory_boot, memory_status;
-    memory_append too when a workspace of the config has append = true.
+    memory_append too when the daemon takes appends (a workspace with append = true;
+    asked at start, else read from the config).
     They ask the running daemon (`qmd-indexer run`) on --port; this process never
     opens the store or loads the model, so it starts in about a second. With no
     daemon answering, each tool call returns an error saying how to start one.
     Logs go to stderr; stdout carries the protocol. The daemon also serves the
     same tools over streamable HTTP at http://127.0.0.1:PORT/mcp.
+    Exit 2: --agent names an agent the daemon does not have.
 
     \b
     Example MCP client config (stdio):
       {"mcpServers": {"memory": {"command": "qmd-indexer", "args": ["mcp", "--port", "8743"]}}}
+      ... "args": ["mcp", "--port", "8743", "--agent", "alice"]   (one agent of several)
     """
     settings = settings_from(config, None, None, None, port)
     configure_logging(settings.log_format, settings.log_level)
     from indexer.client import RemoteMemory
-    from indexer.mcp import build_server, serve_stdio
+    from indexer.mcp import build_server, daemon_appends, serve_stdio
 
-    writes = any(ws.append for ws in settings.workspace)  # memory_append is listed where the config allows it
-    serve_stdio(build_server(RemoteMemory(_client(config, settings.port)), append=writes))
+    client = _client(config, settings.port)
+    try:
+        writes = daemon_appends(client, agent)  # what the daemon offers, when one answers
+    except KeyError as exc:
+        fail(str(exc.args[0]), EXIT_USAGE)
+    if writes is None:  # no daemon yet: what the config allows
+        writes = any(ws.append for ws in settings.workspace if agent in (None, ws.agent))
+    serve_stdio(build_server(RemoteMemory(client), append=writes, agent=agent))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -31,18 +31,20 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
 
 def settings_from(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
                   port: int | None, qdrant_url: str | None = None, extra: tuple[Path, ...] = (),
-                  host: str | None = None) -> Any:
+                  host: str | None = None, append: bool = False) -> Any:
     """``load_settings(config, overrides)`` with the flags as overrides (``None``: not given); ``--workspace``
-    replaces the config's workspaces with one. Exits 2 (``fail``) on a config error or ``--agent``/``--extra-path``
-    without ``--workspace``."""
+    replaces the config's workspaces with one (taking appends with ``append``). Exits 2 (``fail``) on a config error
+    or ``--agent``/``--extra-path``/``--append`` without ``--workspace``."""
     from indexer.config import load_settings
     from indexer.errors import ConfigError
 
     overrides: dict[str, Any] = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url, "host": host}
     if workspace is not None:
-        overrides["workspace"] = [{"agent": agent or "main", "path": workspace, "extra_paths": list(extra)}]
-    elif agent is not None or extra:
-        fail("--agent and --extra-path need --workspace (or a config file with [[workspace]] tables)", EXIT_USAGE)
+        overrides["workspace"] = [{"agent": agent or "main", "path": workspace, "extra_paths": list(extra),
+                                   "append": append}]
+    elif agent is not None or extra or append:
+        fail("--agent, --extra-path and --append need --workspace (in a config file: the [[workspace]] table's "
+             "agent, extra_paths and append = true)", EXIT_USAGE)
     try:
         return load_settings(config, overrides)
     except ConfigError as exc:
@@ -90,8 +92,10 @@ def workspace_opts(fn: F) -> F:
 @click.option("--host", help="Address to listen on [default 127.0.0.1]; any other needs a token (README: Security).")
 @click.option("--reindex", is_flag=True,
               help="Rebuild the collections beside the live ones and swap them in (after a model change).")
+@click.option("--append", is_flag=True, help="Let the agent of --workspace append to its memory/ (memory_append, "
+              "`qmd-indexer append`); in a config file: append = true on its [[workspace]].")
 def run(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None, qdrant_url: str | None,
-        extra: tuple[Path, ...], port: int | None, host: str | None, reindex: bool) -> None:
+        extra: tuple[Path, ...], port: int | None, host: str | None, reindex: bool, append: bool) -> None:
     """Run the daemon: index the workspaces, keep watching them, serve searches.
 
     \b
@@ -101,14 +105,14 @@ def run(config: Path | None, workspace: Path | None, agent: str | None, state_di
 
     \b
     Examples:
-      qmd-indexer run --workspace ~/agent --agent main
+      qmd-indexer run --workspace ~/agent --agent main --append
       qmd-indexer run --config /etc/qmd-indexer/config.toml
     """
     private_files()
     from indexer.service import serve
     from indexer.terminal import progress_bar
 
-    settings = settings_from(config, workspace, agent, state_dir, port, qdrant_url, extra, host)
+    settings = settings_from(config, workspace, agent, state_dir, port, qdrant_url, extra, host, append)
     need_workspaces(settings)
     from indexer.errors import ConfigError
     from indexer.guard import check_bind

@@ -43,13 +43,13 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from indexer.errors import ConfigError
+from indexer.errors import ConfigError, did_you_mean, unknown_agent
 
 ENV_PREFIX = "QMD_INDEXER_"
 MIB = 1024 * 1024
@@ -294,12 +294,33 @@ class Settings(BaseSettings):
         return (env_settings, init_settings)
 
 
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the table at ``loc`` (a validation error's location, less its last part) takes: ``Settings``'
+    fields at the top, a ``[[workspace]]``'s, ``bm25``'s..."""
+    model: Any = Settings
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return []
+        model = next((a for a in (field.annotation, *get_args(field.annotation))
+                      if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
 def _format_error(error: ValidationError, origin: str) -> str:
+    """One line for ``error``: where the value came from (``origin``, or the environment variable that set it), the
+    key, and what is wrong; an unknown key names the closest known one."""
     first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    loc = tuple(first["loc"])
+    key = ".".join(str(part) for part in loc) or "(top level)"
     message = first["msg"]
     if first["type"] == "extra_forbidden":
-        message = "unknown key"
+        message = "unknown key" + did_you_mean(str(loc[-1]), _keys_at(loc[:-1]))
+    variable = ENV_PREFIX + str(loc[0]).upper() if loc else ""
+    if variable and any(name.upper() == variable for name in os.environ):  # the environment beats the file
+        origin = f"{variable} (environment)"
     more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
     return f"{origin}: {key}: {message}{more}"
 
@@ -411,7 +432,7 @@ def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | N
                               f"each agent needs a workspace of its own (one agent's memory is never another's)")
         paths[ws.path] = ws.agent
     if settings.default_agent and settings.workspace and settings.default_agent not in agents:
-        raise ConfigError(f"{origin}: default_agent: {settings.default_agent!r} is not a configured agent {agents}")
+        raise ConfigError(f"{origin}: default_agent: {unknown_agent(settings.default_agent, agents)}")
     if settings.token and len(settings.token) < MIN_TOKEN_CHARS:
         raise ConfigError(f"{origin}: token: must be at least {MIN_TOKEN_CHARS} characters "
                           f"(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")

@@ -41,7 +41,7 @@ from indexer.plugins import Registry, load_registry, plugin_configs
 from indexer.rebuild import attest, check_identity, hold_state_lock, rebuild_beside
 from indexer.rename import placed
 from indexer.report import StatusView
-from indexer.state import Indexed, IndexState, Plan
+from indexer.state import NO_DRIFT, Indexed, IndexState, Plan
 from indexer.store import Store, open_store
 from indexer.store.layout import for_daemon
 from indexer.sync import Pace, Sync
@@ -193,6 +193,7 @@ class Indexer:
         ready, a scan is a reconcile, for ``reason`` (``periodic``, ``queue_overflow``...), unless ``reconcile`` is
         false (after a config reload): it records as drift what it found the watcher had missed (files not indexed,
         indexed files gone, files changed since indexed; a path still pending behind the debounce is not missed).
+        The scan before ready is recorded as the first reconcile (reason ``start``), with no drift.
         Files indexed whole whose ``lstat`` is what they were indexed at are not returned. Raises
         ``StoreUnavailable`` when a delete found the store so."""
         started, state = time.monotonic(), self.state
@@ -212,6 +213,8 @@ class Indexer:
             if any(drift.values()):
                 log.warning("reconcile_drift", **drift, reason=reason,
                             hint="the watcher missed these; indexing them now")
+        elif reconcile:  # the start's scan compares disk and index too; what changed while down is not drift
+            state.record_reconcile(NO_DRIFT, "start")
         for abs_path in [p for p in indexed if p not in on_disk]:
             self.sync.remove(abs_path, reason="gone")
         state.ledger.keep_only(on_disk | {str(s.path) for s in skips})  # gone, or no longer a candidate

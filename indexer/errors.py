@@ -16,10 +16,14 @@
     │                        the file is marked failed (bad_vectors) and keeps its old points; nothing is cached
     ├── ReadRefused          a paged read asked for a path that is not a memory file of that workspace
     │   └── AppendRefused    an append is not allowed there (append off, not a markdown file under memory/)
-    └── EntryTooLarge        an append's entry is over append_max_bytes, or would take its file over its cap
+    ├── EntryTooLarge        an append's entry is over append_max_bytes, or would take its file over its cap
+    └── AppendUnavailable    the daemon cannot write the workspace (read-only file system, no permission): 503
 """
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Collection
 
 # exit statuses of the command line and of ``indexer.service.serve``: success; runtime failure (daemon or Qdrant
 # unreachable, collection mismatch); usage or configuration error; ``index --once`` finished but some files failed
@@ -107,11 +111,17 @@ class EntryTooLarge(QmdError):
     """The entry is over ``append_max_bytes``, or would take the file over its cap. 413."""
 
 
+class AppendUnavailable(QmdError):
+    """The workspace allows appends but the daemon cannot write there: its file system is read-only for the daemon
+    (systemd's ``ProtectHome=read-only`` without ``ReadWritePaths=``, a read-only mount) or its user lacks write
+    permission. The server's state, not the request's fault: 503, the message says why and what to change."""
+
+
 def error_answer(exc: BaseException) -> tuple[int, str] | None:
     """``(HTTP status, message)`` for an error the daemon raises on purpose while answering, else ``None``:
     ``ReadRefused`` (``AppendRefused`` too) and ``PermissionError`` 403; ``KeyError`` (unknown agent or collection)
     and ``FileNotFoundError`` 404; ``EntryTooLarge`` 413; ``ValueError`` and other ``OSError`` 400;
-    ``StoreUnavailable`` 503."""
+    ``StoreUnavailable`` and ``AppendUnavailable`` 503."""
     if isinstance(exc, EntryTooLarge):
         return 413, str(exc)
     if isinstance(exc, ReadRefused):
@@ -124,8 +134,21 @@ def error_answer(exc: BaseException) -> tuple[int, str] | None:
         return 403, "permission denied"
     if isinstance(exc, ValueError):
         return 400, str(exc)
-    if isinstance(exc, StoreUnavailable):
+    if isinstance(exc, (StoreUnavailable, AppendUnavailable)):
         return 503, str(exc)
     if isinstance(exc, OSError):  # a name too long, a directory given as a file...: the request's fault
         return 400, f"cannot read {exc.filename or 'the file'}: {exc.strerror or exc}"
     return None
+
+
+def did_you_mean(name: str, known: Collection[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``known`` to a mistyped ``name`` (``difflib``, ratio >= 0.6),
+    else ``""``: the tail of a refusal that names what to fix."""
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_agent(agent: str, known: Collection[str]) -> str:
+    """The refusal of an agent no workspace has: ``unknown agent 'x' (did you mean 'y'?); the agents are a, b``."""
+    agents = ", ".join(sorted(known)) or "none (no workspace is configured)"
+    return f"unknown agent {agent!r}{did_you_mean(agent, known)}; the agents are {agents}"

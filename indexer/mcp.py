@@ -26,10 +26,14 @@ added to a request is a tool argument too; the tool builds the model and calls t
 does not have is refused, as the HTTP API refuses it (422): the call returns ``is_error`` naming it.
 
 ``memory_append`` is the one tool that writes, and it is listed only when the server is built with ``append=True``:
-the daemon's ``/mcp`` when a workspace of its config has ``append = true``; ``qmd-indexer mcp`` when the config it
-reads (the same file, normally) says so. An agent that may not write never sees a write tool. Listed, it is still
-the daemon that decides per workspace and per call (a workspace without ``append``, or turned off by a reload, is
-refused with an error saying how to enable it).
+the daemon's ``/mcp`` when a workspace of its config has ``append = true``; ``qmd-indexer mcp`` when the daemon says
+so (``/health``'s ``append``, read once at start: ``daemon_appends``), or, with no daemon answering then, the config
+it reads. An agent that may not write never sees a write tool. Listed, it is still the daemon that decides per
+workspace and per call (a workspace without ``append``, or turned off by a reload, is refused with an error saying
+how to enable it; one the daemon cannot write answers why).
+
+``agent`` (``qmd-indexer mcp --agent ID``) scopes every tool to one agent of a multi-agent daemon: the tools no
+longer take ``agent`` as an argument, and every call is made for that agent.
 
 Errors the model should read (unknown agent or collection, path refused, missing file, bad value, daemon or Qdrant
 unavailable) are raised as the SDK's ``ToolError``: the call returns ``is_error`` with the message as text.
@@ -66,7 +70,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from indexer import __version__
 from indexer.client import Client, ClientError, RemoteMemory
-from indexer.errors import error_answer
+from indexer.errors import error_answer, unknown_agent
 from indexer.schema import (
     AppendRequest,
     AppendResponse,
@@ -187,20 +191,22 @@ def request_parameters(model: type[Request], exclude: Collection[str] = ()) -> l
             for name, field in model.model_fields.items() if name not in exclude]
 
 
-def build_tool(memory: Memory, spec: ToolSpec) -> Tool:
+def build_tool(memory: Memory, spec: ToolSpec, agent: str | None = None) -> Tool:
     """The SDK ``Tool`` of ``spec`` over ``memory``: arguments from its request model, the operation called with
     the model built from them, any other argument refused (its arguments model forbids extra keys, and its
-    published input schema says ``additionalProperties: false``)."""
+    published input schema says ``additionalProperties: false``). With ``agent``, the request's ``agent`` is that
+    one and not an argument."""
     from mcp.server.mcpserver.tools import Tool
     from mcp.types import ToolAnnotations
 
     call = getattr(memory, spec.operation)
     model = spec.request
+    fixed = {"agent": agent} if agent is not None and model is not None and "agent" in model.model_fields else {}
 
     def run(**arguments: Any) -> Any:
-        return _ask(lambda: call(model(**arguments)) if model is not None else call())
+        return _ask(lambda: call(model(**arguments, **fixed)) if model is not None else call())
 
-    params = request_parameters(model, spec.exclude) if model is not None else []
+    params = request_parameters(model, spec.exclude | fixed.keys()) if model is not None else []
     tool_fn: Any = run  # a function object takes the attributes inspect reads
     tool_fn.__name__ = spec.name
     tool_fn.__signature__ = inspect.Signature(params, return_annotation=spec.answer)
@@ -216,18 +222,33 @@ def build_tool(memory: Memory, spec: ToolSpec) -> Tool:
                                    "parameters": {**tool.parameters, "additionalProperties": False}})
 
 
-def build_server(memory: Memory | Client, append: bool = False) -> MCPServer:
+def build_server(memory: Memory | Client, append: bool = False, agent: str | None = None) -> MCPServer:
     """An ``MCPServer`` named ``qmd-indexer`` with the memory tools of ``TOOLS`` over ``memory`` (a ``Client`` is
-    asked through ``RemoteMemory``), ``memory_append`` only when ``append``. Serve it with ``serve_stdio`` or over
-    HTTP with ``McpEndpoint``."""
+    asked through ``RemoteMemory``), ``memory_append`` only when ``append``, each scoped to ``agent`` when given
+    (see the module). Serve it with ``serve_stdio`` or over HTTP with ``McpEndpoint``."""
     from mcp.server.mcpserver import MCPServer
 
     if isinstance(memory, Client):
         memory = RemoteMemory(memory)
 
-    tools = [build_tool(memory, spec) for spec in TOOLS if append or not spec.writes]
+    tools = [build_tool(memory, spec, agent) for spec in TOOLS if append or not spec.writes]
     return MCPServer("qmd-indexer", title="Agent memory (qmd-indexer)", instructions=INSTRUCTIONS,
                      version=__version__, tools=tools)
+
+
+def daemon_appends(client: Client, agent: str | None) -> bool | None:
+    """Whether the daemon behind ``client`` takes appends for ``agent`` (any agent when ``None``): its ``/health``
+    says ``append`` is not ``off`` (``on``, or unavailable now: listed, a call says why). ``None`` when no daemon
+    answers, or one too old to say. Raises ``KeyError`` naming the known agents for an agent it does not have."""
+    try:
+        states = client.health().get("append")
+    except ClientError:
+        return None
+    if states is None:
+        return None
+    if agent is not None and agent not in states:
+        raise KeyError(unknown_agent(agent, list(states)))
+    return any(state != "off" for name, state in states.items() if agent in (None, name))
 
 
 class McpEndpoint:

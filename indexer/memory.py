@@ -35,9 +35,12 @@ or collection), ``ReadRefused`` (``AppendRefused`` too), ``EntryTooLarge``, ``Fi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from indexer.append import append_entry
+from indexer.errors import ReadRefused, unknown_agent
+from indexer.media import find_media, media_page, read_picture
 from indexer.recall import boot_context, read_memory, recall
 from indexer.report import StatusView
 from indexer.schema import (
@@ -55,6 +58,7 @@ from indexer.schema import (
 from indexer.search import Searcher, join_degraded
 from indexer.state import Plan
 from indexer.status import Health, Status
+from indexer.workspace import Collection
 
 MAX_QUERY_CHARS = 10_000  # a query longer than a page of text is a mistake or an attack
 MAX_PAGE_CHARS = 100_000  # characters of one get page, whatever max_chars asks
@@ -88,13 +92,16 @@ def check_query(query: str | None) -> None:
 
 def scope_agent(plan: Plan, agent: str | None) -> str | None:
     """The agent a request is about: ``agent`` when given, else the configured ``default_agent``, else the only
-    agent. Raises ``ValueError`` (400) naming the agents when several are configured and none applies, so an
-    unscoped request never spans agents (fail closed)."""
+    agent. Raises ``KeyError`` (404) for an agent no workspace has, naming the known ones, and ``ValueError`` (400)
+    naming the agents when several are configured and none applies, so an unscoped request never spans agents
+    (fail closed)."""
+    agents = plan.agents()
     if agent:
+        if agent not in agents:
+            raise KeyError(unknown_agent(agent, agents))
         return agent
     if plan.settings.default_agent:
         return plan.settings.default_agent
-    agents = plan.agents()
     if len(agents) <= 1:
         return agents[0] if agents else None
     raise ValueError(f"several agents are configured ({', '.join(agents)}): name one with agent, or set "
@@ -162,9 +169,34 @@ class LocalMemory:
         ``max_chars`` and ``lines`` ask (a bigger ask gets a capped page, ``truncated`` with ``next_from``)."""
         scoped = self.scoped(request)
         lines = min(scoped.lines, MAX_PAGE_LINES) if scoped.lines is not None else MAX_PAGE_LINES
-        return read_memory(self.view.plan.collections, scoped.path, scoped.from_line, lines,
-                           min(scoped.max_chars, MAX_PAGE_CHARS), scoped.agent, self.view.registry.classify_text,
-                           self.view.registry.transcript_format, self.view.plan.settings)
+        max_chars = min(scoped.max_chars, MAX_PAGE_CHARS)
+        try:
+            return read_memory(self.view.plan.collections, scoped.path, scoped.from_line, lines, max_chars,
+                               scoped.agent, self.view.registry.classify_text, self.view.registry.transcript_format,
+                               self.view.plan.settings)
+        except ReadRefused:  # a media file: the text the index holds for it (a picture's OCR lines)
+            found = self._media(scoped.path, scoped.agent)
+            if found is None:
+                raise
+            collection, abs_path, kind = found
+            entry = self.view.state.indexed.get(str(abs_path))
+            return media_page(self.view.store, entry.collection if entry else collection.name, abs_path,
+                              entry.state.points if entry else 0, abs_path.relative_to(collection.workspace.path)
+                              .as_posix(), kind, scoped.from_line, lines, max_chars)
+
+    def media(self, path: str, agent: str | None) -> tuple[bytes, str]:
+        """``(bytes, media type)`` of picture ``path`` (``GET /media``): a media memory file of the scoped agent's
+        workspace, read beneath it (``indexer.media.read_picture``). Raises ``ReadRefused`` (403) for any other
+        file, ``FileNotFoundError`` (404), ``KeyError`` (unknown agent, 404)."""
+        scoped = self.scoped(GetRequest(path=path, agent=agent))
+        found = self._media(scoped.path, scoped.agent)
+        if found is None:
+            raise ReadRefused(f"{path}: not a media file")
+        return read_picture(found[0], found[1])
+
+    def _media(self, path: str, agent: str | None) -> tuple[Collection, Path, str] | None:
+        registry = self.view.registry
+        return find_media(self.view.plan.collections, path, agent, registry.classify, registry.media_kinds)
 
     def append(self, request: AppendRequest, /) -> AppendResponse:
         """``indexer.append.append_entry`` in the scoped agent's workspace (its errors, its answer); the watcher

@@ -24,7 +24,7 @@ name                                               type       what
                                                               the reranker ``failed`` or was ``over_budget``
 ``qmd_indexer_store_write_seconds``                histogram  one file's points written to the store (upsert + delete)
 ``qmd_indexer_watch_state{root,...}``              stateset   each watched root: ``native``, ``poll`` or ``dead``
-``qmd_indexer_last_reconcile_timestamp_seconds``   gauge      unix time of the last periodic rescan (absent before one)
+``qmd_indexer_last_reconcile_timestamp_seconds``   gauge      unix time of the last reconcile (from the start's scan)
 ``qmd_indexer_ready``                              gauge      1 once the first full index has finished
 ``qmd_indexer_info{version,backend,model}``        gauge      always 1; the labels say what runs
 ``process_*``                                      various    CPU, memory, open files (``ProcessCollector``)

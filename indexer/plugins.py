@@ -53,7 +53,7 @@ from indexer.contract import (
     check_contract,
     declared,
 )
-from indexer.errors import ConfigError, PluginError
+from indexer.errors import ConfigError, PluginError, did_you_mean
 
 if TYPE_CHECKING:
     from indexer.config import Settings
@@ -246,12 +246,18 @@ def _distribution(ep: EntryPoint) -> tuple[str, str]:
 
 
 def plugin_configs(settings: Settings) -> dict[str, dict[str, Any]]:
-    """Each installed or configured plugin's config table, plus ``state_dir`` (str: a folder the plugin may keep its
-    own files in, such as the audio plugin's verdict cache) unless its table sets one; the text embedder also gets
+    """Each installed plugin's config table, plus ``state_dir`` (str: a folder the plugin may keep its own files in,
+    such as the audio plugin's verdict cache) unless its table sets one; the text embedder also gets
     ``model``/``device``/``batch_size``/``precision`` from the top level and keeps exported models under
-    ``<state_dir>/models``."""
-    names = {ep.name for group in GROUPS for ep in entry_points(group=group)} | set(settings.plugin)
-    configs = {name: {"state_dir": str(settings.state_dir), **settings.plugin.get(name, {})} for name in names}
+    ``<state_dir>/models``. Raises ``ConfigError`` for a ``[plugin.<name>]`` table no installed plugin is named
+    (a typo would leave the plugin it meant unconfigured), naming the closest installed one."""
+    installed = {ep.name for group in GROUPS for ep in entry_points(group=group)}
+    unknown = sorted(set(settings.plugin) - installed)
+    if unknown:
+        name = unknown[0]
+        raise ConfigError(f"[plugin.{name}]: no installed plugin is named {name!r}{did_you_mean(name, installed)}; "
+                          f"installed: {', '.join(sorted(installed))} (see `qmd-indexer plugins`)")
+    configs = {name: {"state_dir": str(settings.state_dir), **settings.plugin.get(name, {})} for name in installed}
     base = {"model": settings.model, "device": settings.device, "batch_size": settings.batch_size,
             "precision": settings.precision, "cache_dir": str(settings.state_dir / "models")}
     configs["sentence-transformers"] = {**base, **configs.get("sentence-transformers", {})}
@@ -291,6 +297,8 @@ def load_registry(
         skipped = _skipped(ep, dist, allow, prefer, reranker)
         if skipped is not None:
             record.status, record.reason = skipped
+            if set(config.get(ep.name, {})) - {"state_dir"}:  # a table for it: a typo there shows now, not later
+                _check_keys(ep.name, _factory(ep), config[ep.name])
             continue
         same = running.get((ep.group, ep.name, dist, version))
         if same is not None:
@@ -343,6 +351,15 @@ def _load(record: PluginRecord, ep: EntryPoint, config: Mapping[str, Mapping[str
             reason=record.reason, media=list(record.media))
 
 
+def _factory(ep: EntryPoint) -> Any:
+    """``ep``'s factory, imported (not called), or ``None`` when it does not import (its table is then not checked:
+    the plugin is not used)."""
+    try:
+        return ep.load()
+    except Exception:  # third-party code: a plugin left unused must not fail the daemon
+        return None
+
+
 def _check_keys(name: str, factory: Any, table: Mapping[str, Any]) -> None:
     """Raise ``ConfigError`` naming the key and the table when ``table`` (``[plugin.<name>]``) holds a key the
     plugin does not take: its factory's ``config_keys`` (a set of names; ``state_dir`` is always allowed). A plugin
@@ -352,7 +369,8 @@ def _check_keys(name: str, factory: Any, table: Mapping[str, Any]) -> None:
         return
     unknown = sorted(set(table) - set(known) - {"state_dir"})
     if unknown:
-        raise ConfigError(f"[plugin.{name}]: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        raise ConfigError(f"[plugin.{name}]: unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)} (known: "
+                          f"{', '.join(sorted(set(known) - {'state_dir', 'cache_dir'}))})")
 
 
 def _check_names(records: list[PluginRecord], allow: set[str], prefer: Mapping[str, str]) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import structlog
 
+from indexer.append import append_state
 from indexer.bm25 import Bm25Terms
 from indexer.metrics import Metrics
 from indexer.pipeline import Pipeline, Stats
@@ -123,9 +124,11 @@ class StatusView:
         return reasons
 
     def health_answer(self) -> Health:
-        """``GET /health``: ``status`` and ``ready``, and ``reasons`` when degraded."""
+        """``GET /health``: ``status`` and ``ready``, ``reasons`` when degraded, and whether each agent takes appends
+        now (``append``: on, off, or unavailable with why; ``indexer.append.append_state``)."""
         reasons = self.health_reasons()
-        answer: Health = {"status": "degraded" if reasons else "ok", "ready": self.ready()}
+        answer: Health = {"status": "degraded" if reasons else "ok", "ready": self.ready(),
+                          "append": {ws.agent: append_state(ws) for ws in self.plan.settings.workspace}}
         if reasons:
             answer["reasons"] = reasons
         return answer

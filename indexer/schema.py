@@ -354,6 +354,9 @@ Page = TypedDict("Page", {
     "note": NotRequired[Annotated[str, Field(description=(
         "Present when the path asked for names no file but one file has the same name in another Unicode "
         "normalisation form (NFC/NFD): that file was read, and `path` is its spelling."))]],
+    "kind": NotRequired[Annotated[str, Field(description=(
+        "Present for a media file (e.g. image): `text` is what its extractor read (a picture's OCR lines), and "
+        "`GET /media` serves the file itself."))]],
 })
 Page.__doc__ = "``GET /get``: a page of one memory file."
 

@@ -17,6 +17,8 @@ POST       /recall      body ``RecallRequest``; ``SearchResponse``; query ``*``/
 POST       /boot        body ``BootRequest``; ``BootContext`` (see ``indexer.recall.boot_context``)
 GET        /get         ``GetRequest`` as query parameters (``?path=&agent=&from=1&lines=&max_chars=``): ``Page``,
                         a page of one memory file
+GET        /media       ``?path=&agent=``: the bytes of a picture among the memory files (PNG, JPEG, GIF, WebP; 403
+                        for any other file), for the web page; ``/get`` of it answers its extracted (OCR) text
 POST       /append      body ``AppendRequest``; ``AppendResponse`` ``{"path", "from", "to", "citation"...}``: appends
                         to a memory file, on workspaces with ``append = true`` (``indexer.append``; else 403)
 POST       /reindex     ``{"rebuilding": true}``: rebuild every collection beside the live one, then swap
@@ -84,7 +86,7 @@ _ERRORS = {
     403: "not a memory file of the workspace (traversal, symlink, outside path, non-text file), or permission denied",
     404: "unknown agent or collection, or a missing file",
     413: "an entry over append_max_bytes, or a file it would take over append_max_file_bytes",
-    503: "Qdrant unreachable",
+    503: "Qdrant unreachable, or the daemon cannot write the workspace (an append on a read-only file system)",
 }
 
 
@@ -94,8 +96,13 @@ PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/web/app.js": ("
               "/favicon.ico": ("favicon.svg", "image/svg+xml")}  # the icon where a browser asks without the page
 #: the page's own script and style only, API calls to this origin only, no frames, forms or plugins
 PAGE_HEADERS = {"content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src "
-                "'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                "'self'; img-src 'self' blob:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
                 "x-content-type-options": "nosniff", "referrer-policy": "no-referrer", "cache-control": "no-cache"}
+
+
+#: a picture served by ``GET /media``: never run as a document, never sniffed as another type, never cached
+MEDIA_HEADERS = {"content-security-policy": "default-src 'none'; sandbox", "x-content-type-options": "nosniff",
+                 "content-disposition": "inline", "cache-control": "no-store"}
 
 
 def _add_page(app: FastAPI) -> None:
@@ -156,7 +163,14 @@ def _add_memory_routes(app: FastAPI, memory: LocalMemory) -> None:
     def get(query: Annotated[GetRequest, Query()]) -> Page:
         return _answer(lambda: memory.get(query), path=query.path)
 
-    @app.post("/append", responses=_errors(400, 403, 404, 413))
+    @app.get("/media", include_in_schema=False)  # bytes, not JSON (as /metrics): not in /openapi.json
+    def media(path: str, agent: str | None = None) -> Response:
+        """The bytes of a picture among the agent's memory files (a media file a plugin indexed: PNG, JPEG, GIF or
+        WebP), read beneath the workspace, for the web page to show beside the text it was read to."""
+        data, media_type = _answer(lambda: memory.media(path, agent), path=path)
+        return Response(data, media_type=media_type, headers=MEDIA_HEADERS)
+
+    @app.post("/append", responses=_errors(400, 403, 404, 413, 503))
     def append(body: AppendRequest) -> AppendResponse:
         """Append ``text`` to ``path`` (default: today's daily note), on workspaces with ``append = true``."""
         return _answer(lambda: memory.append(body), path=body.path)

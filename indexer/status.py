@@ -110,3 +110,7 @@ class Health(TypedDict):
     ready: Annotated[bool, Field(description="The first full index has finished.")]
     reasons: NotRequired[Annotated[list[str], Field(description=(
         "Present when degraded: one short line per cause (e.g. \"model loading\", \"state dir not writable\")."))]]
+    append: NotRequired[Annotated[dict[str, str], Field(description=(
+        "Agent -> whether its workspace takes appends now: on, off (append = true not set), or \"unavailable: "
+        "<why>\" (e.g. read-only file system: the daemon cannot write its memory/ folder). What `qmd-indexer mcp` "
+        "reads to list memory_append."))]]

@@ -20,6 +20,8 @@ import anyio
 import pytest
 from conftest import Running, wait_for, write
 from mcp import Client as McpClient
+from mcp import StdioServerParameters
+from mcp.client.stdio import stdio_client
 from server_process import free_port
 from structlog.testing import capture_logs
 from test_mcp import Served
@@ -31,6 +33,7 @@ from indexer.errors import ConfigError
 from indexer.mcp import build_server
 from indexer.safeio import UnsafePath, open_append
 from indexer.schema import AppendRequest
+from indexer.worker import index_once
 from indexer.workspace import plan_collections
 
 #: how long an append may take to be found: generous, so a loaded machine never fails the test (how soon it is
@@ -159,7 +162,8 @@ def test_refusals_write_nothing(daemon: tuple[Served, Path], tmp_path: Path) -> 
     before = _tree(tmp_path)
     cases: list[tuple[dict[str, Any], int, str]] = [
         ({"agent": "locked"}, 403, "append is off for agent 'locked'"),
-        ({"agent": "ghost"}, 404, "unknown agent 'ghost'"),
+        ({"agent": "ghost"}, 404, "unknown agent 'ghost'; the agents are linked, locked, main"),
+        ({"agent": "mian"}, 404, "unknown agent 'mian' (did you mean 'main'?); the agents are"),
         ({"path": "../outside.md"}, 403, "outside"),
         ({"path": "memory/../../outside.md"}, 403, "outside"),
         ({"path": str(tmp_path / "outside.md")}, 403, "outside the workspace"),
@@ -225,6 +229,83 @@ def test_the_mcp_tool_and_the_command_line(daemon: tuple[Served, Path]) -> None:
                           env=env)
     assert done.returncode == 2 and "not markdown" in done.stderr and not (workspace / "memory" / "cli.txt").exists()
     assert (workspace / "memory" / "cli.md").read_text() == "From the CLI: OSPREY-9.\n\nPiped:\nHERON-3\n"
+
+
+def _stdio_tools(port: int, *flags: str) -> tuple[dict[str, Any], Any]:
+    """The tools ``qmd-indexer mcp --port PORT FLAGS`` lists (name -> input schema), no config file read, and the
+    answer of one ``memory_append`` through it when it lists that tool."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": "/nonexistent"}
+    env.pop("QMD_INDEXER_CONFIG", None)
+    params = StdioServerParameters(command=sys.executable, env=env,
+                                   args=["-m", "indexer.cli", "mcp", "--port", str(port), *flags])
+
+    async def main() -> tuple[dict[str, Any], Any]:
+        async with McpClient(stdio_client(params)) as mcp:
+            tools = {tool.name: tool.input_schema for tool in (await mcp.list_tools()).tools}
+            if "memory_append" not in tools:
+                return tools, None
+            result = await mcp.call_tool("memory_append", {"text": f"Via stdio {flags}: LAPWING-2.",
+                                                           "path": "memory/stdio.md"})
+            return tools, (result.is_error, result.structured_content or result.content[0].text)
+
+    return anyio.run(main)
+
+
+def test_the_stdio_server_lists_what_the_daemon_offers(daemon: tuple[Served, Path]) -> None:
+    """Without a config file, ``qmd-indexer mcp`` asks the daemon which agents take appends (``/health``), and
+    ``--agent`` scopes every tool to one agent, which the tools then no longer take as an argument."""
+    served, workspace = daemon
+    with Client(port=served.port) as client:
+        assert client.health()["append"] == {"main": "on", "locked": "off", "linked": "on"}
+    tools, appended = _stdio_tools(served.port)
+    assert "memory_append" in tools and "agent" in tools["memory_append"]["properties"]
+    assert appended == (False, {"agent": "main", "path": "memory/stdio.md", "from": 1, "to": 1,
+                                "citation": "memory/stdio.md#L1-L1", "bytes": 25})
+    tools, appended = _stdio_tools(served.port, "--agent", "locked")
+    assert "memory_append" not in tools and appended is None
+    assert not [name for name, schema in tools.items() if "agent" in schema.get("properties", {})]
+    tools, appended = _stdio_tools(served.port, "--agent", "main")
+    assert "agent" not in tools["memory_append"]["properties"] and "agent" not in tools["memory_search"]["properties"]
+    assert appended is not None and appended[0] is False and appended[1]["citation"] == "memory/stdio.md#L3-L3"
+    done = subprocess.run([sys.executable, "-m", "indexer.cli", "mcp", "--port", str(served.port), "--agent", "mian"],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "XDG_CONFIG_HOME": "/nonexistent"})
+    assert done.returncode == 2 and "unknown agent 'mian'" in done.stderr and "did you mean 'main'" in done.stderr
+    assert "locked" in done.stderr and "linked" in done.stderr, done.stderr
+
+
+@pytest.fixture(name="read_only")
+def read_only_fixture(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path/ro``, a folder made read-only by a real read-only bind mount of itself (as systemd's
+    ``ProtectHome=read-only`` mounts home directories for a unit); skipped where this process may not mount (not
+    root, no mount namespace rights)."""
+    folder = tmp_path / "ro"
+    write(folder / "MEMORY.md", "# Memory\n\nThe GANNET-3 deploy window is Tuesday.\n")
+    write(folder / "memory" / "notes.md", "# Notes\n")
+    mounted = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {mounted.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True, capture_output=True)
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_read_only_workspace_says_why_appends_fail(read_only: Path, make_indexer) -> None:
+    """A workspace with ``append = true`` on a read-only file system: ``/health`` says appends are unavailable and
+    why, and an append is a 503 (the server's state, not the request's fault) naming ``ReadWritePaths=``."""
+    indexer = make_indexer([{"agent": "ro", "path": read_only, "append": True}], port=free_port())
+    index_once(indexer)
+    indexer.state.ready.set()
+    with Served(indexer), Client(port=indexer.settings.port) as client:
+        assert client.health()["append"] == {"ro": "unavailable: read-only file system"}
+        with pytest.raises(ClientError) as refused:
+            client.append("Decided: GANNET-4.", path="memory/notes.md")
+        assert refused.value.status_code == 503, refused.value
+        assert "read-only file system" in str(refused.value) and "ReadWritePaths=" in str(refused.value)
+        assert client.search("GANNET-3", mode="keyword")[0]["path"] == "MEMORY.md"  # reads go on
+    assert (read_only / "memory" / "notes.md").read_text() == "# Notes\n"
 
 
 def test_no_log_line_carries_the_text(daemon: tuple[Served, Path], caplog: pytest.LogCaptureFixture) -> None:

@@ -265,6 +265,20 @@ def test_python_dash_m_indexer_reports_the_one_version() -> None:
         f"qmd-indexer, version {indexer.__version__}"
 
 
+def test_the_version_moves_with_the_changelog() -> None:
+    """``pyproject.toml``'s version (what ``--version`` reports once installed) is the changelog's latest release, and
+    the changelog keeps an Unreleased section above it (Keep a Changelog)."""
+    import re
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    headings = re.findall(r"^## \[([^\]]+)\]", (root / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert headings[0] == "Unreleased" and headings[1] == declared, (headings[:2], declared)
+    assert [tuple(map(int, v.split("."))) for v in headings[1:]] == sorted(
+        (tuple(map(int, v.split("."))) for v in headings[1:]), reverse=True)
+
+
 def test_status_names_the_failed_files_with_their_reasons(workspace: Path, make_indexer,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     from indexer.terminal import print_status

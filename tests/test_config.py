@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,11 @@ def test_file_env_and_flags_in_order_of_precedence(tmp_path: Path, monkeypatch: 
 
 @pytest.mark.parametrize(("text", "message"), [
     ("port = 70000\n", "port: Input should be less than or equal to 65535"),
-    ("prot = 1\n", "prot: unknown key"),
+    ("prot = 1\n", "prot: unknown key (did you mean 'port'?)"),
+    ("serach_mode = 'dense'\n", "serach_mode: unknown key (did you mean 'search_mode'?)"),
+    ('[[workspace]]\nagent = "a"\npath = "/x"\napend = true\n',
+     "workspace.0.apend: unknown key (did you mean 'append'?)"),
+    ('bm25 = { stemer = false }\n', "bm25.stemer: unknown key (did you mean 'stemmer'?)"),
     ('[[workspace]]\nagent = "a"\n', "workspace.0.path: Field required"),
     ("port = \n", "invalid TOML"),
     ('qdrant_quantization = "pq"\n', "qdrant_quantization: Input should be 'none' or 'int8'"),
@@ -43,8 +48,19 @@ def test_file_env_and_flags_in_order_of_precedence(tmp_path: Path, monkeypatch: 
 def test_invalid_config_names_the_key(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "config.toml"
     config.write_text(text)
-    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_settings(config)
+
+
+def test_an_environment_override_error_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('search_mode = "dense"\n')
+    monkeypatch.setenv("QMD_INDEXER_SEARCH_MODE", "bogus")
+    with pytest.raises(ConfigError) as error:
+        load_settings(config)
+    assert str(error.value).startswith("QMD_INDEXER_SEARCH_MODE (environment): search_mode: Input should be "
+                                       "'hybrid', 'dense' or 'keyword'"), error.value
+    assert str(config) not in str(error.value)
 
 
 def test_missing_explicit_config_file_is_an_error(tmp_path: Path) -> None:

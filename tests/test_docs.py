@@ -122,13 +122,13 @@ def test_console_samples_print_what_the_product_prints(tmp_path: Path) -> None:
 
     from server_process import end, free_port, spawn, wait_ready
 
-    shutil.copytree(REPO / "deploy" / "demo-workspace", tmp_path / "workspace")
+    shutil.copytree(REPO / "deploy" / "demo-workspace", tmp_path / "state" / "workspace")
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_PORT": str(port), "NO_COLOR": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "QMD_INDEXER_PORT": str(port), "NO_COLOR": "1",
+           "XDG_CONFIG_HOME": str(tmp_path / "no-config")}
     env.pop("QMD_INDEXER_CONFIG", None)
     log = tmp_path / "daemon.log"
-    daemon = spawn([sys.executable, "-m", "indexer", "run", "--workspace", str(tmp_path / "workspace"), "--agent",
-                    "demo", "--state-dir", str(tmp_path / "state")], env, log)
+    daemon = spawn([sys.executable, "-m", "indexer", *demo_command(tmp_path / "state", port)], env, log)
     try:
         def ready() -> bool:  # the first index done and the model loaded: hybrid searches answer in full
             import httpx
@@ -151,5 +151,36 @@ def test_console_samples_print_what_the_product_prints(tmp_path: Path) -> None:
                 wrong.append(f"{doc}: `{command}` printed:\n" + "\n".join(printed) + f"\nnot: {missing}")
         print("samples run:", *ran, sep="\n  ")
         assert not wrong, "\n\n".join(wrong)
+        _the_readme_examples_run(port, env)
     finally:
         end(daemon, signal.SIGTERM)
+
+
+def demo_command(state: Path, port: int) -> list[str]:
+    """The arguments ``make demo`` gives ``qmd-indexer`` (its Makefile recipe), with its state dir and port."""
+    recipe = re.search(r"^\t.*/qmd-indexer (run .*)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert recipe, "no qmd-indexer run line in the Makefile"
+    line = recipe.group(1).replace("$(STATE)", str(state)).replace("$(PORT)", str(port))
+    return __import__("shlex").split(line)
+
+
+def _the_readme_examples_run(port: int, env: dict[str, str]) -> None:
+    """The README's command-line ``append`` example and its Python example (every call, ``append`` included) work
+    on the demo as ``make demo`` serves it."""
+    import subprocess
+    import sys
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    appends = [line.split("  #")[0].strip() for line in re.findall(r"^qmd-indexer append .*$", readme, re.MULTILINE)]
+    assert appends
+    for command in appends:
+        args = __import__("shlex").split(command)[1:]
+        done = subprocess.run([sys.executable, "-m", "indexer", *args, "--port", str(port)], capture_output=True,
+                              text=True, env=env, timeout=120)
+        assert done.returncode == 0 and "#L" in done.stdout, (command, done.stdout, done.stderr)
+    [python] = [block for block in re.findall(r"^```python\n(.*?)^```", readme, re.MULTILINE | re.DOTALL)
+                if "from indexer.client import Client" in block]
+    python += "\nassert entry['citation'].startswith('memory/') and answer['hits'] and listing['total'] >= 4\n"
+    done = subprocess.run([sys.executable, "-c", python.replace("port=8743", f"port={port}")], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr

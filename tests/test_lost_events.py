@@ -165,6 +165,20 @@ def test_an_event_queue_overflow_reconciles_at_once(workspace: Path, make_indexe
         running.__exit__()
 
 
+def test_the_start_scan_is_the_first_reconcile(workspace: Path, make_indexer) -> None:
+    """``status`` says when the files were last compared with the index from the start on (``last_reconcile`` was
+    null until the first periodic rescan, minutes later); what changed while the daemon was down is not drift."""
+    write(workspace / "memory" / "while-down.md", "# Written while the daemon was down\n")
+    indexer = make_indexer([{"agent": "main", "path": workspace}], rescan_interval_s=3600)
+    before = time.time()
+    with Running(indexer):
+        status = indexer.view.status()
+        assert status["last_reconcile"] is not None and status["last_reconcile"] >= before
+        assert status["last_reconcile_reason"] == "start"
+        assert status["drift"] == {"not_indexed": 0, "gone": 0, "changed": 0} and status["recovered_total"] == 0
+        assert indexer.view.health() == "ok"
+
+
 def test_a_touched_file_is_not_drift_for_later_reconciles(workspace: Path, make_indexer) -> None:
     """Same text under a new stat (``touch``, ``chmod``): re-hashed once, then trusted, so the reconciles that follow
     neither re-hash it nor count it as changed behind the watcher's back (``/health`` stays ``ok``)."""

@@ -99,6 +99,27 @@ def test_an_interrupted_migration_resumes_and_the_target_ends_equal(tmp_path: Pa
     target.close()
 
 
+def _on_a_terminal(command: list[str], env: dict[str, str]) -> list[str]:
+    """The lines ``command`` writes to a pseudo-terminal that is both its stdout and its stderr, in order."""
+    import pty
+
+    main, child = pty.openpty()
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=child, stderr=child, env=env)
+    os.close(child)
+    out = bytearray()
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main)
+    assert process.wait(120) == 0, out.decode()
+    return out.decode().replace("\r\n", "\n").strip().splitlines()
+
+
 def test_migrate_command_refuses_while_a_daemon_holds_the_store_then_copies(tmp_path: Path, server: Node) -> None:
     state = tmp_path / "state"
     daemon = EdgeStore(state / "qdrant")  # a running daemon holds the embedded store
@@ -118,5 +139,10 @@ def test_migrate_command_refuses_while_a_daemon_holds_the_store_then_copies(tmp_
     assert copied.returncode == 0, copied.stderr
     assert "memory-root-main" in copied.stdout and "2 copied" in copied.stdout
     assert f"qmd-indexer run --qdrant-url {server.url}" in copied.stdout
+    assert not [line for line in copied.stdout.splitlines() if line.startswith("{")], copied.stdout  # logs: stderr
+    # again with qdrant_tenancy auto, which logs how it settled: on one terminal, the summary still comes last
+    lines = _on_a_terminal(command[:-2], env)
+    assert [line for line in lines if '"qdrant_tenancy_settled"' in line], lines
+    assert "Nothing is embedded again" in "\n".join(lines[-3:]) and not lines[-1].startswith("{"), lines
     assert probe.count("memory-root-main") == 2
     probe.close()

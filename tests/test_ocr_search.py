@@ -154,3 +154,42 @@ def test_a_screenshot_gets_its_clip_vector_and_its_text(tmp_path: Path, registry
         assert hits[0]["path"] == SCREENSHOTS[0][0] and hits[0]["source"] == "ocr"
     finally:
         indexer.close()
+
+
+def test_a_picture_opened_from_a_hit_shows_its_text_and_itself(tmp_path: Path, registry: Registry) -> None:
+    """``GET /get`` of a picture answers the text read from it (it was a 403: not a text file), and ``GET /media``
+    serves its bytes, behind the token like every route, beneath the workspace only (no symlink, no other file)."""
+    from fastapi.testclient import TestClient
+
+    from indexer.server import create_app
+
+    tesseract_or_skip("eng")
+    token = "t" * 32
+    settings = Settings(state_dir=tmp_path / "state", token=token, workspace=[{
+        "agent": "main", "path": workspace(tmp_path), "multimodal": {"enabled": True, "modalities": ["image"]}}])
+    indexer = Indexer.open(settings, registry=image_registry(registry, {"ocr_languages": ["eng"]}))
+    rel, lines, _, _ = SCREENSHOTS[0]
+    ws = tmp_path / "ws"
+    (ws / "memory" / "link.png").symlink_to(ws / rel)
+    try:
+        index_once(indexer)
+        app = create_app(indexer.view)
+        with TestClient(app, base_url="http://127.0.0.1:8743") as client:
+            auth = {"Authorization": f"Bearer {token}"}
+            assert client.get("/media", params={"path": rel}).status_code == 401  # the guard holds
+            page = client.get("/get", params={"path": rel}, headers=auth).json()
+            assert page["kind"] == "image" and page["from"] == 1 and page["next_from"] is None, page
+            assert lines[-1].split()[-1] in page["text"] and page["text"].count("\n") == page["to"] - 1, page
+            picture = client.get("/media", params={"path": rel}, headers=auth)
+            assert picture.status_code == 200 and picture.content == (ws / rel).read_bytes()
+            assert picture.headers["content-type"] == "image/png"
+            assert picture.headers["x-content-type-options"] == "nosniff"
+            assert "sandbox" in picture.headers["content-security-policy"]
+            (tmp_path / "outside.png").write_bytes((ws / rel).read_bytes())
+            for path in ("MEMORY.md", "memory/link.png", "../outside.png", str(tmp_path / "outside.png"),
+                         "/etc/passwd"):
+                refused = client.get("/media", params={"path": path}, headers=auth)
+                assert refused.status_code in (403, 404), (path, refused.status_code, refused.text)
+            assert client.get("/get", params={"path": "memory/link.png"}, headers=auth).status_code == 403
+    finally:
+        indexer.close()

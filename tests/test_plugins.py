@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from indexer import api, testing
+from indexer import __version__, api, testing
 from indexer.api import GROUPS
 from indexer.config import load_settings
 from indexer.contract import CONTRACT, DEFAULTS, PROTOCOLS, TEXT_EMBEDDER, check_contract
 from indexer.errors import ConfigError, ExtractError
-from indexer.plugins import load_registry
+from indexer.plugins import _check_keys, load_registry
 
 try:
     import test_plugins_fakes as fakes
@@ -377,15 +377,46 @@ def test_plugins_command_lists_installed_plugins_with_status(tmp_path: Path) -> 
     assert statuses["markdown"] == "loaded"  # qmd-indexer's own plugins are never disabled
 
 
+@pytest.mark.parametrize(("table", "message"), [
+    ("[plugin.image]\nmax_pixel = 1\n", "[plugin.image]: unknown key 'max_pixel' (did you mean 'max_pixels'?)"),
+    ("[plugin.image]\nocr_language = ['eng']\n", "(did you mean 'ocr_languages'?)"),
+    ("[plugin.markdown]\noverlap = 0.1\n", "[plugin.markdown]: unknown key 'overlap' (did you mean 'overlap_ratio'?)"),
+    ("[plugin.audio]\nengin = 'whisper'\n", "(did you mean 'engine'?)"),
+    # not loaded (rerank is off), still checked: the typo would surface only once the reranker is turned on
+    ("[plugin.cross-encoder]\nmodle = '/m'\n", "[plugin.cross-encoder]: unknown key 'modle' (did you mean 'model'?)"),
+    ("[plugin.opanai]\nmodel = 'x'\n", "[plugin.opanai]: no installed plugin is named 'opanai' (did you mean "
+                                         "'openai'?); installed:"),
+])
+def test_a_typo_in_a_plugin_table_is_a_config_error_saying_what_to_fix(tmp_path: Path, table: str,
+                                                                        message: str) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(table)
+    run = cli("plugins", "--config", str(config), site=tmp_path)
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_the_example_plugin_declares_its_config_keys() -> None:
+    sys.path.insert(0, str(REPO / "plugins" / "qmd-indexer-notes"))
+    try:
+        from qmd_indexer_notes import NotesClassifier, NotesExtractor
+    finally:
+        sys.path.pop(0)
+    for factory in (NotesClassifier, NotesExtractor):
+        with pytest.raises(ConfigError, match=r"unknown key 'sufixes' \(did you mean 'suffixes'\?\)"):
+            _check_keys("notes", factory, {"sufixes": [".txt"]})
+        _check_keys("notes", factory, {"suffixes": [".txt"]})
+
+
 def test_plugins_command_lists_rerankers_and_loads_the_configured_one(tmp_path: Path) -> None:
     fake_distribution(tmp_path, {RRK: {"fake-rerank": "qmd_fake_plugins:ShortestFirstReranker"}})
     run = cli("plugins", "--json", site=tmp_path)
     assert run.returncode == 0, run.stderr
     records = {r["name"]: r for r in json.loads(run.stdout) if r["group"] == RRK}
     assert records == {
-        "cross-encoder": {"group": RRK, "name": "cross-encoder", "distribution": "qmd-indexer", "version": "0.1.0",
+        "cross-encoder": {"group": RRK, "name": "cross-encoder", "distribution": "qmd-indexer", "version": __version__,
                           "provides": [], "status": "unused", "reason": "rerank is off: reranker not set"},
-        "http": {"group": RRK, "name": "http", "distribution": "qmd-indexer", "version": "0.1.0",
+        "http": {"group": RRK, "name": "http", "distribution": "qmd-indexer", "version": __version__,
                  "provides": [], "status": "unused", "reason": "rerank is off: reranker not set"},
         "fake-rerank": {"group": RRK, "name": "fake-rerank", "distribution": "qmd-fake-plugins", "version": "1.2.3",
                         "provides": [], "status": "unused", "reason": "rerank is off: reranker not set"},

@@ -289,7 +289,8 @@ def test_a_plugin_table_with_a_key_the_plugin_does_not_take_is_a_config_error(na
     table, as an unknown key of the daemon's own table does."""
     eps = [ep for group in GROUPS for ep in entry_points(group=group) if ep.name != "openai"] + [OPENAI_EP]
     bad = next(iter(set(table) - {"base_url", "model"}))  # the one key the plugin does not take
-    with pytest.raises(ConfigError, match=rf"^\[plugin.{name}\]: unknown key '{bad}' \(known: "):
+    with pytest.raises(ConfigError, match=rf"^\[plugin.{name}\]: unknown key '{bad}'( \(did you mean '\w+'\?\))? "
+                                          rf"\(known: "):
         load_registry(config={name: table}, prefer={"text": "openai"} if name == "openai" else {}, eps=eps,
                       reranker=name if name in ("http", "cross-encoder") else "")
 

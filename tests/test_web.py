@@ -30,6 +30,7 @@ from indexer.server import PAGE_FILES, create_app
 TOKEN = "web-page-test-token"
 XSS = '<img src=x onerror="window.__xss = 1; document.title = \'owned\'">'
 LOG_LINES = 260  # more than one page of the file view (200 lines)
+PICTURE_TEXT = "Osprey nest camera moved to the north mast"  # drawn in a picture, read by OCR
 INSTALL = ("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver) and selenium "
            "(the test extra: make install)")
 
@@ -99,6 +100,14 @@ class Daemon:
             "The zebra crossing permit was renewed at the town hall.\n" if i == 230 else f"routine entry {i}\n"
             for i in range(1, LOG_LINES + 1)))
         write(self.ws / "memory" / "html.md", f"# Pasted\n\nA pasted snippet with a broken tag {XSS} in it.\n")
+        self.picture = self.ws / "memory" / "screens" / "osprey.png"
+        self.picture.parent.mkdir(parents=True)
+        from qmd_indexer_image.screenshots import render, save
+
+        save(render([PICTURE_TEXT])[0], self.picture)
+        config = base / "config.toml"  # the image plugin reads the pictures of memory/ (OCR; no CLIP model here)
+        config.write_text(f'plugins = ["image"]\n[[workspace]]\nagent = "main"\npath = "{self.ws}"\n'
+                          'multimodal = { enabled = true, modalities = ["image"] }\n')
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = base / "run.log"
@@ -107,7 +116,7 @@ class Daemon:
         env.pop("QMD_INDEXER_CONFIG", None)
         with open(self.log, "w") as stderr:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "indexer.cli", "run", "--workspace", str(self.ws), "--agent", "main",
+                [sys.executable, "-m", "indexer.cli", "run", "--config", str(config),
                  "--state-dir", str(base / "state"), "--port", str(self.port)],
                 stdout=subprocess.DEVNULL, stderr=stderr, env=env)
 
@@ -123,6 +132,11 @@ class Daemon:
 @pytest.fixture(scope="module", name="daemon")
 def daemon_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     _browser_or_skip()
+    pytest.importorskip("qmd_indexer_image", reason="the image plugin (make install) draws and reads the picture")
+    from qmd_indexer_image.screenshots import ocr_missing
+
+    if (missing := ocr_missing("eng")) is not None:
+        pytest.skip(missing)
     daemon = Daemon(tmp_path_factory.mktemp("web"))
     try:
         wait_for(daemon.ready, timeout_s=180, interval_s=0.2)
@@ -271,7 +285,7 @@ def test_4_the_status_view_changes_after_a_note_is_edited(daemon: Daemon, browse
                                       f"return c ? c.textContent : '-1'")
         return int(text)
 
-    wait_for(lambda: count("files") == 3, timeout_s=20)
+    wait_for(lambda: count("files") == 4, timeout_s=20)  # three notes and the picture
     chunks = count("chunks")
     facts = browser.execute_script("return Object.fromEntries([...document.querySelectorAll('dd[data-fact]')]"
                                    ".map(e => [e.dataset.fact, e.textContent]))")
@@ -287,7 +301,7 @@ def test_4_the_status_view_changes_after_a_note_is_edited(daemon: Daemon, browse
           + "".join(f"## Follow-up {i}\n\n" + "A longer postmortem paragraph about volumes. " * 40 + "\n\n"
                     for i in range(4)))
     write(daemon.ws / "memory" / "new.md", "# New\n\nA note written while the page was open.\n")
-    wait_for(lambda: count("files") == 4 and count("chunks") > chunks + 1, timeout_s=60, interval_s=0.2)
+    wait_for(lambda: count("files") == 5 and count("chunks") > chunks + 1, timeout_s=60, interval_s=0.2)
     browser.save_screenshot(str(shots / "web-status.png"))
 
 
@@ -300,7 +314,8 @@ def test_5_a_note_holding_html_is_shown_as_text(daemon: Daemon, browser: Any) ->
     first.find_element(By.CSS_SELECTOR, "button.open").click()
     wait_for(lambda: _visible(browser, "#view-file") and XSS in browser.find_element(By.ID, "file-text").text,
              timeout_s=20)
-    assert browser.find_elements(By.CSS_SELECTOR, "img") == []
+    assert browser.find_elements(By.CSS_SELECTOR, "#hits img, #file-text img") == []  # nothing the note made
+    assert not browser.find_element(By.ID, "file-picture").is_displayed()  # a note has no picture
     assert browser.execute_script("return window.__xss === undefined && document.title === 'qmd-indexer'")
 
 
@@ -358,3 +373,28 @@ def test_7_only_the_query_terms_that_carry_meaning_are_marked_and_the_page_has_a
     icon = httpx.get(daemon.url + "/favicon.ico")
     assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
     assert browser.execute_script("return document.querySelector('link[rel=icon]').href").endswith("/web/favicon.svg")
+
+
+def test_8_a_picture_hit_shows_the_picture_and_the_text_read_from_it(daemon: Daemon, browser: Any,
+                                                                     shots: Path) -> None:
+    """A hit on a picture's OCR text opened in the file view showed a 403 (not a text file): now the picture itself
+    (fetched with the token, shown as a blob) above the text read from it."""
+    from selenium.webdriver.common.by import By
+
+    _search(browser, "osprey nest camera north mast", mode="keyword")
+    hit = browser.find_element(By.CSS_SELECTOR, "#hits li.hit button.open")
+    assert hit.text.startswith("memory/screens/osprey.png:"), hit.text
+    hit.click()
+    wait_for(lambda: _visible(browser, "#file-picture") and browser.execute_script(
+        "const p = document.getElementById('file-picture'); return p.complete && p.naturalWidth > 0"), timeout_s=20)
+    assert browser.find_element(By.ID, "error").text == ""
+    width, src = browser.execute_script(
+        "const p = document.getElementById('file-picture'); return [p.naturalWidth, p.src]")
+    from PIL import Image
+
+    with Image.open(daemon.picture) as picture:
+        assert width == picture.width and src.startswith("blob:")
+    text = " ".join(_texts(browser, "#file-text .tx"))
+    assert "Osprey" in text and "north mast" in text, text
+    assert "the text read from it" in browser.find_element(By.ID, "file-meta").text
+    browser.save_screenshot(str(shots / "web-picture.png"))

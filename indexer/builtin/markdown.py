@@ -21,6 +21,7 @@ class MarkdownClassifier:
     """``"markdown"`` for files named ``*.md`` / ``*.markdown``; content is checked by the extractor."""
 
     priority = 100
+    config_keys = frozenset({"suffixes", "overlap_ratio"})  # [plugin.markdown], read by both objects
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.suffixes = frozenset(s.lower() for s in (config or {}).get("suffixes", SUFFIXES))
@@ -64,6 +65,7 @@ class MarkdownExtractor:
     """
 
     kinds = frozenset({"markdown"})
+    config_keys = MarkdownClassifier.config_keys
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = dict(config or {})

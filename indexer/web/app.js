@@ -52,7 +52,8 @@
   }
 
   // -- the API --------------------------------------------------------------------------------------------------
-  async function api(path, body) {
+  // the JSON answer of path (a POST of body when given); with asBlob, the answer's bytes (a picture of /media)
+  async function api(path, body, asBlob) {
     const headers = {};
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = "Bearer " + token;
@@ -65,6 +66,7 @@
       askToken(token ? "That token was refused." : "");
       throw new Unauthorized("token needed");
     }
+    if (asBlob && response.ok) return response.blob();
     const data = await response.json().catch(() => ({}));
     if (!response.ok) {
       const detail = typeof data.detail === "string" ? data.detail : JSON.stringify(data.detail || "");
@@ -243,14 +245,35 @@
         return el("div", { className: hl ? "line hl" : "line", "data-line": n },
           el("span", { className: "ln" }, n), el("span", { className: "tx" }, text));
       }));
-      $("file-meta").textContent = `${page.path} (${page.collection}), lines ${page.from}-${page.to}` +
-        (page.next_from ? `, more from line ${page.next_from}` : ", end of file");
+      $("file-meta").textContent = `${page.path} (${page.collection}), ` + (page.kind
+        ? `${page.kind}: ` + (lines.length ? "the text read from it" : "no text was read from it")
+        : `lines ${page.from}-${page.to}`) + (page.next_from ? `, more from line ${page.next_from}`
+        : page.kind ? "" : ", end of file");
+      showPicture(page.kind ? params : null);
       file.next = page.next_from;
       $("file-next").disabled = !page.next_from;
       $("file-start").disabled = page.from === 1;
       const first = document.querySelector("#file-text .line.hl");
       if (scroll && first) first.scrollIntoView({ block: "center" });
       showError("");
+    } catch (error) {
+      if (!(error instanceof Unauthorized)) showError(error.message);
+    }
+  }
+
+  // a media file's picture above its text, fetched with the token as the API is (an <img src> could not send it)
+  async function showPicture(params) {
+    const picture = $("file-picture");
+    if (picture.src) URL.revokeObjectURL(picture.src);
+    picture.removeAttribute("src");
+    picture.hidden = true;
+    if (!params) return;
+    const query = new URLSearchParams({ path: params.get("path") });
+    if (params.get("agent")) query.set("agent", params.get("agent"));
+    try {
+      picture.src = URL.createObjectURL(await api("/media?" + query.toString(), undefined, true));
+      picture.alt = "picture " + params.get("path");
+      picture.hidden = false;
     } catch (error) {
       if (!(error instanceof Unauthorized)) showError(error.message);
     }

@@ -36,6 +36,11 @@ from qmd_indexer_audio.verdicts import VerdictCache, verdict_key
 
 SUFFIXES = frozenset({".mp3", ".wav", ".ogg", ".opus", ".m4a", ".aac", ".flac"})
 KIND = "audio"
+#: the keys of ``[plugin.audio]``, read by both objects: the extractor's, its engine's
+#: (``qmd_indexer_audio.engines``) and the speech rules' (``qmd_indexer_audio.speech``)
+CONFIG_KEYS = frozenset({"engine", "model", "device", "language", "beam_size", "download_root", "compute_type",
+                         "threads", "max_duration_s", "silence_dbfs", "chunk_s", "cache", "no_speech_threshold",
+                         "logprob_threshold", "compression_ratio_threshold", "vad", "vad_threshold", "state_dir"})
 VERDICTS_VERSION = 1  # bump when the extractor's own decisions change, so remembered verdicts are made again
 
 
@@ -44,6 +49,7 @@ class AudioClassifier:
     mislabelled or corrupt file by name instead of it vanishing silently."""
 
     priority = 100
+    config_keys = CONFIG_KEYS
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.suffixes = SUFFIXES
@@ -93,6 +99,7 @@ class AudioExtractor:
     kinds = frozenset({KIND})
     media = True  # indexed only where a workspace's multimodal settings allow "audio"
     hit_fields = ("start_s", "end_s")
+    config_keys = CONFIG_KEYS
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})

@@ -73,6 +73,7 @@ class ClipEmbedder:
 
     modality = "image"
     max_tokens = None
+    config_keys = frozenset({"model", "device", "batch_size", "state_dir"})  # [plugin.clip]
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})

@@ -23,6 +23,24 @@ class ImageDecodeError(ValueError):
     """The bytes are not a decodable image; the message says why."""
 
 
+class ImageTooLarge(ImageDecodeError):
+    """The picture has more pixels than ``[plugin.image] max_pixels``; the message names the setting."""
+
+
+def _too_large(width: int, height: int, max_pixels: int) -> ImageTooLarge:
+    return ImageTooLarge(f"{width}x{height} pixels ({width * height:,}) is over [plugin.image] max_pixels = "
+                         f"{max_pixels}: raise it to index this picture")
+
+
+def allow_pixels(max_pixels: int) -> None:
+    """Raise Pillow's decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``, 89.5 MP by default, process-wide) to at
+    least ``max_pixels``, so that ``max_pixels`` is the limit that applies: a picture under it opens, one over it is
+    refused by ``inspect_image`` naming the setting. Never lowered (other extractors may allow more)."""
+    Image = _image_module()
+    if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_pixels:
+        Image.MAX_IMAGE_PIXELS = max_pixels
+
+
 def heif_available() -> bool:
     """Whether ``pillow-heif`` is installed (then ``.heic``/``.heif`` are read)."""
     return importlib.util.find_spec("pillow_heif") is not None
@@ -74,12 +92,23 @@ def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageFac
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as im:
-                im.verify()  # structure and checksums (PNG CRCs)
+            try:
+                with Image.open(io.BytesIO(data)) as im:
+                    im.verify()  # structure and checksums (PNG CRCs)
+            except (Image.DecompressionBombWarning, Image.DecompressionBombError):  # over Pillow's limit too
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                    limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # read the header alone
+                    try:
+                        with Image.open(io.BytesIO(data)) as im:
+                            width, height = im.size
+                    finally:
+                        Image.MAX_IMAGE_PIXELS = limit
+                raise _too_large(width, height, max_pixels) from None
             with Image.open(io.BytesIO(data)) as im:
                 width, height = im.size
                 if width * height > max_pixels:
-                    raise ImageDecodeError(f"{width}x{height} pixels is over the limit of {max_pixels}")
+                    raise _too_large(width, height, max_pixels)
                 im.load()  # the pixels themselves: a truncated JPEG fails here
                 return ImageFacts(width, height, str(im.format or "unknown"), int(getattr(im, "n_frames", 1)),
                                   _description(im))

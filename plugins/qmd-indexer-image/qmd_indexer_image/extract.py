@@ -1,7 +1,8 @@
 """The ``image`` classifier and extractor (entry points in this distribution's ``pyproject.toml``).
 
 Config ``[plugin.image]`` (read by both): ``max_pixels`` (default 64,000,000): larger pictures are refused with an
-``ExtractError``. The byte-size cap is the workspace's ``multimodal.max_file_bytes``, applied by qmd-indexer before
+``ExtractError`` naming the setting; it replaces Pillow's own decompression-bomb limit (89.5 MP) where it is
+higher. The byte-size cap is the workspace's ``multimodal.max_file_bytes``, applied by qmd-indexer before
 extraction. OCR (``qmd_indexer_image.ocr``), read by the extractor:
 
 - ``ocr`` (default ``true``): read the text in pictures with Tesseract; without Tesseract installed it is off, and
@@ -30,6 +31,8 @@ from qmd_indexer_image.decode import (
     DEFAULT_MAX_PIXELS,
     ImageDecodeError,
     ImageFacts,
+    ImageTooLarge,
+    allow_pixels,
     heif_available,
     inspect_image,
     ocr_picture,
@@ -39,6 +42,9 @@ from qmd_indexer_image.sniff import image_format
 SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif"})
 HEIF_SUFFIXES = frozenset({".heic", ".heif"})
 KIND = "image"
+#: the keys of ``[plugin.image]``, read by both objects (another key is a config error naming the closest)
+CONFIG_KEYS = frozenset({"max_pixels", "ocr", "ocr_languages", "ocr_min_confidence", "ocr_max_pixels",
+                         "ocr_timeout_s", "ocr_cache", "state_dir"})
 
 log = structlog.get_logger("qmd_indexer.image")
 
@@ -53,6 +59,7 @@ class ImageClassifier:
     mislabelled or corrupt file by name instead of it vanishing silently."""
 
     priority = 100
+    config_keys = CONFIG_KEYS
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.suffixes = suffixes()
@@ -90,12 +97,14 @@ class ImageExtractor:
     kinds = frozenset({KIND})
     media = True  # indexed only where a workspace's multimodal settings allow "image"
     hit_fields = ("width", "height", "format", "source", "box")
+    config_keys = CONFIG_KEYS
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})
         self.max_pixels = int(config.get("max_pixels", DEFAULT_MAX_PIXELS))
         if self.max_pixels < 1:
             raise ValueError(f"max_pixels must be positive, got {self.max_pixels}")
+        allow_pixels(self.max_pixels)  # Pillow's own bomb limit (89.5 MP) must not refuse what max_pixels allows
         languages = config.get("ocr_languages", list(ocr.DEFAULT_LANGUAGES))
         if isinstance(languages, str) or not languages or not all(isinstance(x, str) and x for x in languages):
             raise ValueError(f"[plugin.image] ocr_languages must be a list of Tesseract language names such as "
@@ -133,6 +142,8 @@ class ImageExtractor:
             raise ExtractError("HEIF/HEIC image, but no Pillow HEIF plugin is installed (pip install pillow-heif)")
         try:
             facts = inspect_image(data, self.max_pixels)
+        except ImageTooLarge as exc:
+            raise ExtractError(f"{signature} image too large: {exc}") from None
         except ImageDecodeError as exc:
             raise ExtractError(f"corrupt or unreadable {signature} image: {exc}") from None
         meta: dict[str, Any] = {"width": facts.width, "height": facts.height, "format": facts.format}

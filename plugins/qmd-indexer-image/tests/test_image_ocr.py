@@ -183,7 +183,8 @@ def test_bad_pictures_get_one_log_line_and_lose_nothing_else(tmp_path: Path) -> 
     assert [(e["event"], e["path"]) for e in logs] == [("ocr_skipped", "strip.png"), ("ocr_first_frame", "anim.gif")]
     assert "1x50000 pixels" in logs[0]["reason"]
     assert "corrupt or unreadable PNG" in str(check_extractor_rejects(extractor, truncated, "image"))
-    assert "decompression bomb" in str(check_extractor_rejects(extractor, bomb, "image"))
+    assert "20000x20000 pixels (400,000,000) is over [plugin.image] max_pixels" in str(
+        check_extractor_rejects(extractor, bomb, "image"))
 
 
 def test_tesseract_out_of_time_keeps_the_picture(tmp_path: Path) -> None:

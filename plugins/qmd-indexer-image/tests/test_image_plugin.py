@@ -93,7 +93,19 @@ def test_corrupt_truncated_mislabelled_and_oversized_pictures_are_refused(tmp_pa
         assert "corrupt or unreadable" in str(check_extractor_rejects(extractor, bad, "image"))
     assert "not an image" in str(check_extractor_rejects(extractor, text, "image"))
     small = ImageExtractor({"max_pixels": 1000})
-    assert "over the limit" in str(check_extractor_rejects(small, tmp_path / "good.png", "image"))
+    refused = check_extractor_rejects(small, tmp_path / "good.png", "image")
+    assert "over [plugin.image] max_pixels = 1000" in str(refused)
+
+
+def test_max_pixels_is_honoured_over_pillows_own_limit(tmp_path: Path) -> None:
+    """A 95 MP picture is over Pillow's decompression-bomb default (89.5 MP): with ``max_pixels`` above it, it is
+    indexed; under the default ``max_pixels`` it is refused with a line naming the setting, not as "corrupt"."""
+    path = tmp_path / "scan.png"
+    Image.new("1", (10_000, 9_500), 1).save(path)  # 1 bit a pixel: 12 MB decoded
+    (chunk,) = check_extractor(ImageExtractor({"max_pixels": 200_000_000, "ocr": False}), path, "image")
+    assert (chunk.meta["width"], chunk.meta["height"]) == (10_000, 9_500)
+    refused = str(check_extractor_rejects(ImageExtractor({"ocr": False}), path, "image"))
+    assert "corrupt" not in refused and "10000x9500" in refused and "[plugin.image] max_pixels" in refused, refused
 
 
 def test_clip_embedder_honours_the_contract(tmp_path: Path, clip: ClipEmbedder) -> None:

@@ -22,6 +22,7 @@ from indexer.api import Chunk, ExtractContext, FileInfo, chunk_text, decode_text
 __version__ = "0.1.0"
 DEFAULT_SUFFIXES = (".txt", ".org")
 KINDS = frozenset({"plaintext", "org"})
+CONFIG_KEYS = frozenset({"suffixes"})  # what [plugin.notes] may hold: another key is refused, naming the closest
 
 
 def _suffixes(config: dict[str, Any] | None) -> frozenset[str]:
@@ -35,6 +36,7 @@ class NotesClassifier:
     """``"org"`` for ``*.org``, ``"plaintext"`` for the other claimed suffixes, when the head has no NUL byte."""
 
     priority = 100  # same as the built-in markdown classifier; the suffixes do not overlap
+    config_keys = CONFIG_KEYS
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.suffixes = _suffixes(config)
@@ -50,6 +52,7 @@ class NotesExtractor:
     """A note to text chunks of at most ``context.max_tokens`` embedder tokens, with 1-based line ranges."""
 
     kinds = KINDS
+    config_keys = CONFIG_KEYS
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         _suffixes(config)  # the same table as the classifier: reject a bad one here too
