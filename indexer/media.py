@@ -30,12 +30,15 @@ def find_media(collections: Sequence[Collection], path: str, agent: str | None,
                classify: Callable[[Path, bytes], str | None], media_kinds: frozenset[str]
                ) -> tuple[Collection, Path, str] | None:
     """``(collection, absolute path, kind)`` of ``path`` when it is a media memory file of ``agent``'s workspace
-    (``classify``, the registry's, names one of ``media_kinds``), ``None`` when it is a file of another kind.
+    (``classify``, the registry's, names one of ``media_kinds``, and the workspace's ``multimodal`` indexes that
+    kind), ``None`` when it is a file of another kind or of a kind not indexed there.
     Raises what ``resolve_memory_path`` raises (``ReadRefused``, ``FileNotFoundError``, ``KeyError``)."""
     collection, candidate = resolve_memory_path(collections, path, agent)
     with open_memory(collection, candidate) as handle:
         kind = classify(candidate, handle.read(HEAD_BYTES))
-    return (collection, candidate, kind) if kind in media_kinds else None
+    if kind not in media_kinds or not collection.workspace.multimodal.allows(kind):  # off here: not memory
+        return None
+    return collection, candidate, kind
 
 
 def media_page(store: Store, collection: str, abs_path: Path, points: int, rel_path: str, kind: str,

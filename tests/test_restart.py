@@ -108,7 +108,8 @@ def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Pa
             assert boot["included"][0].startswith("memory/deploy.md")
             assert boot.get("degraded") == (None if saved else "keyword only: model loading")
             health = memory.health()
-            assert health == {"status": "degraded", "ready": True, "reasons": ["model loading"]}
+            assert health == {"status": "degraded", "ready": True, "reasons": ["model loading"],
+                              "append": {"main": "off"}}
             assert "model_loaded" not in indexer.state.startup.phases
 
             gate.set()
@@ -117,7 +118,7 @@ def test_restart_answers_before_the_model_loads_then_hybrid_in_full(tmp_path: Pa
             full = memory.search(SearchRequest(query="heliotrope canary", mode="hybrid"))
             assert "degraded" not in full
             assert full["hits"][0]["path"] == "memory/deploy.md" and full["hits"][0]["dense_score"] is not None
-            assert memory.health() == {"status": "ok", "ready": True}
+            assert memory.health() == {"status": "ok", "ready": True, "append": {"main": "off"}}
     finally:
         gate.set()
         warming.join(60) if warming.is_alive() else None

@@ -157,7 +157,7 @@ def api_fixture(indexed) -> TestClient:
 
 
 def test_api_search_health_status(api: TestClient) -> None:
-    assert api.get("/health").json() == {"status": "ok", "ready": True}
+    assert api.get("/health").json() == {"status": "ok", "ready": True, "append": {"main": "off"}}
     assert api.get("/status").json()["collections"]["memory-dir-main"]["files"] == 8
     hits = api.post("/search", json={"query": "ACME-4471", "k": 1, "mode": "keyword"}).json()["hits"]
     assert hits[0]["path"] == "memory/tickets.md"
