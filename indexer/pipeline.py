@@ -297,7 +297,10 @@ class Pipeline:
             reading = Reading(roles=reading.roles, tool_chars=reading.tool_chars, redact=redactor.redact)
         st, head, content_hash = read_fingerprint(path, self.sessions_max_file_bytes, collection)
         file_hash = index_hash(content_hash, redactor.version)
-        if known is not None and _current(known, redactor.version) and known.file_hash == file_hash:
+        # a transcript's points keep the hash of its last whole read while tails are appended (``indexer.tailing``):
+        # the same hash is the same content only at the same size (a file cut back to that read is re-chunked)
+        if (known is not None and _current(known, redactor.version) and known.file_hash == file_hash
+                and known.size_bytes == st.st_size):
             return Unchanged(path, stat_identity(st))
         prepared = self._read_transcript(collection, path, reading, settings, None)
         assert prepared is not None
