@@ -75,8 +75,9 @@ def test_a_full_tmpfs_state_dir_degrades_the_daemon_and_it_recovers(workspace: P
         daemon = Daemon(workspace, state, tmp_path / "daemon.log")
         url = f"http://127.0.0.1:{daemon.port}"
         wait_for(lambda: any(e["event"] == "state_dir_full" for e in daemon.events()), timeout_s=180)
+        # reasons: store, model; append: each agent's (off here)
         wait_for(lambda: daemon.proc.poll() is not None or {**(_health(url) or {}), "reasons": None} == {
-            "status": "degraded", "ready": False, "reasons": None}, timeout_s=60)  # reasons: store, model
+            "status": "degraded", "ready": False, "reasons": None, "append": {"main": "off"}}, timeout_s=60)
         assert daemon.proc.poll() is None, daemon.log.read_text()[-2000:]
         assert httpx.get(f"{url}/status", timeout=5).json()["store_degraded"] is True
         subprocess.run(["mount", "-o", "remount,size=256m", str(state)], check=True)
