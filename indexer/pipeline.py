@@ -44,6 +44,13 @@ DEFAULT_REDACTION = Redactor().version  # the default settings' (``redact_secret
 _SKIP_DETAILS = {"symlink": "symlinks are never followed", "not_regular_file": "a FIFO, socket or device"}
 
 
+def _unsafe_skip(exc: UnsafePath) -> FileSkipped:
+    """The skip a refused open (``indexer.safeio.UnsafePath``) means: ``not_regular_file`` (a FIFO, socket or
+    device) or ``symlink`` (any link on the way), for a note and a transcript alike."""
+    reason = "not_regular_file" if exc.reason == "not_regular_file" else "symlink"
+    return FileSkipped(reason, _SKIP_DETAILS[reason])
+
+
 def index_hash(content_hash: str, redaction: str = DEFAULT_REDACTION) -> str:
     """The ``file_hash`` a file's points carry: its content's sha256 hex, ``+chunking`` and
     ``indexer.chunking.CHUNKING_VERSION``, ``+terms`` and ``indexer.bm25.TERMS_VERSION``, ``+redact`` and the
@@ -139,8 +146,7 @@ def read_fingerprint(path: Path, max_bytes: int, collection: Collection | None =
         else:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except UnsafePath as exc:
-        reason = "not_regular_file" if exc.reason == "not_regular_file" else "symlink"
-        raise FileSkipped(reason, _SKIP_DETAILS[reason]) from None
+        raise _unsafe_skip(exc) from None
     except PermissionError:
         raise FileSkipped("permission_denied", "no read permission") from None
     except OSError as exc:
@@ -334,8 +340,7 @@ class Pipeline:
                         chunks, indexes = [new_tail.first, *chunks], [0, *indexes]
                     total = new_tail.chunk_count
         except UnsafePath as exc:
-            reason = "not_regular_file" if exc.reason == "not_regular_file" else "symlink"
-            raise FileSkipped(reason, _SKIP_DETAILS[reason]) from None
+            raise _unsafe_skip(exc) from None
         except PermissionError:
             raise FileSkipped("permission_denied", "no read permission") from None
         except OSError as exc:
