@@ -78,7 +78,7 @@ def run_product(conv: ConvSet, indexer: Any, mode: str,
     searcher = indexer.view.searcher(**overrides)
     run, flags = {}, {}
     for q in conv.queries:
-        hits, flag, _ = searcher.answer(SearchRequest(query=q["query"], agent=q["agent"], k=K, mode=mode))
+        hits, flag, *_ = searcher.answer(SearchRequest(query=q["query"], agent=q["agent"], k=K, mode=mode))
         run[q["id"]] = [{"path": h["path"], "start_line": h["start_line"], "end_line": h["end_line"],
                          "score": h["score"]} for h in hits]
         flags[q["id"]] = flag

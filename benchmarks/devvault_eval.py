@@ -243,7 +243,7 @@ def run_product(dev: DevSet, indexer: Any, methods: Sequence[tuple[str, str, str
         searcher = indexer.view.searcher(mode=mode, fusion=fusion, prefetch_limit=prefetch, mmr_lambda=mmr_lambda)
         run, said = {}, {}
         for q in dev.queries:
-            hits, said[q["id"]], _ = searcher.answer(SearchParams(q["query"], k=K, mode=mode))
+            hits, said[q["id"]], *_ = searcher.answer(SearchParams(q["query"], k=K, mode=mode))
             run[q["id"]] = [dict(h, path=dev_path(h["path"])) for h in hits]
         runs[label] = run
         if flags is not None:

@@ -90,7 +90,7 @@ def _ask(zh: ZhSet, searcher: Any, mode: str) -> tuple[dict[str, list[dict[str, 
 
     run, flags = {}, {}
     for q in zh.queries:
-        hits, flag, _ = searcher.answer(SearchRequest(query=q["query"], agent=q["agent"], k=K, mode=mode,
+        hits, flag, *_ = searcher.answer(SearchRequest(query=q["query"], agent=q["agent"], k=K, mode=mode,
                                                       as_of=AS_OF))
         results = [{"path": h["path"], "start_line": h["start_line"], "end_line": h["end_line"], "score": h["score"]}
                    for h in hits]
