@@ -171,14 +171,23 @@ def keyword_votes(query_terms: Set[int], number_terms: Set[int], held: Sequence[
     return not words or any(words & terms for terms in held)
 
 
-def fuse_scores(lists: Sequence[Sequence[tuple[Any, float]]], method: str, rrf_k: int,
-                limit: int) -> list[tuple[Any, float]]:
+def fuse_scores(lists: Sequence[Sequence[tuple[Any, float]]], method: str, rrf_k: int, limit: int,
+                weights: Sequence[Mapping[Any, float] | None] = ()) -> list[tuple[Any, float]]:
     """Fuse ranked ``(point id, score)`` lists, best first, with Qdrant's own algorithms, as qdrant-client implements
     them for its local mode: RRF (score of a point = sum over lists of ``1 / (rank + k - 1)``, rank 1-based; Cormack
     et al. 2009 with Qdrant's offset) or DBSF (each list's scores normalised by mean +/- 3 standard deviations, then
-    summed). Returns at most ``limit`` ``(point id, fused score)`` pairs, best first."""
+    summed). ``weights[i]`` (optional, per list): point id -> the factor its part from list ``i`` is multiplied by
+    before the sum (absent: 1; with no weights the sum is the library's own, in its order). Returns at most
+    ``limit`` ``(point id, fused score)`` pairs, best first."""
     from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
 
+    if any(weights):
+        total: dict[Any, float] = {}
+        for i, pairs in enumerate(lists):  # each list alone through the library, its parts weighed and summed
+            factor = weights[i] if i < len(weights) else None
+            for pid, part in fuse_scores([pairs], method, rrf_k, len(pairs)):
+                total[pid] = total.get(pid, 0.0) + part * (factor.get(pid, 1.0) if factor else 1.0)
+        return sorted(total.items(), key=lambda item: item[1], reverse=True)[:limit]
     responses: list[Any] = [[_Scored(pid, score) for pid, score in pairs] for pairs in lists]
     if method == "rrf":
         fused = reciprocal_rank_fusion(responses, limit=limit, ranking_constant_k=rrf_k)

@@ -340,7 +340,8 @@ class Searcher:
         if self.settings.fusion == "dbsf" and whole.get(SPARSE):
             lists = with_keyword_zeros(lists)
         fused = (next(iter(lists.values())) if len(lists) == 1
-                 else fuse_scores(list(lists.values()), self.settings.fusion, self.settings.rrf_k, query.limit))
+                 else fuse_scores(list(lists.values()), self.settings.fusion, self.settings.rrf_k, query.limit,
+                                  self._weights(targets, lists, owner)))
         period = query_period(params.query, _as_of(params)) if self.settings.time_boost else None
         stages, need = self._stages(params, degraded, period, fused)
         kept = fused
@@ -367,6 +368,17 @@ class Searcher:
             hits = [h for h in hits if h.score >= params.min_score]
         return [replace(h, dense_score=raw.get("text", {}).get(ids[h.id]),
                         keyword_score=raw.get(SPARSE, {}).get(ids[h.id])) for h in hits[: params.k]], found
+
+    @staticmethod
+    def _weights(targets: Sequence[Collection], lists: Mapping[str, Sequence[tuple[Any, float]]],
+                 owner: Mapping[Any, str]) -> list[dict[Any, float] | None]:
+        """Per fused list, point id -> its factor in fusion: a dense text part gets its collection's source's
+        ``dense_weight`` (``indexer.workspace.Source``) where that is not 1; other lists and points are not weighed."""
+        weight = {c.name: c.source.dense_weight for c in targets if c.source.dense_weight != 1.0}
+        if not weight:
+            return []
+        return [{pid: weight[owner[pid]] for pid, _ in pairs if owner[pid] in weight} if using == "text" else None
+                for using, pairs in lists.items()]
 
     def _frequencies(self, targets: Sequence[Collection], terms: Sequence[int]) -> tuple[dict[int, int], int]:
         """``(term id -> points holding it, at most DF_DEPTH per collection; points searched)`` over ``targets``,

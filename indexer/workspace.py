@@ -76,21 +76,33 @@ Corpus = Literal["memory", "sessions"]
 class Source:
     """What feeds one kind of collection: ``corpus`` it belongs to (search's ``corpus`` filter), ``own_root``
     (symlink checks and opens start at the collection's root, not at the workspace: an extra path, the sessions
-    folder), ``walked`` (a directory walked for candidates; the root memory files are named instead) and ``suffix``
-    (only names ending so are candidates; empty: any name)."""
+    folder), ``walked`` (a directory walked for candidates; the root memory files are named instead), ``suffix``
+    (only names ending so are candidates; empty: any name) and ``dense_weight`` (the factor a point's dense part of
+    its fused score gets in hybrid search, ``indexer.ranking.fuse_scores``)."""
 
     role: Role
     corpus: Corpus
     own_root: bool
     walked: bool
     suffix: str = ""
+    dense_weight: float = 1.0
+
+
+#: The dense part of a transcript window's fused score, against 1 for notes. Chat windows (greetings, thanks, one
+#: speaker's name on every line) look alike to a small sentence model, and its cosine ranks them poorly: on sessmem,
+#: MiniLM alone finds hit@5 0.571 against BM25's 0.816, and fused at equal weight it adds nothing (0.819). Weights
+#: measured there (hybrid hit@5 / recall@5): 1.0 0.819/0.743, 0.6 0.828/0.755, 0.5 0.831/0.754, 0.4 0.845/0.769,
+#: 0.3 0.839/0.764; the same weight on convmem's daily logs 0.819 -> 0.828 hit@5 (benchmarks/sessmem_eval.py,
+#: docs/performance.md). Notes keep 1.0: on devvault 0.5 cost nDCG@10 0.886 -> 0.853.
+TRANSCRIPT_DENSE_WEIGHT = 0.4
 
 
 SOURCES: dict[str, Source] = {
     "root": Source("root", "memory", own_root=False, walked=False),
     "dir": Source("dir", "memory", own_root=False, walked=True),
     "extra": Source("extra", "memory", own_root=True, walked=True),
-    "sessions": Source("sessions", "sessions", own_root=True, walked=True, suffix=".jsonl"),
+    "sessions": Source("sessions", "sessions", own_root=True, walked=True, suffix=".jsonl",
+                       dense_weight=TRANSCRIPT_DENSE_WEIGHT),
 }
 
 

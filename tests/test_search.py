@@ -124,6 +124,25 @@ def test_fusion_gives_qdrant_clients_own_answer_on_its_own_point_type(method: st
 
 
 @pytest.mark.parametrize("method", ["rrf", "dbsf"])
+def test_fusion_weights_scale_each_points_part_of_one_list(method: str) -> None:
+    """With weights, each list is fused alone by the library and a weighed point's part of that list is multiplied
+    by its factor before the sum: weights of 1 give the library's scores, and a factor moves only the parts it
+    names."""
+    dense = [("a", 0.9), ("b", 0.5), ("c", 0.4), ("d", 0.1)]
+    keyword = [("c", 7.0), ("d", 6.0), ("e", 1.0)]
+    plain = dict(fuse_scores([dense, keyword], method, 60, 10))
+    ones = dict(fuse_scores([dense, keyword], method, 60, 10, [{"a": 1.0, "c": 1.0}, None]))
+    assert ones.keys() == plain.keys() and all(ones[k] == pytest.approx(plain[k]) for k in plain)
+    dense_part = dict(fuse_scores([dense], method, 60, 10))
+    weighed = fuse_scores([dense, keyword], method, 60, 10, [{"a": 0.4, "c": 0.4}, None])
+    scores = dict(weighed)
+    assert scores["a"] == pytest.approx(0.4 * dense_part["a"])
+    assert scores["c"] == pytest.approx(plain["c"] - 0.6 * dense_part["c"])
+    assert scores["b"] == pytest.approx(plain["b"]) and scores["d"] == pytest.approx(plain["d"])
+    assert [pid for pid, _ in weighed] == sorted(scores, key=lambda pid: -scores[pid])
+
+
+@pytest.mark.parametrize("method", ["rrf", "dbsf"])
 def test_fusion_ranks_like_qdrants_own_fusion(indexed, method: str) -> None:
     """Our pooled fusion (qdrant-client's implementation) orders a single collection as Qdrant Edge fuses it."""
     import qdrant_edge as qe

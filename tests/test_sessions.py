@@ -162,6 +162,34 @@ def test_a_day_named_in_the_question_favours_the_transcript_of_that_day(make_ind
         assert hits[0]["session_id"] == want, (query, hits[0])
 
 
+def test_a_transcripts_dense_part_is_weighed_down_in_hybrid_fusion(make_indexer, agent, monkeypatch) -> None:
+    """Hybrid search fuses a transcript window's cosine at its source's ``dense_weight`` (chat windows look alike
+    to a small model; ``indexer.workspace.TRANSCRIPT_DENSE_WEIGHT``) and a note's at 1."""
+    from indexer import search
+    from indexer.workspace import TRANSCRIPT_DENSE_WEIGHT
+
+    seen: list[Any] = []
+    real = search.fuse_scores
+
+    def recording(lists: Any, *args: Any) -> Any:
+        seen.append((lists, args))
+        return real(lists, *args)
+
+    monkeypatch.setattr(search, "fuse_scores", recording)
+    indexer = make_indexer([agent])
+    index_once(indexer)
+    hits = LocalMemory(indexer.view).search(SearchRequest(query="the ferry for the kayak race", k=5))["hits"]
+    assert {h["collection"] for h in hits} >= {"sessions-main", "memory-dir-main"}
+    (lists, (_, _, _, weights)), = seen
+    dense, keyword = lists[0], lists[1]
+    transcript = set(indexer.store.payloads("sessions-main", [str(pid) for pid, _ in dense + keyword]))
+    assert weights[0] == {pid: TRANSCRIPT_DENSE_WEIGHT for pid, _ in dense if str(pid) in transcript}
+    assert len(weights[0]) == 3 and len(dense) == 5  # the three windows weighed, the two notes not
+    assert weights[1] is None and TRANSCRIPT_DENSE_WEIGHT < 1 and keyword
+    fused = real(lists, "dbsf", 60, 100, weights)
+    assert [h["score"] for h in hits] == pytest.approx([score for _, score in fused][: len(hits)])
+
+
 def test_tool_results_are_indexed_cut_where_the_workspace_asks(make_indexer, agent) -> None:
     indexer = make_indexer([{**agent, "sessions_tool_results": True, "sessions_tool_result_chars": 40}])
     index_once(indexer)
