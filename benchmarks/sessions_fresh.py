@@ -10,13 +10,15 @@ For each size in ``--lines`` (default 1,000 and 50,000 JSONL lines):
    ``Indexer.open`` + ``index_once``; the embedding cache under ``--state`` is kept between runs). Its messages
    repeat with one timestamp, so most windows are alike and the embedding cache spares the initial index most of
    its embedding: what is measured is the appends, not the model's throughput;
-2. **freshness**: runs the daemon's worker loop with its real watcher (``worker.run``), appends ``--appends``
+2. **freshness**: runs the daemon's worker loop with its real watcher (``worker.run``), waits for its start scan
+   (``daemon_ready``) and one warm-up search, appends ``--appends``
    messages one at a time, each holding a word no other line has, and times from the write to the first search
    (``Searcher.answer``, hybrid, the agent's collections) whose top hit shows it: p50 and p95 seconds;
 3. **cost**: with the loop stopped, appends ``--appends`` more messages and times the CPU the worker thread spends
    bringing the index up to date for each (``Sync.process`` on the transcript, ``time.thread_time``).
 
-Prints both sizes and the ratio of their CPU per appended message (flat: about 1), with the load average.
+Prints each append's seconds in order (the first one after a start shows whether the transcript's tail
+survived the start), both sizes and the ratio of their CPU per appended message (flat: about 1), with the load average.
 """
 
 from __future__ import annotations
@@ -95,9 +97,11 @@ def measure(state: Path, lines: int, appends: int, log: Any) -> dict[str, Any]:
     log(f"{lines} lines ({path.stat().st_size / 1e6:.1f} MB) indexed in {time.monotonic() - started:.1f} s")
     stop = threading.Event()
     worker = threading.Thread(target=run, args=(indexer, stop), daemon=True)
+    indexer.state.ready.clear()  # set by index_once: wait for the loop's own start scan (daemon_ready) instead
     worker.start()
     indexer.state.ready.wait(600)
     searcher = indexer.view.searcher()
+    searcher.answer(SearchRequest(query="warm up", agent="main", k=1))  # the query model loads once, not per append
     latencies = []
     n = lines + 1
     for i in range(appends):
@@ -122,6 +126,7 @@ def measure(state: Path, lines: int, appends: int, log: Any) -> dict[str, Any]:
         indexer.sync.process([path])
         cpu.append(time.thread_time() - t0)
     indexer.close()
+    log(f"{lines} lines: seconds to searchable per append, in order: {[round(x, 3) for x in latencies]}")
     latencies.sort()
     return {"lines": lines, "bytes": path.stat().st_size,
             "fresh_p50_s": statistics.median(latencies),
