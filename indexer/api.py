@@ -224,6 +224,10 @@ class Embedder(Protocol):
       (``on_model_change``), it keys the embedding cache and ``status`` shows it. Default: ``model_id``.
     - ``precision``: the numeric precision it runs at (``"fp32"``, ``"int8"``, ...), shown by ``status``.
     - ``query_file``: the file single queries run on, where it differs from the chunks' model, shown by ``status``.
+    - ``relevance_floor``: for a text embedder, the query-chunk cosine from which its best candidate says "relevant"
+      (``indexer.relevance``), measured for its model: cosines of one model sit in a band of their own (MiniLM's
+      unrelated pairs near 0.2, e5's near 0.75). Default: ``None``, the product's MiniLM-measured 0.42
+      (``Settings.relevance_floor`` set in the config wins over both).
     """
 
     model_id: str
@@ -233,6 +237,7 @@ class Embedder(Protocol):
     identity: str = ""
     precision: str | None = None
     query_file: str | None = None
+    relevance_floor: float | None = None
 
     def embed(self, chunks: Sequence[Chunk]) -> np.ndarray: ...
 

@@ -235,8 +235,9 @@ class Settings(BaseSettings):
     # relevance_floor, one of the first 10 fused candidates holds relevance_coverage of the query's terms weighed by
     # their IDF in the index, or a note dated in the question's period is among the first hits
     # (indexer.relevance.judge; judged before k cuts the list, so k never changes it).
-    # Measured with benchmarks/relevance_table.py: docs/performance.md, "Nothing relevant".
-    relevance_floor: float = Field(default=0.42, ge=-1, le=1)
+    # Measured with benchmarks/relevance_table.py: docs/performance.md, "Nothing relevant". Unset, the floor is the
+    # text embedder's own (its relevance_floor: e5 0.83), else 0.42 (measured for MiniLM).
+    relevance_floor: float | None = Field(default=None, ge=-1, le=1)
     relevance_coverage: float = Field(default=0.5, ge=0, le=1)
     # Optional re-ranking of the fused hits, off by default (indexer.search.mmr / decay). MMR lowered nDCG@10 and
     # hit@5 on the devvault dev set, so it is off (docs/performance.md, "Search defaults").

@@ -116,6 +116,11 @@ class Answer(NamedTuple):
     relevance: schema.Relevance = {"level": "none", "reason": "nothing found"}  # noqa: RUF012 - never mutated
 
 
+#: the relevance floor of a text embedder that declares none: measured for the default model, all-MiniLM-L6-v2
+#: (docs/performance.md, "Nothing relevant")
+DEFAULT_RELEVANCE_FLOOR = 0.42
+
+
 @dataclass(frozen=True, slots=True)
 class SearchSettings:
     """What shapes every search of a ``Searcher``: the defaults a request may override (``mode``), the fusion
@@ -135,7 +140,7 @@ class SearchSettings:
     rerank_top_n: int = 20
     rerank_budget_s: float = 2.0
     mmr_lambda: float | None = None
-    dense_floor: float = 0.42
+    dense_floor: float = DEFAULT_RELEVANCE_FLOOR
     coverage_floor: float = 0.5
     corpus: str = "all"  # the corpus of a request that names none (``default_corpus``)
 
@@ -148,11 +153,19 @@ class SearchSettings:
                    prefetch_limit=settings.prefetch_limit, min_scores={"image": settings.image_min_score},
                    hit_fields=tuple(registry.hit_fields), half_life_days=settings.temporal_half_life_days,
                    rerank_top_n=settings.rerank_top_n, rerank_budget_s=settings.rerank_budget_s,
-                   mmr_lambda=settings.mmr_lambda, dense_floor=settings.relevance_floor,
+                   mmr_lambda=settings.mmr_lambda, dense_floor=relevance_floor(settings, registry),
                    coverage_floor=settings.relevance_coverage, corpus=settings.default_corpus)
 
 
 _SETTING_NAMES = frozenset(f.name for f in fields(SearchSettings))
+
+def relevance_floor(settings: Settings, registry: Registry) -> float:
+    """The dense cosine from which a search says relevant: ``settings.relevance_floor`` when set, else the text
+    embedder's declared ``relevance_floor`` (``indexer.api.Embedder``), else ``DEFAULT_RELEVANCE_FLOOR``."""
+    if settings.relevance_floor is not None:
+        return settings.relevance_floor
+    declared = getattr(registry.embedders.get("text"), "relevance_floor", None)
+    return float(declared) if declared is not None else DEFAULT_RELEVANCE_FLOOR
 
 
 class Searcher:

@@ -169,6 +169,28 @@ def test_chinese_notes_are_found_by_meaning_in_chinese_and_english(e5: Registry,
         indexer.store.close()
 
 
+def test_the_relevance_floor_is_the_models_own(e5: Registry, tmp_path: Path) -> None:
+    """e5's cosines sit high for any pair: at MiniLM's floor (0.42) a question whose answer is nowhere in memory
+    was flagged relevant; at e5's declared floor it is not, while an answerable one still is. A floor set in the
+    config wins over the model's."""
+    from indexer.search import DEFAULT_RELEVANCE_FLOOR, relevance_floor
+
+    ws = chinese_workspace(tmp_path / "ws")
+    indexer = open_indexer(tmp_path, ws, e5)
+    try:
+        index_once(indexer)
+        assert relevance_floor(indexer.settings, e5) == embedder(e5).relevance_floor > DEFAULT_RELEVANCE_FLOOR
+        absent = SearchRequest(query="我的猫叫什么名字？", k=3, mode="dense")  # what is my cat's name?
+        assert indexer.view.searcher().answer(absent).relevant is False
+        assert indexer.view.searcher(dense_floor=DEFAULT_RELEVANCE_FLOOR).answer(absent).relevant is True
+        assert indexer.view.searcher().answer(SearchRequest(query="家里哪里在漏水？", k=3, mode="dense")).relevant
+    finally:
+        indexer.store.close()
+    settings = make_settings(tmp_path, [{"path": str(ws), "agent": "a"}], state_dir=tmp_path / "s2",
+                             relevance_floor=0.5)
+    assert relevance_floor(settings, e5) == 0.5
+
+
 def test_switching_prefer_text_to_e5_rebuilds_beside_the_live_index(registry: Registry, e5: Registry,
                                                                    tmp_path: Path) -> None:
     """An index made with MiniLM, then the daemon opened with ``prefer = { text = "e5" }``: the model identity
