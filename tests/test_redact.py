@@ -206,3 +206,44 @@ def test_a_workspace_may_keep_its_notes_as_written_and_transcripts_are_always_re
     # the setting is part of each point's file_hash: turning it on re-chunks the file (no stale secret stays)
     assert Redactor(False).version != Redactor().version != Redactor(True, Redactor.from_settings(
         make_settings(tmp_path, [], redact_patterns=["ACME-[0-9]+"])).patterns).version
+
+
+def test_a_secret_pasted_into_a_transcript_is_absent_from_every_answer_payload_cache_file_and_log_line(
+        tmp_path: Path, make_indexer: Any) -> None:
+    """A session transcript whose user pastes every kind of secret (in one message, and a tool result that prints
+    them, indexed here): search in every mode, recall, get of the transcript, the stored payloads, every file under
+    the state dir and every log line hold none of them, and each is marked by its kind."""
+    from test_sessions import openclaw
+
+    ws, sessions = tmp_path / "ws", tmp_path / "sessions"
+    write(ws / "MEMORY.md", "# Memory\n\nThe heliotrope launch is discussed in the sessions.\n")
+    said = [("Dana", "Here is everything for the heliotrope deploy: " + " ".join(NOTE.split("\n")[3:])),
+            ("Sam", "Thanks, I will rotate them after the heliotrope launch on Thursday."),
+            ("Dana", "Also the key block:\n" + "\n".join(NOTE.split("\n")[10:14]))]
+    session = "5b0c9f1e-6f1d-4c5e-9a51-1d2f3c4b5a69"
+    path = write(sessions / f"{session}.jsonl", openclaw(session, "2023-06-02", said, tool_every=1)
+                 .replace("TOOLOUTPUTWORD", "TOOLOUTPUTWORD " + SECRETS["github_token"]))
+    with capture_logs() as logs:
+        daemon = make_indexer([{"agent": "main", "path": str(ws), "sessions": str(sessions),
+                                "sessions_tool_results": True}], log_level="debug")
+        with Running(daemon):
+            memory = LocalMemory(daemon.view)
+            answers: list[Any] = [memory.search(SearchRequest(query=q, mode=mode, k=20, corpus="sessions"))
+                                  for q in ["heliotrope deploy credentials", *LEAKS]
+                                  for mode in ("hybrid", "keyword", "dense")]
+            hits = [hit for answer in answers for hit in answer["hits"]]
+            assert hits and all(hit["session_id"] == session for hit in hits)
+            answers.append(memory.recall(RecallRequest(query="*")))
+            page = memory.get(GetRequest(path=hits[0]["path"], lines=100))
+            answers.append(page)
+            payloads = [p for c in daemon.state.plan.collections for p in daemon.store.scroll(c.name)]
+            stored = [json.dumps(dataclasses.asdict(p), default=str) for p in payloads]
+    assert path.read_text().count(SECRETS["github_token"]) >= 2  # the file itself holds them, as written
+    assert not _leaks(json.dumps(answers, default=str)) and not _leaks("\n".join(stored))
+    assert all(f"[redacted: {kind}]" in page["text"] for kind in SECRETS)
+    assert "[redacted: private_key]" in page["text"] and "[redacted: password]" in page["text"]
+    assert "TOOLOUTPUTWORD [redacted: github_token]" in "\n".join(stored)  # the tool result too
+    assert not [event for event in logs if _leaks(json.dumps(event, default=str))]
+    for file in (tmp_path / "state").rglob("*"):
+        if file.is_file():
+            assert not [s for s in LEAKS if s.encode() in file.read_bytes()], file
