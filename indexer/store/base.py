@@ -16,9 +16,9 @@ interrupted rebuild or swap left behind.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import structlog
@@ -30,6 +30,8 @@ log = structlog.get_logger("qmd_indexer.store")
 
 SCROLL_PAGE = 1024  # payloads per scroll request
 REBUILD = "--rebuild-"  # physical collections of a rebuild are named <name>--rebuild-<n>
+_RETRIED = "_store_retried"  # the attribute ``retried`` sets on a method: whether it writes
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,41 @@ class Dialect:
         if query.sparse and query.sparse[0]:
             out[SPARSE] = self.models.SparseVector(indices=query.sparse[0], values=query.sparse[1])
         return out
+
+
+def retried(write: bool = False) -> Callable[[F], F]:
+    """Mark a store method as one request to a server that may fail for a while: a server backend wraps every
+    method so marked in its retry (``ServerStore._retrying``; ``write``: a write, whose failures set ``degraded``).
+    The mark stays with the method through a rename; ``retried_methods`` lists what a store class marks."""
+
+    def mark(fn: F) -> F:
+        setattr(fn, _RETRIED, write)
+        return fn
+
+    return mark
+
+
+def retried_methods(cls: type) -> dict[str, bool]:
+    """Name -> ``write`` of every method of ``cls`` marked ``retried`` (by ``cls`` or a class it derives from; an
+    override keeps its base's mark)."""
+    out: dict[str, bool] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            write = getattr(value, _RETRIED, None)
+            if write is not None:
+                out[name] = write
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PerTenant:
+    """How a shared collection is indexed: ``tenant_index`` whether its tenant key has a keyword index with
+    ``is_tenant``; ``m`` and ``payload_m`` its HNSW settings (``m == 0`` and ``payload_m`` set: one graph per
+    tenant, none across them; ``None``: not set)."""
+
+    tenant_index: bool
+    m: int | None
+    payload_m: int | None
 
 
 def file_states(payloads: Iterator[Mapping[str, Any]]) -> dict[str, FileState]:
@@ -315,6 +352,30 @@ class Store:
             names = {**{p: p for p in physical if REBUILD not in p}, **self._alias_map}
             configs = {name: self._dense_config(target) for name, target in sorted(names.items()) if target in physical}
             return {name: config for name, config in configs.items() if config is not None}
+
+    # what ``qmd-indexer doctor`` reads of the physical layout (read only) ----------------------------------------
+    def physical_names(self) -> list[str]:
+        """Every physical collection in the store, sorted: rebuilds' staging collections and (on a server) shared
+        collections included, aliases not."""
+        with self._lock:
+            return sorted(self._names())
+
+    def aliases(self) -> dict[str, str]:
+        """Alias -> the physical collection it points at."""
+        with self._lock:
+            return dict(self._read_aliases())
+
+    def physical_count(self, physical: str, tenant: str | None = None) -> int:
+        """Exact number of points in physical collection ``physical`` (no alias resolved), only those of tenant
+        ``tenant`` (a logical collection, ``layout.TENANT_KEY``) when given; the embedded store has no tenants, so
+        a tenant has 0 points there."""
+        with self._lock:
+            return self._count(physical) if tenant is None else 0
+
+    def per_tenant(self, physical: str) -> PerTenant | None:
+        """How shared collection ``physical`` is indexed per tenant (``PerTenant``); ``None`` where the store has no
+        shared collections (the embedded store)."""
+        return None
 
     def scroll_points(self, name: str, page: int = SCROLL_PAGE) -> Iterator[Point]:
         """Every point of ``name`` with its vectors and payload, read ``page`` points per request (the lock is
