@@ -13,12 +13,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from indexer.errors import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
 from indexer.terminal import configure_logging, print_status
+
+if TYPE_CHECKING:  # the commands import the store and migrate themselves, when they run
+    from indexer.migrate import Migrated
+    from indexer.store import ServerStore, Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -220,7 +224,7 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
     settings = settings_from(config, None, None, state_dir, None)
     configure_logging(settings.log_format, settings.log_level)
     from indexer.errors import CollectionMismatch, StoreLocked, StoreUnavailable
-    from indexer.migrate import drop_sources, open_stores
+    from indexer.migrate import drop_sources
     from indexer.migrate import migrate as copy_store
     from indexer.rebuild import record_tenancy
 
@@ -229,15 +233,7 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
     if drop_source and not source_url:
         fail("--drop-source needs --from (the embedded store is left for you to remove)", EXIT_USAGE)
     to_url = url or str(source_url)
-    try:
-        source, target, names = open_stores(settings, to_url, source_url or "", tenancy, from_tenancy,
-                                            api_key or "")
-    except ValueError as exc:
-        fail(str(exc), EXIT_USAGE)
-    except StoreLocked as exc:
-        fail(f"{exc}. Stop the daemon, then migrate.")
-    except StoreUnavailable as exc:
-        fail(f"{exc} ({source_url or to_url})")
+    source, target, names = _migrate_stores(settings, to_url, source_url, tenancy, from_tenancy, api_key)
     try:
         results = copy_store(source, target, names=names)
         dropped = drop_sources(source, results) if drop_source else []
@@ -248,23 +244,47 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
     finally:
         source.close()
         target.close()
-    layout = target.tenancy
-    for r in results:
-        click.echo(f"{r.collection:<40} {r.points:>8} points  ({r.copied} copied, {r.skipped} already there, "
-                   f"{r.files_removed} stale files removed; {r.in_target} in the target"
-                   f"{'' if r.verified else ': COUNTS DIFFER'}{', source dropped' if r.collection in dropped else ''})")
-    for name in sorted(set(names or ()) - {r.collection for r in results}):
-        click.echo(f"{name:<40} not in the source ({source_url}, {source.tenancy} layout): already moved?")
+    _migrated_lines(results, dropped, names, source_url, source.tenancy)
     if not results:
         fail("nothing to copy: no collection of this state dir is in the source")
     if not all(r.verified for r in results):
         fail("some counts differ (was the daemon running?): run the same command again")
     record_tenancy(settings.state_dir, to_url, target.tenancy)  # the daemon's "auto" keeps this layout there
+    layout = target.tenancy
     click.echo(f"Copied {len(results)} collections to {to_url} ({layout} layout), every count verified. Start the "
                f"daemon on it with\n  qmd-indexer run --qdrant-url {to_url} ...\nwith qdrant_tenancy = \"{layout}\" "
                f"(environment: QMD_INDEXER_QDRANT_URL, QMD_INDEXER_QDRANT_TENANCY). Nothing is embedded again."
                + ("" if source_url else f" {settings.state_dir / 'qdrant'} is no longer used and can be removed once "
                                          f"you are satisfied."))
+
+
+def _migrate_stores(settings: Any, to_url: str, source_url: str | None, tenancy: str | None,
+                    from_tenancy: str | None, api_key: str | None) -> tuple[Store, ServerStore, list[str] | None]:
+    """``migrate.open_stores`` for the ``migrate`` command's flags: ``(source, target, names)``; exits 2 on bad
+    flags (``ValueError``), 1 when the embedded store is locked or the server unreachable."""
+    from indexer.errors import StoreLocked, StoreUnavailable
+    from indexer.migrate import open_stores
+
+    try:
+        return open_stores(settings, to_url, source_url or "", tenancy, from_tenancy, api_key or "")
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE)
+    except StoreLocked as exc:
+        fail(f"{exc}. Stop the daemon, then migrate.")
+    except StoreUnavailable as exc:
+        fail(f"{exc} ({source_url or to_url})")
+
+
+def _migrated_lines(results: list[Migrated], dropped: list[str], names: list[str] | None, source_url: str | None,
+                    source_layout: str | None) -> None:
+    """One line per collection ``migrate`` copied (``migrate.Migrated``: its counts, verified or not, and whether
+    its source was dropped), then one per collection of ``names`` the source did not hold."""
+    for r in results:
+        click.echo(f"{r.collection:<40} {r.points:>8} points  ({r.copied} copied, {r.skipped} already there, "
+                   f"{r.files_removed} stale files removed; {r.in_target} in the target"
+                   f"{'' if r.verified else ': COUNTS DIFFER'}{', source dropped' if r.collection in dropped else ''})")
+    for name in sorted(set(names or ()) - {r.collection for r in results}):
+        click.echo(f"{name:<40} not in the source ({source_url}, {source_layout} layout): already moved?")
 
 
 def _served_agent(config: Path | None, workspace: Path) -> str | None:
@@ -315,7 +335,7 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
       qmd-indexer doctor --workspace ~/agent
       qmd-indexer doctor --config /etc/qmd-indexer/config.toml --fix
     """
-    from indexer.doctor import find_split, findings, fix_split, language_findings
+    from indexer.doctor import findings, language_findings
     from indexer.workspace import overlaps, plan_collections
 
     if workspace is not None and agent is None:
@@ -335,23 +355,32 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
         problems += finding.problem
         click.echo(finding.line())
     for ws in settings.workspace:
-        legacy = find_split(ws)
-        if legacy is None and any(f.problem and f.agent == ws.agent for f in found):
-            continue
-        if legacy is None:
-            click.echo(f"{ws.agent}: ok ({ws.path})")
-        elif not fix:
-            problems += 1
-            click.echo(f"{ws.agent}: split root memory: {legacy} and MEMORY.md are different files; "
-                       f"only MEMORY.md is indexed. Run with --fix to archive and merge it.")
-        else:
-            repair = fix_split(ws)
-            if repair is None:  # repaired by someone else since find_split
-                click.echo(f"{ws.agent}: ok ({ws.path})")
-                continue
-            merged = "its text appended to MEMORY.md" if repair.merged else "same text as MEMORY.md"
-            click.echo(f"{ws.agent}: repaired: {legacy.name} archived to {repair.archived_to} ({merged})")
+        problems += _root_memory(ws, fix, flagged=any(f.problem and f.agent == ws.agent for f in found))
     sys.exit(EXIT_FAILURE if problems else EXIT_OK)
+
+
+def _root_memory(ws: Any, fix: bool, flagged: bool) -> int:
+    """``doctor``'s line on workspace ``ws``'s root memory (a ``config.Workspace``): ``ok`` (left out when
+    ``flagged``: a problem of this agent was printed already), split (MEMORY.md and memory.md as two files), or,
+    with ``fix``, repaired. Returns the problems left: 1 for a split not fixed, else 0."""
+    from indexer.doctor import find_split, fix_split
+
+    legacy = find_split(ws)
+    if legacy is None:
+        if not flagged:
+            click.echo(f"{ws.agent}: ok ({ws.path})")
+        return 0
+    if not fix:
+        click.echo(f"{ws.agent}: split root memory: {legacy} and MEMORY.md are different files; "
+                   f"only MEMORY.md is indexed. Run with --fix to archive and merge it.")
+        return 1
+    repair = fix_split(ws)
+    if repair is None:  # repaired by someone else since find_split
+        click.echo(f"{ws.agent}: ok ({ws.path})")
+        return 0
+    merged = "its text appended to MEMORY.md" if repair.merged else "same text as MEMORY.md"
+    click.echo(f"{ws.agent}: repaired: {legacy.name} archived to {repair.archived_to} ({merged})")
+    return 0
 
 
 @click.command()
