@@ -1,6 +1,6 @@
 """The ``qmd-indexer`` commands that work in this process, on the state dir and the workspaces themselves: ``run``
-(the daemon), ``index --once``, ``migrate``, ``doctor`` and ``plugins``; and what every command shares: the config,
-port and workspace options, settings from flags (``settings_from``) and the one-line failure (``fail``).
+(the daemon), ``index --once``, ``migrate``, ``doctor`` and ``plugins``. What every command shares (the options,
+settings from flags, the one-line failure) is ``indexer.cli_options``'.
 
 ``indexer.cli`` adds these commands to its group beside the ones that ask a running daemon. Heavy modules (torch,
 the store) are imported inside the commands that need them. Exit codes are ``indexer.cli``'s.
@@ -11,83 +11,26 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from indexer.cli_options import (
+    config_opt,
+    fail,
+    need_workspaces,
+    port_opt,
+    private_files,
+    settings_from,
+    workspace_opts,
+)
 from indexer.errors import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
 from indexer.terminal import configure_logging, print_status
 
 if TYPE_CHECKING:  # the commands import the store and migrate themselves, when they run
     from indexer.migrate import Migrated
     from indexer.store import ServerStore, Store
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
-    """Print ``qmd-indexer: <message>`` on stderr and exit with ``code`` (``indexer.errors``' EXIT_*)."""
-    click.echo(f"qmd-indexer: {message}", err=True)
-    sys.exit(code)
-
-
-def settings_from(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
-                  port: int | None, qdrant_url: str | None = None, extra: tuple[Path, ...] = (),
-                  host: str | None = None, append: bool = False) -> Any:
-    """``load_settings(config, overrides)`` with the flags as overrides (``None``: not given); ``--workspace``
-    replaces the config's workspaces with one (taking appends with ``append``). Exits 2 (``fail``) on a config error
-    or ``--agent``/``--extra-path``/``--append`` without ``--workspace``."""
-    from indexer.config import load_settings
-    from indexer.errors import ConfigError
-
-    overrides: dict[str, Any] = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url, "host": host}
-    if workspace is not None:
-        overrides["workspace"] = [{"agent": agent or "main", "path": workspace, "extra_paths": list(extra),
-                                   "append": append}]
-    elif agent is not None or extra or append:
-        fail("--agent, --extra-path and --append need --workspace (in a config file: the [[workspace]] table's "
-             "agent, extra_paths and append = true)", EXIT_USAGE)
-    try:
-        return load_settings(config, overrides)
-    except ConfigError as exc:
-        fail(f"config error: {exc}", EXIT_USAGE)
-
-
-def private_files() -> None:
-    """Set this process's umask to 077 before anything writes the state dir: every file and directory the store
-    (Qdrant Edge segments and WAL), the embedding cache (SQLite) and the daemon create is 0600/0700, readable by
-    this user alone (they hold the notes' text). ``hold_state_lock`` also tightens an existing loose state dir."""
-    import os
-
-    os.umask(0o077)
-
-
-def need_workspaces(settings: Any) -> None:
-    """Exit 2 (``fail``) when ``settings`` has no workspace."""
-    if not settings.workspace:
-        fail("no workspace configured: pass --workspace PATH [--agent ID], or add [[workspace]] tables to the "
-             "config file (see `qmd-indexer run --help`)", EXIT_USAGE)
-
-
-config_opt = click.option("--config", "config", type=click.Path(path_type=Path, dir_okay=False),
-                          help="TOML config file [env QMD_INDEXER_CONFIG; default ~/.config/qmd-indexer/config.toml]")
-port_opt = click.option("--port", type=click.IntRange(1, 65535), help="HTTP API port on 127.0.0.1 [default 8743]")
-
-
-def workspace_opts(fn: F) -> F:
-    """``fn`` with ``--config``, ``--workspace``, ``--agent``, ``--state-dir``, ``--qdrant-url``, ``--extra-path``."""
-    fn = click.option("--extra-path", "extra", multiple=True, type=click.Path(path_type=Path),
-                      help="Extra memory file or directory (repeatable), absolute or workspace-relative.")(fn)
-    fn = click.option("--qdrant-url", help="Qdrant server URL; empty = embedded Qdrant Edge under the state dir.")(fn)
-    fn = click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
-                      help="Where the embedded store and embedding cache live "
-                           "[default $XDG_STATE_HOME/qmd-indexer, else ~/.local/state/qmd-indexer].")(fn)
-    fn = click.option("--agent", help="Agent id of --workspace [default main].")(fn)
-    fn = click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
-                      help="Agent workspace directory (holds MEMORY.md and memory/); replaces the config's list.")(fn)
-    return config_opt(fn)
 
 
 @click.command()
