@@ -211,7 +211,8 @@ def test_every_method_that_sends_a_request_is_retried() -> None:
     for klass in ServerStore.__mro__[:-1]:
         for fn in ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body:  # type: ignore[attr-defined]
             calls = [n for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)
-                     and n.value.attr == "client" and isinstance(n.value.value, ast.Name) and n.value.value.id == "self"]
+                     and n.value.attr == "client" and isinstance(n.value.value, ast.Name)
+                     and n.value.value.id == "self"]  # self.client.<request>
             if isinstance(fn, ast.FunctionDef) and calls and fn.name not in marked and fn.name != "close":
                 unmarked.append(f"{klass.__name__}.{fn.name}")
     assert not unmarked
