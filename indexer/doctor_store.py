@@ -24,8 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 from indexer.config import Settings
 from indexer.doctor import Finding
 from indexer.rebuild import recorded_identities
-from indexer.store.base import REBUILD, PerTenant, Store
-from indexer.store.layout import PAYLOAD_M, SHARED, STAGING, TENANT_KEY, shared_collection
+from indexer.store.base import REBUILD, Store
+from indexer.store.layout import PAYLOAD_M, SHARED, STAGING, TENANT_KEY, PerTenant, shared_collection
 from indexer.workspace import Collection
 
 Where = Literal["own", "tenant", "staging", "former", "other"]
@@ -84,7 +84,7 @@ def store_findings(settings: Settings) -> list[Finding]:
     (HTTP 401...), is one problem finding and nothing else. Never raises for the server; never writes to it."""
     from indexer.state import Plan
     from indexer.store import ServerOptions, ServerStore
-    from indexer.store.server import refused
+    from indexer.store.retry import refused
 
     out: list[Finding] = []
     collections = Plan.of(settings).collections

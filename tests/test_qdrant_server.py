@@ -204,7 +204,7 @@ def test_every_method_that_sends_a_request_is_retried() -> None:
     import inspect
     import textwrap
 
-    from indexer.store.base import retried_methods
+    from indexer.store.retry import retried_methods
 
     marked = retried_methods(ServerStore)
     unmarked = []

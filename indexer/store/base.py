@@ -16,9 +16,9 @@ interrupted rebuild or swap left behind.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import structlog
@@ -26,12 +26,13 @@ import structlog
 from indexer.errors import CollectionMismatch
 from indexer.points import NO_PAYLOAD, SPARSE, STATE_FIELDS, FileState, Filter, Hit, Payload, Point, Query
 
+if TYPE_CHECKING:
+    from indexer.store.layout import PerTenant
+
 log = structlog.get_logger("qmd_indexer.store")
 
 SCROLL_PAGE = 1024  # payloads per scroll request
 REBUILD = "--rebuild-"  # physical collections of a rebuild are named <name>--rebuild-<n>
-_RETRIED = "_store_retried"  # the attribute ``retried`` sets on a method: whether it writes
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,41 +82,6 @@ class Dialect:
         if query.sparse and query.sparse[0]:
             out[SPARSE] = self.models.SparseVector(indices=query.sparse[0], values=query.sparse[1])
         return out
-
-
-def retried(write: bool = False) -> Callable[[F], F]:
-    """Mark a store method as one request to a server that may fail for a while: a server backend wraps every
-    method so marked in its retry (``ServerStore._retrying``; ``write``: a write, whose failures set ``degraded``).
-    The mark stays with the method through a rename; ``retried_methods`` lists what a store class marks."""
-
-    def mark(fn: F) -> F:
-        setattr(fn, _RETRIED, write)
-        return fn
-
-    return mark
-
-
-def retried_methods(cls: type) -> dict[str, bool]:
-    """Name -> ``write`` of every method of ``cls`` marked ``retried`` (by ``cls`` or a class it derives from; an
-    override keeps its base's mark)."""
-    out: dict[str, bool] = {}
-    for klass in reversed(cls.__mro__):
-        for name, value in vars(klass).items():
-            write = getattr(value, _RETRIED, None)
-            if write is not None:
-                out[name] = write
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class PerTenant:
-    """How a shared collection is indexed: ``tenant_index`` whether its tenant key has a keyword index with
-    ``is_tenant``; ``m`` and ``payload_m`` its HNSW settings (``m == 0`` and ``payload_m`` set: one graph per
-    tenant, none across them; ``None``: not set)."""
-
-    tenant_index: bool
-    m: int | None
-    payload_m: int | None
 
 
 def file_states(payloads: Iterator[Mapping[str, Any]]) -> dict[str, FileState]:

@@ -35,7 +35,8 @@ from typing import Any
 import structlog
 
 from indexer.errors import StoreUnavailable
-from indexer.store.base import REBUILD, retried
+from indexer.store.base import REBUILD
+from indexer.store.retry import retried
 
 log = structlog.get_logger("qmd_indexer.daemon")
 

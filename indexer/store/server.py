@@ -5,8 +5,9 @@ Writes are made to survive a cluster:
 
 - an upsert is split into requests of at most ``batch_points`` points whose serialised body stays under the
   server's ``max_request_size_mb`` (a request over it is refused whole, so one huge note must not become one request);
-- every request is retried with exponential backoff (tenacity) on transport errors, timeouts, HTTP 5xx/429 and the
-  matching gRPC codes, then raises ``StoreUnavailable``. Repeating a write is safe even when the failed attempt was
+- every request (a method marked ``@retried``, ``indexer.store.retry``) is retried with exponential backoff
+  (tenacity) on transport errors, timeouts, HTTP 5xx/429 and the matching gRPC codes, then raises
+  ``StoreUnavailable``. Repeating a write is safe even when the failed attempt was
   partly applied (a cluster answers 500 when a replica missed a write that the others took): point ids are
   deterministic (``indexer.points.point_id``), so an upsert overwrites the same points and a delete by filter
   deletes the same ones;
@@ -29,41 +30,16 @@ from typing import Any, ParamSpec, TypeVar
 
 from indexer.errors import CollectionMismatch, StoreUnavailable
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
-from indexer.store.base import REBUILD, SCROLL_PAGE, Dialect, PerTenant, point_from_record, retried, retried_methods
+from indexer.store.base import REBUILD, SCROLL_PAGE, Dialect, point_from_record
 from indexer.store.claims import ClaimingStore
-from indexer.store.layout import PAYLOAD_M, TENANT_KEY, ServerOptions
+from indexer.store.layout import PAYLOAD_M, TENANT_KEY, PerTenant, ServerOptions
+from indexer.store.retry import retried, retried_methods, transient
 from indexer.store.tenancy import TenantStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
 ATTEMPTS = 5  # tries per request: waits of 0.5, 1, 2, 4 s between them
 _ENVELOPE_BYTES = 1024  # the upsert body's own JSON around the points (`{"points": [...]}`), with room to spare
-
-
-def _transient(exc: BaseException) -> bool:
-    """Whether ``exc`` may pass on its own: no connection, a timeout, HTTP 5xx/429, or the gRPC equivalents."""
-    import grpc
-    import httpx
-    from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
-
-    if isinstance(exc, (ResponseHandlingException, httpx.TransportError, ConnectionError, TimeoutError)):
-        return True
-    if isinstance(exc, UnexpectedResponse):
-        return exc.status_code is not None and (exc.status_code >= 500 or exc.status_code == 429)
-    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
-        return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
-                              grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED)
-    return False
-
-
-def refused() -> tuple[type[BaseException], ...]:
-    """What a ``ServerStore`` call raises when the server cannot be reached or refuses a request (a transient error
-    retried to the end is ``StoreUnavailable``; HTTP 401/403 and the like come as qdrant-client's own, REST or gRPC)."""
-    import grpc
-    import httpx
-    from qdrant_client.http.exceptions import ApiException
-
-    return StoreUnavailable, ApiException, httpx.HTTPError, grpc.RpcError, OSError
 
 
 def json_bytes(point: Point) -> int:
@@ -122,7 +98,7 @@ class ServerStore(ClaimingStore, TenantStore):
             # once a write has failed through all its retries, the next ones get one try each until one succeeds:
             # the caller retries them later, and an outage must not cost every queued file the whole backoff
             attempts = 1 if write and self._failing else ATTEMPTS
-            retrying = Retrying(retry=retry_if_exception(_transient), stop=stop_after_attempt(attempts),
+            retrying = Retrying(retry=retry_if_exception(transient), stop=stop_after_attempt(attempts),
                                 wait=wait_exponential(multiplier=0.5, max=8), before_sleep=failed_once, reraise=False)
             try:
                 result = retrying(fn, *args, **kwargs)
