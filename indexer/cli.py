@@ -21,7 +21,8 @@ from typing import Any
 import click
 
 from indexer import __version__
-from indexer.cli_local import COMMANDS, config_opt, fail, port_opt, settings_from
+from indexer.cli_local import COMMANDS
+from indexer.cli_options import config_opt, fail, port_opt, settings_from
 from indexer.cli_release import release
 from indexer.errors import EXIT_FAILURE, EXIT_USAGE
 from indexer.terminal import configure_logging, print_answer, print_status

@@ -1,6 +1,6 @@
 """The ``qmd-indexer`` commands that work in this process, on the state dir and the workspaces themselves: ``run``
-(the daemon), ``index --once``, ``migrate``, ``doctor`` and ``plugins``; and what every command shares: the config,
-port and workspace options, settings from flags (``settings_from``) and the one-line failure (``fail``).
+(the daemon), ``index --once``, ``migrate``, ``doctor`` and ``plugins``. What every command shares (the options,
+settings from flags, the one-line failure) is ``indexer.cli_options``'.
 
 ``indexer.cli`` adds these commands to its group beside the ones that ask a running daemon. Heavy modules (torch,
 the store) are imported inside the commands that need them. Exit codes are ``indexer.cli``'s.
@@ -11,79 +11,26 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from indexer.cli_options import (
+    config_opt,
+    fail,
+    need_workspaces,
+    port_opt,
+    private_files,
+    settings_from,
+    workspace_opts,
+)
 from indexer.errors import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
 from indexer.terminal import configure_logging, print_status
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
-    """Print ``qmd-indexer: <message>`` on stderr and exit with ``code`` (``indexer.errors``' EXIT_*)."""
-    click.echo(f"qmd-indexer: {message}", err=True)
-    sys.exit(code)
-
-
-def settings_from(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
-                  port: int | None, qdrant_url: str | None = None, extra: tuple[Path, ...] = (),
-                  host: str | None = None, append: bool = False) -> Any:
-    """``load_settings(config, overrides)`` with the flags as overrides (``None``: not given); ``--workspace``
-    replaces the config's workspaces with one (taking appends with ``append``). Exits 2 (``fail``) on a config error
-    or ``--agent``/``--extra-path``/``--append`` without ``--workspace``."""
-    from indexer.config import load_settings
-    from indexer.errors import ConfigError
-
-    overrides: dict[str, Any] = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url, "host": host}
-    if workspace is not None:
-        overrides["workspace"] = [{"agent": agent or "main", "path": workspace, "extra_paths": list(extra),
-                                   "append": append}]
-    elif agent is not None or extra or append:
-        fail("--agent, --extra-path and --append need --workspace (in a config file: the [[workspace]] table's "
-             "agent, extra_paths and append = true)", EXIT_USAGE)
-    try:
-        return load_settings(config, overrides)
-    except ConfigError as exc:
-        fail(f"config error: {exc}", EXIT_USAGE)
-
-
-def private_files() -> None:
-    """Set this process's umask to 077 before anything writes the state dir: every file and directory the store
-    (Qdrant Edge segments and WAL), the embedding cache (SQLite) and the daemon create is 0600/0700, readable by
-    this user alone (they hold the notes' text). ``hold_state_lock`` also tightens an existing loose state dir."""
-    import os
-
-    os.umask(0o077)
-
-
-def need_workspaces(settings: Any) -> None:
-    """Exit 2 (``fail``) when ``settings`` has no workspace."""
-    if not settings.workspace:
-        fail("no workspace configured: pass --workspace PATH [--agent ID], or add [[workspace]] tables to the "
-             "config file (see `qmd-indexer run --help`)", EXIT_USAGE)
-
-
-config_opt = click.option("--config", "config", type=click.Path(path_type=Path, dir_okay=False),
-                          help="TOML config file [env QMD_INDEXER_CONFIG; default ~/.config/qmd-indexer/config.toml]")
-port_opt = click.option("--port", type=click.IntRange(1, 65535), help="HTTP API port on 127.0.0.1 [default 8743]")
-
-
-def workspace_opts(fn: F) -> F:
-    """``fn`` with ``--config``, ``--workspace``, ``--agent``, ``--state-dir``, ``--qdrant-url``, ``--extra-path``."""
-    fn = click.option("--extra-path", "extra", multiple=True, type=click.Path(path_type=Path),
-                      help="Extra memory file or directory (repeatable), absolute or workspace-relative.")(fn)
-    fn = click.option("--qdrant-url", help="Qdrant server URL; empty = embedded Qdrant Edge under the state dir.")(fn)
-    fn = click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
-                      help="Where the embedded store and embedding cache live "
-                           "[default $XDG_STATE_HOME/qmd-indexer, else ~/.local/state/qmd-indexer].")(fn)
-    fn = click.option("--agent", help="Agent id of --workspace [default main].")(fn)
-    fn = click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
-                      help="Agent workspace directory (holds MEMORY.md and memory/); replaces the config's list.")(fn)
-    return config_opt(fn)
+if TYPE_CHECKING:  # the commands import the store and migrate themselves, when they run
+    from indexer.migrate import Migrated
+    from indexer.store import ServerStore, Store
 
 
 @click.command()
@@ -220,7 +167,7 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
     settings = settings_from(config, None, None, state_dir, None)
     configure_logging(settings.log_format, settings.log_level)
     from indexer.errors import CollectionMismatch, StoreLocked, StoreUnavailable
-    from indexer.migrate import drop_sources, open_stores
+    from indexer.migrate import drop_sources
     from indexer.migrate import migrate as copy_store
     from indexer.rebuild import record_tenancy
 
@@ -229,15 +176,7 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
     if drop_source and not source_url:
         fail("--drop-source needs --from (the embedded store is left for you to remove)", EXIT_USAGE)
     to_url = url or str(source_url)
-    try:
-        source, target, names = open_stores(settings, to_url, source_url or "", tenancy, from_tenancy,
-                                            api_key or "")
-    except ValueError as exc:
-        fail(str(exc), EXIT_USAGE)
-    except StoreLocked as exc:
-        fail(f"{exc}. Stop the daemon, then migrate.")
-    except StoreUnavailable as exc:
-        fail(f"{exc} ({source_url or to_url})")
+    source, target, names = _migrate_stores(settings, to_url, source_url, tenancy, from_tenancy, api_key)
     try:
         results = copy_store(source, target, names=names)
         dropped = drop_sources(source, results) if drop_source else []
@@ -248,23 +187,47 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
     finally:
         source.close()
         target.close()
-    layout = target.tenancy
-    for r in results:
-        click.echo(f"{r.collection:<40} {r.points:>8} points  ({r.copied} copied, {r.skipped} already there, "
-                   f"{r.files_removed} stale files removed; {r.in_target} in the target"
-                   f"{'' if r.verified else ': COUNTS DIFFER'}{', source dropped' if r.collection in dropped else ''})")
-    for name in sorted(set(names or ()) - {r.collection for r in results}):
-        click.echo(f"{name:<40} not in the source ({source_url}, {source.tenancy} layout): already moved?")
+    _migrated_lines(results, dropped, names, source_url, source.tenancy)
     if not results:
         fail("nothing to copy: no collection of this state dir is in the source")
     if not all(r.verified for r in results):
         fail("some counts differ (was the daemon running?): run the same command again")
     record_tenancy(settings.state_dir, to_url, target.tenancy)  # the daemon's "auto" keeps this layout there
+    layout = target.tenancy
     click.echo(f"Copied {len(results)} collections to {to_url} ({layout} layout), every count verified. Start the "
                f"daemon on it with\n  qmd-indexer run --qdrant-url {to_url} ...\nwith qdrant_tenancy = \"{layout}\" "
                f"(environment: QMD_INDEXER_QDRANT_URL, QMD_INDEXER_QDRANT_TENANCY). Nothing is embedded again."
                + ("" if source_url else f" {settings.state_dir / 'qdrant'} is no longer used and can be removed once "
                                          f"you are satisfied."))
+
+
+def _migrate_stores(settings: Any, to_url: str, source_url: str | None, tenancy: str | None,
+                    from_tenancy: str | None, api_key: str | None) -> tuple[Store, ServerStore, list[str] | None]:
+    """``migrate.open_stores`` for the ``migrate`` command's flags: ``(source, target, names)``; exits 2 on bad
+    flags (``ValueError``), 1 when the embedded store is locked or the server unreachable."""
+    from indexer.errors import StoreLocked, StoreUnavailable
+    from indexer.migrate import open_stores
+
+    try:
+        return open_stores(settings, to_url, source_url or "", tenancy, from_tenancy, api_key or "")
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE)
+    except StoreLocked as exc:
+        fail(f"{exc}. Stop the daemon, then migrate.")
+    except StoreUnavailable as exc:
+        fail(f"{exc} ({source_url or to_url})")
+
+
+def _migrated_lines(results: list[Migrated], dropped: list[str], names: list[str] | None, source_url: str | None,
+                    source_layout: str | None) -> None:
+    """One line per collection ``migrate`` copied (``migrate.Migrated``: its counts, verified or not, and whether
+    its source was dropped), then one per collection of ``names`` the source did not hold."""
+    for r in results:
+        click.echo(f"{r.collection:<40} {r.points:>8} points  ({r.copied} copied, {r.skipped} already there, "
+                   f"{r.files_removed} stale files removed; {r.in_target} in the target"
+                   f"{'' if r.verified else ': COUNTS DIFFER'}{', source dropped' if r.collection in dropped else ''})")
+    for name in sorted(set(names or ()) - {r.collection for r in results}):
+        click.echo(f"{name:<40} not in the source ({source_url}, {source_layout} layout): already moved?")
 
 
 def _served_agent(config: Path | None, workspace: Path) -> str | None:
@@ -315,7 +278,7 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
       qmd-indexer doctor --workspace ~/agent
       qmd-indexer doctor --config /etc/qmd-indexer/config.toml --fix
     """
-    from indexer.doctor import find_split, findings, fix_split, language_findings
+    from indexer.doctor import findings, language_findings
     from indexer.workspace import overlaps, plan_collections
 
     if workspace is not None and agent is None:
@@ -335,23 +298,32 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
         problems += finding.problem
         click.echo(finding.line())
     for ws in settings.workspace:
-        legacy = find_split(ws)
-        if legacy is None and any(f.problem and f.agent == ws.agent for f in found):
-            continue
-        if legacy is None:
-            click.echo(f"{ws.agent}: ok ({ws.path})")
-        elif not fix:
-            problems += 1
-            click.echo(f"{ws.agent}: split root memory: {legacy} and MEMORY.md are different files; "
-                       f"only MEMORY.md is indexed. Run with --fix to archive and merge it.")
-        else:
-            repair = fix_split(ws)
-            if repair is None:  # repaired by someone else since find_split
-                click.echo(f"{ws.agent}: ok ({ws.path})")
-                continue
-            merged = "its text appended to MEMORY.md" if repair.merged else "same text as MEMORY.md"
-            click.echo(f"{ws.agent}: repaired: {legacy.name} archived to {repair.archived_to} ({merged})")
+        problems += _root_memory(ws, fix, flagged=any(f.problem and f.agent == ws.agent for f in found))
     sys.exit(EXIT_FAILURE if problems else EXIT_OK)
+
+
+def _root_memory(ws: Any, fix: bool, flagged: bool) -> int:
+    """``doctor``'s line on workspace ``ws``'s root memory (a ``config.Workspace``): ``ok`` (left out when
+    ``flagged``: a problem of this agent was printed already), split (MEMORY.md and memory.md as two files), or,
+    with ``fix``, repaired. Returns the problems left: 1 for a split not fixed, else 0."""
+    from indexer.doctor import find_split, fix_split
+
+    legacy = find_split(ws)
+    if legacy is None:
+        if not flagged:
+            click.echo(f"{ws.agent}: ok ({ws.path})")
+        return 0
+    if not fix:
+        click.echo(f"{ws.agent}: split root memory: {legacy} and MEMORY.md are different files; "
+                   f"only MEMORY.md is indexed. Run with --fix to archive and merge it.")
+        return 1
+    repair = fix_split(ws)
+    if repair is None:  # repaired by someone else since find_split
+        click.echo(f"{ws.agent}: ok ({ws.path})")
+        return 0
+    merged = "its text appended to MEMORY.md" if repair.merged else "same text as MEMORY.md"
+    click.echo(f"{ws.agent}: repaired: {legacy.name} archived to {repair.archived_to} ({merged})")
+    return 0
 
 
 @click.command()

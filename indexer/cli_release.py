@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from indexer.cli_local import config_opt, fail, settings_from
+from indexer.cli_options import config_opt, fail, settings_from
 from indexer.errors import EXIT_USAGE
 
 

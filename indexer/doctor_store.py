@@ -1,7 +1,8 @@
 """What ``qmd-indexer doctor`` checks of the Qdrant server a config names (``qdrant_url``): where the points of this
 config's logical collections live, in which layout (``qdrant_tenancy``), and what on the server the daemon would not
-use as it is. The one entry is ``store_findings``; it only reads (lists collections and aliases, counts points, reads
-collection settings) and never writes, so ``doctor --fix`` leaves the store as it is.
+use as it is. The one entry is ``store_findings``; it only reads, through the ``Store`` interface (lists collections
+and aliases, counts points, reads how shared collections are indexed) and never writes, so ``doctor --fix`` leaves the
+store as it is.
 
 Per logical collection (named as the daemon names them: ``state.Plan``, with ``collection_prefix``), each Qdrant
 collection that holds its points is one ``Holding``: its own collection (or what its alias points at), a tenant of
@@ -17,15 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from indexer.config import Settings
 from indexer.doctor import Finding
-from indexer.errors import StoreUnavailable
 from indexer.rebuild import recorded_identities
-from indexer.store.base import REBUILD
-from indexer.store.layout import PAYLOAD_M, SHARED, STAGING, TENANT_KEY, shared_collection
+from indexer.store.base import REBUILD, Store
+from indexer.store.layout import PAYLOAD_M, SHARED, STAGING, TENANT_KEY, PerTenant, shared_collection
 from indexer.workspace import Collection
 
 Where = Literal["own", "tenant", "staging", "former", "other"]
@@ -84,13 +84,14 @@ def store_findings(settings: Settings) -> list[Finding]:
     (HTTP 401...), is one problem finding and nothing else. Never raises for the server; never writes to it."""
     from indexer.state import Plan
     from indexer.store import ServerOptions, ServerStore
+    from indexer.store.retry import refused
 
     out: list[Finding] = []
     collections = Plan.of(settings).collections
     store = ServerStore(settings.qdrant_url, settings.qdrant_api_key, ServerOptions.from_settings(settings))
     try:  # "auto" not settled yet: read as the daemon reads it at its first connect
         store.settle([c.name for c in collections] + [c.former for c in collections if c.former])
-    except StoreUnavailable as exc:
+    except refused() as exc:  # unreachable, or refusing (HTTP 401...)
         store.close()
         return [Finding("", "qdrant_unreachable", shown(settings.qdrant_url), str(exc).splitlines()[0])]
     settings = settings.model_copy(update={"qdrant_tenancy": store.tenancy})
@@ -104,9 +105,9 @@ def store_findings(settings: Settings) -> list[Finding]:
         else:
             spaces = Spaces(current, tuple(s for s in recorded_identities(settings.state_dir) if s != current))
     try:
-        out += _checks(store.client, settings, collections, spaces)
+        out += _checks(store, settings, collections, spaces)
         out += claim_findings(store, settings, collections)
-    except _unreachable() as exc:
+    except refused() as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return [Finding("", "qdrant_unreachable", shown(settings.qdrant_url), reason)]
     finally:
@@ -114,7 +115,7 @@ def store_findings(settings: Settings) -> list[Finding]:
     return out
 
 
-def claim_findings(store: Any, settings: Settings, collections: Sequence[Collection]) -> list[Finding]:
+def claim_findings(store: Store, settings: Settings, collections: Sequence[Collection]) -> list[Finding]:
     """The claims of ``collections`` on ``store`` (``indexer.store.claims``): this config's own (information),
     another daemon's (a problem: the daemon refuses that agent), and points of a collection whose path lies outside
     the workspace its claim (or, unclaimed, this config) names (another owner's files in the index: a problem
@@ -151,28 +152,19 @@ def claim_findings(store: Any, settings: Settings, collections: Sequence[Collect
     return out
 
 
-def _unreachable() -> tuple[type[BaseException], ...]:
-    """What qdrant-client raises when the server cannot be reached or refuses a request (REST and gRPC)."""
-    import grpc
-    import httpx
-    from qdrant_client.http.exceptions import ApiException
-
-    return ApiException, httpx.HTTPError, grpc.RpcError, OSError
-
-
-def _checks(client: Any, settings: Settings, collections: Sequence[Collection], spaces: Spaces) -> list[Finding]:
-    """Every finding but the unreachable server's, from one read of the server through qdrant-client ``client``."""
-    names = sorted(c.name for c in client.get_collections().collections)
-    aliases = {a.alias_name: a.collection_name for a in client.get_aliases().aliases}
+def _checks(store: Store, settings: Settings, collections: Sequence[Collection], spaces: Spaces) -> list[Finding]:
+    """Every finding but the unreachable server's, from one read of the server ``store``."""
+    names = store.physical_names()
+    aliases = store.aliases()
     shared = settings.qdrant_tenancy == "shared"
     out = [_layout(settings, spaces)]
     for c in collections:
-        held = _holdings(client, c.name, names, aliases, spaces)
+        held = _holdings(store, c.name, names, aliases, spaces)
         out += _placed(c, held, shared, spaces, shown(settings.qdrant_url))
     if spaces.current is not None:
         for physical in names:
             if physical.startswith(SHARED) and physical.removesuffix(STAGING).endswith(f"-{_digest(spaces.current)}"):
-                out += _tenant_indexing(physical, client.get_collection(physical))
+                out += _tenant_indexing(physical, store.per_tenant(physical))
     return out
 
 
@@ -193,24 +185,21 @@ def _layout(settings: Settings, spaces: Spaces) -> Finding:
     return Finding("", "qdrant_layout", shown(settings.qdrant_url), detail, problem=False)
 
 
-def _holdings(client: Any, name: str, names: list[str], aliases: dict[str, str], spaces: Spaces) -> list[Holding]:
+def _holdings(store: Store, name: str, names: list[str], aliases: dict[str, str], spaces: Spaces) -> list[Holding]:
     """Where logical collection ``name`` has points among the Qdrant collections ``names`` (``aliases``: alias ->
     collection): its own collection (listed even when empty), its rebuilds', and each shared collection of its kind
     (``qmd-shared-<kind>-``, any model) where it is a tenant with points."""
-    from qdrant_client import models
-
     out: list[Holding] = []
     own = aliases.get(name, name)
     if own in names:
-        out.append(Holding(own, int(client.count(own, exact=True).count), "own"))
+        out.append(Holding(own, store.physical_count(own), "own"))
     for physical in names:  # what ``Store.sweep`` deletes at the daemon's next start
         if physical != own and (physical == name or physical.startswith(name + REBUILD)):
-            out.append(Holding(physical, int(client.count(physical, exact=True).count), "staging"))
-    tenant = models.Filter(must=[models.FieldCondition(key=TENANT_KEY, match=models.MatchValue(value=name))])
+            out.append(Holding(physical, store.physical_count(physical), "staging"))
     kind = shared_collection(name, "").rpartition("-")[0] + "-"
     for physical in names:
         if physical.startswith(kind):
-            points = int(client.count(physical, count_filter=tenant, exact=True).count)
+            points = store.physical_count(physical, tenant=name)
             if points:
                 out.append(Holding(physical, points, _shared_where(physical, name, spaces)))
     return out
@@ -298,19 +287,18 @@ def _other_model(c: Collection, h: Holding, spaces: Spaces, swapped: bool) -> Fi
                    f"(recorded in the state dir): {why}", problem=False)
 
 
-def _tenant_indexing(physical: str, info: Any) -> list[Finding]:
-    """A problem when shared collection ``physical`` (qdrant-client ``CollectionInfo`` ``info``) lacks the
-    ``is_tenant`` keyword index on the tenant key or builds one HNSW graph across tenants (``m != 0`` or
-    ``payload_m`` unset): the daemon creates it with both, so someone made it by hand."""
+def _tenant_indexing(physical: str, indexed: PerTenant | None) -> list[Finding]:
+    """A problem when shared collection ``physical`` (indexed as ``indexed``; ``None``: a store without shared
+    collections, nothing to check) lacks the ``is_tenant`` keyword index on the tenant key or builds one HNSW graph
+    across tenants (``m != 0`` or ``payload_m`` unset): the daemon creates it with both, so someone made it by hand."""
+    if indexed is None:
+        return []
     wrong: list[str] = []
-    schema = (info.payload_schema or {}).get(TENANT_KEY)
-    data_type = str(getattr(getattr(schema, "data_type", None), "value", ""))
-    if schema is None or data_type != "keyword" or not getattr(schema.params, "is_tenant", False):
+    if not indexed.tenant_index:
         wrong.append(f'no is_tenant keyword index on "{TENANT_KEY}" (create it: PUT /collections/{physical}/index '
                      f'{{"field_name": "{TENANT_KEY}", "field_schema": {{"type": "keyword", "is_tenant": true}}}})')
-    hnsw = info.config.hnsw_config
-    if hnsw.m != 0 or hnsw.payload_m is None:
-        wrong.append(f"HNSW m={hnsw.m}, payload_m={hnsw.payload_m}: not one graph per tenant (set it: PATCH "
+    if indexed.m != 0 or indexed.payload_m is None:
+        wrong.append(f"HNSW m={indexed.m}, payload_m={indexed.payload_m}: not one graph per tenant (set it: PATCH "
                      f'/collections/{physical} {{"hnsw_config": {{"m": 0, "payload_m": {PAYLOAD_M}}}}})')
     if not wrong:
         return []

@@ -118,40 +118,12 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     """
     if from_line < 1 or (lines is not None and lines < 1) or max_chars < 1:
         raise ValueError("from must be >= 1, lines >= 1 and max_chars >= 1")
-    note = None
-    try:
-        collection, abs_path = resolve_memory_path(collections, path, agent, classify)
-        if not os.path.lexists(abs_path):
-            raise FileNotFoundError(path)
-    except FileNotFoundError:
-        respelled = _respelled(collections, path, agent)
-        if respelled is None:
-            raise FileNotFoundError(_closest(collections, path, agent)) from None
-        collection, abs_path = resolve_memory_path(collections, respelled, agent, classify)
-        note = f"no file is named {path!r}: read {respelled!r}, the same name in another Unicode normalisation form"
+    collection, abs_path, note = _found(collections, path, agent, classify)
     if collection.corpus == "sessions":
         return _transcript_page(collection, abs_path, from_line, lines, max_chars, transcript_format,
                                 Redactor.for_collection(settings, collection))
-    out: list[str] = []
-    used = 0
-    line_no = 0
-    truncated = line_cut = False
-    redactor = Redactor.for_collection(settings, collection)
-    with open_memory(collection, abs_path, text=True) as handle:
-        for line_no, raw in enumerate(redactor.lines(handle, from_line), 1):  # from line 1: a block may start before
-            if line_no < from_line:
-                continue
-            line = raw.rstrip("\n")
-            if (lines is not None and len(out) >= lines) or (out and used + 1 + len(line) > max_chars):
-                truncated = True
-                line_no -= 1
-                break
-            if not out and len(line) > max_chars:
-                out.append(line[:max_chars])
-                truncated = line_cut = True
-                break
-            used += len(line) + (1 if out else 0)  # joined with "\n" between lines
-            out.append(line)
+    out, truncated, line_cut = _page_lines(collection, abs_path, from_line, lines, max_chars,
+                                           Redactor.for_collection(settings, collection))
     result: Page = {
         "path": os.path.relpath(abs_path, collection.workspace.path)
         if abs_path.is_relative_to(collection.workspace.path) else str(abs_path),
@@ -167,6 +139,50 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     if note:
         result["note"] = note
     return result
+
+
+def _found(collections: Sequence[Collection], path: str, agent: str | None,
+           classify: Callable[[Path, bytes], str | None] | None) -> tuple[Collection, Path, str | None]:
+    """``read_memory``'s file: ``resolve_memory_path``'s ``(collection, abs_path)`` and ``None``, or, when no file
+    has that name but one has it in another Unicode normalisation form, that one and a note saying so. Raises
+    ``FileNotFoundError`` naming the closest file, and what ``resolve_memory_path`` raises."""
+    try:
+        collection, abs_path = resolve_memory_path(collections, path, agent, classify)
+        if not os.path.lexists(abs_path):
+            raise FileNotFoundError(path)
+    except FileNotFoundError:
+        respelled = _respelled(collections, path, agent)
+        if respelled is None:
+            raise FileNotFoundError(_closest(collections, path, agent)) from None
+        collection, abs_path = resolve_memory_path(collections, respelled, agent, classify)
+        return collection, abs_path, (f"no file is named {path!r}: read {respelled!r}, the same name in another "
+                                      "Unicode normalisation form")
+    return collection, abs_path, None
+
+
+def _page_lines(collection: Collection, abs_path: Path, from_line: int, lines: int | None, max_chars: int,
+                redactor: Redactor) -> tuple[list[str], bool, bool]:
+    """``read_memory``'s lines of a note from ``from_line`` (1-based), redacted: at most ``lines`` whole lines
+    within ``max_chars`` characters joined with newlines, or the first line cut to ``max_chars``. Returns
+    ``(lines, truncated, line_cut)``: ``truncated`` when a limit stopped the read, ``line_cut`` when it cut a line."""
+    out: list[str] = []
+    used = 0
+    truncated = line_cut = False
+    with open_memory(collection, abs_path, text=True) as handle:
+        for line_no, raw in enumerate(redactor.lines(handle, from_line), 1):  # from line 1: a block may start before
+            if line_no < from_line:
+                continue
+            line = raw.rstrip("\n")
+            if (lines is not None and len(out) >= lines) or (out and used + 1 + len(line) > max_chars):
+                truncated = True
+                break
+            if not out and len(line) > max_chars:
+                out.append(line[:max_chars])
+                truncated = line_cut = True
+                break
+            used += len(line) + (1 if out else 0)  # joined with "\n" between lines
+            out.append(line)
+    return out, truncated, line_cut
 
 
 def _transcript_page(collection: Collection, abs_path: Path, from_line: int, lines: int | None, max_chars: int,

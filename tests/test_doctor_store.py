@@ -137,6 +137,20 @@ def test_an_unreachable_server_is_one_line_and_a_failure(tmp_path: Path) -> None
     assert "Traceback" not in done.output and "s3cret" not in done.output
 
 
+def test_a_server_that_refuses_the_first_request_is_one_line_and_a_failure(tmp_path: Path) -> None:
+    """A server that wants an API key the config does not give answers 401 to the first request, made while tenancy
+    ``auto`` is settled: doctor says so in one line, no traceback."""
+    from qdrant.fixtures import make_node, running
+
+    with running(make_node(tmp_path / "locked", QDRANT__SERVICE__API_KEY="a-key-not-configured")) as node:
+        config, _ = _config(tmp_path, node.url, "auto")
+        done = _doctor(config)
+    assert done.exit_code == 1, done.output
+    said = [line for line in done.output.splitlines() if "qdrant" in line]
+    assert len(said) == 1 and said[0].startswith(f"qdrant unreachable: {node.url} ("), done.output
+    assert "401" in said[0] and "Traceback" not in done.output
+
+
 @pytest.mark.parametrize("configured,other", [("shared", "collections"), ("collections", "shared")])
 def test_points_only_in_the_other_layout_are_a_problem_naming_migrate(tmp_path: Path, url: str, configured: str,
                                                                      other: str) -> None:

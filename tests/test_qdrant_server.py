@@ -195,3 +195,31 @@ def test_one_huge_note_is_indexed_under_a_1_mib_request_limit(tmp_path: Path, sm
     for c in indexer.collections:
         indexer.store.drop(c.name)
     indexer.store.close()
+
+
+def test_every_method_that_sends_a_request_is_retried() -> None:
+    """Each method of the server store (and the classes it derives from) that calls qdrant-client is marked
+    ``retried``, so a method renamed or added keeps its retry; the instance's methods are the retrying wrappers."""
+    import ast
+    import inspect
+    import textwrap
+
+    from indexer.store.retry import retried_methods
+
+    marked = retried_methods(ServerStore)
+    unmarked = []
+    for klass in ServerStore.__mro__[:-1]:
+        for fn in ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body:  # type: ignore[attr-defined]
+            calls = [n for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)
+                     and n.value.attr == "client" and isinstance(n.value.value, ast.Name)
+                     and n.value.value.id == "self"]  # self.client.<request>
+            if isinstance(fn, ast.FunctionDef) and calls and fn.name not in marked and fn.name != "close":
+                unmarked.append(f"{klass.__name__}.{fn.name}")
+    assert not unmarked
+    assert {name for name, write in marked.items() if write} == {
+        "_upsert_request", "_delete", "_delete_ids", "_write_claims", "_delete_claims"}
+    store = ServerStore(":memory:")
+    try:
+        assert all(hasattr(getattr(store, name), "__wrapped__") for name in marked)
+    finally:
+        store.close()

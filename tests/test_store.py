@@ -486,3 +486,28 @@ def test_collections_on_tmpfs_are_cold_so_a_restart_backs_fewer_holes() -> None:
     cold, cached = restart_growth(True), restart_growth(False)
     assert cold <= 33.5 * 1024 * 1024, cold / 2**20
     assert cold < 0.7 * cached, (cold, cached)
+
+
+def test_the_physical_layout_doctor_reads(store) -> None:
+    """``physical_names``, ``physical_count``, ``aliases`` and ``per_tenant``: what ``doctor`` reads of the layout,
+    on every backend; a rebuild's staging collection is listed and counted beside the live one."""
+    from indexer.store.layout import PerTenant, shared_collection
+
+    store.ensure_collection("c", {"text": 3})
+    store.replace_file("c", "/w/a.md", "h", [_point("c", "/w/a.md", i, "h", [1, 0, 0], 2) for i in range(2)])
+    staging = store.rebuild_target("c")
+    store.ensure_collection(staging, {"text": 3})
+    store.upsert(staging, [_point(staging, "/w/b.md", 0, "h", [0, 1, 0], 1)])
+    if store.tenancy == "shared":
+        live, rebuild = shared_collection("c", store.options.space), shared_collection(staging, store.options.space)
+        assert {live, rebuild} <= set(store.physical_names())
+        assert (store.physical_count(live, tenant="c"), store.physical_count(rebuild, tenant="c")) == (2, 1)
+        assert store.physical_count(live, tenant="other") == 0
+        assert store.per_tenant(live) == PerTenant(True, 0, 16)
+        return
+    assert {"c", staging} <= set(store.physical_names()) and store.aliases() == {}
+    assert (store.physical_count("c"), store.physical_count(staging)) == (2, 1)
+    assert store.per_tenant("c") is None or not store.per_tenant("c").tenant_index
+    store.swap("c", staging)
+    assert store.aliases() == {"c": staging} and store.physical_count(staging) == 1
+    assert "c" not in store.physical_names()

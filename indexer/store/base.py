@@ -18,13 +18,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import structlog
 
 from indexer.errors import CollectionMismatch
 from indexer.points import NO_PAYLOAD, SPARSE, STATE_FIELDS, FileState, Filter, Hit, Payload, Point, Query
+
+if TYPE_CHECKING:
+    from indexer.store.layout import PerTenant
 
 log = structlog.get_logger("qmd_indexer.store")
 
@@ -315,6 +318,30 @@ class Store:
             names = {**{p: p for p in physical if REBUILD not in p}, **self._alias_map}
             configs = {name: self._dense_config(target) for name, target in sorted(names.items()) if target in physical}
             return {name: config for name, config in configs.items() if config is not None}
+
+    # what ``qmd-indexer doctor`` reads of the physical layout (read only) ----------------------------------------
+    def physical_names(self) -> list[str]:
+        """Every physical collection in the store, sorted: rebuilds' staging collections and (on a server) shared
+        collections included, aliases not."""
+        with self._lock:
+            return sorted(self._names())
+
+    def aliases(self) -> dict[str, str]:
+        """Alias -> the physical collection it points at."""
+        with self._lock:
+            return dict(self._read_aliases())
+
+    def physical_count(self, physical: str, tenant: str | None = None) -> int:
+        """Exact number of points in physical collection ``physical`` (no alias resolved), only those of tenant
+        ``tenant`` (a logical collection, ``layout.TENANT_KEY``) when given; the embedded store has no tenants, so
+        a tenant has 0 points there."""
+        with self._lock:
+            return self._count(physical) if tenant is None else 0
+
+    def per_tenant(self, physical: str) -> PerTenant | None:
+        """How shared collection ``physical`` is indexed per tenant (``PerTenant``); ``None`` where the store has no
+        shared collections (the embedded store)."""
+        return None
 
     def scroll_points(self, name: str, page: int = SCROLL_PAGE) -> Iterator[Point]:
         """Every point of ``name`` with its vectors and payload, read ``page`` points per request (the lock is

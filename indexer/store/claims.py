@@ -36,6 +36,7 @@ import structlog
 
 from indexer.errors import StoreUnavailable
 from indexer.store.base import REBUILD
+from indexer.store.retry import retried
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
@@ -119,6 +120,7 @@ class ClaimingStore:
     owner: Owner | None = None
     _claimed: dict[str, Claim]
 
+    @retried()
     def _claims_ready(self) -> None:
         if self.client.collection_exists(CLAIMS):
             return
@@ -130,6 +132,7 @@ class ClaimingStore:
             if not self.client.collection_exists(CLAIMS):  # else: made by another daemon meanwhile
                 raise
 
+    @retried()
     def read_claims(self, names: Iterable[str] | None = None) -> dict[str, Claim]:
         """The claims of ``names`` (every claim when ``None``) by logical collection, read from any live replica
         (a stricter read consistency fails while a replica is down, and so would every guarded write)."""
@@ -149,11 +152,13 @@ class ClaimingStore:
         claims = [_claim_of(r.payload or {}) for r in records]
         return {c.collection: c for c in claims}
 
+    @retried(write=True)
     def _write_claims(self, claims: Sequence[Claim]) -> None:
         if claims:
             self.client.upsert(CLAIMS, [self._m.PointStruct(id=claim_id(c.collection), vector={}, payload=asdict(c))
                                         for c in claims], wait=True, ordering=self._m.WriteOrdering.MEDIUM)
 
+    @retried(write=True)
     def _delete_claims(self, ids: list[str]) -> None:
         if ids:
             self.client.delete(CLAIMS, points_selector=self._m.PointIdsList(points=list(ids)), wait=True,

@@ -88,3 +88,14 @@ def for_daemon(settings: Any, embedders: Mapping[str, Any]) -> ServerOptions:
     space = model_identity(embedders)
     return replace(options, space=space,
                    former_spaces=tuple(s for s in recorded_identities(settings.state_dir) if s != space))
+
+
+@dataclass(frozen=True, slots=True)
+class PerTenant:
+    """How a shared collection is indexed: ``tenant_index`` whether its tenant key has a keyword index with
+    ``is_tenant``; ``m`` and ``payload_m`` its HNSW settings (``m == 0`` and ``payload_m`` set: one graph per
+    tenant, none across them; ``None``: not set)."""
+
+    tenant_index: bool
+    m: int | None
+    payload_m: int | None

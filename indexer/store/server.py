@@ -5,8 +5,9 @@ Writes are made to survive a cluster:
 
 - an upsert is split into requests of at most ``batch_points`` points whose serialised body stays under the
   server's ``max_request_size_mb`` (a request over it is refused whole, so one huge note must not become one request);
-- every request is retried with exponential backoff (tenacity) on transport errors, timeouts, HTTP 5xx/429 and the
-  matching gRPC codes, then raises ``StoreUnavailable``. Repeating a write is safe even when the failed attempt was
+- every request (a method marked ``@retried``, ``indexer.store.retry``) is retried with exponential backoff
+  (tenacity) on transport errors, timeouts, HTTP 5xx/429 and the matching gRPC codes, then raises
+  ``StoreUnavailable``. Repeating a write is safe even when the failed attempt was
   partly applied (a cluster answers 500 when a replica missed a write that the others took): point ids are
   deterministic (``indexer.points.point_id``), so an upsert overwrites the same points and a delete by filter
   deletes the same ones;
@@ -31,29 +32,14 @@ from indexer.errors import CollectionMismatch, StoreUnavailable
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
 from indexer.store.base import REBUILD, SCROLL_PAGE, Dialect, point_from_record
 from indexer.store.claims import ClaimingStore
-from indexer.store.layout import PAYLOAD_M, TENANT_KEY, ServerOptions
+from indexer.store.layout import PAYLOAD_M, TENANT_KEY, PerTenant, ServerOptions
+from indexer.store.retry import retried, retried_methods, transient
 from indexer.store.tenancy import TenantStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
 ATTEMPTS = 5  # tries per request: waits of 0.5, 1, 2, 4 s between them
 _ENVELOPE_BYTES = 1024  # the upsert body's own JSON around the points (`{"points": [...]}`), with room to spare
-
-
-def _transient(exc: BaseException) -> bool:
-    """Whether ``exc`` may pass on its own: no connection, a timeout, HTTP 5xx/429, or the gRPC equivalents."""
-    import grpc
-    import httpx
-    from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
-
-    if isinstance(exc, (ResponseHandlingException, httpx.TransportError, ConnectionError, TimeoutError)):
-        return True
-    if isinstance(exc, UnexpectedResponse):
-        return exc.status_code is not None and (exc.status_code >= 500 or exc.status_code == 429)
-    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
-        return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
-                              grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED)
-    return False
 
 
 def json_bytes(point: Point) -> int:
@@ -95,12 +81,8 @@ class ServerStore(ClaimingStore, TenantStore):
             self.client = QdrantClient(url=url, api_key=api_key or None, timeout=int(max(1, self.options.timeout_s)),
                                        prefer_grpc=self.options.prefer_grpc, grpc_port=self.options.grpc_port,
                                        check_compatibility=False)
-        for method in ("_physical_config", "_create", "_add_vector", "_names", "_scroll_page", "_points_page", "_query",
-                       "_retrieve", "_count", "_drop", "_read_aliases", "_set_alias", "_ids_page", "_facet",
-                       "_tenant_points", "read_claims", "_claims_ready"):
-            setattr(self, method, self._retrying(getattr(self, method), write=False))
-        for method in ("_upsert_request", "_delete", "_delete_ids", "_write_claims", "_delete_claims"):
-            setattr(self, method, self._retrying(getattr(self, method), write=True))
+        for method, write in retried_methods(type(self)).items():  # each request to the server (``retried``)
+            setattr(self, method, self._retrying(getattr(self, method), write=write))
 
     def _retrying(self, fn: Callable[P, R], write: bool) -> Callable[P, R]:
         """``fn`` retried on transient errors (``ATTEMPTS`` tries, backoff 0.5 s doubling to 8 s), then
@@ -116,7 +98,7 @@ class ServerStore(ClaimingStore, TenantStore):
             # once a write has failed through all its retries, the next ones get one try each until one succeeds:
             # the caller retries them later, and an outage must not cost every queued file the whole backoff
             attempts = 1 if write and self._failing else ATTEMPTS
-            retrying = Retrying(retry=retry_if_exception(_transient), stop=stop_after_attempt(attempts),
+            retrying = Retrying(retry=retry_if_exception(transient), stop=stop_after_attempt(attempts),
                                 wait=wait_exponential(multiplier=0.5, max=8), before_sleep=failed_once, reraise=False)
             try:
                 result = retrying(fn, *args, **kwargs)
@@ -134,6 +116,7 @@ class ServerStore(ClaimingStore, TenantStore):
     def _dense_config(self, name: str) -> dict[str, int] | None:
         return self._physical_config(self._where(name)[0])
 
+    @retried()
     def _physical_config(self, name: str) -> dict[str, int] | None:
         """The dense vectors (name -> size) of physical collection ``name``, ``None`` when it does not exist."""
         if not self.client.collection_exists(name):
@@ -163,6 +146,7 @@ class ServerStore(ClaimingStore, TenantStore):
             differ["quantization"] = {"collection": quantized, "configured": o.quantization}
         self._settings_differ(name, differ)
 
+    @retried()
     def _create(self, name: str, dense: dict[str, int]) -> None:
         import grpc
         from qdrant_client.http.exceptions import UnexpectedResponse
@@ -202,12 +186,30 @@ class ServerStore(ClaimingStore, TenantStore):
             for key in INTEGER_FIELDS:
                 self.client.create_payload_index(name, key, m.PayloadSchemaType.INTEGER)
 
+    @retried()
+    def physical_count(self, physical: str, tenant: str | None = None) -> int:
+        """See ``Store.physical_count``."""
+        flt = None if tenant is None else self._m.Filter(must=[self.dialect.match(TENANT_KEY, tenant)])
+        return int(self.client.count(physical, count_filter=flt, exact=True).count)
+
+    @retried()
+    def per_tenant(self, physical: str) -> PerTenant:
+        """See ``Store.per_tenant``: read from the collection's payload schema and HNSW config."""
+        info = self.client.get_collection(physical)
+        schema = (info.payload_schema or {}).get(TENANT_KEY)
+        data_type = str(getattr(getattr(schema, "data_type", None), "value", ""))
+        indexed = schema is not None and data_type == "keyword" and bool(getattr(schema.params, "is_tenant", False))
+        hnsw = info.config.hnsw_config
+        return PerTenant(indexed, hnsw.m, hnsw.payload_m)
+
+    @retried()
     def _add_vector(self, name: str, vector: str, size: int) -> None:
         raise CollectionMismatch(
             f"collection {name!r} has no {vector!r} vector (a modality was enabled after it was created); rebuild it "
             f"with `qmd-indexer index --once --reindex`."
         )
 
+    @retried()
     def _names(self) -> list[str]:
         return sorted(c.name for c in self.client.get_collections().collections)
 
@@ -245,9 +247,11 @@ class ServerStore(ClaimingStore, TenantStore):
         if batch:
             yield batch
 
+    @retried(write=True)
     def _upsert_request(self, name: str, structs: list[Any]) -> None:
         self.client.upsert(name, structs, wait=True)
 
+    @retried(write=True)
     def _delete(self, name: str, flt: Filter) -> None:
         self.guard(name)
         physical, scoped = self._scoped(name, self.dialect.filter(flt))
@@ -262,11 +266,13 @@ class ServerStore(ClaimingStore, TenantStore):
             if offset is None:
                 return
 
+    @retried()
     def _scroll_page(self, name: str, offset: Any, fields: list[str] | None) -> Any:
         physical, flt = self._scoped(name)
         return self.client.scroll(physical, scroll_filter=flt, limit=SCROLL_PAGE, offset=offset,
                                   with_payload=fields if fields else True, with_vectors=False)
 
+    @retried()
     def _points_page(self, name: str, offset: Any, limit: int) -> tuple[list[Point], Any]:
         physical, flt = self._scoped(name)
         records, offset = self.client.scroll(physical, scroll_filter=flt, limit=limit, offset=offset,
@@ -274,6 +280,7 @@ class ServerStore(ClaimingStore, TenantStore):
         return [point_from_record(record.id, record.vector if isinstance(record.vector, dict) else None, record.payload)
                 for record in records], offset
 
+    @retried()
     def _query(self, name: str, searches: dict[str, Any], flt: Any, query: Query,
                with_payload: bool) -> dict[str, list[tuple[Any, float, Mapping[str, Any] | None]]]:
         m = self._m
@@ -285,6 +292,7 @@ class ServerStore(ClaimingStore, TenantStore):
         return {using: [(p.id, p.score, p.payload) for p in answer.points]
                 for using, answer in zip(searches, answers)}
 
+    @retried()
     def _retrieve(self, name: str, ids: list[str]) -> list[tuple[Any, Mapping[str, Any] | None]]:
         if not self.shared:
             records = self.client.retrieve(name, ids, with_payload=True, with_vectors=False)
@@ -294,10 +302,12 @@ class ServerStore(ClaimingStore, TenantStore):
                                             with_vectors=False)
         return [(r.id, r.payload) for r in records]
 
+    @retried()
     def _count(self, name: str) -> int:
         physical, flt = self._scoped(name)
         return int(self.client.count(physical, count_filter=flt, exact=True).count)
 
+    @retried()
     def _drop(self, name: str) -> None:
         self.guard(name)
         physical, flt = self._scoped(name)
@@ -314,9 +324,11 @@ class ServerStore(ClaimingStore, TenantStore):
         if self.owner is not None:
             self.release([name], self.owner.id)
 
+    @retried()
     def _read_aliases(self) -> dict[str, str]:
         return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
 
+    @retried()
     def _set_alias(self, name: str, new: str | None, old: str) -> None:
         self.guard(name)
         m = self._m

@@ -21,6 +21,7 @@ from indexer.errors import StoreUnavailable
 from indexer.store.base import REBUILD, SCROLL_PAGE, Store
 from indexer.store.claims import CLAIMS
 from indexer.store.layout import SHARED, TENANT_KEY, ServerOptions, shared_collection
+from indexer.store.retry import retried
 
 log = structlog.get_logger("qmd_indexer.store")
 
@@ -109,6 +110,7 @@ class TenantStore(Store):
                          hint="searches answer from it until a rebuild into this model's collection is swapped in")
                 return
 
+    @retried()
     def _tenant_points(self, physical: str, name: str, delete: bool) -> int:
         """The number of points of tenant ``name`` in shared collection ``physical``; with ``delete``, deletes
         them (returns 0)."""
@@ -174,7 +176,7 @@ class TenantStore(Store):
             return super().sweep(name)
         with self._lock:
             staging = self.rebuild_target(name)
-            if not self.client.collection_exists(self._where(staging)[0]) or not self._count(staging):
+            if self._where(staging)[0] not in self._names() or not self._count(staging):
                 return []
             self._drop(staging)
             return [staging]
@@ -204,6 +206,7 @@ class TenantStore(Store):
                             out[tenant] = config
             return dict(sorted(out.items()))
 
+    @retried()
     def _facet(self, physical: str) -> list[str]:
         hits = self.client.facet(physical, TENANT_KEY, limit=1_000_000, exact=True).hits
         return [str(h.value) for h in hits if h.count]
@@ -216,6 +219,7 @@ class TenantStore(Store):
             if offset is None:
                 return
 
+    @retried()
     def _ids_page(self, name: str, offset: Any) -> tuple[list[str], Any]:
         physical, flt = self._scoped(name)
         records, offset = self.client.scroll(physical, scroll_filter=flt, limit=SCROLL_PAGE, offset=offset,
@@ -227,6 +231,7 @@ class TenantStore(Store):
         any_ids: list[Any] = list(ids)
         return self._m.Filter(must=[self._m.HasIdCondition(has_id=any_ids)])
 
+    @retried(write=True)
     def _delete_ids(self, name: str, ids: list[str]) -> None:
         self.guard(name)
         physical, flt = self._scoped(name, self._has_id(ids))
