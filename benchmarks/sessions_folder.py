@@ -92,7 +92,7 @@ def write_transcript(path: Path, size: int, turns: list[tuple[str, str]], bytes_
             while left > 0:  # results in pieces of at most 64 KiB (a file read, a command's output)
                 piece = min(left, 65536)
                 n += 1
-                body = " ".join(rng.choice(WORDS) for _ in range(piece // 7))
+                body = " ".join(rng.choice(WORDS) for _ in range(int(piece / 7.5)))  # 7.5: a word and its space
                 out.write(_message(n, t + 3, "toolResult", [{"type": "text", "text": body}]))
                 left -= piece
             speaker, text = turns[rng.randrange(len(turns))]
@@ -104,7 +104,7 @@ def write_transcript(path: Path, size: int, turns: list[tuple[str, str]], bytes_
 
 def make_folder(root: Path, count: int, mb: float, bytes_per_turn: int, seed: int) -> dict[str, Any]:
     """The folder under ``root`` (reused when ``root/folder.json`` records the same parameters)."""
-    params = {"count": count, "mb": mb, "bytes_per_turn": bytes_per_turn, "seed": seed, "version": 1}
+    params = {"count": count, "mb": mb, "bytes_per_turn": bytes_per_turn, "seed": seed, "version": 2}
     marker = root / "folder.json"
     if marker.exists():
         made = json.loads(marker.read_text())

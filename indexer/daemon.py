@@ -182,6 +182,9 @@ class Indexer:
                 first = Chunk(payload.text, payload.start_line, payload.end_line, kind=payload.kind,
                               modality=payload.modality, meta=dict(payload.extra), context=payload.context)
                 tail = Tail.restore(payload.tail, first)
+            held = self.state.indexed.get(abs_path)
+            if held is not None and held.collection == name and held.state.tail == tail:
+                tail = held.state.tail  # a reconnect (a reload): the verified one, with its running hash
             if tail is not None and tail.chunk_count == state.points:
                 out[abs_path] = replace(state, tail=tail)
             elif state.complete:
