@@ -115,6 +115,8 @@ class Prepared:
     indexes: list[int] | None = None
     total: int = -1
     tail: Tail | None = None
+    read_bytes: int = -1  # a transcript: bytes and JSONL lines parsed (its tail alone, or the whole file)
+    read_lines: int = -1
 
     @property
     def chunk_count(self) -> int:
@@ -304,9 +306,10 @@ class Pipeline:
         st, head, content_hash = read_fingerprint(path, self.sessions_max_file_bytes, collection)
         file_hash = index_hash(content_hash, redactor.version)
         # a transcript's points keep the hash of its last whole read while tails are appended (``indexer.tailing``):
-        # the same hash is the same content only at the same size (a file cut back to that read is re-chunked)
+        # the same hash is the same content only at the same size (a file cut back to that read is re-chunked); one
+        # indexed without its tail (points of an earlier version) is re-chunked once, so it has one
         if (known is not None and _current(known, redactor.version) and known.file_hash == file_hash
-                and known.size_bytes == st.st_size):
+                and known.size_bytes == st.st_size and (known.tail is not None or not known.points)):
             return Unchanged(path, stat_identity(st))
         prepared = self._read_transcript(collection, path, reading, settings, None)
         assert prepared is not None
@@ -330,11 +333,13 @@ class Pipeline:
                 if tail is None:
                     chunks, new_tail = read_whole(handle, st, found[1], reading, self.context, path.stem, settings)
                     indexes, total = None, len(chunks)
+                    read_bytes, read_lines = reading.end, reading.lines
                 else:
                     grown = read_tail(handle, st, tail, found[1], reading, self.context, path.stem, settings)
                     if grown is None:
                         return None
                     chunks, new_tail = grown
+                    read_bytes, read_lines = reading.end - tail.open_offset, reading.lines - tail.open_line + 1
                     indexes = list(range(tail.open_index, new_tail.chunk_count))
                     if tail.open_index:  # chunk 0 carries the file's state: rewritten with it, first
                         chunks, indexes = [new_tail.first, *chunks], [0, *indexes]
@@ -349,7 +354,7 @@ class Pipeline:
             raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
         return Prepared(collection, path, rel_path(collection.workspace, path), transcripts.KIND, "", st.st_size,
                         st.st_mtime_ns, chunks, st.st_ctime_ns, st.st_ino, st.st_dev, indexes=indexes, total=total,
-                        tail=new_tail)
+                        tail=new_tail, read_bytes=read_bytes, read_lines=read_lines)
 
     # -- step 6-7: embed (cached, batched across files) and build points ----------------------------------------
     def _content(self, chunk: Chunk) -> bytes:
@@ -424,7 +429,8 @@ class Pipeline:
                 context=chunk.context, kind=chunk.kind, modality=chunk.modality,
                 model_id=self.registry.embedders[chunk.modality].model_id, chunking_version=chunking.CHUNKING_VERSION,
                 start_s=None if chunk.start_s is None else float(chunk.start_s),
-                end_s=None if chunk.end_s is None else float(chunk.end_s), extra=dict(chunk.meta))
+                end_s=None if chunk.end_s is None else float(chunk.end_s),
+                tail=file.tail.record() if index == 0 and file.tail is not None else None, extra=dict(chunk.meta))
             point = point_id(file.collection.name, abs_path, index)
             out.append(Point(point, {chunk.modality: vector}, sparse, payload))
         return out

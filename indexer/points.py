@@ -50,7 +50,8 @@ class Payload:
     indexed (-1: not recorded, so the next check re-hashes); ``start_line``/``end_line`` are 1-based and inclusive;
     ``text`` is the chunk's own lines (what a hit shows) and ``context`` the document context embedded and
     keyword-indexed with it (title > headings); ``chunking_version`` is ``indexer.chunking.CHUNKING_VERSION`` when it
-    was chunked; ``start_s``/``end_s`` are seconds (audio); ``extra`` holds a plugin's own fields (``Chunk.meta``,
+    was chunked; ``start_s``/``end_s`` are seconds (audio); ``tail`` (a transcript's chunk 0 only) is where it was
+    indexed up to (``indexer.tailing.Tail.record``); ``extra`` holds a plugin's own fields (``Chunk.meta``,
     e.g. image ``width``/``height``), stored at the top level of the payload.
     """
 
@@ -76,6 +77,7 @@ class Payload:
     chunking_version: int = 0
     start_s: float | None = None
     end_s: float | None = None
+    tail: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_payload(self) -> dict[str, Any]:
@@ -168,7 +170,7 @@ class FileState:
     ctime_ns: int = -1
     inode: int = -1
     device: int = -1
-    # a transcript's ``indexer.tailing.Tail`` (where it was indexed up to; kept in memory only, never stored)
+    # a transcript's ``indexer.tailing.Tail`` (where it was indexed up to; stored in chunk 0's payload ``tail``)
     tail: Any = field(default=None, compare=False)
 
     def identity(self) -> tuple[int, int, int, int, int]:

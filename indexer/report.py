@@ -26,7 +26,7 @@ from indexer.rerank import RerankStats, rerank_status
 from indexer.schema import MAX_WAIT_S, Indexing
 from indexer.search import FallbackStats, Searcher
 from indexer.state import IndexState, Plan
-from indexer.status import CollectionStatus, Health, Status
+from indexer.status import CollectionStatus, Health, SessionsStatus, Status
 from indexer.store import Store
 from indexer.watcher import Settler
 from indexer.workspace import Problem, Skip, path_problems
@@ -175,17 +175,25 @@ class StatusView:
         return {"done": done, "total": done + len(self.pending(agent))}
 
     def status(self) -> Status:
-        """``GET /status``, ``qmd-indexer status``: per-collection files and chunks, queue, embeddings since start,
-        watch modes, reconcile drift, the models, and the address the API listens on (``bind``)."""
+        """``GET /status``, ``qmd-indexer status``: per-collection files and chunks, per agent with a ``sessions``
+        folder its sessions and their turns (``sessions``: from each transcript's ``Tail``, which chunk 0 stores, so
+        a restart knows them without reading a transcript), queue, embeddings since start, watch modes, reconcile
+        drift, the models, and the address the API listens on (``bind``)."""
         state, plan = self.state, self.plan
         per: dict[str, CollectionStatus] = {
             c.name: {"agent": c.agent, "role": c.role, "root": str(c.root), "files": 0, "chunks": 0}
             for c in plan.collections
         }
+        of_sessions = {c.name: c.agent for c in plan.collections if c.corpus == "sessions"}
+        sessions: dict[str, SessionsStatus] = {agent: {"count": 0, "turns": 0} for agent in of_sessions.values()}
         for entry in list(state.indexed.values()):
             if entry.collection in per:
                 per[entry.collection]["files"] += 1
                 per[entry.collection]["chunks"] += entry.state.points
+                if entry.collection in of_sessions:
+                    counts, tail = sessions[of_sessions[entry.collection]], entry.state.tail
+                    counts["count"] += 1
+                    counts["turns"] += tail.turns if tail is not None else 0
         embedders = self.registry.embedders
         text = embedders.get("text")
         watcher, store, settings, reconcile = state.watcher, self.store, plan.settings, state.reconcile
@@ -234,6 +242,7 @@ class StatusView:
             "plugin_errors": self.registry.failures,
             "bind": f"{settings.host}:{settings.port}",
             "collections": per,
+            "sessions": sessions,
         }
 
 

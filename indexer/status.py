@@ -21,6 +21,15 @@ class CollectionStatus(TypedDict):
     chunks: int
 
 
+class SessionsStatus(TypedDict):
+    """One agent's session transcripts (its ``sessions-<agent>`` collection)."""
+
+    count: Annotated[int, Field(description="Transcripts indexed (one session each).")]
+    turns: Annotated[int, Field(description=(
+        "Their turns indexed: user and assistant messages with text (and tool results where "
+        "sessions_tool_results is set)."))]
+
+
 class RerankStatus(TypedDict):
     """The rerank stage (``reranker`` setting): the plugin, its model and how often it kept the fused order."""
 
@@ -92,6 +101,8 @@ class Status(TypedDict):
         "The text embedder: model_id, precision, and with int8 the ONNX file single queries run on."))]]
     bind: NotRequired[Annotated[str, Field(description="host:port the API listens on.")]]
     collections: dict[str, CollectionStatus]
+    sessions: NotRequired[Annotated[dict[str, SessionsStatus], Field(description=(
+        "Agent -> {count, turns} of its session transcripts, for each agent whose workspace sets sessions."))]]
 
 
 class Reindex(TypedDict):

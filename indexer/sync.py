@@ -305,7 +305,7 @@ class Sync:
                 file.device, file.tail))
             log.info("file_indexed", path=abs_path, collection=file.collection.name, kind=file.kind,
                      chunks=file.chunk_count, written=len(points), embedded=file.embedded, cache_hits=file.cache_hits,
-                     write_ms=round((time.monotonic() - started) * 1000, 1))
+                     write_ms=round((time.monotonic() - started) * 1000, 1), **_read(file))
         return retry
 
     def _write_tail(self, name: str, abs_path: str, points: Sequence[Point], had: int, count: int) -> None:
@@ -381,8 +381,14 @@ class Sync:
                                                         file.tail))
         log.info("file_indexed", path=abs_path, collection=logical, kind=file.kind, chunks=file.chunk_count,
                  embedded=file.embedded, cache_hits=file.cache_hits, slices=-(-len(file.chunks) // GROUP_CHUNKS),
-                 write_ms=round((time.monotonic() - started) * 1000, 1))
+                 write_ms=round((time.monotonic() - started) * 1000, 1), **_read(file))
         return []
+
+
+def _read(file: Prepared) -> dict[str, int]:
+    """A transcript's ``read_bytes``/``read_lines`` for its ``file_indexed`` line (the bytes and JSONL lines parsed:
+    its tail alone, or the whole file); nothing for another file."""
+    return {"read_bytes": file.read_bytes, "read_lines": file.read_lines} if file.read_bytes >= 0 else {}
 
 
 def _folded(name: str) -> str:

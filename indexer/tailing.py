@@ -10,20 +10,26 @@ open one are those a whole read gives, see its docstring). The caller embeds the
 new version and the new windows), upserts them over the superseded open-window points (same ids: same chunk
 indexes) and deletes the indexes past the new end (``indexer.sync``).
 
-The trade-off of the check: it reads ``CHECK_BYTES`` instead of the whole prefix, so a writer that rewrote the
-prefix in place, kept the inode, the length and those last bytes would go unnoticed until the file is re-chunked
-whole (a restart, a rebuild, a shrink). Transcript writers append, and a rewrite (compaction) writes a new file
-(a new inode) or changes the end; both fail the check and re-chunk whole. The ``Tail`` lives in the daemon's memory
-only: after a restart the first change of a transcript re-chunks it whole once (its vectors from the embedding
-cache).
+The trade-off of the check: while the daemon runs it reads ``CHECK_BYTES`` instead of the whole prefix, so a
+writer that rewrote the prefix in place, kept the inode, the length and those last bytes would go unnoticed until
+the file is re-chunked whole (a rebuild, a shrink). Transcript writers append, and a rewrite (compaction) writes a
+new file (a new inode) or changes the end; both fail the check and re-chunk whole.
+
+The ``Tail`` is kept across restarts in the payload of the transcript's chunk 0 (``Tail.record``, the payload's
+``tail``; chunk 0 is rewritten with the file's state at each append, so the two never disagree), and read back when
+the daemon connects (``Tail.restore``). Nothing watched the file while the daemon was down, so the first tail read
+of a restored ``Tail`` first hashes the whole indexed prefix (``digest``: the sha256 of bytes ``[0, end)``, kept up
+to date with each read; hashing, not parsing or embedding) and re-chunks whole when it differs. A transcript not
+changed while down is not read at all (its stat is what chunk 0 records).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
-from typing import IO
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 from indexer.api import Chunk, ExtractContext, TranscriptFormat
 from indexer.transcripts import Reading, Turn, read_turns, windowed
@@ -47,6 +53,34 @@ class Tail:
     session_id: str  # the records' session id ("" when none named it: the file name's stem was used)
     first: Chunk  # chunk 0, rewritten with the file's new state at each append (its vector is a cache hit)
     settings: tuple[object, ...]  # what the windows were read under (roles, tool result cut, redaction)
+    turns: int = 0  # turns indexed in all (``status``: a session's turns)
+    open_turns: int = 0  # turns before the open window's first
+    digest: str = ""  # sha256 hex of bytes [0, end): checked once after a restart (see the module)
+    # the sha256 object at ``end`` (in memory only; ``None`` for a Tail restored after a restart: not yet verified)
+    hasher: Any = field(default=None, compare=False, repr=False)
+
+    def record(self) -> dict[str, Any]:
+        """The ``Tail`` as JSON (chunk 0's payload ``tail``), ``first`` and ``hasher`` left out: chunk 0 is
+        ``first``, and the hash is verified again after a restart."""
+        return {"inode": self.inode, "device": self.device, "end": self.end, "check": self.check,
+                "open_offset": self.open_offset, "open_line": self.open_line, "open_skip": self.open_skip,
+                "open_index": self.open_index, "chunk_count": self.chunk_count, "session_id": self.session_id,
+                "settings": [list(x) if isinstance(x, tuple) else x for x in self.settings],
+                "turns": self.turns, "open_turns": self.open_turns, "digest": self.digest}
+
+    @classmethod
+    def restore(cls, record: Mapping[str, Any], first: Chunk) -> Tail | None:
+        """The ``Tail`` of a ``record`` read back from chunk 0 (``first``: that chunk); ``None`` when the record is
+        not one this version writes (the transcript is then re-chunked whole once)."""
+        try:
+            roles, tool_chars, redaction = record["settings"]
+            return cls(int(record["inode"]), int(record["device"]), int(record["end"]), str(record["check"]),
+                       int(record["open_offset"]), int(record["open_line"]), int(record["open_skip"]),
+                       int(record["open_index"]), int(record["chunk_count"]), str(record["session_id"]), first,
+                       (tuple(roles), int(tool_chars), str(redaction)), int(record["turns"]),
+                       int(record["open_turns"]), str(record["digest"]))
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 def _check(handle: IO[bytes], end: int) -> str:
@@ -55,16 +89,32 @@ def _check(handle: IO[bytes], end: int) -> str:
     return hashlib.sha256(handle.read(end - start)).hexdigest()
 
 
+def _hashed(handle: IO[bytes], hasher: Any, start: int, end: int) -> Any:
+    """``hasher`` updated with bytes ``[start, end)`` of ``handle``, read in 1 MiB blocks."""
+    handle.seek(start)
+    left = end - start
+    while left > 0:
+        block = handle.read(min(left, 1 << 20))
+        if not block:
+            break
+        hasher.update(block)
+        left -= len(block)
+    return hasher
+
+
 def _tail(handle: IO[bytes], st: os.stat_result, reading: Reading, turns: list[Turn], chunks: list[Chunk],
           open_turn: int, open_chunk: int, base: int, first: Chunk, settings: tuple[object, ...],
-          skipped: int = 0) -> Tail:
+          skipped: int = 0, before: int = 0, hasher: Any = None, hashed: int = 0) -> Tail:
     """The ``Tail`` after windowing ``turns`` into ``chunks`` (numbered from ``base``); ``skipped``: turns of
-    ``turns[0]``'s line left out before it."""
+    ``turns[0]``'s line left out before it; ``before``: turns indexed before ``turns[0]``; ``hasher``: the sha256
+    of bytes ``[0, hashed)`` (``None``: none yet)."""
     opening = turns[open_turn]
     skip = sum(1 for t in turns[:open_turn] if t.line == opening.line)
     skip += skipped if opening.line == turns[0].line else 0
+    hasher = _hashed(handle, hasher if hasher is not None else hashlib.sha256(), hashed, reading.end)
     return Tail(st.st_ino, st.st_dev, reading.end, _check(handle, reading.end), opening.offset, opening.line, skip,
-                base + open_chunk, base + len(chunks), reading.session_id, first, settings)
+                base + open_chunk, base + len(chunks), reading.session_id, first, settings, before + len(turns),
+                before + open_turn, hasher.hexdigest(), hasher)
 
 
 def read_whole(handle: IO[bytes], st: os.stat_result, fmt: TranscriptFormat, reading: Reading,
@@ -93,6 +143,11 @@ def read_tail(handle: IO[bytes], st: os.stat_result, tail: Tail, fmt: Transcript
         return None
     if _check(handle, tail.end) != tail.check:
         return None
+    hasher = tail.hasher.copy() if tail.hasher is not None else None
+    if hasher is None:  # restored after a restart: nothing watched the file meanwhile, so the whole prefix is checked
+        hasher = _hashed(handle, hashlib.sha256(), 0, tail.end)
+        if hasher.hexdigest() != tail.digest:
+            return None
     handle.seek(tail.open_offset)
     reading.session_id = tail.session_id
     turns = list(read_turns(handle, fmt, reading, tail.open_line, tail.open_offset))[tail.open_skip :]
@@ -104,4 +159,4 @@ def read_tail(handle: IO[bytes], st: os.stat_result, tail: Tail, fmt: Transcript
     reading.session_id = named
     first = chunks[0] if tail.open_index == 0 else tail.first
     return chunks, _tail(handle, st, reading, turns, chunks, open_turn, open_chunk, tail.open_index, first, settings,
-                         tail.open_skip)
+                         tail.open_skip, tail.open_turns, hasher, tail.end)

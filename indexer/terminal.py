@@ -160,3 +160,5 @@ def print_status(status: Mapping[str, Any]) -> None:
     click.echo(f"{'collection':<40} {'files':>7} {'chunks':>8}  root")
     for name, c in status["collections"].items():
         click.echo(f"{name:<40} {c['files']:>7} {c['chunks']:>8}  {c['root']}")
+    for agent, sessions in status.get("sessions", {}).items():
+        click.echo(f"sessions of {agent}: {sessions['count']} session(s), {sessions['turns']} turn(s)")

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from conftest import write
+from structlog.testing import capture_logs
 from test_sessions import FILLER, openclaw
 
+from indexer.terminal import print_status
 from indexer.worker import index_once
 
 DAY = "2023-06-02"
@@ -137,3 +139,76 @@ def test_a_rewritten_prefix_or_a_shrink_rechunks_whole(make_indexer, tmp_path) -
     os.unlink(path)
     index_once(indexer)
     assert _view(indexer, path) == []
+
+
+def _indexed(logs: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == "file_indexed" and e["path"] == str(path)]
+
+
+def test_a_restart_reads_only_the_turns_appended_while_down(make_indexer, tmp_path) -> None:
+    indexer, path = _setup(make_indexer, tmp_path, turns=40)
+    settings, size = indexer.settings, path.stat().st_size
+    before = _view(indexer, path)
+    indexer.close()
+    again = make_indexer(settings.workspace)  # the same state dir: what the first daemon indexed
+    assert path not in again.scan()  # unchanged while down: nothing to read
+    again.close()
+    with path.open("a") as handle:
+        handle.write(_turn(1, "While the daemon was down we booked the zeppelin tour."))
+        handle.write(_turn(2, "And the harbour kayak race is on Sunday."))
+    third = make_indexer(settings.workspace)
+    tail = third.state.indexed[str(path)].state.tail
+    assert tail is not None and tail.turns == 40 and tail.open_index == len(before) - 1
+    with capture_logs() as logs:
+        index_once(third)
+    (line,) = _indexed(logs, path)
+    # the open window's first line on was parsed, not the file; one or two windows embedded
+    assert line["read_bytes"] == path.stat().st_size - tail.open_offset < size // 4
+    assert line["read_lines"] < 12 and 1 <= line["embedded"] <= 2 and line["cache_hits"] <= 2
+    assert third.state.indexed[str(path)].state.tail.turns == 42
+    assert [row[:-1] for row in _view(third, path)] == _rebuilt(make_indexer, tmp_path, path, "whole")
+
+
+def test_a_prefix_rewritten_while_down_rechunks_whole(make_indexer, tmp_path) -> None:
+    indexer, path = _setup(make_indexer, tmp_path, turns=40)
+    settings, inode = indexer.settings, path.stat().st_ino
+    indexer.close()
+    body = path.read_bytes()
+    at = body.index(b"I painted a small lake")  # far more than the 4 KiB check before the end
+    assert len(body) - at > 4 * 4096
+    with path.open("r+b") as handle:  # in place: same inode, same length, then a turn appended
+        handle.seek(at)
+        handle.write(b"I PAINTED A SMALL LAKE")
+        handle.seek(0, os.SEEK_END)
+        handle.write(_turn(3, "Then we planned the aquarium.").encode())
+    assert path.stat().st_ino == inode
+    again = make_indexer(settings.workspace)
+    with capture_logs() as logs:
+        index_once(again)
+    (line,) = _indexed(logs, path)
+    assert line["read_bytes"] == path.stat().st_size  # read whole: the prefix's hash differed
+    assert [row[:-1] for row in _view(again, path)] == _rebuilt(make_indexer, tmp_path, path, "rewritten")
+    assert any("I PAINTED A SMALL LAKE" in row[4] for row in _view(again, path))
+
+
+def test_status_counts_sessions_and_their_turns_across_a_restart(make_indexer, tmp_path, capsys) -> None:
+    ws, sessions = tmp_path / "ws", tmp_path / "sessions"
+    write(ws / "MEMORY.md", "# Memory\n")
+    write(sessions / "a.jsonl", openclaw("a", DAY, _said(12)))
+    b = write(sessions / "b.jsonl", openclaw("b", DAY, _said(7)))  # tool calls and results are no turns
+    other = tmp_path / "other"
+    write(other / "MEMORY.md", "# Memory\n")
+    workspaces = [{"agent": "main", "path": ws, "sessions": sessions}, {"agent": "notes", "path": other}]
+    indexer = make_indexer(workspaces)
+    assert index_once(indexer)["sessions"] == {"main": {"count": 2, "turns": 19}}  # no sessions: not listed
+    with b.open("a") as handle:
+        handle.write(_turn(1, "One more thing about the picnic."))
+    status = index_once(indexer)
+    assert status["sessions"] == {"main": {"count": 2, "turns": 20}}
+    print_status(status)
+    assert "sessions of main: 2 session(s), 20 turn(s)" in capsys.readouterr().out
+    indexer.close()
+    again = make_indexer(workspaces)  # read back from the store: no transcript is read to know it
+    assert again.view.status()["sessions"] == {"main": {"count": 2, "turns": 20}}
+    b.unlink()
+    assert index_once(again)["sessions"] == {"main": {"count": 1, "turns": 12}}
