@@ -7,16 +7,23 @@ beside a few small notes. A thread samples the daemon's resident set (psutil, ev
 peak while the log is indexed and after (MiB, and the growth), the searches' p50/p95/max (ms), the seconds to
 index, and the load average. The issue's goal: growth <= 300 MB and search p95 < 100 ms.
 
+With ``--transcript`` the same turns are an OpenClaw session transcript instead (JSON Lines: a ``session`` record,
+then one ``message`` record per turn, user and assistant alternating, ``indexer.builtin.transcripts``) of about the
+same size, written into the ``sessions`` folder of the daemon's workspace (a config file's ``[[workspace]]`` table),
+so the transcript path (``indexer.transcripts``, read streamed) is measured too.
+
 Turn texts come from ``../shared/data/convmem`` (real conversation turns), else are generated (said so). With
 ``--before DIR`` (another checkout, e.g. ``git archive`` of an older commit) the same run is made with it first, in
 the same session, so the figures compare under the same load::
 
-    python -m benchmarks.big_log [--mb 10] [--before /tmp/base] [--precision fp32]
+    python -m benchmarks.big_log [--mb 10] [--transcript] [--before /tmp/base] [--precision fp32]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import random
 import statistics
@@ -62,15 +69,49 @@ def big_log(size_bytes: int, pool: list[str], seed: int = 0) -> tuple[str, int]:
     return "\n".join(lines) + "\n", turns
 
 
-def measure(repo: Path, out: Path, text: str, env: dict[str, str]) -> dict[str, Any]:
-    """One daemon from checkout ``repo``: the log written once it is ready and idle; its figures."""
+SESSION = "7d0c6f1e-2b4a-5c3e-9f1d-8a6b4c2e0d13"
+
+
+def big_transcript(size_bytes: int, pool: list[str], seed: int = 0) -> tuple[str, int]:
+    """An OpenClaw session transcript of about ``size_bytes`` bytes: a ``session`` record, then ``message`` records
+    of ``Name: text`` turns, user and assistant alternating, 15 s apart; and its number of turns."""
+    rng = random.Random(seed)
+    start = datetime.datetime(2023, 5, 8, 9, 0, tzinfo=datetime.UTC)
+
+    def stamp(n: int) -> str:
+        return (start + datetime.timedelta(seconds=15 * n)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+    lines = [json.dumps({"type": "session", "version": 3, "id": SESSION, "timestamp": stamp(0), "cwd": "/home/a"})]
+    size, turns = len(lines[0]) + 1, 0
+    while size < size_bytes:
+        role = "user" if turns % 2 == 0 else "assistant"
+        line = json.dumps({"type": "message", "id": f"m{turns}", "timestamp": stamp(turns), "message": {
+            "role": role, "content": [{"type": "text", "text": f"{NAMES[turns % 2]}: {rng.choice(pool)}"}]}})
+        lines.append(line)
+        size += len(line.encode("utf-8")) + 1
+        turns += 1
+    return "\n".join(lines) + "\n", turns
+
+
+def measure(repo: Path, out: Path, text: str, env: dict[str, str], transcript: bool = False) -> dict[str, Any]:
+    """One daemon from checkout ``repo``: the log (or, with ``transcript``, the session transcript) written once it
+    is ready and idle; its figures."""
     import psutil
 
     ws = out / "ws"
     make_workspace(ws, ["# Deploys\n\nDeploy window is Thursday morning.\n",
                         "# Coffee\n\nThe user drinks a flat white without sugar.\n",
                         "# Travel\n\nFlights to Lisbon are booked for March.\n"])
-    daemon = Daemon(ws, out / "state", out / "daemon.log", env=env, repo=repo)
+    config = None
+    path = ws / "memory" / "2023-05-08.md"
+    if transcript:  # OpenClaw's layout: agents/<id>/sessions beside the workspace
+        sessions = out / "agents" / "main" / "sessions"
+        sessions.mkdir(parents=True)
+        config = out / "config.toml"
+        config.write_text(f'[[workspace]]\nagent = "main"\npath = {json.dumps(str(ws))}\n'
+                          f'sessions = {json.dumps(str(sessions))}\n')
+        path = sessions / f"{SESSION}.jsonl"
+    daemon = Daemon(ws, out / "state", out / "daemon.log", env=env, repo=repo, config=config)
     try:
         daemon.wait_ready(600)
         daemon.search("warm up")
@@ -98,9 +139,8 @@ def measure(repo: Path, out: Path, text: str, env: dict[str, str]) -> dict[str, 
         threads = [threading.Thread(target=sample, daemon=True), threading.Thread(target=ask, daemon=True)]
         for thread in threads:
             thread.start()
-        log(f"{repo}: {before / 2**20:.0f} MiB before the log; writing it")
+        log(f"{repo}: {before / 2**20:.0f} MiB before the {'transcript' if transcript else 'log'}; writing it")
         started = time.monotonic()
-        path = ws / "memory" / "2023-05-08.md"
         path.write_text(text, encoding="utf-8")
         indexed = wait_until(lambda: [e for e in daemon.seen("file_indexed") if e.get("path") == str(path)],
                              3600, 0.5, "the log indexed")
@@ -151,6 +191,8 @@ def chunk_cost(text: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, default=10.0, help="size of the log, MB")
+    parser.add_argument("--transcript", action="store_true",
+                        help="an OpenClaw session transcript in the sessions folder instead of a log in memory/")
     parser.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16", "int8"])
     parser.add_argument("--before", type=Path, help="another checkout to measure first, in the same run")
     parser.add_argument("--this", action=argparse.BooleanOptionalAction, default=True,
@@ -160,9 +202,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(".big_log"))
     args = parser.parse_args()
     pool, source = turn_pool()
-    text, turns = big_log(int(args.mb * 1_000_000), pool)
-    log(f"log: {len(text.encode()) / 1e6:.1f} MB, {turns} turns, texts from {source}"
+    text, turns = (big_transcript if args.transcript else big_log)(int(args.mb * 1_000_000), pool)
+    what = "transcript" if args.transcript else "log"
+    log(f"{what}: {len(text.encode()) / 1e6:.1f} MB, {turns} turns, texts from {source}"
         + (" (../shared/data/convmem is missing)" if source == "generated" else ""))
+    if args.chunk_only and args.transcript:
+        parser.error("--chunk-only measures the log's chunking only")
     if args.chunk_only:
         import indexer
 
@@ -182,9 +227,9 @@ def main() -> None:
 
             shutil.rmtree(out)
         out.mkdir(parents=True)
-        rows[name] = measure(repo, out, text, env)
+        rows[name] = measure(repo, out, text, env, args.transcript)
         log(f"{name}: {rows[name]}")
-    print(f"\n{len(text.encode()) / 1e6:.1f} MB log, {turns} turns; precision {args.precision}; load average "
+    print(f"\n{len(text.encode()) / 1e6:.1f} MB {what}, {turns} turns; precision {args.precision}; load average "
           f"{load[0]:.2f} before, {os.getloadavg()[0]:.2f} after; {os.cpu_count()} CPUs")
     print(f"{'tree':8} {'before MiB':>10} {'peak MiB':>9} {'after MiB':>9} {'growth':>7} {'index s':>8} "
           f"{'chunks':>7} {'searches':>8} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7}")

@@ -128,17 +128,18 @@ class Daemon:
 
     The environment is this process's plus ``DAEMON_ENV``, ``FP32_ENV`` unless ``fp32`` is false, then ``env``.
     With ``sample_rss``, a thread samples the resident set every 50 ms (``sampled_peak``, bytes: ``rss_peak``'s
-    fallback where ``/proc`` has no ``VmHWM``; needs psutil)."""
+    fallback where ``/proc`` has no ``VmHWM``; needs psutil). With ``config`` (a TOML file of ``[[workspace]]``
+    tables, e.g. one with a ``sessions`` folder), the daemon reads its workspaces from it instead of ``ws``/``agent``."""
 
     def __init__(self, ws: Path, state: Path, log_path: Path, env: dict[str, str] | None = None,
                  agent: str = AGENT, fp32: bool = True, sample_rss: bool = False, port: int | None = None,
-                 repo: Path = REPO) -> None:
+                 repo: Path = REPO, config: Path | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.started = time.monotonic()
-        cmd = [sys.executable, "-m", "indexer.cli", "run", "--workspace", str(ws), "--agent", agent,
-               "--state-dir", str(state), "--port", str(self.port)]
+        where = ["--config", str(config)] if config is not None else ["--workspace", str(ws), "--agent", agent]
+        cmd = [sys.executable, "-m", "indexer.cli", "run", *where, "--state-dir", str(state), "--port", str(self.port)]
         full_env = {**os.environ, **DAEMON_ENV, "PYTHONPATH": str(repo), **(FP32_ENV if fp32 else {}), **(env or {})}
         with open(log_path, "w") as output:
             self.proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, env=full_env, cwd=repo)
