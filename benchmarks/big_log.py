@@ -4,7 +4,8 @@ A ~10 MB daily-log-style note (``- [HH:MM] Name: text``, about 40,000 turns, wha
 log) is written into the ``memory/`` of a running ``qmd-indexer run`` (a subprocess, ``benchmarks.harness.Daemon``)
 beside a few small notes. A thread samples the daemon's resident set (psutil, every 50 ms) and another asks
 ``POST /search`` over HTTP in a loop until the log's ``file_indexed`` line. Printed: the resident set before, at its
-peak while the log is indexed and after (MiB, and the growth), the searches' p50/p95/max (ms), the seconds to
+peak while the log is indexed and after (MiB, and the growth; of the growth at the peak, ``anon`` is the heap's,
+``RssAnon``, and ``file`` the mapped files', ``RssFile``: the store's), the searches' p50/p95/max (ms), the seconds to
 index, and the load average. The issue's goal: growth <= 300 MB and search p95 < 100 ms.
 
 With ``--transcript`` the same turns are an OpenClaw session transcript instead (JSON Lines: a ``session`` record,
@@ -93,9 +94,11 @@ def big_transcript(size_bytes: int, pool: list[str], seed: int = 0) -> tuple[str
     return "\n".join(lines) + "\n", turns
 
 
-def measure(repo: Path, out: Path, text: str, env: dict[str, str], transcript: bool = False) -> dict[str, Any]:
+def measure(repo: Path, out: Path, text: str, env: dict[str, str], transcript: bool = False,
+            max_s: float = 7200) -> dict[str, Any]:
     """One daemon from checkout ``repo``: the log (or, with ``transcript``, the session transcript) written once it
-    is ready and idle; its figures."""
+    is ready and idle; its figures, over at most ``max_s`` seconds of indexing (``chunks`` then says ``<n>+``: the
+    chunks embedded by then)."""
     import psutil
 
     ws = out / "ws"
@@ -118,13 +121,17 @@ def measure(repo: Path, out: Path, text: str, env: dict[str, str], transcript: b
         daemon.wait_quiet()
         process = psutil.Process(daemon.proc.pid)
         before = process.memory_info().rss
+        parts_before = daemon.rss_parts()
         peak = [before]
+        peak_parts = [parts_before]  # RssAnon (the heap) and RssFile (mapped files: the store's) at the peak
         latencies: list[float] = []
         done = threading.Event()
 
         def sample() -> None:
             while not done.wait(0.05):
-                peak[0] = max(peak[0], process.memory_info().rss)
+                rss = process.memory_info().rss
+                if rss > peak[0]:
+                    peak[0], peak_parts[0] = rss, daemon.rss_parts()
 
         def ask() -> None:
             n = 0
@@ -142,8 +149,11 @@ def measure(repo: Path, out: Path, text: str, env: dict[str, str], transcript: b
         log(f"{repo}: {before / 2**20:.0f} MiB before the {'transcript' if transcript else 'log'}; writing it")
         started = time.monotonic()
         path.write_text(text, encoding="utf-8")
-        indexed = wait_until(lambda: [e for e in daemon.seen("file_indexed") if e.get("path") == str(path)],
-                             3600, 0.5, "the log indexed")
+        try:
+            indexed = wait_until(lambda: [e for e in daemon.seen("file_indexed") if e.get("path") == str(path)],
+                                 max_s, 0.5, "the log indexed")
+        except TimeoutError:  # ``--max-s``: the figures of its first ``max_s`` seconds
+            indexed = [{"chunks": f"{daemon.get('/status')['chunks_embedded']}+"}]
         seconds = time.monotonic() - started
         done.set()
         for thread in threads:
@@ -151,7 +161,9 @@ def measure(repo: Path, out: Path, text: str, env: dict[str, str], transcript: b
         time.sleep(2)
         after = process.memory_info().rss
         ordered = sorted(latencies)
-        return {"repo": str(repo), "before_mib": before / 2**20, "peak_mib": peak[0] / 2**20,
+        split = {f"peak_{key.lower()}_growth_mib": peak_parts[0].get(key, 0) - parts_before.get(key, 0)
+                 for key in ("RssAnon", "RssFile")}
+        return {"repo": str(repo), **split, "before_mib": before / 2**20, "peak_mib": peak[0] / 2**20,
                 "after_mib": after / 2**20, "growth_mib": (peak[0] - before) / 2**20, "index_s": seconds,
                 "chunks": indexed[0].get("chunks"), "searches": len(ordered),
                 "p50_ms": statistics.median(ordered), "p95_ms": ordered[int(0.95 * (len(ordered) - 1))],
@@ -199,6 +211,8 @@ def main() -> None:
                         help="measure this checkout (--no-this: only --before's)")
     parser.add_argument("--chunk-only", action="store_true",
                         help="only the chunking of the log, in this process (no daemon): its peak growth and time")
+    parser.add_argument("--max-s", type=float, default=7200,
+                        help="measure at most this many seconds of indexing (chunks then reads '<embedded>+')")
     parser.add_argument("--out", type=Path, default=Path(".big_log"))
     args = parser.parse_args()
     pool, source = turn_pool()
@@ -227,14 +241,15 @@ def main() -> None:
 
             shutil.rmtree(out)
         out.mkdir(parents=True)
-        rows[name] = measure(repo, out, text, env, args.transcript)
+        rows[name] = measure(repo, out, text, env, args.transcript, args.max_s)
         log(f"{name}: {rows[name]}")
     print(f"\n{len(text.encode()) / 1e6:.1f} MB {what}, {turns} turns; precision {args.precision}; load average "
           f"{load[0]:.2f} before, {os.getloadavg()[0]:.2f} after; {os.cpu_count()} CPUs")
     print(f"{'tree':8} {'before MiB':>10} {'peak MiB':>9} {'after MiB':>9} {'growth':>7} {'index s':>8} "
-          f"{'chunks':>7} {'searches':>8} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7}")
+          f"{'anon':>5} {'file':>5} {'chunks':>7} {'searches':>8} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7}")
     for name, r in rows.items():
         print(f"{name:8} {r['before_mib']:10.0f} {r['peak_mib']:9.0f} {r['after_mib']:9.0f} {r['growth_mib']:7.0f} "
+              f"{r['peak_rssanon_growth_mib']:5d} {r['peak_rssfile_growth_mib']:5d} "
               f"{r['index_s']:8.1f} {r['chunks']!s:>7} {r['searches']:8d} {r['p50_ms']:7.1f} {r['p95_ms']:7.1f} "
               f"{r['max_ms']:7.1f}")
     if "before" in rows and "this" in rows:

@@ -129,7 +129,7 @@ class Daemon:
     The environment is this process's plus ``DAEMON_ENV``, ``FP32_ENV`` unless ``fp32`` is false, then ``env``.
     With ``sample_rss``, a thread samples the resident set every 50 ms (``sampled_peak``, bytes: ``rss_peak``'s
     fallback where ``/proc`` has no ``VmHWM``; needs psutil). With ``config`` (a TOML file of ``[[workspace]]``
-    tables, e.g. one with a ``sessions`` folder), the daemon reads its workspaces from it instead of ``ws``/``agent``."""
+    tables, e.g. one with a ``sessions`` folder), the daemon reads its workspaces from it, not ``ws``/``agent``."""
 
     def __init__(self, ws: Path, state: Path, log_path: Path, env: dict[str, str] | None = None,
                  agent: str = AGENT, fp32: bool = True, sample_rss: bool = False, port: int | None = None,
