@@ -65,9 +65,9 @@ def test_a_batch_of_long_chunks_holds_at_most_the_word_piece_budget(registry: Re
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     batches = embedder.batches([len(texts[i]) for i in order], order)
     assert [i for batch in batches for i in batch] == order  # each text once, longest first
-    assert (embedder.batch_size, embedder.batch_tokens, embedder.max_tokens + 2) == (32, 2048, 256)
-    # long texts padded to the model's 256 word pieces: 8 a pass; short ones fill a batch of 32
-    assert [len(batch) for batch in batches] == [8, 8, 8, 32, 4]
+    assert (embedder.batch_size, embedder.batch_tokens, embedder.max_tokens + 2) == (32, 4096, 256)
+    # long texts padded to the model's 256 word pieces: 16 a pass; short ones fill a batch of up to 32
+    assert [len(batch) for batch in batches] == [16, 16, 28]
     # cut shorter, the same vectors as one text at a time (up to the padding's float rounding)
     vectors = embedder.encode(texts[18:24])
     alone = np.stack([embedder.encode([text])[0] for text in texts[18:24]])

@@ -9,9 +9,10 @@ them from the top-level settings ``model``, ``device``, ``batch_size``, ``precis
   model in the local Hugging Face cache, since ``HF_HUB_OFFLINE=1`` is set unless the environment says otherwise.
 - ``device``: torch device, default ``"cpu"``.
 - ``batch_size``: chunks per forward pass, default 32.
-- ``batch_tokens``: word pieces one forward pass may hold, padding included (``BATCH_TOKENS``, 2048): a batch of
+- ``batch_tokens``: word pieces one forward pass may hold, padding included (``BATCH_TOKENS``, 4096): a batch of
   long chunks is cut shorter, since the activations of a pass grow with chunks x length squared (32 chunks of 256
-  word pieces took about 240 MiB, 8 about 60 MiB, at the same chunks per second on 2 cores: docs/performance.md).
+  word pieces took about 240 MiB at their peak, 8 about 60 MiB; 16 cost ~15% more CPU a chunk than 32 on a loaded
+  2-core machine, 8 ~45%: docs/performance.md).
 - ``precision``: ``"auto"`` (default), ``"fp32"``, ``"bf16"`` or ``"int8"``; see
   ``indexer.model_loading.choose_precision``. ``auto`` on a CPU takes bf16 where the CPU has native bf16
   instructions, else int8 where ONNX Runtime is installed (the ``int8`` extra) and the exported model passes its
@@ -57,7 +58,7 @@ from indexer.onnx_runtime import INT8_MIN_COSINE, OnnxDocumentEncoder, OnnxQuery
 
 log = structlog.get_logger("qmd_indexer.embedding")
 
-BATCH_TOKENS = 2048  # word pieces (padding included) one forward pass may hold: 8 chunks of 256
+BATCH_TOKENS = 4096  # word pieces (padding included) one forward pass may hold: 16 chunks of 256
 
 # all-MiniLM-L6-v2's published facts: 384 dimensions, 256 word pieces per input (including [CLS] and [SEP]).
 _KNOWN_DIMS = {"sentence-transformers/all-MiniLM-L6-v2": 384}
