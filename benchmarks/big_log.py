@@ -245,8 +245,8 @@ def main() -> None:
         log(f"{name}: {rows[name]}")
     print(f"\n{len(text.encode()) / 1e6:.1f} MB {what}, {turns} turns; precision {args.precision}; load average "
           f"{load[0]:.2f} before, {os.getloadavg()[0]:.2f} after; {os.cpu_count()} CPUs")
-    print(f"{'tree':8} {'before MiB':>10} {'peak MiB':>9} {'after MiB':>9} {'growth':>7} {'index s':>8} "
-          f"{'anon':>5} {'file':>5} {'chunks':>7} {'searches':>8} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7}")
+    print(f"{'tree':8} {'before MiB':>10} {'peak MiB':>9} {'after MiB':>9} {'growth':>7} {'anon':>5} {'file':>5} "
+          f"{'index s':>8} {'chunks':>7} {'searches':>8} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7}")
     for name, r in rows.items():
         print(f"{name:8} {r['before_mib']:10.0f} {r['peak_mib']:9.0f} {r['after_mib']:9.0f} {r['growth_mib']:7.0f} "
               f"{r['peak_rssanon_growth_mib']:5d} {r['peak_rssfile_growth_mib']:5d} "
