@@ -126,10 +126,10 @@ class Daemon:
     is this tree's, or ``repo``'s (an installed ``qmd-indexer`` script imports whatever checkout the virtualenv was
     installed from).
 
-    With ``config``, the daemon reads its workspaces from that config file instead of ``ws``/``agent``.
     The environment is this process's plus ``DAEMON_ENV``, ``FP32_ENV`` unless ``fp32`` is false, then ``env``.
     With ``sample_rss``, a thread samples the resident set every 50 ms (``sampled_peak``, bytes: ``rss_peak``'s
-    fallback where ``/proc`` has no ``VmHWM``; needs psutil)."""
+    fallback where ``/proc`` has no ``VmHWM``; needs psutil). With ``config`` (a TOML file of ``[[workspace]]``
+    tables, e.g. one with a ``sessions`` folder), the daemon reads its workspaces from it, not ``ws``/``agent``."""
 
     def __init__(self, ws: Path, state: Path, log_path: Path, env: dict[str, str] | None = None,
                  agent: str = AGENT, fp32: bool = True, sample_rss: bool = False, port: int | None = None,

@@ -13,12 +13,16 @@ with ``fstat``, so a symlink or FIFO swapped in after the walk is refused, never
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 import os
 import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import BinaryIO
 
@@ -78,6 +82,25 @@ def expired(collection: Collection, st: os.stat_result) -> bool:
     workspace's ``sessions_max_age_days`` ago (retention: its points are dropped)."""
     max_age = collection.workspace.sessions_max_age_days
     return collection.corpus == "sessions" and max_age is not None and st.st_mtime < time.time() - max_age * 86400
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (``None`` on another C library)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim(0)``; nothing elsewhere). A forward
+    pass frees its activations (tens of MiB) into malloc's per-thread arenas, which keep them: without this, a
+    10 MB log grew the daemon by the activations of every pass of its embedding, and kept it after. Called after
+    each embedded slice (``Pipeline.embed``); costs milliseconds."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 class Interrupted(Exception):
@@ -364,7 +387,8 @@ class Pipeline:
               should_stop: Callable[[], bool] | None = None) -> list[list[np.ndarray]]:
         """Per prepared file, one float32 vector per chunk, in chunk order, each of its modality's ``dim`` (a file may
         mix modalities: an image's picture and the text read out of it); cached vectors are reused, misses embedded
-        per modality in slices of ``EMBED_SLICE`` chunks, each cached as soon as it is done. Updates
+        per modality in slices of ``EMBED_SLICE`` chunks, each cached as soon as it is done (and the heap trimmed after
+        it, ``trim_heap``). Updates
         ``embedded``/``cache_hits`` of each file and ``stats`` as it goes (so progress shows in ``status``).
 
         Raises ``Interrupted`` between slices once ``should_stop()`` is true: a huge file never holds up a shutdown
@@ -408,6 +432,7 @@ class Pipeline:
                             prepared[f].cache_hits += 1
                 self.stats.chunks_embedded += len(piece)
                 self.stats.cache_hits += sum(len(group) - 1 for _, group in piece)
+                trim_heap()
         return [[vectors[f, c] for c in range(len(file.chunks))] for f, file in enumerate(prepared)]
 
     def points(self, file: Prepared, vectors: Sequence[np.ndarray], start: int = 0) -> list[Point]:
@@ -416,7 +441,7 @@ class Pipeline:
         out = []
         abs_path = str(file.path)
         indexes = file.indexes if file.indexes is not None else range(len(file.chunks))
-        for index, chunk, vector in zip(indexes[start:], file.chunks[start:], vectors):
+        for index, chunk, vector in zip(islice(indexes, start, None), islice(file.chunks, start, None), vectors):
             sparse: dict[str, tuple[list[int], list[float]]] = {}
             terms = self.terms.document(chunk.embed_text)
             if terms is not None:

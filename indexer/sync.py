@@ -36,7 +36,7 @@ from indexer.errors import (
 )
 from indexer.ledger import FAILURES
 from indexer.metrics import Metrics
-from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged
+from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged, trim_heap
 from indexer.points import FileState, Point
 from indexer.state import IndexState
 from indexer.store import Store
@@ -328,6 +328,7 @@ class Sync:
         Returns the files to retry, as ``_write_group``."""
         abs_path, logical = str(file.path), file.collection.name
         name = into[logical] if into is not None else logical
+        trim_heap()  # what chunking the file freed (a 10 MB log: ~190 MiB) goes back before embedding begins
         old = self.state.indexed.get(abs_path) if into is None else None
         started = time.monotonic()
         try:

@@ -10,11 +10,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import Running, make_settings, wait_for, write
 from structlog.testing import capture_logs
 
 from indexer import chunking, sync
+from indexer.builtin.embedding import SentenceTransformerEmbedder
 from indexer.daemon import Indexer
 from indexer.memory import LocalMemory
 from indexer.plugins import Registry
@@ -53,6 +55,23 @@ def test_a_note_tokenized_in_blocks_chunks_as_when_tokenized_whole(registry: Reg
     assert blocks == whole and len(whole) > 10
     big = [n for n in calls if n > 1000]
     assert len(big) == 1 and big[0] > 2500  # only the one-line paragraph, a line longer than a block, goes whole
+
+
+def test_a_batch_of_long_chunks_holds_at_most_the_word_piece_budget(registry: Registry) -> None:
+    embedder = registry.text_embedder
+    assert isinstance(embedder, SentenceTransformerEmbedder)
+    long, short = "I keep thinking about the camping trip. " * 40, "pottery class"
+    texts = [long] * 20 + [short] * 40
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    batches = embedder.batches([len(texts[i]) for i in order], order)
+    assert [i for batch in batches for i in batch] == order  # each text once, longest first
+    assert (embedder.batch_size, embedder.batch_tokens, embedder.max_tokens + 2) == (32, 4096, 256)
+    # long texts padded to the model's 256 word pieces: 16 a pass; short ones fill a batch of up to 32
+    assert [len(batch) for batch in batches] == [16, 16, 28]
+    # cut shorter, the same vectors as one text at a time (up to the padding's float rounding)
+    vectors = embedder.encode(texts[18:24])
+    alone = np.stack([embedder.encode([text])[0] for text in texts[18:24]])
+    assert np.einsum("ij,ij->i", vectors, alone).min() > 0.999
 
 
 @pytest.fixture(name="small_slices")

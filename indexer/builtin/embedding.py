@@ -9,6 +9,10 @@ them from the top-level settings ``model``, ``device``, ``batch_size``, ``precis
   model in the local Hugging Face cache, since ``HF_HUB_OFFLINE=1`` is set unless the environment says otherwise.
 - ``device``: torch device, default ``"cpu"``.
 - ``batch_size``: chunks per forward pass, default 32.
+- ``batch_tokens``: word pieces one forward pass may hold, padding included (``BATCH_TOKENS``, 4096): a batch of
+  long chunks is cut shorter, since the activations of a pass grow with chunks x length squared (32 chunks of 256
+  word pieces took about 240 MiB at their peak, 8 about 60 MiB; 16 cost ~15% more CPU a chunk than 32 on a loaded
+  2-core machine, 8 ~45%: docs/performance.md).
 - ``precision``: ``"auto"`` (default), ``"fp32"``, ``"bf16"`` or ``"int8"``; see
   ``indexer.model_loading.choose_precision``. ``auto`` on a CPU takes bf16 where the CPU has native bf16
   instructions, else int8 where ONNX Runtime is installed (the ``int8`` extra) and the exported model passes its
@@ -54,6 +58,8 @@ from indexer.onnx_runtime import INT8_MIN_COSINE, OnnxDocumentEncoder, OnnxQuery
 
 log = structlog.get_logger("qmd_indexer.embedding")
 
+BATCH_TOKENS = 4096  # word pieces (padding included) one forward pass may hold: 16 chunks of 256
+
 # all-MiniLM-L6-v2's published facts: 384 dimensions, 256 word pieces per input (including [CLS] and [SEP]).
 _KNOWN_DIMS = {"sentence-transformers/all-MiniLM-L6-v2": 384}
 
@@ -63,13 +69,14 @@ class SentenceTransformerEmbedder:
 
     modality = "text"
     #: the keys ``[plugin.sentence-transformers]`` may hold (``indexer.plugins`` refuses others, naming them)
-    config_keys = frozenset({"model", "device", "batch_size", "precision", "cache_dir", "state_dir"})
+    config_keys = frozenset({"model", "device", "batch_size", "batch_tokens", "precision", "cache_dir", "state_dir"})
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})
         self.model_name = str(config.get("model", DEFAULT_MODEL))
         self.device = str(config.get("device", "cpu"))
         self.batch_size = int(config.get("batch_size", 32))
+        self.batch_tokens = max(1, int(config.get("batch_tokens", BATCH_TOKENS)))
         self.requested_precision = str(config.get("precision", "auto"))
         # the CPU is read, never assumed: flags are only consulted for auto on a CPU
         flags = cpu_flags() if self.requested_precision == "auto" and self.device == "cpu" else frozenset()
@@ -331,9 +338,11 @@ class SentenceTransformerEmbedder:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """``(len(texts), dim)`` float32, L2-normalised, in the order of ``texts``.
 
-        Batches of ``batch_size`` texts of similar length, longest first, as ``SentenceTransformer.encode`` makes
-        them for one call (a batch is padded to its longest text, so batches in document order waste CPU on padding:
-        docs/performance.md). One model call per batch, so a query waits for one batch at most."""
+        Batches of texts of similar length, longest first, as ``SentenceTransformer.encode`` makes them for one call
+        (a batch is padded to its longest text, so batches in document order waste CPU on padding:
+        docs/performance.md): at most ``batch_size`` texts, and at most ``batch_tokens`` word pieces once padded
+        (``batches``), so a batch of long chunks never holds a pass's activations for 32 of them. One model call per
+        batch, so a query waits for one batch at most."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         documents = self._before_load()
@@ -345,17 +354,31 @@ class SentenceTransformerEmbedder:
 
             def encode(batch: list[str]) -> np.ndarray:
                 with self._use:
-                    vectors: np.ndarray = model.encode(batch, batch_size=self.batch_size, normalize_embeddings=True,
+                    vectors: np.ndarray = model.encode(batch, batch_size=len(batch), normalize_embeddings=True,
                                                        convert_to_numpy=True, show_progress_bar=False)
                 return vectors
         texts = list(texts)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        parts = []
-        for start in range(0, len(texts), self.batch_size):
-            parts.append(encode([texts[i] for i in order[start : start + self.batch_size]]))
+        parts = [encode([texts[i] for i in batch]) for batch in self.batches([len(texts[i]) for i in order], order)]
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
         vectors[order] = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts])
         return l2_normalise(vectors)
+
+    def batches(self, lengths: Sequence[int], order: Sequence[int]) -> list[list[int]]:
+        """``order`` (indexes of texts, longest first; ``lengths``: their lengths in characters, in that order) cut
+        into the batches of one forward pass each: at most ``batch_size`` texts, and at most ``batch_tokens`` word
+        pieces once padded to the batch's first (longest) text, counted as its characters plus [CLS] and [SEP]
+        (a word piece holds a character at least), at most ``max_tokens + 2``. A text over the budget alone is a
+        batch of one."""
+        out: list[list[int]] = []
+        limit = self.max_tokens + 2
+        start = 0
+        while start < len(order):
+            width = min(lengths[start] + 2, limit)
+            size = max(1, min(self.batch_size, self.batch_tokens // max(width, 1)))
+            out.append(list(order[start : start + size]))
+            start += size
+        return out
 
     def embed(self, chunks: Sequence[Chunk]) -> np.ndarray:
         """``(len(chunks), dim)`` float32, L2-normalised: the chunks' ``embed_text`` (context and text)."""
