@@ -97,7 +97,8 @@ def trim_heap() -> None:
     """Hand the C heap's free pages back to the system (glibc's ``malloc_trim(0)``; nothing elsewhere). A forward
     pass frees its activations (tens of MiB) into malloc's per-thread arenas, which keep them: without this, a
     10 MB log grew the daemon by the activations of every pass of its embedding, and kept it after. Called after
-    each embedded slice (``Pipeline.embed``); costs milliseconds."""
+    each full slice of ``EMBED_SLICE`` chunks (``Pipeline.embed``: a big file or a first index, never a note's
+    save of a few chunks) and once a huge file is chunked; costs milliseconds."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
@@ -388,7 +389,7 @@ class Pipeline:
         """Per prepared file, one float32 vector per chunk, in chunk order, each of its modality's ``dim`` (a file may
         mix modalities: an image's picture and the text read out of it); cached vectors are reused, misses embedded
         per modality in slices of ``EMBED_SLICE`` chunks, each cached as soon as it is done (and the heap trimmed after
-        it, ``trim_heap``). Updates
+        a full slice, ``trim_heap``). Updates
         ``embedded``/``cache_hits`` of each file and ``stats`` as it goes (so progress shows in ``status``).
 
         Raises ``Interrupted`` between slices once ``should_stop()`` is true: a huge file never holds up a shutdown
@@ -432,7 +433,8 @@ class Pipeline:
                             prepared[f].cache_hits += 1
                 self.stats.chunks_embedded += len(piece)
                 self.stats.cache_hits += sum(len(group) - 1 for _, group in piece)
-                trim_heap()
+                if len(piece) == EMBED_SLICE:  # a big file's slice: a note's save (a few chunks) is not slowed
+                    trim_heap()
         return [[vectors[f, c] for c in range(len(file.chunks))] for f, file in enumerate(prepared)]
 
     def points(self, file: Prepared, vectors: Sequence[np.ndarray], start: int = 0) -> list[Point]:
