@@ -107,7 +107,7 @@ class Subject:
             self.spy.wait(60)
             self.spy = None
         if what:
-            spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+            spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy") or "py-spy"
             dest = self.out / f"{self.name}-{what}.txt"
             self.spy = subprocess.Popen([spy, "record", "--pid", str(self.daemon.proc.pid), "--format", "raw",
                                         "--rate", "250", "--output", str(dest), "--nonblocking"],
@@ -159,6 +159,9 @@ def main() -> int:
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default="auto",
                         help="the daemons' text embedding precision [%(default)s]")
     args = parser.parse_args()
+    if args.profile and not shutil.which("py-spy", path=str(Path(sys.executable).parent)) and not shutil.which(
+            "py-spy"):
+        parser.error("--profile needs py-spy: pip install py-spy")
     source, questions, timed = workspace_and_questions(args.queries)
     load_start = os.getloadavg()
     log(f"workspace {source}, {len(questions)} questions, {len(timed)} that name a time; load average "

@@ -156,7 +156,7 @@ class OnnxQueryEncoder:
 
 class OnnxDocumentEncoder:
     """Chunks to ``(n, dim)`` float32 L2-normalised embeddings and a text's token offsets without torch: the model's
-    ONNX file the chunks are embedded with (int8: the export's ``model.onnx``; fp32: the fp32 trace, the query
+    ONNX file the chunks are embedded with (int8: the export's ``model.onnx``; fp32: the fused fp32 trace, the query
     model's file) and the query model's tokenizer and pooling (``export_query``'s record), so a note saved while the
     model itself still loads (``import sentence_transformers``: 10-20 s) is embedded at once, to the vectors the
     loaded model gives on the same file (the int8 one within its per-batch activation scales). Batches are padded

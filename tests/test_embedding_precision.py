@@ -148,7 +148,7 @@ def test_status_says_which_precision(make_indexer, workspace: Path) -> None:
     embedding = indexer.view.status()["embedding"]
     assert embedding == {"model_id": text.model_id, "precision": text.precision, "query_file": text.query_file}
     assert embedding["precision"] in PRECISIONS and embedding["precision"] != "auto"
-    # the ONNX file single queries run on (query-v2.onnx; with int8 model.onnx where it is unavailable)
+    # the ONNX file single queries run on (query-v<QUERY_FORMAT>.onnx; with int8 model.onnx where it is unavailable)
     assert (embedding["query_file"] is None) == (not OnnxQueryEncoder.supports(text.model))
 
 
@@ -201,9 +201,17 @@ def fp32_embedder(tmp_path_factory: pytest.TempPathFactory) -> SentenceTransform
 
 
 def test_fp32_and_bf16_queries_run_on_a_query_model_that_gives_the_fp32_vector(fp32_embedder) -> None:
-    """fp32 queries run on their own ONNX model, ``encode``'s vector within float rounding (truncation included);
-    bf16 chunks share it, so their queries get the fp32 vector too."""
+    """fp32 queries run on their own ONNX model, fused (attention and layer norms as one node each: fewer nodes for
+    a short text), ``encode``'s vector within float rounding (truncation included); bf16 chunks share it, so their
+    queries get the fp32 vector too."""
     assert fp32_embedder.query_file == f"query-v{QUERY_FORMAT}.onnx"
+    assert fp32_embedder._query_encoder is not None
+    record = json.loads(fp32_embedder._query_encoder.path.with_suffix(".json").read_text(encoding="utf-8"))
+    assert not record["quantized"] and record["fusions"].get("Attention", 0) >= 1
+    import onnx  # installed where the fixture did not skip (``int8_available``)
+
+    ops = {node.op_type for node in onnx.load(str(fp32_embedder._query_encoder.path)).graph.node}
+    assert "Attention" in ops and "SkipLayerNormalization" in ops
     for text in QUERIES:
         np.testing.assert_allclose(fp32_embedder.embed_query(text), fp32_embedder.encode([text])[0], atol=2e-5)
     bf16 = SentenceTransformerEmbedder({"precision": "bf16", "cache_dir": str(fp32_embedder.cache_dir)})
