@@ -172,11 +172,27 @@ def quiet_offline_hub() -> None:
     transformers_logging.disable_progress_bar()
 
 
+#: kernels oneDNN keeps compiled (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) and primitive descriptions PyTorch's ideep
+#: keeps (``LRU_CACHE_CAPACITY``), both 1024 by default: torch's bf16 matmuls compile a kernel set per batch shape,
+#: and a first index has hundreds of shapes. A 2 MB log grew the daemon by 395-466 MiB at 1024, 206 at 16, 158 at 4,
+#: in the same seconds (``benchmarks/big_log.py --precision bf16``; docs/performance.md)
+KERNEL_CACHE_CAPACITY = 8
+
+
+def bound_kernel_caches() -> None:
+    """Bound the caches of compiled CPU kernels (``KERNEL_CACHE_CAPACITY``) unless the environment sets them; both
+    are read at the first kernel a process builds, so this runs before a model's first batch."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(KERNEL_CACHE_CAPACITY))
+    os.environ.setdefault("LRU_CACHE_CAPACITY", str(KERNEL_CACHE_CAPACITY))
+
+
 def load_sentence_transformer(path: str, device: str) -> Any:
     """A ``SentenceTransformer`` from ``path`` (a local directory, or a name in the local cache), loaded offline
-    unless ``HF_HUB_OFFLINE`` says otherwise, with no progress bars (a tqdm bar would break JSON log lines).
-    Raises ``OSError`` when the model is not on disk. Shared by every sentence-transformers plugin."""
+    unless ``HF_HUB_OFFLINE`` says otherwise, with no progress bars (a tqdm bar would break JSON log lines), its
+    kernel caches bounded (``bound_kernel_caches``). Raises ``OSError`` when the model is not on disk. Shared by
+    every sentence-transformers plugin."""
     quiet_offline_hub()
+    bound_kernel_caches()
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(path, device=device)

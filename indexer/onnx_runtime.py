@@ -37,10 +37,13 @@ def quality_passed(record: dict[str, Any]) -> bool:
 
 def onnx_session(onnx_path: Path, threads: int, spin: bool) -> Any:
     """An ONNX Runtime CPU session on ``threads`` threads; with ``spin`` its threads spin-wait for the next call
-    (ONNX Runtime's default), else they sleep as soon as a run ends."""
+    (ONNX Runtime's default), else they sleep as soon as a run ends. Its memory pattern planning is off: it keeps a
+    plan and its buffers per input shape, and every batch of chunks has a shape of its own (batches of 20-256 word
+    pieces, 150 runs: the process grew 283 MiB with it, 151 without, at the same speed; docs/performance.md)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.enable_mem_pattern = False
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")

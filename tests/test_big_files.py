@@ -6,6 +6,7 @@ write stopped midway reads as incomplete and converges at the next start. What i
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from conftest import Running, make_settings, wait_for, write
 from structlog.testing import capture_logs
 
-from indexer import chunking, sync
+from indexer import chunking, model_loading, sync
 from indexer.builtin.embedding import SentenceTransformerEmbedder
 from indexer.daemon import Indexer
 from indexer.memory import LocalMemory
@@ -156,3 +157,34 @@ def test_a_huge_note_stopped_midway_reads_incomplete_and_converges_at_the_next_s
         assert any("heliotrope kiln" in p.text for p in points)
     finally:
         again.close()
+
+
+def test_a_model_load_bounds_the_compiled_kernel_caches_unless_the_environment_sets_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's bf16 matmuls compile a kernel set per batch shape and oneDNN and ideep keep 1,024 of them by default:
+    a first index of a big log grew the daemon by ~400 MiB for them alone. A model's load bounds both caches (read
+    at the first kernel built), and leaves a value the environment gives alone."""
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "64")
+    embedder = SentenceTransformerEmbedder({"precision": "fp32", "cache_dir": str(tmp_path)})
+    assert embedder.encode(["a first batch"]).shape == (1, embedder.dim)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(model_loading.KERNEL_CACHE_CAPACITY)
+    assert os.environ["LRU_CACHE_CAPACITY"] == "64"
+
+
+def test_onnx_sessions_plan_no_memory_pattern_per_shape(tmp_path: Path) -> None:
+    """Each batch of chunks has a shape of its own; a session that keeps a memory plan and its buffers per shape
+    grew 283 MiB over 150 batches, 151 without (docs/performance.md)."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    from indexer.onnx_runtime import onnx_session
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    session = onnx_session(tmp_path / "m.onnx", 1, spin=True)
+    assert session.get_session_options().enable_mem_pattern is False
+    assert list(session.run(["y"], {"x": np.ones(3, np.float32)})[0]) == [1.0, 1.0, 1.0]
