@@ -24,6 +24,7 @@ import pytest
 from conftest import wait_for, write
 from fastapi.testclient import TestClient
 from server_process import free_port
+from test_sessions import openclaw
 
 from indexer.server import PAGE_FILES, create_app
 
@@ -106,7 +107,12 @@ class Daemon:
 
         save(render([PICTURE_TEXT])[0], self.picture)
         config = base / "config.toml"  # the image plugin reads the pictures of memory/ (OCR; no CLIP model here)
+        sessions = base / "sessions"  # one OpenClaw transcript: the status view counts its session and turns
+        write(sessions / "5f1c0d2e-7a43-4b8e-9c61-0d2f3a4b5c6d.jsonl", openclaw(
+            "5f1c0d2e-7a43-4b8e-9c61-0d2f3a4b5c6d", "2026-11-30",
+            [("Caroline", "Can we move the deploy window?"), ("Melanie", "Thursday morning works.")]))
         config.write_text(f'plugins = ["image"]\n[[workspace]]\nagent = "main"\npath = "{self.ws}"\n'
+                          f'sessions = "{sessions}"\n'
                           'multimodal = { enabled = true, modalities = ["image"] }\n')
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -225,7 +231,7 @@ def test_2_search_marks_the_query_words_and_shows_the_signals(daemon: Daemon, br
     wait_for(lambda: _visible(browser, "#main") and browser.find_elements(By.CSS_SELECTOR, "#agent option"),
              timeout_s=20)
     assert _texts(browser, "#agent option") == ["main"]
-    assert set(_texts(browser, "#collection option")) == {"all", "memory-root-main", "memory-dir-main"}
+    assert set(_texts(browser, "#collection option")) == {"all", "memory-root-main", "memory-dir-main", "sessions-main"}
     _search(browser, "export job out of disk")
     first = browser.find_element(By.CSS_SELECTOR, "#hits li.hit")
     assert first.find_element(By.CSS_SELECTOR, "button.open").text == "memory/incidents.md:1-4"
@@ -361,6 +367,7 @@ def test_6_each_view_has_a_url_that_survives_reload_and_back_forward(daemon: Dae
     browser.get(daemon.url + "/#/status")
     browser.refresh()
     wait_for(lambda: _shown(browser)["view"] == "status" and _visible(browser, "#status table"), timeout_s=30)
+    assert _texts(browser, "#status tr[data-sessions] td") == ["main", "1", "2"]
     browser.back()  # the file view again, from its URL
     wait_for(lambda: _shown(browser)["view"] == "file" and _shown(browser)["lines"] == [3, 4], timeout_s=30)
 

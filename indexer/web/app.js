@@ -336,6 +336,12 @@
     }
     out.push(table(["agent", "collection", "role", "root", "files", "chunks"], rows));
 
+    const sessions = Object.entries(status.sessions || {}).sort(([a], [b]) => a.localeCompare(b));
+    if (sessions.length) {
+      out.push(el("h2", {}, "Sessions"), table(["agent", "sessions", "turns"], sessions.map(([agent, s]) =>
+        el("tr", { "data-sessions": agent }, cell(agent), cell(s.count, "sessions"), cell(s.turns, "turns")))));
+    }
+
     const watch = status.watch || {};
     const polled = status.watch_polled || {};
     out.push(el("h2", {}, "Watching"), Object.keys(watch).length
