@@ -26,13 +26,11 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import structlog
 
 from indexer import report
-from indexer.api import Chunk
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache
 from indexer.config import Settings
@@ -40,7 +38,6 @@ from indexer.errors import CollectionMismatch
 from indexer.metrics import Metrics
 from indexer.pipeline import Pipeline, expired, unchanged_by_stat
 from indexer.plugins import Registry, load_registry, plugin_configs
-from indexer.points import FileState, Payload, point_id
 from indexer.rebuild import attest, check_identity, hold_state_lock, rebuild_beside
 from indexer.rename import placed
 from indexer.report import StatusView
@@ -48,7 +45,7 @@ from indexer.state import NO_DRIFT, Indexed, IndexState, Plan
 from indexer.store import Store, open_store
 from indexer.store.layout import for_daemon
 from indexer.sync import Pace, Sync
-from indexer.tailing import Tail
+from indexer.tailing import restore_tails
 from indexer.watcher import Settler
 from indexer.workspace import Collection, overlaps, walk_paths
 
@@ -153,7 +150,7 @@ class Indexer:
                 continue
             states = self.store.file_states(collection.name)
             if collection.corpus == "sessions":
-                states = self._tails(collection.name, states)
+                states = restore_tails(self.store, collection.name, states, self.state.indexed)
             for abs_path, file_state in states.items():
                 indexed[abs_path] = Indexed(collection.name, file_state)
         state.swap_plan(plan)
@@ -162,34 +159,6 @@ class Indexer:
         self._attest()
         log.info("store_opened", backend=self.store.kind, collections=[c.name for c in plan.collections],
                  files=len(indexed))
-
-    def _tails(self, name: str, states: dict[str, FileState]) -> dict[str, FileState]:
-        """``states`` of transcripts with the ``Tail`` each chunk 0 records (``indexer.tailing``: where it was indexed
-        up to, read back so that a restart reads only what was appended since). A transcript whose chunk 0 has
-        none it can use (points of an earlier version, or not the file's chunk count) loses its stat shortcut: the
-        first scan re-chunks it whole once (its vectors from the embedding cache) and so records one. Raises
-        ``StoreUnavailable``."""
-        ids = {point_id(name, abs_path, 0): abs_path for abs_path, st in states.items() if st.points}
-        out = dict(states)
-        payloads: dict[str, Payload] = {}
-        wanted = list(ids)
-        for start in range(0, len(wanted), 1024):
-            payloads.update(self.store.payloads(name, wanted[start : start + 1024]))
-        for pid, abs_path in ids.items():
-            payload, state = payloads.get(pid), states[abs_path]
-            tail = None
-            if payload is not None and payload.tail is not None:
-                first = Chunk(payload.text, payload.start_line, payload.end_line, kind=payload.kind,
-                              modality=payload.modality, meta=dict(payload.extra), context=payload.context)
-                tail = Tail.restore(payload.tail, first)
-            held = self.state.indexed.get(abs_path)
-            if held is not None and held.collection == name and held.state.tail == tail:
-                tail = held.state.tail  # a reconnect (a reload): the verified one, with its running hash
-            if tail is not None and tail.chunk_count == state.points:
-                out[abs_path] = replace(state, tail=tail)
-            elif state.complete:
-                out[abs_path] = replace(state, size_bytes=-1, mtime_ns=-1)
-        return out
 
     def close(self) -> None:
         """Stop the watcher, flush and close the store, close the cache and the plugins' connections. A store or

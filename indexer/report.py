@@ -180,22 +180,8 @@ class StatusView:
         a restart knows them without reading a transcript), queue, embeddings since start, watch modes, reconcile
         drift, the models, and the address the API listens on (``bind``)."""
         state, plan = self.state, self.plan
-        per: dict[str, CollectionStatus] = {
-            c.name: {"agent": c.agent, "role": c.role, "root": str(c.root), "files": 0, "chunks": 0}
-            for c in plan.collections
-        }
-        of_sessions = {c.name: c.agent for c in plan.collections if c.corpus == "sessions"}
-        sessions: dict[str, SessionsStatus] = {agent: {"count": 0, "turns": 0} for agent in of_sessions.values()}
-        for entry in list(state.indexed.values()):
-            if entry.collection in per:
-                per[entry.collection]["files"] += 1
-                per[entry.collection]["chunks"] += entry.state.points
-                if entry.collection in of_sessions:
-                    counts, tail = sessions[of_sessions[entry.collection]], entry.state.tail
-                    counts["count"] += 1
-                    counts["turns"] += tail.turns if tail is not None else 0
-        embedders = self.registry.embedders
-        text = embedders.get("text")
+        per, sessions = self._counts()
+        text = self.registry.embedders.get("text")
         watcher, store, settings, reconcile = state.watcher, self.store, plan.settings, state.reconcile
         return {
             "ready": state.ready.is_set(),
@@ -212,11 +198,7 @@ class StatusView:
                                      "deferred": state.ledger.outage.deferred,
                                      "files_waiting": len(state.ledger.outage.waiting)},
             "search_fallback": self.fallback_stats.as_dict(),
-            "models": {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
-                                  "precision": getattr(e, "precision", None),
-                                  # while the model loads (a first start exports it too): {phase, percent}
-                                  **({"loading": p} if (p := getattr(e, "load_progress", None)) else {})}
-                       for modality, e in embedders.items()},
+            "models": self._models(),
             "chunks_embedded": self.stats.chunks_embedded,
             "cache_hits": self.stats.cache_hits,
             "files_failed": state.ledger.files_failed,
@@ -245,6 +227,33 @@ class StatusView:
             "sessions": sessions,
         }
 
+
+    def _counts(self) -> tuple[dict[str, CollectionStatus], dict[str, SessionsStatus]]:
+        """Files and chunks per collection of the plan; sessions and turns per agent with a ``sessions`` folder."""
+        plan = self.plan
+        per: dict[str, CollectionStatus] = {
+            c.name: {"agent": c.agent, "role": c.role, "root": str(c.root), "files": 0, "chunks": 0}
+            for c in plan.collections
+        }
+        of_sessions = {c.name: c.agent for c in plan.collections if c.corpus == "sessions"}
+        sessions: dict[str, SessionsStatus] = {agent: {"count": 0, "turns": 0} for agent in of_sessions.values()}
+        for entry in list(self.state.indexed.values()):
+            if entry.collection in per:
+                per[entry.collection]["files"] += 1
+                per[entry.collection]["chunks"] += entry.state.points
+                if entry.collection in of_sessions:
+                    counts, tail = sessions[of_sessions[entry.collection]], entry.state.tail
+                    counts["count"] += 1
+                    counts["turns"] += tail.turns if tail is not None else 0
+        return per, sessions
+
+    def _models(self) -> dict[str, Any]:
+        """Per modality, the embedder's model id, identity, precision and, while it loads, ``{phase, percent}``."""
+        return {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
+                           "precision": getattr(e, "precision", None),
+                           # while the model loads (a first start exports it too): {phase, percent}
+                           **({"loading": p} if (p := getattr(e, "load_progress", None)) else {})}
+                for modality, e in self.registry.embedders.items()}
 
 def changed(state: IndexState, abs_path: str) -> bool:
     """Whether the stat identity of indexed ``abs_path`` differs from the one it was indexed at (-1: unknown);

@@ -339,21 +339,7 @@ class Sync:
             if into is None:  # half-written from here on: never taken for indexed
                 self.state.put(abs_path, logical, FileState(file.file_hash, file.size_bytes, file.mtime_ns, 0, False,
                                                             file.ctime_ns, file.inode, file.device))
-            first = None
-            for start in range(0, len(file.chunks), GROUP_CHUNKS):
-                if start and pace.should_stop():  # between slices, cached or not
-                    raise Interrupted("stop requested")
-                part = replace(file, chunks=file.chunks[start : start + GROUP_CHUNKS], embedded=0, cache_hits=0)
-                vectors = self.pipeline.embed([part], should_stop=pace.should_stop)[0]
-                file.embedded, file.cache_hits = file.embedded + part.embedded, file.cache_hits + part.cache_hits
-                points = self.pipeline.points(file, vectors, start)
-                if start == 0:
-                    first, points = points[0], points[1:]
-                self.store.upsert(name, points)
-            assert first is not None
-            self.store.replace_file(name, abs_path, file.file_hash, [first])
-            if file.indexes is not None and old is not None and file.chunk_count < old.state.points:
-                self.store.trim_file(name, abs_path, file.chunk_count, old.state.points)
+            self._slices(file, name, pace, old.state.points if old is not None else None)
         except Interrupted:
             log.info("index_interrupted", files=[abs_path],
                      hint="embedded slices are cached; the next start finishes them")
@@ -385,6 +371,26 @@ class Sync:
                  write_ms=round((time.monotonic() - started) * 1000, 1), **_read(file))
         return []
 
+
+    def _slices(self, file: Prepared, name: str, pace: Pace, had: int | None) -> None:
+        """Embed and upsert ``file``'s chunks ``GROUP_CHUNKS`` at a time into collection ``name``, chunk 0 last
+        (``replace_file``), then trim the points past its count where it had ``had`` before (``None``: unknown).
+        Raises ``Interrupted`` between slices when ``pace`` says stop, and what embedding and the store raise."""
+        first = None
+        for start in range(0, len(file.chunks), GROUP_CHUNKS):
+            if start and pace.should_stop():  # between slices, cached or not
+                raise Interrupted("stop requested")
+            part = replace(file, chunks=file.chunks[start : start + GROUP_CHUNKS], embedded=0, cache_hits=0)
+            vectors = self.pipeline.embed([part], should_stop=pace.should_stop)[0]
+            file.embedded, file.cache_hits = file.embedded + part.embedded, file.cache_hits + part.cache_hits
+            points = self.pipeline.points(file, vectors, start)
+            if start == 0:
+                first, points = points[0], points[1:]
+            self.store.upsert(name, points)
+        assert first is not None
+        self.store.replace_file(name, str(file.path), file.file_hash, [first])
+        if file.indexes is not None and had is not None and file.chunk_count < had:
+            self.store.trim_file(name, str(file.path), file.chunk_count, had)
 
 def _read(file: Prepared) -> dict[str, int]:
     """A transcript's ``read_bytes``/``read_lines`` for its ``file_indexed`` line (the bytes and JSONL lines parsed:

@@ -28,11 +28,17 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import IO, Any
+from dataclasses import dataclass, field, replace
+from typing import IO, TYPE_CHECKING, Any
 
 from indexer.api import Chunk, ExtractContext, TranscriptFormat
+from indexer.points import point_id
 from indexer.transcripts import Reading, Turn, read_turns, windowed
+
+if TYPE_CHECKING:
+    from indexer.points import FileState, Payload
+    from indexer.state import Indexed
+    from indexer.store import Store
 
 CHECK_BYTES = 4096  # bytes before the indexed offset hashed to tell an append from a rewrite
 
@@ -160,3 +166,34 @@ def read_tail(handle: IO[bytes], st: os.stat_result, tail: Tail, fmt: Transcript
     first = chunks[0] if tail.open_index == 0 else tail.first
     return chunks, _tail(handle, st, reading, turns, chunks, open_turn, open_chunk, tail.open_index, first, settings,
                          tail.open_skip, tail.open_turns, hasher, tail.end)
+
+
+def restore_tails(store: Store, name: str, states: Mapping[str, FileState],
+                  held: Mapping[str, Indexed]) -> dict[str, FileState]:
+    """``states`` (abs path -> what collection ``name`` holds of each transcript) with the ``Tail`` each chunk 0
+    records (where it was indexed up to, read back so that a restart reads only what was appended since), read in
+    requests of 1,024 points. ``held``: what the daemon holds indexed now; on a reconnect (a reload) a transcript
+    keeps its verified ``Tail``, running hash included. A transcript whose chunk 0 has none it can use (points of an
+    earlier version, or not the file's chunk count) loses its stat shortcut: the first scan re-chunks it whole once
+    (its vectors from the embedding cache) and so records one. Raises ``StoreUnavailable``."""
+    ids = {point_id(name, abs_path, 0): abs_path for abs_path, st in states.items() if st.points}
+    out = dict(states)
+    payloads: dict[str, Payload] = {}
+    wanted = list(ids)
+    for start in range(0, len(wanted), 1024):
+        payloads.update(store.payloads(name, wanted[start : start + 1024]))
+    for pid, abs_path in ids.items():
+        payload, state = payloads.get(pid), states[abs_path]
+        tail = None
+        if payload is not None and payload.tail is not None:
+            first = Chunk(payload.text, payload.start_line, payload.end_line, kind=payload.kind,
+                          modality=payload.modality, meta=dict(payload.extra), context=payload.context)
+            tail = Tail.restore(payload.tail, first)
+        known = held.get(abs_path)
+        if known is not None and known.collection == name and known.state.tail == tail:
+            tail = known.state.tail
+        if tail is not None and tail.chunk_count == state.points:
+            out[abs_path] = replace(state, tail=tail)
+        elif state.complete:
+            out[abs_path] = replace(state, size_bytes=-1, mtime_ns=-1)
+    return out
