@@ -31,6 +31,7 @@ sessions and encoders these exports run on, and the check of their quality recor
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -255,6 +256,16 @@ def export_query(model: Any, path: Path, quantize: bool) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def release_export_memory() -> None:
+    """Free what an export left behind: the ONNX optimizer's graphs hold reference cycles (a bf16 model's first
+    start: 1,137 MiB resident after its query model's export, 913 after ``gc.collect``, 693 once the heap is trimmed
+    as well; a later start, with the export on disk, 642)."""
+    from indexer.pipeline import trim_heap
+
+    gc.collect()
+    trim_heap()
+
+
 def query_model(model: Any, path: Path, quantize: bool, fallback: Path | None = None) -> Path | None:
     """The ONNX file queries of ``model`` run on: ``path`` (``query_model_path``), exported on first use
     (``export_query``) and used when its quality record passes; else ``fallback`` (int8: the chunks' own
@@ -289,6 +300,7 @@ def query_model(model: Any, path: Path, quantize: bool, fallback: Path | None = 
         else:
             log.info("query_model_exported", path=str(path), mean_cosine=quality["mean_cosine"],
                      seconds=round(time.monotonic() - started, 1))
+        release_export_memory()
     if quality_passed(quality) and all(f.exists() for f in files):
         return path
     why = quality.get("error") or f"quality check failed: mean cosine {quality.get('mean_cosine')} < " \
@@ -315,6 +327,7 @@ def use_int8(model: Any, cache_dir: Path, base_id: str, fingerprint: str = "",
         quality = json.loads((target / "quality.json").read_text(encoding="utf-8"))
     else:
         quality = export_int8(model, target)
+        release_export_memory()
         log.info("int8_exported", path=str(target), mean_cosine=quality["mean_cosine"], passed=quality["passed"])
     quality["passed"] = quality["mean_cosine"] >= INT8_MIN_COSINE  # judged now, so a changed threshold applies
     if not quality["passed"]:
