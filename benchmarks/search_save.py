@@ -107,7 +107,7 @@ class Subject:
             self.spy.wait(60)
             self.spy = None
         if what:
-            spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy") or "py-spy"
+            spy = py_spy() or "py-spy"
             dest = self.out / f"{self.name}-{what}.txt"
             self.spy = subprocess.Popen([spy, "record", "--pid", str(self.daemon.proc.pid), "--format", "raw",
                                         "--rate", "250", "--output", str(dest), "--nonblocking"],
@@ -149,6 +149,11 @@ def summary(s: Subject) -> dict[str, Any]:
                                      "cpu_per_save": round(s.save_cpu_s / len(s.save_s), 3)}}
 
 
+def py_spy() -> str | None:
+    """The py-spy beside this interpreter, else on ``PATH``; ``None`` when neither has one."""
+    return shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, help="another checkout to measure beside this one")
@@ -159,8 +164,7 @@ def main() -> int:
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default="auto",
                         help="the daemons' text embedding precision [%(default)s]")
     args = parser.parse_args()
-    if args.profile and not shutil.which("py-spy", path=str(Path(sys.executable).parent)) and not shutil.which(
-            "py-spy"):
+    if args.profile and not py_spy():
         parser.error("--profile needs py-spy: pip install py-spy")
     source, questions, timed = workspace_and_questions(args.queries)
     load_start = os.getloadavg()
