@@ -35,6 +35,7 @@ import gc
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -256,6 +257,30 @@ def export_query(model: Any, path: Path, quantize: bool) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+_QUERY_FILE = re.compile(r"query-v(\d+)\.(?:onnx|json|tokenizer\.json)")
+
+
+def drop_older_formats(path: Path) -> list[str]:
+    """Delete the query models of an older ``QUERY_FORMAT`` beside ``path`` (``query-v<n>.onnx`` and its
+    ``.json``/``.tokenizer.json``, n < this format: about 90 MB a model that nothing reads once this format's
+    export has passed); returns the names deleted, each logged once (``query_model_dropped``). A file that cannot
+    be deleted is left and logged; nothing raises."""
+    dropped = []
+    for old in sorted(path.parent.iterdir()):
+        match = _QUERY_FILE.fullmatch(old.name)
+        if match is None or int(match[1]) >= QUERY_FORMAT:
+            continue
+        try:
+            old.unlink()
+        except OSError as exc:
+            log.warning("query_model_drop_failed", path=str(old), error=str(exc))
+            continue
+        dropped.append(old.name)
+    if dropped:
+        log.info("query_model_dropped", folder=str(path.parent), files=dropped, format=QUERY_FORMAT)
+    return dropped
+
+
 def release_export_memory() -> None:
     """Free what an export left behind: the ONNX optimizer's graphs hold reference cycles (a bf16 model's first
     start: 1,137 MiB resident after its query model's export, 913 after ``gc.collect``, 693 once the heap is trimmed
@@ -300,6 +325,8 @@ def query_model(model: Any, path: Path, quantize: bool, fallback: Path | None = 
         else:
             log.info("query_model_exported", path=str(path), mean_cosine=quality["mean_cosine"],
                      seconds=round(time.monotonic() - started, 1))
+            if quality_passed(quality):
+                drop_older_formats(path)
         release_export_memory()
     if quality_passed(quality) and all(f.exists() for f in files):
         return path

@@ -278,6 +278,27 @@ def test_a_damaged_query_model_is_exported_again(fp32_embedder, tmp_path: Path, 
     np.testing.assert_allclose(vector, fp32_embedder.embed_query(QUERIES[0]), atol=1e-6)
 
 
+def test_an_export_of_this_query_format_deletes_the_query_models_of_older_formats(fp32_embedder,
+                                                                                   tmp_path: Path) -> None:
+    """Once a new ``QUERY_FORMAT``'s export has passed, the query models of older formats beside it (about 90 MB
+    each, which nothing opens any more) are deleted; other files of the folder, and the new model, stay."""
+    cache = tmp_path / "models"
+    shutil.copytree(fp32_embedder.cache_dir, cache)
+    assert fp32_embedder._query_encoder is not None
+    saved = cache / fp32_embedder._query_encoder.path.relative_to(fp32_embedder.cache_dir)
+    saved.with_suffix(".json").write_text("")  # unreadable record: the load exports this format again
+    older = [f"query-v{n}{suffix}" for n in range(1, QUERY_FORMAT) for suffix in (".onnx", ".json", ".tokenizer.json")]
+    kept = ["model.onnx", "query-v2.onnx.bak", f"query-v{QUERY_FORMAT + 1}.onnx"]
+    for name in older + kept:
+        (saved.parent / name).write_bytes(b"x")
+    again = SentenceTransformerEmbedder({"precision": "fp32", "cache_dir": str(cache)})
+    with capture_logs() as logs:
+        again.embed_query(QUERIES[0])  # loads the model, which exports the query model again
+    left = {p.name for p in saved.parent.iterdir()}
+    assert not left & set(older) and set(kept) <= left and saved.name in left
+    assert [e["files"] for e in logs if e["event"] == "query_model_dropped"] == [sorted(older)]
+
+
 @pytest.fixture(scope="module")
 def int8_embedder(tmp_path_factory: pytest.TempPathFactory) -> SentenceTransformerEmbedder:
     """An int8 embedder whatever this CPU's ``auto`` would pick, exported into a temporary folder."""
