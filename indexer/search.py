@@ -360,18 +360,21 @@ class Searcher:
         kept = fused
         if params.min_score is not None and not self.settings.half_life_days:  # with decay: on the decayed scores
             kept = [p for p in fused if p[1] >= params.min_score]
-        kept = kept[:need]  # only these become Hits with string ids and payloads
-        ids = {str(pid): pid for pid, _ in fused[:RELEVANCE_DEPTH] + kept}  # Hit id -> the backend's point id
+        # only these become Hits with string ids (each made once: ``str`` of a UUID is not free) and payloads
+        ids = {str(pid): pid for pid, _ in fused[:RELEVANCE_DEPTH]}  # Hit id -> the backend's point id
+        top = list(ids)
+        chosen = [(str(pid), pid, score) for pid, score in kept[:need]]
+        ids.update((key, pid) for key, pid, _ in chosen)
         where = {key: owner[pid] for key, pid in ids.items()}
-        read = {h.id: h for h in self._with_payloads([Hit(str(pid), 0.0, NO_PAYLOAD) for pid, _ in kept], where)}
-        hits = [replace(read[str(pid)], score=score) for pid, score in kept if str(pid) in read]
+        read = {h.id: h for h in self._with_payloads([Hit(key, 0.0, NO_PAYLOAD) for key, _, _ in chosen], where)}
+        hits = [Hit(key, score, read[key].payload) for key, _, score in chosen if key in read]
         for stage in stages:
             hits = stage(hits)
 
         def candidates() -> list[Hit]:  # the first fused candidates, with payloads (most were read for the stages)
-            first = [Hit(str(pid), 0.0, NO_PAYLOAD) for pid, _ in fused[:RELEVANCE_DEPTH] if str(pid) not in read]
-            read.update((h.id, h) for h in self._with_payloads(first, where))
-            return [read[str(pid)] for pid, _ in fused[:RELEVANCE_DEPTH] if str(pid) in read]
+            read.update((h.id, h) for h in self._with_payloads([Hit(key, 0.0, NO_PAYLOAD) for key in top
+                                                                if key not in read], where))
+            return [read[key] for key in top if key in read]
 
         evidence = Evidence(candidates, partial(self._frequencies, targets),
                             partial(dated_in, hits[:DATED_DEPTH], period))
@@ -424,8 +427,8 @@ class Searcher:
         payloads: dict[str, Payload] = {}
         for name in dict.fromkeys(owner[h.id] for h in missing):
             payloads.update(self.store.payloads(name, [h.id for h in missing if owner[h.id] == name]))
-        return [h if h.payload.abs_path else replace(h, payload=payloads[h.id]) for h in hits
-                if h.payload.abs_path or h.id in payloads]
+        return [h if h.payload.abs_path else Hit(h.id, h.score, payloads[h.id], h.dense_score, h.keyword_score)
+                for h in hits if h.payload.abs_path or h.id in payloads]
 
     def search(self, params: SearchRequest, degraded: list[str] | None = None) -> list[schema.Hit]:
         """The ``params.k`` best hits across the selected collections, best first, as the API's hits; ``degraded``
