@@ -188,6 +188,12 @@ def zh_period(query: str, today: datetime.date) -> tuple[datetime.date, datetime
     return None
 
 
+def may_name_time(query: str) -> bool:
+    """Whether ``query`` may name a time (``query_period`` would read more than a regular expression): it holds a
+    cue (``_CUE``) or Han characters. A cheap test (a few microseconds)."""
+    return bool(_CUE.search(query) or _HAN.search(query))
+
+
 @lru_cache(maxsize=1024)
 def time_phrases(query: str) -> tuple[str, ...]:
     """The time expressions dateparser's ``search_dates`` finds in ``query`` that hold a cue (``_CUE``), in order;

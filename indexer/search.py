@@ -34,7 +34,7 @@ from indexer import schema
 from indexer.api import Embedder, check_vectors
 from indexer.bm25 import Bm25Terms
 from indexer.config import Settings
-from indexer.dates import parse_time, query_period
+from indexer.dates import may_name_time, parse_time, query_period
 from indexer.errors import BadVectors, EmbedUnavailable
 from indexer.hits import shown, to_hit
 from indexer.plugins import Registry
@@ -341,6 +341,7 @@ class Searcher:
             return [], NOTHING
         if degraded is not None:
             degraded.extend(self.notes)
+        period_of = self._period(params)  # read on another thread while the query is embedded
         query, _ = self._query(params, point_filter, degraded)
         lists, whole, owner = self._pools(targets, query)
         if not lists:
@@ -355,7 +356,7 @@ class Searcher:
         fused = (next(iter(lists.values())) if len(lists) == 1
                  else fuse_scores(list(lists.values()), self.settings.fusion, self.settings.rrf_k, query.limit,
                                   self._weights(targets, lists, owner)))
-        period = query_period(params.query, _as_of(params)) if self.settings.time_boost else None
+        period = period_of()
         stages, need = self._stages(params, degraded, period, fused)
         kept = fused
         if params.min_score is not None and not self.settings.half_life_days:  # with decay: on the decayed scores
@@ -384,6 +385,34 @@ class Searcher:
             hits = [h for h in hits if h.score >= params.min_score]
         return [replace(h, dense_score=raw.get("text", {}).get(ids[h.id]),
                         keyword_score=raw.get(SPARSE, {}).get(ids[h.id])) for h in hits[: params.k]], found
+
+    def _period(self, params: SearchRequest) -> Callable[[], tuple[datetime.date, datetime.date] | None]:
+        """The days ``params.query`` names (``query_period``), read on a short-lived thread of its own while the
+        query is embedded: dateparser's ~2 ms of Python overlaps the model's run, which releases the GIL (a
+        first-time question that names a time: embedding + period 6.2 -> 4.6 ms p50, docs/performance.md). Calling
+        the result joins the thread and returns the period, or raises what ``query_period`` raised; a bad ``as_of``
+        raises ``ValueError`` here."""
+        if not self.settings.time_boost or not may_name_time(params.query):
+            return lambda: None
+        as_of = _as_of(params)
+        done: list[Any] = []
+
+        def read() -> None:
+            try:
+                done.append(query_period(params.query, as_of))
+            except BaseException as exc:  # re-raised by the caller, on the search's thread
+                done.append(exc)
+
+        reader = threading.Thread(target=read, name="query-period", daemon=True)
+        reader.start()
+
+        def period() -> tuple[datetime.date, datetime.date] | None:
+            reader.join()
+            if isinstance(done[0], BaseException):
+                raise done[0]
+            return done[0]
+
+        return period
 
     @staticmethod
     def _weights(targets: Sequence[Collection], lists: Mapping[str, Sequence[tuple[Any, float]]],
