@@ -260,11 +260,11 @@ def export_query(model: Any, path: Path, quantize: bool) -> dict[str, Any]:
 _QUERY_FILE = re.compile(r"query-v(\d+)\.(?:onnx|json|tokenizer\.json)")
 
 
-def drop_older_formats(path: Path) -> list[str]:
+def drop_older_formats(path: Path) -> None:
     """Delete the query models of an older ``QUERY_FORMAT`` beside ``path`` (``query-v<n>.onnx`` and its
     ``.json``/``.tokenizer.json``, n < this format: about 90 MB a model that nothing reads once this format's
-    export has passed); returns the names deleted, each logged once (``query_model_dropped``). A file that cannot
-    be deleted is left and logged; nothing raises."""
+    export has passed), logged in one line naming them (``query_model_dropped``). A file that cannot be deleted
+    is left and logged; nothing raises."""
     dropped = []
     for old in sorted(path.parent.iterdir()):
         match = _QUERY_FILE.fullmatch(old.name)
@@ -278,7 +278,6 @@ def drop_older_formats(path: Path) -> list[str]:
         dropped.append(old.name)
     if dropped:
         log.info("query_model_dropped", folder=str(path.parent), files=dropped, format=QUERY_FORMAT)
-    return dropped
 
 
 def release_export_memory() -> None:

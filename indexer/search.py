@@ -24,6 +24,7 @@ import datetime
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache, partial
 from typing import Any, NamedTuple
@@ -390,29 +391,21 @@ class Searcher:
         """The days ``params.query`` names (``query_period``), read on a short-lived thread of its own while the
         query is embedded: dateparser's ~2 ms of Python overlaps the model's run, which releases the GIL (a
         first-time question that names a time: embedding + period 6.2 -> 4.6 ms p50, docs/performance.md). Calling
-        the result joins the thread and returns the period, or raises what ``query_period`` raised; a bad ``as_of``
+        the result waits for the thread and returns the period, or raises what ``query_period`` raised; a bad ``as_of``
         raises ``ValueError`` here."""
         if not self.settings.time_boost or not may_name_time(params.query):
             return lambda: None
         as_of = _as_of(params)
-        done: list[Any] = []
+        period: Future[tuple[datetime.date, datetime.date] | None] = Future()
 
         def read() -> None:
             try:
-                done.append(query_period(params.query, as_of))
-            except BaseException as exc:  # re-raised by the caller, on the search's thread
-                done.append(exc)
+                period.set_result(query_period(params.query, as_of))
+            except BaseException as exc:  # raised again by ``period.result()``, on the search's thread
+                period.set_exception(exc)
 
-        reader = threading.Thread(target=read, name="query-period", daemon=True)
-        reader.start()
-
-        def period() -> tuple[datetime.date, datetime.date] | None:
-            reader.join()
-            if isinstance(done[0], BaseException):
-                raise done[0]
-            return done[0]
-
-        return period
+        threading.Thread(target=read, name="query-period", daemon=True).start()
+        return period.result
 
     @staticmethod
     def _weights(targets: Sequence[Collection], lists: Mapping[str, Sequence[tuple[Any, float]]],
