@@ -3,19 +3,24 @@
 
 A snippet is at most ``SNIPPET_CHARS`` characters of whole lines, starting at the lines that best match the query;
 a conversation window (a few whole turns, ``indexer.conversation``) is shown whole up to ``WINDOW_CHARS``: which
-line of a window answers a question is what the window's embedding knows, not the words the question shares.
+line of a window answers a question is what the window's embedding knows, not the words the question shares. A
+window overlapping a better hit's lines shows only its turns that hit does not (``narrowed``).
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import cast
 
 from indexer import schema
 from indexer.chunking import split_lines
+from indexer.conversation import turns
 from indexer.points import Hit, Payload
 from indexer.ranking import terms
+from indexer.transcripts import KIND as TRANSCRIPT
 
 SNIPPET_CHARS = 700  # the reference agent's snippet cap
 WINDOW_CHARS = 1200  # a conversation window (a few whole turns) is shown whole up to this many characters
@@ -65,10 +70,71 @@ def shown(payload: Payload, query: str) -> tuple[str, int, int]:
     chunk its text cut to ``SNIPPET_CHARS``."""
     if payload.get("speakers") and len(payload.text) <= WINDOW_CHARS:
         return payload.text, payload.start_line, payload.end_line
+    if payload.kind == TRANSCRIPT and payload.get("turn_lines"):  # its text's lines are not the file's
+        body, lo, hi = snippet(payload.text, query, 0, WINDOW_CHARS)
+        return body, _turn_line(payload, lo), _turn_line(payload, hi)
     if payload.modality == "text":
         return snippet(payload.text, query, payload.start_line,
                        WINDOW_CHARS if payload.get("speakers") else SNIPPET_CHARS)
     return payload.text[:SNIPPET_CHARS], payload.start_line, payload.end_line
+
+
+def turn_spans(payload: Payload) -> list[tuple[int, int, int]]:
+    """The turns of a conversation window as ``(first line, last line, offset)``, in order: their lines in the file
+    (a transcript's JSONL line of each, from its payload's ``turn_lines``; a conversation log's own lines, its turns
+    read as ``indexer.conversation.turns`` reads them) and where each starts in ``payload.text``, in characters.
+    Empty for any other chunk, and for a transcript window indexed before its payload named its turns."""
+    lines, offsets = payload.get("turn_lines"), payload.get("turn_offsets")
+    if lines and offsets and len(lines) == len(offsets):
+        return [(int(line), int(line), int(at)) for line, at in zip(lines, offsets)]
+    if not payload.get("speakers") or payload.modality != "text" or payload.kind == TRANSCRIPT:
+        return []
+    text_lines = split_lines(payload.text)
+    if len(text_lines) != payload.end_line - payload.start_line + 1:
+        return []  # text that is not the file's lines start_line..end_line: no turn can be placed
+    starts = [0]
+    for line in text_lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    return [(payload.start_line + t.first, payload.start_line + t.last, starts[t.first]) for t in turns(text_lines)]
+
+
+def _turn_line(payload: Payload, text_line: int) -> int:
+    """The JSONL line of the transcript turn that line ``text_line`` (0-based) of ``payload.text`` belongs to."""
+    at = sum(len(line) + 1 for line in split_lines(payload.text)[:text_line])
+    spans = turn_spans(payload)
+    return spans[max(0, bisect_right([offset for _, _, offset in spans], at) - 1)][0]
+
+
+def narrowed(payload: Payload, taken: Sequence[tuple[int, int]]) -> tuple[Payload, float] | None:
+    """``payload`` of a conversation window cut to its longest run of whole turns (the first of equals) on none of
+    whose lines a range of ``taken`` lies (``(first line, last line)``, inclusive: what better hits of its file
+    show), and the share of the window's turns that run keeps (0 < share < 1). ``None`` when every turn is taken,
+    when none is, or for a chunk whose turns are unknown (``turn_spans``): such a hit either shows nothing new or
+    needs no cut. The cut payload's text, lines, ``turn_lines`` and ``turn_offsets`` are the run's."""
+    spans = turn_spans(payload)
+    free = [not any(a <= last and first <= b for a, b in taken) for first, last, _ in spans]
+    best: tuple[int, int] | None = None  # (first, last) turn index of the longest free run
+    start = None
+    for i, ok in enumerate([*free, False]):
+        if ok and start is None:
+            start = i
+        elif not ok and start is not None:
+            if best is None or i - 1 - start > best[1] - best[0]:
+                best = (start, i - 1)
+            start = None
+    if best is None or all(free):
+        return None
+    i, j = best
+    begin = spans[i][2]
+    end = spans[j + 1][2] if j + 1 < len(spans) else len(payload.text)
+    extra = dict(payload.extra)
+    if "turn_lines" in extra:
+        extra["turn_lines"] = list(extra["turn_lines"][i : j + 1])
+        extra["turn_offsets"] = [at - begin for _, _, at in spans[i : j + 1]]
+        extra["turns"] = j - i + 1
+    cut = replace(payload, text=payload.text[begin:end].rstrip("\n"), start_line=spans[i][0],
+                  end_line=spans[j][1], extra=extra)
+    return cut, (j - i + 1) / len(spans)
 
 
 def _round(value: float | None) -> float | None:

@@ -37,7 +37,7 @@ from indexer.bm25 import Bm25Terms
 from indexer.config import Settings
 from indexer.dates import may_name_time, parse_time, query_period
 from indexer.errors import BadVectors, EmbedUnavailable
-from indexer.hits import shown, to_hit
+from indexer.hits import narrowed, shown, to_hit
 from indexer.plugins import Registry
 from indexer.points import NO_PAYLOAD, SPARSE, Hit, Payload, Query, search_filter
 from indexer.ranking import (
@@ -312,7 +312,7 @@ class Searcher:
                                   budget_s=s.rerank_budget_s, stats=self.rerank_stats, degraded=degraded))
         if s.mmr_lambda is not None:
             stages.append(partial(mmr, lam=s.mmr_lambda, k=params.k))
-        stages.append(partial(collapse, shown=lambda h: shown(h.payload, params.query)[1:]))
+        stages.append(partial(collapse, shown=lambda h: shown(h.payload, params.query)[1:], narrow=narrowed))
         return stages, need
 
     def answer(self, params: SearchRequest) -> Answer:

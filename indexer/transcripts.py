@@ -12,13 +12,15 @@ thinking and tool calls never, tool results only where the workspace sets ``sess
 ``sessions_tool_result_chars``). Each window's ``context`` (embedded and keyword-indexed, not shown) names the date
 and time of its first turn, from the records' timestamps (a transcript's file name carries no date), and its
 speakers; its payload carries ``session_id``, ``session_time`` (ISO 8601, UTC), ``speakers`` and ``note_date``
-(``YYYY-MM-DD``, what ``indexer.ranking.boost_period`` and ``as_of`` read), and its lines are the JSONL line numbers
-of its first and last turn.
+(``YYYY-MM-DD``, what ``indexer.ranking.boost_period`` and ``as_of`` read), ``turn_lines`` (each turn's JSONL line)
+and ``turn_offsets`` (where each turn starts in the text, in characters: what ``indexer.hits.narrowed`` cuts a window
+at), and its lines are the JSONL line numbers of its first and last turn.
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -190,15 +192,16 @@ def windowed(turns: list[Turn], reading: Reading, context: ExtractContext, size:
         window = turns[first : last + 1]
         ctx, speakers = window_context(window)
         time = next((t.time for t in window if t.time is not None), None)
+        shown = [t.shown() for t in window]
+        starts = list(itertools.accumulate((len(text) + 1 for text in shown[:-1]), initial=0))
         meta: dict[str, Any] = {"session_id": reading.session_id, "speakers": list(speakers),
-                                "turns": len(window)}
+                                "turns": len(window), "turn_lines": [t.line for t in window], "turn_offsets": starts}
         if time is not None:
             meta["session_time"] = time.isoformat().replace("+00:00", "Z")
             meta["note_date"] = time.date().isoformat()
-        texts = ["\n".join(t.shown() for t in window)]
+        texts = ["\n".join(shown)]
         if first == last and tokens[first] > budget:
-            shown = window[0].shown()
-            texts = _cut(shown, context.token_offsets(shown), budget)
+            texts = _cut(shown[0], context.token_offsets(shown[0]), budget)
         out.extend(Chunk(text, window[0].line, window[-1].line, kind=KIND, meta=meta, context=ctx) for text in texts)
     return out, open_turn, open_chunk
 

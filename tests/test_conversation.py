@@ -12,8 +12,9 @@ from indexer import conversation
 from indexer.chunking import chunk_markdown
 from indexer.conversation import is_conversation, turn_speaker, turn_windows
 from indexer.dates import date_words, note_date, query_period
+from indexer.hits import narrowed
 from indexer.points import Hit, Payload
-from indexer.ranking import boost_period, collapse
+from indexer.ranking import NARROWED_EXPONENT, boost_period, collapse
 from indexer.schema import SearchRequest
 from indexer.worker import index_once
 
@@ -201,6 +202,47 @@ def test_a_hit_showing_lines_a_better_hit_shows_drops_out() -> None:
             _hit("c", 1.5, "memory/x.md", 10, 14), _hit("d", 1.0, "memory/y.md", 5, 9)]
     kept = collapse(hits, lambda h: (h.payload.start_line, h.payload.end_line))
     assert [h.id for h in kept] == ["a", "c", "d"]
+
+
+def _window(id_: str, score: float, start: int, turns: list[str], path: str = "memory/2023-05-08.md") -> Hit:
+    """A conversation window of a log (its text the file's lines from ``start``), as a hit."""
+    speakers = sorted({t.split(":")[0].lstrip("- ") for t in turns})
+    return Hit(id_, score, Payload(path=path, start_line=start, end_line=start + len(turns) - 1,
+                                   text="\n".join(turns), extra={"speakers": speakers}))
+
+
+def test_a_window_overlapping_a_better_hit_shows_only_its_turns_that_hit_does_not() -> None:
+    turns = [f"- {'Caroline' if n % 2 else 'Melanie'}: turn {n}" for n in range(1, 12)]
+    hits = [_window("a", 3.0, 1, turns[0:5]), _window("b", 2.0, 4, turns[3:8]), _window("c", 1.9, 7, turns[6:11]),
+            _window("d", 1.0, 1, turns[0:5], path="memory/2023-06-02.md")]
+    kept = collapse(hits, lambda h: (h.payload.start_line, h.payload.end_line), narrow=narrowed)
+    # b keeps turns 6-8 (3 of 5): its score falls to 2.0 * (3/5) ** 0.5 = 1.55, below c; c keeps 9-11 after b's
+    assert [(h.id, h.payload.start_line, h.payload.end_line) for h in kept] == [
+        ("a", 1, 5), ("b", 6, 8), ("c", 9, 11), ("d", 1, 5)]
+    b = kept[1]
+    assert b.payload.text == "\n".join(turns[5:8])
+    assert b.score == pytest.approx(2.0 * (3 / 5) ** NARROWED_EXPONENT)
+    # c, narrowed after b, keeps 3 of its 5 turns too, and its place among the others follows its new score
+    assert kept[2].score == pytest.approx(1.9 * (3 / 5) ** NARROWED_EXPONENT) and kept[2].score < b.score
+    # every turn of the log is shown exactly once
+    shown = sorted(n for h in kept[:3] for n in range(h.payload.start_line, h.payload.end_line + 1))
+    assert shown == list(range(1, 12))
+
+
+def test_a_narrowed_window_goes_below_a_hit_its_new_score_no_longer_beats() -> None:
+    turns = [f"- {'Caroline' if n % 2 else 'Melanie'}: turn {n}" for n in range(1, 9)]
+    other = _window("x", 2.5, 1, turns[0:4], path="memory/2023-06-02.md")
+    hits = [_window("a", 3.0, 1, turns[0:5]), _window("b", 2.9, 4, turns[3:8]), other]
+    kept = collapse(hits, lambda h: (h.payload.start_line, h.payload.end_line), narrow=narrowed)
+    assert [h.id for h in kept] == ["a", "x", "b"]  # b: 2.9 * (3/5) ** 0.5 = 2.25 < 2.5
+
+
+def test_a_hit_that_is_no_conversation_window_or_shows_nothing_new_drops_out() -> None:
+    turns = [f"- {'Caroline' if n % 2 else 'Melanie'}: turn {n}" for n in range(1, 9)]
+    hits = [_window("a", 3.0, 1, turns[0:5]), _window("inside", 2.0, 2, turns[1:4]),
+            _hit("note", 1.5, "memory/2023-05-08.md", 3, 7)]
+    kept = collapse(hits, lambda h: (h.payload.start_line, h.payload.end_line), narrow=narrowed)
+    assert [h.id for h in kept] == ["a"]
 
 
 def test_a_question_finds_the_window_and_a_time_favours_its_day(tmp_path, make_indexer) -> None:

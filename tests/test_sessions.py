@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -187,7 +188,63 @@ def test_a_transcripts_dense_part_is_weighed_down_in_hybrid_fusion(make_indexer,
     assert len(weights[0]) == 3 and len(dense) == 5  # the three windows weighed, the two notes not
     assert weights[1] is None and TRANSCRIPT_DENSE_WEIGHT < 1 and keyword
     fused = real(lists, "dbsf", 60, 100, weights)
-    assert [h["score"] for h in hits] == pytest.approx([score for _, score in fused][: len(hits)])
+    assert hits[0]["score"] == pytest.approx(fused[0][1])  # the best hit is never narrowed (indexer.ranking.collapse)
+
+
+@pytest.mark.parametrize("lines_per_turn", [1, 3])
+def test_the_hits_of_a_transcript_show_each_of_its_turns_once(make_indexer, agent, tmp_path, lines_per_turn) -> None:
+    """Windows share turns; a window that overlaps a better hit is shown narrowed to its turns no better hit shows
+    (it used to drop out, and the turns only it held with them), so hits never repeat lines and lose none; turns
+    of several lines are cut whole."""
+    path = tmp_path / "agents" / "main" / "sessions" / f"{SESSION}.jsonl"
+    said = [(name, "\n".join([text] * lines_per_turn)) for name, text in _talk(EVIDENCE)]
+    write(path, openclaw(SESSION, "2023-06-02", said))
+    indexer = make_indexer([agent])
+    index_once(indexer)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    turns = {n: block["text"] for n, r in enumerate(records, 1) if r["type"] == "message"
+             for block in r["message"]["content"] if block["type"] == "text" and r["message"]["role"] != "toolResult"}
+    assert len(turns) == 11 and len(_points(indexer, "sessions-main")) >= 3  # windows that share turns
+    hits = LocalMemory(indexer.view).search(SearchRequest(query="kayak ferry picture hiking sunrise week", k=10,
+                                                          corpus="sessions"))["hits"]
+    shown = [n for h in hits for n in turns if h["start_line"] <= n <= h["end_line"]]
+    assert sorted(shown) == sorted(turns)  # each turn in exactly one hit
+    for h in hits:  # each hit shows the whole turns of its lines, a narrowed one its own only
+        assert h["snippet"] == "\n".join(turns[n] for n in sorted(turns) if h["start_line"] <= n <= h["end_line"])
+        assert h["start_line"] in turns and h["end_line"] in turns
+
+
+def test_a_long_windows_snippet_cites_the_jsonl_lines_of_the_turns_it_shows(tmp_path) -> None:
+    """A transcript window over ``WINDOW_CHARS`` (a model of 512 tokens makes them) shows a snippet of its lines; its
+    citation names the JSONL lines of the turns in it, not the window's first line plus the snippet's offset in its
+    text: tool calls and results sit between its turns, and a turn may have several lines."""
+    from indexer.api import ExtractContext, FileInfo
+    from indexer.config import Workspace
+    from indexer.hits import WINDOW_CHARS, shown
+    from indexer.points import Payload
+    from indexer.transcripts import extract
+
+    path = tmp_path / f"{SESSION}.jsonl"
+    said = [(name, f"{text}\n{text} " * 6) for name, text in _talk(EVIDENCE)]
+    write(path, openclaw(SESSION, "2023-06-02", said, tool_every=2))
+    words = lambda text: [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]  # noqa: E731
+    info = FileInfo(path, path.name, "transcript", path.stat().st_size, opener=lambda: open(path, "rb"))
+    chunks = extract(info, OpenClawTranscripts(), Workspace(agent="main", path=tmp_path),
+                     ExtractContext(max_tokens=512, token_offsets=words))
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    turns = {n: block["text"] for n, r in enumerate(records, 1) if r["type"] == "message"
+             for block in r["message"]["content"] if block["type"] == "text" and r["message"]["role"] != "toolResult"}
+    long = [c for c in chunks if len(c.text) > WINDOW_CHARS]
+    assert long
+    for chunk in long:
+        payload = Payload(kind=chunk.kind, path=path.name, start_line=chunk.start_line, end_line=chunk.end_line,
+                          text=chunk.text, extra=chunk.meta)
+        for query in ("booked the ferry for the kayak race", "hiking next month", "picture of the lake"):
+            body, start, end = shown(payload, query)
+            assert start in turns and end in turns and start >= chunk.start_line and end <= chunk.end_line
+            cited = "\n".join(turns[n].strip() for n in sorted(turns) if start <= n <= end)
+            assert body.rstrip("…") in cited and len(body) <= WINDOW_CHARS
+            assert body.split("\n", 1)[0] in turns[start] and body.rstrip("…").rsplit("\n", 1)[-1] in turns[end]
 
 
 def test_tool_results_are_indexed_cut_where_the_workspace_asks(make_indexer, agent) -> None:
