@@ -180,8 +180,8 @@ def search(query: str, as_json: bool, config: Path | None, port: int | None, wai
 @main.command()
 @click.argument("path")
 @click.option("--agent", help="Whose memory file PATH is " + AGENT_DEFAULT + ".")
-@click.option("--from", "from_line", type=click.IntRange(min=1), default=1, show_default=True,
-              help="First line to read (1-based).")
+@click.option("--from", "from_line", type=click.IntRange(min=1),
+              help="First line to read (1-based) [default: 1, or a citation's first line].")
 @click.option("--lines", type=click.IntRange(min=1), help="At most this many lines.")
 @click.option("--max-chars", type=click.IntRange(min=1), default=12_000, show_default=True,
               help="At most this many characters, in whole lines (a single longer line is cut).")
@@ -200,6 +200,7 @@ def get(path: str, as_json: bool, config: Path | None, port: int | None, **field
     Examples:
       qmd-indexer get MEMORY.md
       qmd-indexer get memory/2026-11-27.md --from 40 --lines 20
+      qmd-indexer get 'memory/2026-11-27.md#L3-L5'        # a hit's citation: its lines
     """
     request = _request("GetRequest", path=path, **fields)  # every option but --json, --config and --port
     page = _ask(config, port, lambda client: client.ask(request))

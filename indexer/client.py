@@ -166,10 +166,11 @@ class Client:
         answer: BootContext = self.ask(_model(BootRequest, **fields))
         return answer
 
-    def get(self, path: str, from_line: int = 1, **fields: Any) -> Page:
-        """A page of memory file ``path`` from line ``from_line`` (the API's ``from``; see
-        ``indexer.recall.read_memory``); ``next_from`` continues it. ``fields``: ``GetRequest``'s (``lines``,
-        ``max_chars``, ``agent``)."""
+    def get(self, path: str, from_line: int | None = None, **fields: Any) -> Page:
+        """A page of memory file ``path`` from line ``from_line`` (the API's ``from``, default 1; see
+        ``indexer.recall.read_memory``); ``next_from`` continues it. ``path`` may be a hit's ``citation``
+        (``memory/x.md#L3-L5``): its lines, unless ``from_line`` or ``lines`` is given. ``fields``: ``GetRequest``'s
+        (``lines``, ``max_chars``, ``agent``)."""
         answer: Page = self.ask(_model(GetRequest, path=path, from_line=from_line, **fields))
         return answer
 

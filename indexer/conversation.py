@@ -45,6 +45,13 @@ def turn_speaker(line: str) -> str | None:
     return match["name"] if match else None
 
 
+def split_turn(line: str) -> tuple[str, str] | None:
+    """``(speaker, what was said)`` when ``line`` reads as a turn (as ``turn_speaker`` reads it: the said text starts
+    after the colon it matched, ASCII or full-width, and the spaces after it), else ``None``."""
+    match = _TURN.match(line)
+    return (match["name"], line[match.end() - 1 :]) if match else None
+
+
 def _speakers_outside_code(lines: Sequence[str]) -> list[str]:
     """The turn speakers of ``lines``, skipping fenced code blocks (program output is no conversation)."""
     out, fenced = [], False

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import cast
 
 from indexer import schema
-from indexer.chunking import split_lines
+from indexer.chunking import LINE_END, split_lines
 from indexer.conversation import turns
 from indexer.points import Hit, Payload
 from indexer.ranking import terms
@@ -100,7 +100,7 @@ def turn_spans(payload: Payload) -> list[tuple[int, int, int]]:
 
 def _turn_line(payload: Payload, text_line: int) -> int:
     """The JSONL line of the transcript turn that line ``text_line`` (0-based) of ``payload.text`` belongs to."""
-    at = sum(len(line) + 1 for line in split_lines(payload.text)[:text_line])
+    at = 0 if text_line == 0 else list(LINE_END.finditer(payload.text))[text_line - 1].end()
     spans = turn_spans(payload)
     return spans[max(0, bisect_right([offset for _, _, offset in spans], at) - 1)][0]
 

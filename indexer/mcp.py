@@ -131,6 +131,7 @@ TOOLS = (
              exclude=frozenset({"wait_s"})),
     ToolSpec("memory_get", "get", GetRequest, Page, """\
         Read one memory file, or part of it, by line: the full text around a search hit, or a whole note.
+        `path` may be a hit's `citation` (`memory/x.md#L3-L5`): its lines, unless `from` or `lines` is given.
 
         Returns whole lines `from`..`to` as `text`; when `truncated` is true, call again with from=`next_from`
         to continue. Only memory files of the workspace are readable: paths outside it, symlinks and non-memory

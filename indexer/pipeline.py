@@ -376,6 +376,10 @@ class Pipeline:
             if isinstance(exc, FileNotFoundError):
                 raise
             raise ExtractError(f"cannot read: {exc.strerror or exc}") from exc
+        except (FileSkipped, ExtractError):
+            raise
+        except Exception as exc:  # a bug in reading one transcript fails that file, not the batch it came in
+            raise ExtractError(f"{type(exc).__name__} reading the transcript: {exc}") from exc
         return Prepared(collection, path, rel_path(collection.workspace, path), transcripts.KIND, "", st.st_size,
                         st.st_mtime_ns, chunks, st.st_ctime_ns, st.st_ino, st.st_dev, indexes=indexes, total=total,
                         tail=new_tail, read_bytes=read_bytes, read_lines=read_lines)

@@ -17,6 +17,7 @@ The post-fusion stages each take the fused hits (payloads read) and return them 
 from __future__ import annotations
 
 import datetime
+import heapq
 import re
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
@@ -101,38 +102,55 @@ NARROWED_EXPONENT = 0.5
 
 def collapse(hits: Sequence[Hit], shown: Callable[[Hit], tuple[int, int]],
              narrow: Callable[[Payload, Sequence[tuple[int, int]]], tuple[Payload, float] | None] | None = None,
-             ) -> list[Hit]:
+             settled: float | None = None) -> list[Hit]:
     """``hits`` less the lines a better hit of the same file already shows (``shown(hit)``: first and last line,
     inclusive): consecutive windows of one conversation share turns, and a hit that shows the lines another already
-    shows only takes the place of a new one. With ``narrow`` (``indexer.hits.narrowed``: a window's payload cut to
-    its turns outside the lines given, and the share of its turns kept), such a hit stays, showing its turns no
-    better hit shows, its score times the share ``** NARROWED_EXPONENT``, placed before the first later hit it still
-    outscores (among hits in score order: by score); a hit it cannot narrow drops out."""
+    shows only takes the place of a new one. Without ``narrow``, such a hit drops out and the order is kept.
+
+    With ``narrow`` (``indexer.hits.narrowed``: a window's payload cut to its turns outside the lines given, and the
+    share of its turns kept), ``hits`` must be in score order (comparable scores, best first) and are taken best
+    first: a hit overlapping the lines of those taken is cut to its turns they do not show, its score lowered by the
+    share ``** NARROWED_EXPONENT`` (``lowered``), and goes back in line at that score, so it yields turns only to
+    hits that end up better than it; one it cannot narrow (no turns known, or none left) drops out. ``settled``:
+    when ``hits`` are the first of a longer list, the lowest score a hit not in ``hits`` may have stood above; a
+    narrowed hit below it drops out, as a hit of that list it never met could outrank it (so the first ``k`` of
+    an answer are the first ``k`` of a longer one)."""
     taken: dict[str, list[tuple[int, int]]] = {}
     out: list[Hit] = []
-    held: list[Hit] = []  # narrowed hits waiting for their place, best first
-
-    def place(before: float) -> None:
-        while held and held[0].score > before:
-            out.append(held.pop(0))
-
-    for h in hits:
+    if narrow is None:
+        for h in hits:
+            start, end = shown(h)
+            ranges = taken.setdefault(h.payload.path, [])
+            if not any(start <= b and a <= end for a, b in ranges):
+                ranges.append((start, end))
+                out.append(h)
+        return out
+    line = [(-h.score, n, h) for n, h in enumerate(hits)]  # best first; equals in the order given
+    heapq.heapify(line)
+    order = len(line)
+    while line:
+        _, _, h = heapq.heappop(line)
         start, end = shown(h)
         ranges = taken.setdefault(h.payload.path, [])
-        if any(start <= b and a <= end for a, b in ranges):
-            cut = narrow(h.payload, ranges) if narrow is not None else None
-            if cut is None:
-                continue
-            h = Hit(h.id, h.score * cut[1] ** NARROWED_EXPONENT, cut[0], h.dense_score, h.keyword_score)
-            ranges.append(shown(h))
-            held.append(h)
-            held.sort(key=lambda x: -x.score)
+        if not any(start <= b and a <= end for a, b in ranges):
+            ranges.append((start, end))
+            out.append(h)
             continue
-        place(h.score)
-        ranges.append((start, end))
-        out.append(h)
-    place(float("-inf"))
+        cut = narrow(h.payload, ranges)
+        if cut is None:
+            continue
+        score = lowered(h.score, cut[1] ** NARROWED_EXPONENT)
+        if settled is not None and score < settled:
+            continue
+        heapq.heappush(line, (-score, order, Hit(h.id, score, cut[0], h.dense_score, h.keyword_score)))
+        order += 1
     return out
+
+
+def lowered(score: float, factor: float) -> float:
+    """``score`` lowered by ``factor`` (0 < factor <= 1): times it when positive, divided by it when negative (a
+    cosine or fused score below 0 times a factor would rise)."""
+    return score * factor if score >= 0 else score / factor
 
 
 def load_fusion() -> None:

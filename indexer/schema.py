@@ -22,6 +22,7 @@ and the MCP tools (``indexer.mcp``). Imports only pydantic (and ``indexer.dates`
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import (
@@ -34,6 +35,7 @@ from pydantic import (
     ValidationInfo,
     WithJsonSchema,
     field_validator,
+    model_validator,
     with_config,
 )
 from typing_extensions import TypedDict
@@ -236,6 +238,9 @@ class BootRequest(Request):
     query: BootQuery = None
 
 
+_CITATION = re.compile(r"(?P<path>.+)#L(?P<first>[1-9]\d{0,8})(?:-L(?P<last>[1-9]\d{0,8}))?")  # a hit's citation
+
+
 class GetRequest(Request):
     """``GET /get`` (as query parameters) and the ``memory_get`` tool's arguments: a page of memory file ``path``
     from line ``from`` (1-based), at most ``lines`` lines and ``max_chars`` characters (``indexer.recall.read_memory``;
@@ -246,6 +251,23 @@ class GetRequest(Request):
     lines: Lines = None
     max_chars: MaxChars = DEFAULT_MAX_CHARS
     agent: Agent = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _citation(cls, data: Any) -> Any:
+        """A hit's ``citation`` as ``path`` (``memory/x.md#L3-L7``, ``#L3``) reads that file from line 3, 5 lines,
+        where the request does not give ``from`` or ``lines`` itself."""
+        if not isinstance(data, dict) or not isinstance(data.get("path"), str):
+            return data
+        match = _CITATION.fullmatch(data["path"])
+        if match is None:
+            return data
+        first = int(match["first"])
+        lines = max(first, int(match["last"] or first)) - first + 1
+        cited = {"path": match["path"]}
+        if not {"from", "from_line", "lines"} & set(data):
+            cited |= {"from": first, "lines": lines}
+        return {**data, **cited}
 
 
 class AppendRequest(Request):

@@ -288,15 +288,15 @@ class Searcher:
         return lists, whole, owner
 
     def _stages(self, params: SearchRequest, degraded: list[str] | None,
-                period: tuple[datetime.date, datetime.date] | None,
-                fused: Sequence[tuple[Any, float]]) -> tuple[list[Callable[[list[Hit]], list[Hit]]], int]:
+                period: tuple[datetime.date, datetime.date] | None, fused: Sequence[tuple[Any, float]],
+                depth: int) -> tuple[list[Callable[[list[Hit]], list[Hit]]], int]:
         """The post-fusion stages ``params`` runs, in order (``indexer.ranking``), from the settings and the query,
         each taking and returning hits with payloads; and how many of the ``fused`` candidates (best first) they
-        need: all of them for a stage that re-orders the whole list (decay, MMR); for the period boost, those its
-        factor can lift into the first ones the later stages read (``_boost_depth``)."""
+        need: ``depth`` for the collapse; all of them for a stage that re-orders the whole list (decay, MMR); for
+        the period boost, those its factor can lift into the first ``depth`` (``_boost_depth``)."""
         s = self.settings
         stages: list[Callable[[list[Hit]], list[Hit]]] = []
-        need = params.k * COLLAPSE_DEPTH
+        need = depth
         if self.reranker is not None:
             need = max(need, s.rerank_top_n)
         whole = bool(s.half_life_days or s.mmr_lambda is not None)
@@ -312,8 +312,21 @@ class Searcher:
                                   budget_s=s.rerank_budget_s, stats=self.rerank_stats, degraded=degraded))
         if s.mmr_lambda is not None:
             stages.append(partial(mmr, lam=s.mmr_lambda, k=params.k))
-        stages.append(partial(collapse, shown=lambda h: shown(h.payload, params.query)[1:], narrow=narrowed))
+        stages.append(self._collapse(params.query, narrow=self.reranker is None and s.mmr_lambda is None,
+                                     cut=len(fused) > need))
         return stages, need
+
+    @staticmethod
+    def _collapse(query: str, narrow: bool, cut: bool) -> Callable[[list[Hit]], list[Hit]]:
+        """The last stage (``indexer.ranking.collapse``): no hit shows lines a better one shows. Windows are
+        narrowed (``indexer.hits.narrowed``) where ``narrow`` (scores in one order: not after a reranker, whose
+        scores cover its first ``rerank_top_n`` hits only, nor after MMR, whose order is not by score); ``cut``: the
+        hits are the first of the candidates, so a narrowed hit must stay above the last one's score."""
+        def stage(hits: list[Hit]) -> list[Hit]:
+            settled = min((h.score for h in hits), default=None) if cut else None
+            return collapse(hits, lambda h: shown(h.payload, query)[1:], narrowed if narrow else None, settled)
+
+        return stage
 
     def answer(self, params: SearchRequest) -> Answer:
         """The ``params.k`` best hits across the selected collections as the API's hits, whether anything relevant
@@ -358,20 +371,15 @@ class Searcher:
                  else fuse_scores(list(lists.values()), self.settings.fusion, self.settings.rrf_k, query.limit,
                                   self._weights(targets, lists, owner)))
         period = period_of()
-        stages, need = self._stages(params, degraded, period, fused)
         kept = fused
         if params.min_score is not None and not self.settings.half_life_days:  # with decay: on the decayed scores
             kept = [p for p in fused if p[1] >= params.min_score]
         # only these become Hits with string ids (each made once: ``str`` of a UUID is not free) and payloads
         ids = {str(pid): pid for pid, _ in fused[:RELEVANCE_DEPTH]}  # Hit id -> the backend's point id
         top = list(ids)
-        chosen = [(str(pid), pid, score) for pid, score in kept[:need]]
-        ids.update((key, pid) for key, pid, _ in chosen)
+        read: dict[str, Hit] = {}
+        hits = self._ranked(params, degraded, period, fused, kept, owner, ids, read)
         where = {key: owner[pid] for key, pid in ids.items()}
-        read = {h.id: h for h in self._with_payloads([Hit(key, 0.0, NO_PAYLOAD) for key, _, _ in chosen], where)}
-        hits = [Hit(key, score, read[key].payload) for key, _, score in chosen if key in read]
-        for stage in stages:
-            hits = stage(hits)
 
         def candidates() -> list[Hit]:  # the first fused candidates, with payloads (most were read for the stages)
             read.update((h.id, h) for h in self._with_payloads([Hit(key, 0.0, NO_PAYLOAD) for key in top
@@ -386,6 +394,30 @@ class Searcher:
             hits = [h for h in hits if h.score >= params.min_score]
         return [replace(h, dense_score=raw.get("text", {}).get(ids[h.id]),
                         keyword_score=raw.get(SPARSE, {}).get(ids[h.id])) for h in hits[: params.k]], found
+
+    def _ranked(self, params: SearchRequest, degraded: list[str] | None,
+                period: tuple[datetime.date, datetime.date] | None, fused: Sequence[tuple[Any, float]],
+                kept: Sequence[tuple[Any, float]], owner: Mapping[Any, str], ids: dict[str, Any],
+                read: dict[str, Hit]) -> list[Hit]:
+        """The hits of ``kept`` (the ``fused`` candidates a ``min_score`` keeps) after the post-fusion stages: as
+        many of the first as the stages need (``_stages``), with their payloads, run through them. When the collapse
+        leaves fewer than ``k`` (windows sharing their lines, a long turn's pieces) and more candidates are there,
+        twice as many are read and ranked again, so an answer is not short while candidates remain (not after a
+        reranker, which would be asked twice). Fills ``ids`` (Hit id -> the backend's point id) and ``read`` (Hit id
+        -> the hit with its payload) with the candidates read."""
+        depth = params.k * COLLAPSE_DEPTH
+        while True:
+            stages, need = self._stages(params, degraded, period, fused, depth)
+            chosen = [(str(pid), pid, score) for pid, score in kept[:need]]
+            ids.update((key, pid) for key, pid, _ in chosen)
+            fresh = [Hit(key, 0.0, NO_PAYLOAD) for key, _, _ in chosen if key not in read]
+            read.update((h.id, h) for h in self._with_payloads(fresh, {h.id: owner[ids[h.id]] for h in fresh}))
+            hits = [Hit(key, score, read[key].payload) for key, _, score in chosen if key in read]
+            for stage in stages:
+                hits = stage(hits)
+            if len(hits) >= params.k or need >= len(kept) or self.reranker is not None:
+                return hits
+            depth *= 2
 
     def _period(self, params: SearchRequest) -> Callable[[], tuple[datetime.date, datetime.date] | None]:
         """The days ``params.query`` names (``query_period``), read on a short-lived thread of its own while the

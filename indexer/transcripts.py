@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from indexer.api import Chunk, ExtractContext, FileInfo, Message, TranscriptFormat
+from indexer.chunking import LINE_END
 from indexer.config import Workspace
-from indexer.conversation import turn_speaker, turn_windows
+from indexer.conversation import split_turn, turn_windows
 from indexer.dates import date_words
 from indexer.errors import ExtractError
 
@@ -89,17 +90,19 @@ def _turn(line: int, message: Message, fallback: str, reading: Reading, offset: 
     # secrets out per message, before a turn is windowed, embedded, stored or shown: a turn's text never depends on
     # its neighbours, so a tail read alone (``indexer.tailing``) gives the windows a whole read gives
     text = reading.redact(message.text)
-    text = " ".join(text.split()) if message.role == "tool" else text.strip()
+    text = " ".join(text.split()) if message.role == "tool" else LINE_END.sub("\n", text).strip()
     if message.role not in reading.roles or not text:
         return None
     if message.role == "tool":
         cut = text[: reading.tool_chars]
         return Turn(line, "tool", "tool result", cut + ("…" if len(cut) < len(text) else ""),
                     parse_time(message.timestamp or fallback), offset)
-    first = text.split("\n", 1)[0]
-    name = turn_speaker(first)
-    if name is not None:
-        text = text[text.index(":") + 1 :].lstrip()
+    first, newline, rest = text.partition("\n")
+    turn = split_turn(first)
+    name = None
+    if turn is not None:
+        name, said = turn
+        text = said + newline + rest
     return Turn(line, message.role, name or message.role, text, parse_time(message.timestamp or fallback), offset)
 
 

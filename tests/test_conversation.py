@@ -213,20 +213,50 @@ def _window(id_: str, score: float, start: int, turns: list[str], path: str = "m
 
 def test_a_window_overlapping_a_better_hit_shows_only_its_turns_that_hit_does_not() -> None:
     turns = [f"- {'Caroline' if n % 2 else 'Melanie'}: turn {n}" for n in range(1, 12)]
-    hits = [_window("a", 3.0, 1, turns[0:5]), _window("b", 2.0, 4, turns[3:8]), _window("c", 1.9, 7, turns[6:11]),
+    hits = [_window("a", 3.0, 1, turns[0:5]), _window("b", 2.0, 4, turns[3:8]), _window("c", 1.2, 7, turns[6:11]),
             _window("d", 1.0, 1, turns[0:5], path="memory/2023-06-02.md")]
     kept = collapse(hits, lambda h: (h.payload.start_line, h.payload.end_line), narrow=narrowed)
-    # b keeps turns 6-8 (3 of 5): its score falls to 2.0 * (3/5) ** 0.5 = 1.55, below c; c keeps 9-11 after b's
+    # b keeps turns 6-8 (3 of its 5) at 2.0 * (3/5) ** 0.5 = 1.55, still above c, which then keeps 9-11 (0.93)
     assert [(h.id, h.payload.start_line, h.payload.end_line) for h in kept] == [
-        ("a", 1, 5), ("b", 6, 8), ("c", 9, 11), ("d", 1, 5)]
+        ("a", 1, 5), ("b", 6, 8), ("d", 1, 5), ("c", 9, 11)]
     b = kept[1]
     assert b.payload.text == "\n".join(turns[5:8])
     assert b.score == pytest.approx(2.0 * (3 / 5) ** NARROWED_EXPONENT)
-    # c, narrowed after b, keeps 3 of its 5 turns too, and its place among the others follows its new score
-    assert kept[2].score == pytest.approx(1.9 * (3 / 5) ** NARROWED_EXPONENT) and kept[2].score < b.score
+    assert kept[3].score == pytest.approx(1.2 * (3 / 5) ** NARROWED_EXPONENT)
     # every turn of the log is shown exactly once
-    shown = sorted(n for h in kept[:3] for n in range(h.payload.start_line, h.payload.end_line + 1))
+    shown = sorted(n for h in kept if h.payload.path.endswith("05-08.md")
+                   for n in range(h.payload.start_line, h.payload.end_line + 1))
     assert shown == list(range(1, 12))
+
+
+def test_a_narrowed_window_yields_its_turns_only_to_hits_that_end_up_better() -> None:
+    turns = [f"- {'Caroline' if n % 2 else 'Melanie'}: turn {n}" for n in range(1, 12)]
+    # b narrowed (2.0 -> 1.55) falls below c (1.9): c is taken whole first, and b keeps what c leaves, turn 6
+    hits = [_window("a", 3.0, 1, turns[0:5]), _window("b", 2.0, 4, turns[3:8]), _window("c", 1.9, 7, turns[6:11])]
+    kept = collapse(hits, lambda h: (h.payload.start_line, h.payload.end_line), narrow=narrowed)
+    assert [(h.id, h.payload.start_line, h.payload.end_line) for h in kept] == [("a", 1, 5), ("c", 7, 11), ("b", 6, 6)]
+    assert kept[2].score == pytest.approx(2.0 * (1 / 5) ** NARROWED_EXPONENT)
+
+
+def test_narrowing_lowers_a_negative_score_too() -> None:
+    turns = [f"- {'Caroline' if n % 2 else 'Melanie'}: turn {n}" for n in range(1, 9)]
+    hits = [_window("a", -0.02, 1, turns[0:5]), _window("b", -0.04, 4, turns[3:8]),
+            _window("x", -0.05, 1, turns[0:4], path="memory/2023-06-02.md")]
+    kept = collapse(hits, lambda h: (h.payload.start_line, h.payload.end_line), narrow=narrowed)
+    assert [h.id for h in kept] == ["a", "x", "b"]  # b: -0.04 / (3/5) ** 0.5 = -0.052, below x
+    assert kept[2].score == pytest.approx(-0.04 / (3 / 5) ** NARROWED_EXPONENT)
+    assert [h.score for h in kept] == sorted((h.score for h in kept), reverse=True)
+
+
+def test_a_narrowed_hit_below_what_an_unread_candidate_may_score_drops_out() -> None:
+    turns = [f"- {'Caroline' if n % 2 else 'Melanie'}: turn {n}" for n in range(1, 9)]
+    hits = [_window("a", 3.0, 1, turns[0:5]), _window("b", 2.0, 4, turns[3:8]),
+            _window("x", 1.8, 1, turns[0:4], path="memory/2023-06-02.md")]
+    # b narrowed scores 1.55: a candidate after x (at most 1.8) that was not read could stand above it
+    kept = collapse(hits, lambda h: (h.payload.start_line, h.payload.end_line), narrow=narrowed, settled=1.8)
+    assert [h.id for h in kept] == ["a", "x"]
+    kept = collapse(hits, lambda h: (h.payload.start_line, h.payload.end_line), narrow=narrowed, settled=1.5)
+    assert [h.id for h in kept] == ["a", "x", "b"]
 
 
 def test_a_narrowed_window_goes_below_a_hit_its_new_score_no_longer_beats() -> None:

@@ -102,6 +102,27 @@ def test_every_face_says_nothing_relevant_and_what_is_pending(served: tuple[Serv
     assert "memory/late.md" in recall_human.stderr
 
 
+def test_a_hits_citation_opens_its_lines_on_every_face(served: tuple[Served, Path]) -> None:
+    """``get`` takes a hit's ``citation`` (``path#La-Lb``) as its path and reads those lines; a ``from`` or ``lines``
+    given beside it wins."""
+    daemon, _ = served
+    port = daemon.port
+    with Client(port=port) as client:
+        hit = client.search("deploy windows", k=1)[0]
+        assert hit["end_line"] > hit["start_line"]
+        lines = hit["end_line"] - hit["start_line"] + 1
+        page = client._call("GET", "/get", params={"path": hit["path"], "from": hit["start_line"], "lines": lines})
+        assert (page["from"], page["to"]) == (hit["start_line"], hit["end_line"]) and page["text"]
+        assert client._call("GET", "/get", params={"path": hit["citation"]}) == page
+        assert client.get(hit["citation"]) == page
+        assert client.get(hit["citation"], from_line=1)["from"] == 1  # asked for: the citation's lines give way
+        for face in _mcp_answers(port, "memory_get", {"path": hit["citation"]}):
+            assert face == page
+    cli = _cli("get", hit["citation"], "--json", "--port", str(port))
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout) == page
+
+
 def test_a_listing_says_how_many_files_there_are_and_pages(served: tuple[Served, Path]) -> None:
     daemon, _ = served
     port = daemon.port

@@ -191,18 +191,19 @@ def test_a_transcripts_dense_part_is_weighed_down_in_hybrid_fusion(make_indexer,
     assert hits[0]["score"] == pytest.approx(fused[0][1])  # the best hit is never narrowed (indexer.ranking.collapse)
 
 
-@pytest.mark.parametrize("lines_per_turn", [1, 3])
-def test_the_hits_of_a_transcript_show_each_of_its_turns_once(make_indexer, agent, tmp_path, lines_per_turn) -> None:
+@pytest.mark.parametrize(("lines_per_turn", "newline"), [(1, "\n"), (3, "\n"), (3, "\r\n")])
+def test_the_hits_of_a_transcript_show_each_of_its_turns_once(make_indexer, agent, tmp_path, lines_per_turn,
+                                                              newline) -> None:
     """Windows share turns; a window that overlaps a better hit is shown narrowed to its turns no better hit shows
     (it used to drop out, and the turns only it held with them), so hits never repeat lines and lose none; turns
-    of several lines are cut whole."""
+    of several lines (``\\n`` or ``\\r\\n`` inside a message) are cut whole."""
     path = tmp_path / "agents" / "main" / "sessions" / f"{SESSION}.jsonl"
-    said = [(name, "\n".join([text] * lines_per_turn)) for name, text in _talk(EVIDENCE)]
+    said = [(name, newline.join([text] * lines_per_turn)) for name, text in _talk(EVIDENCE)]
     write(path, openclaw(SESSION, "2023-06-02", said))
     indexer = make_indexer([agent])
     index_once(indexer)
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    turns = {n: block["text"] for n, r in enumerate(records, 1) if r["type"] == "message"
+    turns = {n: block["text"].replace("\r\n", "\n") for n, r in enumerate(records, 1) if r["type"] == "message"
              for block in r["message"]["content"] if block["type"] == "text" and r["message"]["role"] != "toolResult"}
     assert len(turns) == 11 and len(_points(indexer, "sessions-main")) >= 3  # windows that share turns
     hits = LocalMemory(indexer.view).search(SearchRequest(query="kayak ferry picture hiking sunrise week", k=10,
@@ -212,6 +213,64 @@ def test_the_hits_of_a_transcript_show_each_of_its_turns_once(make_indexer, agen
     for h in hits:  # each hit shows the whole turns of its lines, a narrowed one its own only
         assert h["snippet"] == "\n".join(turns[n] for n in sorted(turns) if h["start_line"] <= n <= h["end_line"])
         assert h["start_line"] in turns and h["end_line"] in turns
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "dense", "keyword"])
+def test_the_first_k_hits_are_the_first_k_of_a_longer_answer(make_indexer, agent, tmp_path, mode) -> None:
+    """Narrowed windows go back in line at their lowered score; one that falls below what a candidate not read for
+    ``k`` may score drops out, so asking for fewer hits gives a prefix of the longer answer."""
+    sessions = tmp_path / "agents" / "main" / "sessions"
+    for n, day in enumerate(("2023-06-02", "2023-06-09", "2023-06-16")):
+        said = [(name, f"{text} Day {n} plans.") for name, text in _talk(EVIDENCE, 16)]
+        write(sessions / f"{SESSION[:-1]}{n}.jsonl", openclaw(f"{SESSION[:-1]}{n}", day, said))
+    # a turn over the model's window is cut into pieces of the same line, which all drop out after the best: they
+    # use up the candidates read for k
+    giant = [("Caroline", "Our week plans, a picture of the lake, hiking next month, the kids. " * 300),
+             ("Melanie", "Lovely."), ("Caroline", "Day 9 plans: the ferry and the kayak race.")]
+    write(sessions / "giant.jsonl", openclaw("giant", "2023-06-20", giant))
+    indexer = make_indexer([agent])
+    index_once(indexer)
+    memory = LocalMemory(indexer.view)
+
+    def answer(query: str, k: int) -> list[tuple[str, int, int]]:
+        hits = memory.search(SearchRequest(query=query, k=k, mode=mode, corpus="sessions"))["hits"]
+        assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+        return [(h["path"], h["start_line"], h["end_line"]) for h in hits]
+
+    sizes = []
+    for query in ("the week plans and a picture", "hiking next month", "kayak race ferry", "Day 1 plans",
+                  "busy with the kids"):
+        longest = answer(query, 60)
+        sizes.append(len(longest))
+        for k in range(1, 13):
+            assert answer(query, k) == longest[:k], (query, k)
+    assert max(sizes) > 12
+
+
+def test_a_speaker_named_before_a_full_width_colon_or_after_a_time_is_read_as_one(make_indexer, agent,
+                                                                                  tmp_path) -> None:
+    """``小王：...`` (no ASCII colon) crashed the transcript's read and held every file of its batch;
+    ``[10:42] Caroline: hi`` kept ``42] Caroline: hi`` as the text."""
+    said = [("小王", "明天开会吗？"), ("小李", "开，十点。")] * 3
+    sessions = tmp_path / "agents" / "main" / "sessions"
+
+    def said_as(body: str, old: str, new: str) -> str:  # each message's text rewritten
+        records = [json.loads(line) for line in body.splitlines()]
+        for r in records:
+            for block in r.get("message", {}).get("content", []):
+                if block["type"] == "text":
+                    block["text"] = block["text"].replace(old, new)
+        return "".join(json.dumps(r) + "\n" for r in records)
+
+    write(sessions / "zh.jsonl", said_as(openclaw("zh", "2023-06-02", said), ": ", "\uff1a"))
+    write(sessions / f"{SESSION}.jsonl",
+          said_as(openclaw(SESSION, "2023-06-02", _talk(EVIDENCE)), "Caroline: ", "[10:42] Caroline: "))
+    indexer = make_indexer([agent])
+    status = index_once(indexer)
+    assert not status.get("failed_files")
+    first = {Path(p.path).name: p.text for p in sorted(_points(indexer, "sessions-main"), key=lambda p: -p.start_line)}
+    assert first["zh.jsonl"].startswith("小王: 明天开会吗？\n小李: 开，十点。")
+    assert first[f"{SESSION}.jsonl"].startswith("Caroline: How was your week?")
 
 
 def test_a_long_windows_snippet_cites_the_jsonl_lines_of_the_turns_it_shows(tmp_path) -> None:
