@@ -71,8 +71,7 @@ def shown(payload: Payload, query: str) -> tuple[str, int, int]:
     if payload.get("speakers") and len(payload.text) <= WINDOW_CHARS:
         return payload.text, payload.start_line, payload.end_line
     if payload.kind == TRANSCRIPT and payload.get("turn_lines"):  # its text's lines are not the file's
-        body, lo, hi = snippet(payload.text, query, 0, WINDOW_CHARS)
-        return body, _turn_line(payload, lo), _turn_line(payload, hi)
+        return _turns_shown(payload, query)
     if payload.modality == "text":
         return snippet(payload.text, query, payload.start_line,
                        WINDOW_CHARS if payload.get("speakers") else SNIPPET_CHARS)
@@ -98,11 +97,22 @@ def turn_spans(payload: Payload) -> list[tuple[int, int, int]]:
     return [(payload.start_line + t.first, payload.start_line + t.last, starts[t.first]) for t in turns(text_lines)]
 
 
-def _turn_line(payload: Payload, text_line: int) -> int:
-    """The JSONL line of the transcript turn that line ``text_line`` (0-based) of ``payload.text`` belongs to."""
-    at = 0 if text_line == 0 else list(LINE_END.finditer(payload.text))[text_line - 1].end()
+def _turns_shown(payload: Payload, query: str) -> tuple[str, int, int]:
+    """``shown`` of a transcript window over ``WINDOW_CHARS``: whole turns from the one holding the line that best
+    matches ``query`` (``snippet``'s choice) on, as many as fit (the first alone cut to fit, ending in ``…``), with
+    the JSONL lines of the first and last turn shown."""
     spans = turn_spans(payload)
-    return spans[max(0, bisect_right([offset for _, _, offset in spans], at) - 1)][0]
+    starts = [offset for _, _, offset in spans]
+    _, best, _ = snippet(payload.text, query, 0, WINDOW_CHARS)
+    at = 0 if best == 0 else list(LINE_END.finditer(payload.text))[best - 1].end()
+    first = last = max(0, bisect_right(starts, at) - 1)
+    ends = [*starts[1:], len(payload.text) + 1]  # where each turn ends, its line break included
+    while last + 1 < len(spans) and ends[last + 1] - starts[first] - 1 <= WINDOW_CHARS:
+        last += 1
+    body = payload.text[starts[first] : ends[last] - 1].rstrip("\n")
+    if len(body) > WINDOW_CHARS:
+        body = snippet(body, "", 0, WINDOW_CHARS)[0]
+    return body, spans[first][0], spans[last][0]
 
 
 def narrowed(payload: Payload, taken: Sequence[tuple[int, int]]) -> tuple[Payload, float] | None:

@@ -274,9 +274,10 @@ def test_a_speaker_named_before_a_full_width_colon_or_after_a_time_is_read_as_on
 
 
 def test_a_long_windows_snippet_cites_the_jsonl_lines_of_the_turns_it_shows(tmp_path) -> None:
-    """A transcript window over ``WINDOW_CHARS`` (a model of 512 tokens makes them) shows a snippet of its lines; its
-    citation names the JSONL lines of the turns in it, not the window's first line plus the snippet's offset in its
-    text: tool calls and results sit between its turns, and a turn may have several lines."""
+    """A transcript window over ``WINDOW_CHARS`` (a model of 512 tokens makes them) shows whole turns from the one
+    that best matches, its speaker first; its citation names the JSONL lines of those turns, not the window's first
+    line plus the snippet's offset in its text: tool calls and results sit between its turns, and a turn may have
+    several lines."""
     from indexer.api import ExtractContext, FileInfo
     from indexer.config import Workspace
     from indexer.hits import WINDOW_CHARS, shown
@@ -302,8 +303,8 @@ def test_a_long_windows_snippet_cites_the_jsonl_lines_of_the_turns_it_shows(tmp_
             body, start, end = shown(payload, query)
             assert start in turns and end in turns and start >= chunk.start_line and end <= chunk.end_line
             cited = "\n".join(turns[n].strip() for n in sorted(turns) if start <= n <= end)
-            assert body.rstrip("…") in cited and len(body) <= WINDOW_CHARS
-            assert body.split("\n", 1)[0] in turns[start] and body.rstrip("…").rsplit("\n", 1)[-1] in turns[end]
+            assert cited.startswith(body.rstrip("…")) and len(body) <= WINDOW_CHARS  # whole turns, the speaker first
+            assert body.rstrip("…").rsplit("\n", 1)[-1] in turns[end]
 
 
 def test_tool_results_are_indexed_cut_where_the_workspace_asks(make_indexer, agent) -> None:
