@@ -13,6 +13,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
+from itertools import groupby
 from typing import cast
 
 from indexer import schema
@@ -91,10 +92,13 @@ def turn_spans(payload: Payload) -> list[tuple[int, int, int]]:
     text_lines = split_lines(payload.text)
     if len(text_lines) != payload.end_line - payload.start_line + 1:
         return []  # text that is not the file's lines start_line..end_line: no turn can be placed
-    starts = [0]
-    for line in text_lines[:-1]:
-        starts.append(starts[-1] + len(line) + 1)
+    starts = _line_starts(payload.text)
     return [(payload.start_line + t.first, payload.start_line + t.last, starts[t.first]) for t in turns(text_lines)]
+
+
+def _line_starts(text: str) -> list[int]:
+    """Where each line of ``text`` starts, in characters (lines as ``split_lines`` cuts them)."""
+    return [0, *(match.end() for match in LINE_END.finditer(text))]
 
 
 def _turns_shown(payload: Payload, query: str) -> tuple[str, int, int]:
@@ -104,7 +108,7 @@ def _turns_shown(payload: Payload, query: str) -> tuple[str, int, int]:
     spans = turn_spans(payload)
     starts = [offset for _, _, offset in spans]
     _, best, _ = snippet(payload.text, query, 0, WINDOW_CHARS)
-    at = 0 if best == 0 else list(LINE_END.finditer(payload.text))[best - 1].end()
+    at = _line_starts(payload.text)[best]
     first = last = max(0, bisect_right(starts, at) - 1)
     ends = [*starts[1:], len(payload.text) + 1]  # where each turn ends, its line break included
     while last + 1 < len(spans) and ends[last + 1] - starts[first] - 1 <= WINDOW_CHARS:
@@ -123,18 +127,16 @@ def narrowed(payload: Payload, taken: Sequence[tuple[int, int]]) -> tuple[Payloa
     needs no cut. The cut payload's text, lines, ``turn_lines`` and ``turn_offsets`` are the run's."""
     spans = turn_spans(payload)
     free = [not any(a <= last and first <= b for a, b in taken) for first, last, _ in spans]
-    best: tuple[int, int] | None = None  # (first, last) turn index of the longest free run
-    start = None
-    for i, ok in enumerate([*free, False]):
-        if ok and start is None:
-            start = i
-        elif not ok and start is not None:
-            if best is None or i - 1 - start > best[1] - best[0]:
-                best = (start, i - 1)
-            start = None
-    if best is None or all(free):
+    runs, at = [], 0  # (length, first turn index) of each run of free turns
+    for ok, run in groupby(free):
+        length = len(list(run))
+        if ok:
+            runs.append((length, -at))
+        at += length
+    if not runs or all(free):
         return None
-    i, j = best
+    length, first = max(runs)  # the longest, the first of equals
+    i, j = -first, -first + length - 1
     begin = spans[i][2]
     end = spans[j + 1][2] if j + 1 < len(spans) else len(payload.text)
     extra = dict(payload.extra)
