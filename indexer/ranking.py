@@ -102,7 +102,7 @@ NARROWED_EXPONENT = 0.5
 
 def collapse(hits: Sequence[Hit], shown: Callable[[Hit], tuple[int, int]],
              narrow: Callable[[Payload, Sequence[tuple[int, int]]], tuple[Payload, float] | None] | None = None,
-             settled: float | None = None) -> list[Hit]:
+             settled: float | None = None, limit: int | None = None) -> list[Hit]:
     """``hits`` less the lines a better hit of the same file already shows (``shown(hit)``: first and last line,
     inclusive): consecutive windows of one conversation share turns, and a hit that shows the lines another already
     shows only takes the place of a new one. Without ``narrow``, such a hit drops out and the order is kept.
@@ -114,11 +114,14 @@ def collapse(hits: Sequence[Hit], shown: Callable[[Hit], tuple[int, int]],
     hits that end up better than it; one it cannot narrow (no turns known, or none left) drops out. ``settled``:
     when ``hits`` are the first of a longer list, the lowest score a hit not in ``hits`` may have stood above; a
     narrowed hit below it drops out, as a hit of that list it never met could outrank it (so the first ``k`` of
-    an answer are the first ``k`` of a longer one)."""
+    an answer are the first ``k`` of a longer one). ``limit``: at most this many hits, the first of the whole
+    answer (the rest are not looked at)."""
     taken: dict[str, list[tuple[int, int]]] = {}
     out: list[Hit] = []
     if narrow is None:
         for h in hits:
+            if limit is not None and len(out) >= limit:
+                break
             start, end = shown(h)
             ranges = taken.setdefault(h.payload.path, [])
             if not any(start <= b and a <= end for a, b in ranges):
@@ -128,7 +131,7 @@ def collapse(hits: Sequence[Hit], shown: Callable[[Hit], tuple[int, int]],
     line = [(-h.score, n, h) for n, h in enumerate(hits)]  # best first; equals in the order given
     heapq.heapify(line)
     order = len(line)
-    while line:
+    while line and (limit is None or len(out) < limit):
         _, _, h = heapq.heappop(line)
         start, end = shown(h)
         ranges = taken.setdefault(h.payload.path, [])

@@ -312,19 +312,23 @@ class Searcher:
                                   budget_s=s.rerank_budget_s, stats=self.rerank_stats, degraded=degraded))
         if s.mmr_lambda is not None:
             stages.append(partial(mmr, lam=s.mmr_lambda, k=params.k))
+        # the answer keeps k hits and the relevance reads DATED_DEPTH; with decay, min_score thins them afterwards
+        limit = None if params.min_score is not None and s.half_life_days else max(params.k, DATED_DEPTH)
         stages.append(self._collapse(params.query, narrow=self.reranker is None and s.mmr_lambda is None,
-                                     cut=len(fused) > need))
+                                     cut=len(fused) > need, limit=limit))
         return stages, need
 
     @staticmethod
-    def _collapse(query: str, narrow: bool, cut: bool) -> Callable[[list[Hit]], list[Hit]]:
+    def _collapse(query: str, narrow: bool, cut: bool, limit: int | None) -> Callable[[list[Hit]], list[Hit]]:
         """The last stage (``indexer.ranking.collapse``): no hit shows lines a better one shows. Windows are
         narrowed (``indexer.hits.narrowed``) where ``narrow`` (scores in one order: not after a reranker, whose
         scores cover its first ``rerank_top_n`` hits only, nor after MMR, whose order is not by score); ``cut``: the
-        hits are the first of the candidates, so a narrowed hit must stay above the last one's score."""
+        hits are the first of the candidates, so a narrowed hit must stay above the last one's score; ``limit``: the
+        hits that are used (``None``: all)."""
         def stage(hits: list[Hit]) -> list[Hit]:
             settled = min((h.score for h in hits), default=None) if cut else None
-            return collapse(hits, lambda h: shown(h.payload, query)[1:], narrowed if narrow else None, settled)
+            return collapse(hits, lambda h: shown(h.payload, query)[1:], narrowed if narrow else None, settled,
+                            limit)
 
         return stage
 
