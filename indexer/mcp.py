@@ -204,8 +204,13 @@ def build_tool(memory: Memory, spec: ToolSpec, agent: str | None = None) -> Tool
     model = spec.request
     fixed = {"agent": agent} if agent is not None and model is not None and "agent" in model.model_fields else {}
 
+    defaults = {name: f.default for name, f in model.model_fields.items()} if model is not None else {}
+
     def run(**arguments: Any) -> Any:
-        return _ask(lambda: call(model(**arguments, **fixed)) if model is not None else call())
+        # the SDK hands every argument, defaults filled in: leave those out, so the model tells "not given" (a
+        # citation's lines apply) from "given" (``memory_get(path="x.md#L3-L4")`` read lines 1-5 otherwise)
+        given = {k: v for k, v in arguments.items() if k not in defaults or v != defaults[k]}
+        return _ask(lambda: call(model(**given, **fixed)) if model is not None else call())
 
     params = request_parameters(model, spec.exclude | fixed.keys()) if model is not None else []
     tool_fn: Any = run  # a function object takes the attributes inspect reads

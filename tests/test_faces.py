@@ -118,6 +118,11 @@ def test_a_hits_citation_opens_its_lines_on_every_face(served: tuple[Served, Pat
         assert client.get(hit["citation"], from_line=1)["from"] == 1  # asked for: the citation's lines give way
         for face in _mcp_answers(port, "memory_get", {"path": hit["citation"]}):
             assert face == page
+        cited = f"{hit['path']}#L3-L4"  # lines that do not start the file: the tools' default `from` must not win
+        middle = client.get(cited)
+        assert (middle["from"], middle["to"]) == (3, 4)
+        for face in _mcp_answers(port, "memory_get", {"path": cited}):
+            assert face == middle
     cli = _cli("get", hit["citation"], "--json", "--port", str(port))
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout) == page
