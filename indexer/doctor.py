@@ -41,6 +41,7 @@ LABELS = {"extra_path_missing": "extra path missing", "extra_path_overlaps": "ex
           "other_model": "other model", "shared_not_per_tenant": "shared collection not per tenant",
           "model_unknown": "model unknown", "hashed_name": "hashed name", "claim": "claim",
           "claimed_elsewhere": "claimed by another daemon", "foreign_paths": "paths of another owner",
+          "sessions_path_missing": "sessions folder missing",
           # the notes' languages against the text model (``language_findings``)
           "cjk_notes": "notes in Chinese, Japanese or Korean"}
 #: the text embedders that embed Chinese, Japanese and Korean by meaning (``language_findings`` suggests ``e5``)

@@ -109,3 +109,14 @@ def test_doctor_suggests_the_multilingual_model_for_chinese_notes(tmp_path: Path
     run = subprocess.run([sys.executable, "-m", "indexer.cli", "doctor", "--config", str(config)],
                          capture_output=True, text=True, timeout=120)
     assert "notes in Chinese" not in run.stdout, run.stdout + run.stderr
+
+
+def test_doctor_names_a_missing_sessions_folder_instead_of_crashing(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    config = tmp_path / "config.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n[[workspace]]\nagent = "main"\npath = "{tmp_path / "ws"}"\n'
+                      f'sessions = "{tmp_path / "sesions"}"\n')  # mistyped
+    found = subprocess.run([sys.executable, "-m", "indexer.cli", "doctor", "--config", str(config)],
+                           capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in found.stderr, found.stderr
+    assert found.returncode == 1 and "sessions folder missing" in found.stdout and "sesions" in found.stdout
