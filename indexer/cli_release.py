@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -48,7 +47,7 @@ def release(config: Path | None, agents: tuple[str, ...]) -> None:
     finally:
         store.close()
     for claim in released:
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claim.claimed_at))
+        since = claim.since()
         click.echo(f"released {claim.collection} (agent {claim.agent!r}, held by {claim.by()} for "
                    f"{claim.workspace} since {since})")
     if not released:

@@ -4,7 +4,8 @@ how agent ids that sanitising alters are named: ``Bob`` was ``memory-dir-bob``, 
 
 ``move_renamed`` runs in ``Indexer.connect`` before anything is read or written: for each planned collection whose
 ``former`` name holds points and whose own name holds none, the points of this collection's agent under its root
-(the former name may be shared with another agent whose id sanitised the same way: those stay where they are) are
+(the former name may be shared with another agent whose id sanitised the same way: those stay where they are; a
+former name another daemon claims, or one holding none of this agent's points, is not touched at all) are
 copied, vectors and payloads as stored, with ids and tenant key rewritten for the new name (``points.point_id``),
 into a collection beside the live one, which is then swapped in (``Store.rebuild_target``/``swap``, as a rebuild).
 Nothing is embedded. The moved points are then deleted from the former name (dropped when none is left), the
@@ -24,7 +25,7 @@ from indexer.points import Point, point_id
 from indexer.rebuild import _read_identities, record_identity, record_tenancy
 from indexer.state import Plan
 from indexer.store import Store
-from indexer.store.claims import claim_agents
+from indexer.store.claims import NotOwner, claim_agents
 from indexer.workspace import Collection
 
 log = structlog.get_logger("qmd_indexer.daemon")
@@ -61,6 +62,13 @@ def move_renamed(store: Store, collections: Sequence[Collection], dims: dict[str
     for c in pending:
         if c.former not in held or (c.name in held and store.count(c.name)):
             continue
+        try:
+            store.guard(c.former)  # another daemon's live collection that happens to bear the name: never touched
+        except NotOwner as exc:
+            log.info("former_name_kept", collection=c.name, former=c.former, agent=c.agent, detail=str(exc))
+            continue
+        if not any(_mine(c, point) for point in store.scroll_points(c.former)):
+            continue  # nothing of this agent's there: no staging collection, nothing dropped
         moved += _move(store, c, dims, state_dir)
     return moved
 

@@ -102,6 +102,8 @@ class StatusView:
             reasons.append(f"last reconcile found {drift} file(s) the watcher had missed")
         if self.store.degraded:
             reasons.append("store writes are failing (retried)")
+        for agent, other in sorted(self.store.refused_agents().items()):
+            reasons.append(f"agent {agent!r} not served: another daemon ({other.by()}) holds it on this Qdrant server")
         if not self.state.writable:
             reasons.append("state dir not writable")
         outage = self.state.ledger.outage

@@ -26,6 +26,7 @@ them to ``Sync.process`` (``indexer.sync``); it alone changes the ``IndexState``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -280,6 +281,24 @@ def run(indexer: Indexer, stop: threading.Event, progress: Progress | None = Non
     _loop(indexer, pace, supervisor, reloader, next_scan, next_refresh)
 
 
+def verify_claims(indexer: Indexer) -> set[str]:
+    """Check the daemon's claims on a shared server (``ClaimingStore.verify``); an agent lost to another owner
+    leaves the plan, and what is known indexed of it is forgotten (its points, another owner's now, are neither
+    read nor deleted). Returns the agents lost; a store that cannot be reached is logged and checked next time."""
+    state = indexer.state
+    try:
+        indexer.store.verify()
+    except StoreUnavailable as exc:
+        log.error("store_unavailable", error=str(exc))
+    lost = set(indexer.store.refused_agents()) & set(state.plan.agents())  # found by this check or by a read
+    if lost:
+        gone = {c.name for c in state.plan.collections if c.agent in lost}
+        state.swap_plan(dataclasses.replace(state.plan, collections=tuple(
+            c for c in state.plan.collections if c.name not in gone)))
+        state.reset({p: i for p, i in state.indexed.items() if i.collection not in gone})
+    return lost
+
+
 def _loop(indexer: Indexer, pace: sync.Pace, supervisor: Supervisor | None, reloader: Reloader | None,
           next_scan: float, next_refresh: float) -> None:
     """``run``'s loop once ready, until ``pace.stop`` is set; joins the HNSW builder thread before it returns."""
@@ -307,6 +326,7 @@ def _loop(indexer: Indexer, pace: sync.Pace, supervisor: Supervisor | None, relo
                 continue
             if time.monotonic() >= next_refresh:
                 next_refresh = time.monotonic() + REFRESH_S
+                verify_claims(indexer)
                 if watcher.check():
                     settler.add_many(indexer.scan("watcher_restarted"))
                 renewed = watcher.refresh()

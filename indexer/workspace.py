@@ -31,15 +31,18 @@ Each of these is a *source* (``Source``, ``SOURCES``): what feeds one kind of co
 (``memory`` or ``sessions``), where the symlink checks of its files start and which names are candidates. Everything
 downstream (the pipeline, tenancy, search's ``corpus`` filter) asks the source, never the role by name.
 
-Collections are named ``memory-root-<slug>``, ``memory-dir-<slug>``, ``memory-extra-<name>-<slug>``,
+Collections are named ``memory-root-<slug>``, ``memory-dir-<slug>``, ``memory-extra-<name>--<slug>``,
 ``sessions-<slug>``, ``<slug>``
 being ``agent_slug(agent)``: the agent id itself when it is already ``[a-z0-9-]`` as sanitising leaves it, else
 the sanitised id, ``--`` and 8 hex of its sha256 (``Bob`` -> ``bob--<hash>``), so ids that differ only in case or
 punctuation never share a name (sanitising never leaves ``--``, so the two forms cannot meet). ``<name>`` is
-sanitised; ``-2``, ``-3``, ... are appended on a collision within one daemon (two extra paths of one name); every
-name is preceded by the ``collection_prefix`` setting (daemons on several machines sharing one Qdrant server).
-``Collection.former`` is the name the same collection had before slugs (``sanitise(agent)``): a store under it is
-moved once (``indexer.rename``).
+sanitised, so it holds no ``--``: the first ``--`` of an extra's name ends ``<name>``, and agent ``a`` with extra
+path ``b-c`` (``memory-extra-b-c--a``) never meets agent ``c-a`` with extra path ``b`` (``memory-extra-b--c-a``).
+``-2``, ``-3``, ... are appended to ``<name>`` on a collision within one daemon (two extra paths of one name: the
+second is ``memory-extra-<name>-2--<slug>``); every name is preceded by the ``collection_prefix`` setting (daemons on
+several machines sharing one Qdrant server). ``Collection.former`` is the name the same collection had before
+(``sanitise(agent)`` for the slug, one ``-`` after an extra's name): a store under it is moved once
+(``indexer.rename``).
 """
 
 from __future__ import annotations
@@ -158,12 +161,13 @@ def plan_collections(workspaces: Sequence[Workspace], prefix: str = "") -> list[
     taken_before: set[str] = set()
     out: list[Collection] = []
 
-    def unique(base: str, taken: set[str]) -> str:
-        base = prefix + base
-        name, n = base, 1
+    def unique(base: str, taken: set[str], slug: str = "") -> str:
+        """``prefix + base + slug``, ``-2``, ``-3``... appended to ``base`` (to the whole, without ``slug``) until
+        it is not ``taken``."""
+        name, n = prefix + base + slug, 1
         while name in taken:
             n += 1
-            name = f"{base}-{n}"
+            name = f"{prefix}{base}-{n}{slug}" if slug else f"{prefix}{base}{slug}-{n}"
         taken.add(name)
         return name
 
@@ -176,7 +180,10 @@ def plan_collections(workspaces: Sequence[Workspace], prefix: str = "") -> list[
         add("memory-root-", ws, "root", ws.path)
         add("memory-dir-", ws, "dir", ws.path / MEMORY_DIR)
         for extra in extra_roots(ws):
-            add(f"memory-extra-{sanitise(extra.stem if extra.suffix else extra.name)}-", ws, "extra", extra)
+            part = f"memory-extra-{sanitise(extra.stem if extra.suffix else extra.name)}"
+            name = unique(part, taken, f"--{agent_slug(ws.agent)}")
+            before = unique(f"{part}-{sanitise(ws.agent)}", taken_before)
+            out.append(Collection(name, ws.agent, "extra", extra, ws, before))
         sessions = sessions_root(ws)
         if sessions is not None:
             add("sessions-", ws, "sessions", sessions)
@@ -208,6 +215,19 @@ def rel_path(ws: Workspace, path: Path) -> str:
         return path.relative_to(ws.path).as_posix()
     except ValueError:
         return path.as_posix()
+
+
+SESSIONS_PREFIX = "sessions/"  # how a session transcript is named, wherever its folder lies (``display_path``)
+
+
+def display_path(collection: Collection, path: Path) -> str:
+    """How ``path`` of ``collection`` is named in hits, citations and pages, and what ``get`` takes back: a session
+    transcript as ``sessions/<path under the sessions folder>`` (the folder is often outside the workspace, e.g.
+    ``~/.openclaw/agents/<id>/sessions``, and a long absolute path in every citation helps nobody), any other file
+    relative to the workspace (``rel_path``)."""
+    if collection.role == "sessions" and path.is_relative_to(collection.root):
+        return SESSIONS_PREFIX + path.relative_to(collection.root).as_posix()
+    return rel_path(collection.workspace, path)
 
 
 def _names(directory: Path) -> set[str]:

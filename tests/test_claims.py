@@ -196,3 +196,172 @@ def _elsewhere(point: Any, collection: str, agent: str, abs_path: str) -> Any:
 
     payload = replace(point.payload, agent=agent, abs_path=abs_path, path=abs_path, collection=collection)
     return Point(point_id(collection, abs_path, 0), point.dense, point.sparse, payload)
+
+
+def _store(server: dict[str, Any]) -> Any:
+    from indexer.store.layout import ServerOptions
+    from indexer.store.server import ServerStore
+
+    options = ServerOptions(tenancy=server["qdrant_tenancy"], **{k.removeprefix("qdrant_"): v for k, v in server.items()
+                                                                  if k not in ("qdrant_url", "qdrant_tenancy")})
+    return ServerStore(server["qdrant_url"], options=options)
+
+
+def _owner(tmp_path: Path, name: str) -> Any:
+    from indexer.store.claims import Owner
+
+    (tmp_path / name).mkdir(exist_ok=True)
+    return Owner.of(tmp_path / name)
+
+
+WANTED = {"memory-root-dana": ("dana", "/w/dana"), "memory-dir-dana": ("dana", "/w/dana")}
+
+
+@pytest.mark.parametrize("server", ["collections", "cluster-collections"], indirect=True)
+def test_two_daemons_claiming_one_agent_at_once_never_both_win(tmp_path: Path, server: dict[str, Any]) -> None:
+    import threading
+
+    from indexer.store.claims import claim_id
+
+    stores, owners = [_store(server), _store(server)], [_owner(tmp_path, "a"), _owner(tmp_path, "b")]
+    try:
+        for _ in range(12):
+            start, refused = threading.Barrier(2), [{}, {}]
+
+            def run(i: int, start: Any = start, refused: list[Any] = refused) -> None:
+                start.wait()
+                refused[i] = stores[i].claim(owners[i], WANTED)
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            winners = [i for i in (0, 1) if not refused[i]]
+            assert len(winners) == 1, f"both or neither won: {refused}"
+            held = stores[0].read_claims(WANTED)
+            assert {c.owner for c in held.values()} == {owners[winners[0]].id}, "every claim is the winner's"
+            stores[0].client.delete("qmd-claims", points_selector=[claim_id(n) for n in WANTED])
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_a_claim_write_held_back_loses_to_the_claim_made_meanwhile(tmp_path: Path, server: dict[str, Any]) -> None:
+    """The race stretched: one daemon has read "no claim" and its write is held while another claims the agent.
+    Before claims were conditional the held write, once through, overwrote the other's and both served it."""
+    import threading
+
+    slow, fast = _store(server), _store(server)
+    held, release = threading.Event(), threading.Event()
+    write = slow._write_claim
+
+    def held_write(claim: Any) -> None:
+        held.set()
+        release.wait(30)
+        write(claim)
+
+    slow._write_claim = held_write
+    refused: dict[str, Any] = {}
+    first = threading.Thread(target=lambda: refused.update(slow.claim(_owner(tmp_path, "slow"), WANTED)))
+    try:
+        first.start()
+        assert held.wait(30)
+        assert fast.claim(_owner(tmp_path, "fast"), WANTED) == {}
+        release.set()
+        first.join(60)
+        assert set(refused) == {"dana"} and refused["dana"].owner == _owner(tmp_path, "fast").id
+        assert {c.owner for c in fast.read_claims(WANTED).values()} == {_owner(tmp_path, "fast").id}
+        assert slow.refused_agents().keys() == {"dana"}
+        with pytest.raises(NotOwner):
+            slow.guard("memory-dir-dana")
+    finally:
+        release.set()
+        slow.close()
+        fast.close()
+
+
+def test_a_claim_released_while_its_owner_serves_is_taken_back_or_lost_never_shared(
+        tmp_path: Path, make_indexer: Any, server: dict[str, Any]) -> None:
+    """``release`` while the owner runs, then another daemon of the same agent starts: the owner finds its claim
+    another's at its next check and stops serving the agent; it never answers with the other's notes."""
+    from indexer.worker import verify_claims
+
+    one = _daemon(make_indexer, tmp_path, "one", "erin", "keeps bees", server)
+    index_once(one)
+    assert _release(tmp_path, server, "erin").exit_code == 0
+    assert one.store.verify() == {} and one.store.read_claims(), "released under a running owner: taken back"
+    assert _release(tmp_path, server, "erin").exit_code == 0
+    with capture_logs() as logs:
+        two = _daemon(make_indexer, tmp_path, "two", "erin", "keeps goats", server)
+    try:
+        index_once(two)
+        assert not [e for e in logs if e["event"] == "agent_claimed_elsewhere"], "the second took the free agent"
+        with capture_logs() as logs:
+            with pytest.raises(NotOwner):  # the first's next read checks its claims (older than CHECK_S: forced)
+                one.store._checked = 0.0
+                _answers(one, "erin", "what animals are kept")
+        assert [e["agent"] for e in logs if e["event"] == "agent_claim_lost"] == ["erin"]
+        assert verify_claims(one) == {"erin"} and one.state.plan.agents() == [] and not one.state.indexed
+        assert "erin" in one.view.health_answer().get("reasons", [""])[-1]
+        assert any("goats" in s for s in _answers(two, "erin", "what animals are kept"))
+    finally:
+        two.store.close()
+        one.store.close()
+
+
+def test_a_claim_whose_time_is_not_a_number_is_read_not_fatal(tmp_path: Path, server: dict[str, Any]) -> None:
+    from indexer.store.claims import claim_id
+
+    store = _store(server)
+    try:
+        assert store.claim(_owner(tmp_path, "a"), WANTED) == {}
+        for bad in ("yesterday", 1e300, None):
+            store.client.set_payload("qmd-claims", {"claimed_at": bad}, points=[claim_id("memory-dir-dana")])
+            claim = store.read_claims(["memory-dir-dana"])["memory-dir-dana"]
+            assert claim.since().endswith("Z") and claim.by()
+        assert _owner(tmp_path, "b") and _store(server).claim(_owner(tmp_path, "b"), WANTED)["dana"].since()
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("server", ["collections", "shared"], indirect=True)
+def test_a_former_name_another_daemon_claims_is_never_taken_for_a_store_to_move(
+        tmp_path: Path, make_indexer: Any, server: dict[str, Any]) -> None:
+    """``bob`` serves an empty ``memory/``; ``Bob``'s former names are ``bob``'s live ones. ``Bob`` must start,
+    leave ``bob``'s collections as they are and leave no staging collection behind."""
+    ws = tmp_path / "ws-bob"
+    write(ws / "MEMORY.md", "# Memory\n\nbob keeps owls.\n")
+    (ws / "memory").mkdir()
+    bob = make_indexer([{"agent": "bob", "path": ws}], state_dir=tmp_path / "state-bob", **server)
+    index_once(bob)
+    before = {c.name: bob.store.count(c.name) for c in bob.collections}
+    Bob = _daemon(make_indexer, tmp_path, "Bob", "Bob", "keeps bees", server)
+    try:
+        index_once(Bob)
+        assert Bob.state.plan.agents() == ["Bob"] and Bob.state.indexed
+        assert {c.name: bob.store.count(c.name) for c in bob.collections} == before
+        assert {n for n, k in before.items() if k} <= set(bob.store.collections())
+        assert not [n for n in bob.store.physical_names() if "--rebuild-" in n]
+        assert any("owls" in s for s in _answers(bob, "bob", "which birds"))
+    finally:
+        Bob.store.close()
+        bob.store.close()
+
+
+@given(st.from_regex(r"[a-z0-9]+(-[a-z0-9]+)*", fullmatch=True), st.from_regex(r"[a-z0-9]+(-[a-z0-9]+)*",
+       fullmatch=True), st.from_regex(r"[a-z0-9]+(-[a-z0-9]+)*", fullmatch=True),
+       st.from_regex(r"[a-z0-9]+(-[a-z0-9]+)*", fullmatch=True))
+def test_extra_path_names_of_two_agents_never_meet(a: str, x: str, b: str, y: str) -> None:
+    if (a, x) == (b, y) or a == b:
+        return
+    one = {c.name for c in plan_collections([Workspace(agent=a, path=Path("/w/a"), extra_paths=(Path(f"/x/{x}"),))])}
+    two = {c.name for c in plan_collections([Workspace(agent=b, path=Path("/w/b"), extra_paths=(Path(f"/y/{y}"),))])}
+    assert not one & two
+
+
+def test_the_extra_names_of_the_field_report_differ() -> None:
+    one = plan_collections([Workspace(agent="a", path=Path("/w/a"), extra_paths=(Path("/x/b-c"),))])
+    two = plan_collections([Workspace(agent="c-a", path=Path("/w/c"), extra_paths=(Path("/y/b"),))])
+    assert (one[2].name, two[2].name) == ("memory-extra-b-c--a", "memory-extra-b--c-a")
+    assert (one[2].former, two[2].former) == ("memory-extra-b-c-a", "memory-extra-b-c-a"), "moved once, per agent"

@@ -217,7 +217,7 @@ def test_every_method_that_sends_a_request_is_retried() -> None:
                 unmarked.append(f"{klass.__name__}.{fn.name}")
     assert not unmarked
     assert {name for name, write in marked.items() if write} == {
-        "_upsert_request", "_delete", "_delete_ids", "_write_claims", "_delete_claims"}
+        "_upsert_request", "_delete", "_delete_ids", "_write_claim", "_delete_claims", "_read_for_write"}
     store = ServerStore(":memory:")
     try:
         assert all(hasattr(getattr(store, name), "__wrapped__") for name in marked)

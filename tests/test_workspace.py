@@ -99,11 +99,11 @@ def test_extra_path_overlapping_memory_dir_is_indexed_once(tmp_path: Path) -> No
     single = write(tmp_path / "ideas.md", "single extra file")
     ws = _ws(tmp_path, extra=("memory/projects", "notes", str(single), "notes/"))
     found, _ = _found(ws)
-    assert found == {"memory/projects/p.md": "memory-dir-main", "notes/n.md": "memory-extra-notes-main",
-                     "ideas.md": "memory-extra-ideas-main"}
+    assert found == {"memory/projects/p.md": "memory-dir-main", "notes/n.md": "memory-extra-notes--main",
+                     "ideas.md": "memory-extra-ideas--main"}
     names = [c.name for c in plan_collections([ws])]
-    assert names == ["memory-root-main", "memory-dir-main", "memory-extra-projects-main",
-                     "memory-extra-notes-main", "memory-extra-ideas-main"]
+    assert names == ["memory-root-main", "memory-dir-main", "memory-extra-projects--main",
+                     "memory-extra-notes--main", "memory-extra-ideas--main"]
 
 
 def test_collection_names_keep_safe_ids_readable_and_hash_the_others(tmp_path: Path) -> None:

@@ -186,6 +186,18 @@ class Store:
     def guard(self, name: str) -> None:
         """Before a write to ``name``: raise ``claims.NotOwner`` when another owner claims it; nothing here."""
 
+    def check_read(self, name: str) -> None:
+        """Before a read of ``name``: raise ``claims.NotOwner`` when its agent was lost to another owner; nothing
+        here."""
+
+    def refused_agents(self) -> dict[str, Any]:
+        """Agent -> the other owner's ``claims.Claim`` for each agent this daemon does not serve; none here."""
+        return {}
+
+    def verify(self) -> dict[str, Any]:
+        """Check this daemon's claims; agent -> claim for each lost since (``ClaimingStore.verify``); none here."""
+        return {}
+
     def sweep(self, name: str) -> list[str]:
         """Drop the physical collections of ``name`` that nothing points at (an interrupted rebuild's
         ``<name>--rebuild-<n>``, or the old collection of a swap cut short); returns their names."""
@@ -278,6 +290,7 @@ class Store:
         if not searches:
             return {}
         flt = self.dialect.filter(query.filter)
+        self.check_read(name)
         with self._lock:
             return self._query(self._target(name), searches, flt, query, with_payload)
 
@@ -285,6 +298,7 @@ class Store:
         """Point id -> payload for those of ``ids`` present in ``name`` (one request); absent ids are left out."""
         if not ids:
             return {}
+        self.check_read(name)
         with self._lock:
             found = self._retrieve(self._target(name), list(ids))
             return {str(pid): Payload.from_payload(raw or {}) for pid, raw in found}

@@ -70,7 +70,7 @@ class ServerStore(ClaimingStore, TenantStore):
         self.shared = self.options.tenancy == "shared"
         self.auto = self.options.tenancy == "auto" and not self._local  # in-process: "collections"
         self._lives = {}
-        self._claimed = {}
+        self._claimed, self._lost, self.refused = {}, {}, {}
         if self.options.tenancy not in ("auto", "collections", "shared"):
             raise ValueError(f"tenancy must be 'auto', 'collections' or 'shared', not {self.options.tenancy!r}")
         if self._local:
