@@ -38,8 +38,10 @@ TOKENIZE_BLOCK_CHARS = 1 << 16  # characters of whole lines tokenized at once (`
 MERGE_TOKENS = 128  # adjacent small sections merge while together (with context) under this many tokens
 #: version of what the built-in markdown chunking makes of a note (line ranges and context text); stored with every
 #: point so that a store built by another version is re-indexed once (see ``indexer.pipeline``)
-CHUNKING_VERSION = 6  # 6: a transcript window's payload names its turns' lines and offsets (``turn_lines``,
-# ``turn_offsets``), so that a hit can show only the turns no better hit shows (5: a heading with no body joins the
+CHUNKING_VERSION = 7  # 7: a transcript's payload path is ``sessions/<file>`` (``workspace.display_path``), not
+# the absolute path (nothing re-embedded: the path is not in the embedded text); 6: a transcript window's payload
+# names its turns' lines and offsets (``turn_lines``, ``turn_offsets``), so that a hit can show only the turns no
+# better hit shows (5: a heading with no body joins the
 # section under it; conversation logs with the full-width colon (``小王：...``) cut into turn windows too; 4:
 # conversation logs cut into turn windows; a dated note's date and a window's speakers in the context; 3: front matter
 # out of the chunks, its title and tags in their context)

@@ -42,7 +42,8 @@ if TYPE_CHECKING:  # the commands import the store and migrate themselves, when 
 @click.option("--append", is_flag=True, help="Let the agent of --workspace append to its memory/ (memory_append, "
               "`qmd-indexer append`); in a config file: append = true on its [[workspace]].")
 def run(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None, qdrant_url: str | None,
-        extra: tuple[Path, ...], port: int | None, host: str | None, reindex: bool, append: bool) -> None:
+        extra: tuple[Path, ...], sessions: Path | None, port: int | None, host: str | None, reindex: bool,
+        append: bool) -> None:
     """Run the daemon: index the workspaces, keep watching them, serve searches.
 
     \b
@@ -53,13 +54,14 @@ def run(config: Path | None, workspace: Path | None, agent: str | None, state_di
     \b
     Examples:
       qmd-indexer run --workspace ~/agent --agent main --append
+      qmd-indexer run --workspace ~/.openclaw/workspace --sessions ~/.openclaw/agents/main/sessions
       qmd-indexer run --config /etc/qmd-indexer/config.toml
     """
     private_files()
     from indexer.service import serve
     from indexer.terminal import progress_bar
 
-    settings = settings_from(config, workspace, agent, state_dir, port, qdrant_url, extra, host, append)
+    settings = settings_from(config, workspace, agent, state_dir, port, qdrant_url, extra, host, append, sessions)
     need_workspaces(settings)
     from indexer.errors import ConfigError
     from indexer.guard import check_bind
@@ -89,8 +91,8 @@ def run(config: Path | None, workspace: Path | None, agent: str | None, state_di
 @click.option("--wait-s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds to wait out an embedding server that does not answer (down, 429, 5xx, loading).")
 def index(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
-          qdrant_url: str | None, extra: tuple[Path, ...], once: bool, reindex: bool, as_json: bool,
-          wait_s: float) -> None:
+          qdrant_url: str | None, extra: tuple[Path, ...], sessions: Path | None, once: bool, reindex: bool,
+          as_json: bool, wait_s: float) -> None:
     """Index the workspaces without the daemon, then exit (for scripts and CI).
 
     \b
@@ -106,7 +108,7 @@ def index(config: Path | None, workspace: Path | None, agent: str | None, state_
     if not once:
         fail("`index` needs --once (to keep watching and serving searches, use `qmd-indexer run`)", EXIT_USAGE)
     private_files()
-    settings = settings_from(config, workspace, agent, state_dir, None, qdrant_url, extra)
+    settings = settings_from(config, workspace, agent, state_dir, None, qdrant_url, extra, sessions=sessions)
     need_workspaces(settings)
     configure_logging(settings.log_format, settings.log_level)
     from indexer.service import Refused, open_indexer

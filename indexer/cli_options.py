@@ -26,20 +26,21 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
 
 def settings_from(config: Path | None, workspace: Path | None, agent: str | None, state_dir: Path | None,
                   port: int | None, qdrant_url: str | None = None, extra: tuple[Path, ...] = (),
-                  host: str | None = None, append: bool = False) -> Any:
+                  host: str | None = None, append: bool = False, sessions: Path | None = None) -> Any:
     """``load_settings(config, overrides)`` with the flags as overrides (``None``: not given); ``--workspace``
-    replaces the config's workspaces with one (taking appends with ``append``). Exits 2 (``fail``) on a config error
-    or ``--agent``/``--extra-path``/``--append`` without ``--workspace``."""
+    replaces the config's workspaces with one (taking appends with ``append``, its transcripts from ``sessions``).
+    Exits 2 (``fail``) on a config error or ``--agent``/``--extra-path``/``--sessions``/``--append`` without
+    ``--workspace``."""
     from indexer.config import load_settings
     from indexer.errors import ConfigError
 
     overrides: dict[str, Any] = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url, "host": host}
     if workspace is not None:
         overrides["workspace"] = [{"agent": agent or "main", "path": workspace, "extra_paths": list(extra),
-                                   "append": append}]
-    elif agent is not None or extra or append:
-        fail("--agent, --extra-path and --append need --workspace (in a config file: the [[workspace]] table's "
-             "agent, extra_paths and append = true)", EXIT_USAGE)
+                                   "append": append, "sessions": sessions and sessions.expanduser().absolute()}]
+    elif agent is not None or extra or append or sessions is not None:
+        fail("--agent, --extra-path, --sessions and --append need --workspace (in a config file: the [[workspace]] "
+             "table's agent, extra_paths, sessions and append = true)", EXIT_USAGE)
     try:
         return load_settings(config, overrides)
     except ConfigError as exc:
@@ -68,7 +69,11 @@ port_opt = click.option("--port", type=click.IntRange(1, 65535), help="HTTP API 
 
 
 def workspace_opts(fn: F) -> F:
-    """``fn`` with ``--config``, ``--workspace``, ``--agent``, ``--state-dir``, ``--qdrant-url``, ``--extra-path``."""
+    """``fn`` with ``--config``, ``--workspace``, ``--agent``, ``--state-dir``, ``--qdrant-url``, ``--extra-path``,
+    ``--sessions``."""
+    fn = click.option("--sessions", type=click.Path(path_type=Path, file_okay=False),
+                      help="The agent's folder of session transcripts (OpenClaw: ~/.openclaw/agents/<id>/sessions); "
+                           "searched with --corpus sessions or all, named sessions/<file>.jsonl.")(fn)
     fn = click.option("--extra-path", "extra", multiple=True, type=click.Path(path_type=Path),
                       help="Extra memory file or directory (repeatable), absolute or workspace-relative.")(fn)
     fn = click.option("--qdrant-url", help="Qdrant server URL; empty = embedded Qdrant Edge under the state dir.")(fn)

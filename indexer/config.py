@@ -112,7 +112,8 @@ class Workspace(BaseModel):
     path: Path
     extra_paths: tuple[Path, ...] = ()
     # A folder of session transcripts (OpenClaw's ~/.openclaw/agents/<id>/sessions, Claude Code's
-    # ~/.claude/projects/<project>): absolute or workspace-relative, ~ expanded; its *.jsonl files whose content a
+    # ~/.claude/projects/<project>): absolute, or relative to the config file that names it (to the workspace when
+    # given as a setting in code), ~ expanded; its *.jsonl files whose content a
     # transcript format plugin recognises become the collection sessions-<agent> (indexer.transcripts).
     sessions: Path | None = None
     # Tool results in transcripts are left out unless this is set; then each is cut to sessions_tool_result_chars.
@@ -386,6 +387,15 @@ def _with_secret_files(settings: Settings, origin: str) -> Settings:
     return settings.model_copy(update=found) if found else settings
 
 
+def _sessions_beside(data: dict[str, Any], path: Path) -> None:
+    """Make each ``[[workspace]]``'s relative ``sessions`` in the config file at ``path`` absolute against the
+    file's directory (where its writer looked from), ``~`` expanded; in place."""
+    for table in data.get("workspace") or []:
+        raw = table.get("sessions") if isinstance(table, dict) else None
+        if isinstance(raw, str) and raw and not Path(raw).expanduser().is_absolute():
+            table["sessions"] = os.path.abspath(path.parent / raw)
+
+
 def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
     """Read the config file (if any), the environment and ``overrides`` (CLI flags; ``None`` values ignored), and
     the secret files (``token_file``, ``$CREDENTIALS_DIRECTORY/token``...; see the module docstring).
@@ -407,6 +417,7 @@ def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | N
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     origin = str(path) if data else "config"
+    _sessions_beside(data, path)
     held = _secrets_held(data)
     loose = _too_open(path) if held else None
     if loose:

@@ -95,8 +95,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 INSTRUCTIONS = """\
-Long-term memory of this agent: MEMORY.md and the notes under memory/, indexed for search by meaning and by exact
-words. Use memory_search before answering anything about earlier work, decisions, people, preferences or dates;
+Long-term memory of this agent: MEMORY.md, the notes under memory/ and, where configured, its past session
+transcripts (sessions/<file>.jsonl), indexed for search by meaning and by exact words. Use memory_search before answering anything about earlier work, decisions, people, preferences or dates;
 cite hits by their `citation`. Use memory_get to read more around a hit (from = its start_line). At the start of
 a session, memory_boot gives a compact context; memory_status says whether the index is ready."""
 
@@ -118,7 +118,8 @@ class ToolSpec:
 
 TOOLS = (
     ToolSpec("memory_search", "search", SearchRequest, SearchResponse, """\
-        Search the agent's long-term memory (MEMORY.md and notes under memory/) by meaning and exact words.
+        Search the agent's long-term memory (MEMORY.md, notes under memory/, and past session transcripts named
+        sessions/<file>.jsonl where configured: `corpus` memory, sessions or all) by meaning and exact words.
 
         Use it before answering anything about earlier conversations, decisions, people, preferences, projects
         or dates. Returns {"hits": [...], "relevant": ..., "relevance": {...}, "pending": [...]}: hits best first,

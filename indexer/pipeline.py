@@ -40,7 +40,7 @@ from indexer.redact import Redactor
 from indexer.safeio import UnsafePath, open_beneath
 from indexer.tailing import Tail, read_tail, read_whole
 from indexer.transcripts import Reading
-from indexer.workspace import Collection, anchor, rel_path
+from indexer.workspace import Collection, anchor, display_path, rel_path
 
 EMBED_SLICE = 256  # chunks per embedding call: long enough to keep the model's batches full, short enough to stop
 _READ_BLOCK = 1 << 20
@@ -380,7 +380,7 @@ class Pipeline:
             raise
         except Exception as exc:  # a bug in reading one transcript fails that file, not the batch it came in
             raise ExtractError(f"{type(exc).__name__} reading the transcript: {exc}") from exc
-        return Prepared(collection, path, rel_path(collection.workspace, path), transcripts.KIND, "", st.st_size,
+        return Prepared(collection, path, display_path(collection, path), transcripts.KIND, "", st.st_size,
                         st.st_mtime_ns, chunks, st.st_ctime_ns, st.st_ino, st.st_dev, indexes=indexes, total=total,
                         tail=new_tail, read_bytes=read_bytes, read_lines=read_lines)
 

@@ -46,7 +46,7 @@ from indexer.schema import (
 from indexer.search import Searcher, join_degraded
 from indexer.store import Store
 from indexer.transcripts import render_page
-from indexer.workspace import Collection, anchor, route, walk
+from indexer.workspace import SESSIONS_PREFIX, Collection, anchor, display_path, route, walk
 
 LIST_ALL = frozenset({"", "*", "all"})
 SESSION_FIELDS = ("session_id", "session_time")  # what a listed transcript shows of its first chunk
@@ -67,7 +67,8 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
     if not chosen:
         raise KeyError(f"unknown agent {agent!r}")
     for workspace in dict.fromkeys(c.workspace for c in chosen):
-        candidate = Path(os.path.normpath(path if os.path.isabs(path) else workspace.path / path))
+        candidate = _transcript(chosen, workspace, path) or Path(
+            os.path.normpath(path if os.path.isabs(path) else workspace.path / path))
         # routed among every workspace's collections, as the indexer routes it: a file of a workspace nested in
         # this one's memory/ belongs to the inner one, never to this agent
         collection, reason = route(collections, candidate)
@@ -81,6 +82,20 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
         if reason:
             raise ReadRefused(f"{path}: refused ({reason})")
     raise ReadRefused(f"{path}: not a memory file of this workspace")
+
+
+def _transcript(collections: Sequence[Collection], workspace: Any, path: str) -> Path | None:
+    """The absolute path a transcript's name ``sessions/<file>`` (``workspace.display_path``) stands for in
+    ``workspace``'s sessions folder, when it has one and the file is there; ``None`` otherwise (the name is then
+    read as workspace-relative)."""
+    if not path.startswith(SESSIONS_PREFIX):
+        return None
+    for c in collections:
+        if c.workspace == workspace and c.role == "sessions":
+            candidate = Path(os.path.normpath(c.root / path[len(SESSIONS_PREFIX):]))
+            if candidate.is_relative_to(c.root) and os.path.lexists(candidate):
+                return candidate
+    return None
 
 
 def open_memory(collection: Collection, path: Path, text: bool = False) -> IO[Any]:
@@ -125,8 +140,7 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     out, truncated, line_cut = _page_lines(collection, abs_path, from_line, lines, max_chars,
                                            Redactor.for_collection(settings, collection))
     result: Page = {
-        "path": os.path.relpath(abs_path, collection.workspace.path)
-        if abs_path.is_relative_to(collection.workspace.path) else str(abs_path),
+        "path": display_path(collection, abs_path),
         "collection": collection.name,
         "from": from_line,
         "to": from_line + len(out) - 1,
@@ -196,8 +210,7 @@ def _transcript_page(collection: Collection, abs_path: Path, from_line: int, lin
         handle.seek(0)
         shown, last, truncated = render_page(handle, found[1], from_line, lines, max_chars,
                                              collection.workspace.sessions_tool_results, redactor.redact)
-    return {"path": str(abs_path) if not abs_path.is_relative_to(collection.workspace.path)
-            else os.path.relpath(abs_path, collection.workspace.path), "collection": collection.name,
+    return {"path": display_path(collection, abs_path), "collection": collection.name,
             "from": from_line, "to": last, "text": "\n".join(shown), "truncated": truncated,
             "next_from": last + 1 if truncated else None}
 
@@ -229,7 +242,7 @@ def _closest(collections: Sequence[Collection], path: str, agent: str | None) ->
     """``FileNotFoundError``'s message for ``path``: the path, and the closest memory file's path when one is near
     (``difflib``'s ratio of at least 0.6)."""
     chosen = [c for c in collections if agent is None or c.agent == agent]
-    files = [os.path.relpath(p, c.workspace.path) for c, p in walk(chosen)[0]]
+    files = [display_path(c, p) for c, p in walk(chosen)[0]]
     close = difflib.get_close_matches(unicodedata.normalize("NFC", path), files, n=1)
     return f"{path} (the closest memory file is {close[0]})" if close else path
 
