@@ -110,7 +110,10 @@ class Daemon:
         sessions = base / "sessions"  # one OpenClaw transcript: the status view counts its session and turns
         write(sessions / "5f1c0d2e-7a43-4b8e-9c61-0d2f3a4b5c6d.jsonl", openclaw(
             "5f1c0d2e-7a43-4b8e-9c61-0d2f3a4b5c6d", "2026-11-30",
-            [("Caroline", "Can we move the deploy window?"), ("Melanie", "Thursday morning works.")]))
+            [("Caroline", "Can we move the deploy window?"), ("Melanie", "Thursday morning works."),
+             ("Caroline", "Did the harbour office stamp the kayak regatta permit?"), ("Melanie", "Yes, on Monday."),
+             ("Caroline", "Then the boats can launch at nine."), ("Melanie", "I will tell the crew.")],
+            tool_every=1))  # a tool call and its result after every turn: JSONL lines no row of the page shows
         config.write_text(f'plugins = ["image"]\n[[workspace]]\nagent = "main"\npath = "{self.ws}"\n'
                           f'sessions = "{sessions}"\n'
                           'multimodal = { enabled = true, modalities = ["image"] }\n')
@@ -367,7 +370,7 @@ def test_6_each_view_has_a_url_that_survives_reload_and_back_forward(daemon: Dae
     browser.get(daemon.url + "/#/status")
     browser.refresh()
     wait_for(lambda: _shown(browser)["view"] == "status" and _visible(browser, "#status table"), timeout_s=30)
-    assert _texts(browser, "#status tr[data-sessions] td") == ["main", "1", "2"]
+    assert _texts(browser, "#status tr[data-sessions] td") == ["main", "1", "6"]
     browser.back()  # the file view again, from its URL
     wait_for(lambda: _shown(browser)["view"] == "file" and _shown(browser)["lines"] == [3, 4], timeout_s=30)
 
@@ -405,3 +408,27 @@ def test_8_a_picture_hit_shows_the_picture_and_the_text_read_from_it(daemon: Dae
     assert "Osprey" in text and "north mast" in text, text
     assert "the text read from it" in browser.find_element(By.ID, "file-meta").text
     browser.save_screenshot(str(shots / "web-picture.png"))
+
+
+def test_9_a_transcript_hit_highlights_its_own_turns(daemon: Daemon, browser: Any, shots: Path) -> None:
+    """A transcript page's rows are turns numbered by their JSONL lines (tool lines between them are not shown):
+    the rows highlighted are the hit's lines, the answering turn among them, not rows counted from the page's
+    first line."""
+    from selenium.webdriver.common.by import By
+
+    _search(browser, "kayak regatta permit harbour office", mode="keyword")
+    hit = next(h for h in browser.find_elements(By.CSS_SELECTOR, "#hits li.hit button.open")
+               if h.text.startswith("sessions/"))
+    start, end = (int(n) for n in hit.text.rpartition(":")[2].split("-"))
+    hit.click()
+    wait_for(lambda: _visible(browser, "#view-file") and browser.find_elements(By.CSS_SELECTOR, "#file-text .hl"),
+             timeout_s=20)
+    rows = browser.execute_script("return [...document.querySelectorAll('#file-text .line')].map(e => "
+                                  "[Number(e.dataset.line), e.classList.contains('hl'), "
+                                  "e.querySelector('.tx').textContent])")
+    for line, _, text in rows:
+        assert text.startswith(f"L{line} "), (line, text)  # each row carries its own JSONL line
+    lit = [(line, text) for line, hl, text in rows if hl]
+    assert lit and all(start <= line <= end for line, _ in lit)
+    assert any("regatta" in text for _, text in lit), lit
+    browser.save_screenshot(str(shots / "web-transcript.png"))

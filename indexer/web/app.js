@@ -239,8 +239,14 @@
     try {
       const page = await api("/get?" + params.toString());
       const lines = page.text === "" && page.to < page.from ? [] : page.text.split("\n");
+      // a transcript's rows are its turns, each starting "L<JSONL line> ": numbered by that line (the tool lines
+      // between turns are not rows), a turn's further lines by its own; a note's rows count from page.from
+      const transcript = /^sessions\/.*\.jsonl$/.test(page.path);
+      let turn = page.from;
       $("file-text").replaceChildren(...lines.map((text, i) => {
-        const n = page.from + i;
+        const own = transcript && /^L(\d+) /.exec(text);
+        if (own) turn = Number(own[1]);
+        const n = transcript ? turn : page.from + i;
         const hl = n >= file.start && n <= file.end;
         return el("div", { className: hl ? "line hl" : "line", "data-line": n },
           el("span", { className: "ln" }, n), el("span", { className: "tx" }, text));
