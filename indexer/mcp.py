@@ -96,9 +96,10 @@ T = TypeVar("T")
 
 INSTRUCTIONS = """\
 Long-term memory of this agent: MEMORY.md, the notes under memory/ and, where configured, its past session
-transcripts (sessions/<file>.jsonl), indexed for search by meaning and by exact words. Use memory_search before answering anything about earlier work, decisions, people, preferences or dates;
-cite hits by their `citation`. Use memory_get to read more around a hit (from = its start_line). At the start of
-a session, memory_boot gives a compact context; memory_status says whether the index is ready."""
+transcripts (sessions/<file>.jsonl), indexed for search by meaning and by exact words. Use memory_search before
+answering anything about earlier work, decisions, people, preferences or dates; cite hits by their `citation`. Use
+memory_get to read more around a hit (from = its start_line). At the start of a session, memory_boot gives a
+compact context; memory_status says whether the index is ready."""
 
 
 @dataclass(frozen=True)
