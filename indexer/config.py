@@ -64,6 +64,12 @@ def default_state_dir() -> Path:
     return Path(base) / "qmd-indexer"
 
 
+def default_model_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/qmd-indexer/models`` (XDG Base Directory spec), else ``~/.cache/qmd-indexer/models``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "qmd-indexer" / "models"
+
+
 def default_config_path() -> Path:
     """``$XDG_CONFIG_HOME/qmd-indexer/config.toml``, else ``~/.config/qmd-indexer/config.toml``."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
@@ -201,6 +207,10 @@ class Settings(BaseSettings):
     # text embedding arithmetic: auto = bf16 where the CPU has it, else int8 (ONNX Runtime) if its export passes
     # the quality check, else fp32 (docs/performance.md, `python -m benchmarks.embed_precision`).
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    # Where the text model's ONNX exports (query model, int8 model) are kept, shared by every state dir of this
+    # user: exported once per model and machine (20-50 s), then a new state dir or a second agent starts in seconds.
+    # They hold no notes. Default $XDG_CACHE_HOME/qmd-indexer/models, else ~/.cache/qmd-indexer/models.
+    model_cache_dir: Path = Field(default_factory=default_model_cache_dir)
     settle_s: float = Field(default=1.0, ge=0)
     settle_max_s: float = Field(default=5.0, ge=0)  # saved often: indexed at least this often
     rescan_interval_s: float = Field(default=300.0, gt=0)
@@ -282,7 +292,7 @@ class Settings(BaseSettings):
             return tuple(name.strip() for name in value.split(",") if name.strip())
         return value
 
-    @field_validator("state_dir", "token_file", "qdrant_api_key_file")
+    @field_validator("state_dir", "token_file", "qdrant_api_key_file", "model_cache_dir")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return None if value is None else Path(os.path.abspath(value.expanduser()))

@@ -248,9 +248,10 @@ def _distribution(ep: EntryPoint) -> tuple[str, str]:
 def plugin_configs(settings: Settings) -> dict[str, dict[str, Any]]:
     """Each installed plugin's config table, plus ``state_dir`` (str: a folder the plugin may keep its own files in,
     such as the audio plugin's verdict cache) unless its table sets one; the text embedder also gets
-    ``model``/``device``/``batch_size``/``precision`` from the top level and keeps exported models under
-    ``<state_dir>/models``. Raises ``ConfigError`` for a ``[plugin.<name>]`` table no installed plugin is named
-    (a typo would leave the plugin it meant unconfigured), naming the closest installed one."""
+    ``model``/``device``/``batch_size``/``precision`` from the top level and keeps exported models in
+    ``model_cache_dir``, shared by every state dir. Raises ``ConfigError`` for a ``[plugin.<name>]`` table no
+    installed plugin is named (a typo would leave the plugin it meant unconfigured), naming the closest installed
+    one."""
     installed = {ep.name for group in GROUPS for ep in entry_points(group=group)}
     unknown = sorted(set(settings.plugin) - installed)
     if unknown:
@@ -259,7 +260,7 @@ def plugin_configs(settings: Settings) -> dict[str, dict[str, Any]]:
                           f"installed: {', '.join(sorted(installed))} (see `qmd-indexer plugins`)")
     configs = {name: {"state_dir": str(settings.state_dir), **settings.plugin.get(name, {})} for name in installed}
     base = {"model": settings.model, "device": settings.device, "batch_size": settings.batch_size,
-            "precision": settings.precision, "cache_dir": str(settings.state_dir / "models")}
+            "precision": settings.precision, "cache_dir": str(settings.model_cache_dir)}
     configs["sentence-transformers"] = {**base, **configs.get("sentence-transformers", {})}
     return configs
 

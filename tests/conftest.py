@@ -28,6 +28,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _STATE_HOME = tempfile.mkdtemp(prefix="qmd-indexer-tests-state-")
 os.environ["XDG_STATE_HOME"] = _STATE_HOME
 atexit.register(shutil.rmtree, _STATE_HOME, True)
+# and the default model cache (``$XDG_CACHE_HOME/qmd-indexer/models``, the ONNX exports every state dir shares):
+# the session's own, so the daemons the tests start export the model once between them, never into the user's
+_CACHE_HOME = tempfile.mkdtemp(prefix="qmd-indexer-tests-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
+atexit.register(shutil.rmtree, _CACHE_HOME, True)
 
 from infinity import infinity_minilm  # noqa: E402,F401  (a real infinity-emb server, see there)
 from qdrant.fixtures import fault_cluster, qdrant_cluster, qdrant_server  # noqa: E402,F401  (real Qdrant servers, see there)

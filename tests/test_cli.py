@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -315,3 +316,25 @@ def test_index_once_with_an_embedding_server_that_never_answers_gives_up_in_one_
     said = [line for line in done.stderr.splitlines() if line.startswith("qmd-indexer:")]
     assert len(said) == 1 and "did not answer within 3 s" in said[0] and "Connection refused" in said[0]
     assert "Traceback" not in done.stderr
+
+
+def test_a_second_state_dir_reuses_the_model_export_of_the_first(tmp_path: Path) -> None:
+    """The text model's ONNX exports live in ``model_cache_dir`` (by default the user's cache, shared by every state
+    dir): a new state dir, a second agent's daemon, finds them instead of exporting the model again (20-50 s)."""
+    write(tmp_path / "ws" / "MEMORY.md", "# Memory\n\n- Deploys on Tuesdays.\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "QMD_INDEXER_PRECISION": "fp32", "QMD_INDEXER_LOG_FORMAT": "json"}
+
+    def index(state: str) -> tuple[list[str], dict[str, Any]]:
+        done = subprocess.run([sys.executable, "-m", "indexer.cli", "index", "--once", "--json", "--workspace",
+                               str(tmp_path / "ws"), "--state-dir", str(tmp_path / state)],
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr
+        events = [json.loads(line).get("event", "") for line in done.stderr.splitlines() if line.startswith("{")]
+        return events, json.loads(done.stdout)
+
+    first, _ = index("state-a")
+    second, _ = index("state-b")
+    assert "query_model_exported" in first and "query_model_exported" not in second
+    assert list((tmp_path / "cache" / "qmd-indexer" / "models").glob("*-onnx-fp32/query-v*.onnx"))
+    assert not (tmp_path / "state-a" / "models").exists() and not (tmp_path / "state-b" / "models").exists()

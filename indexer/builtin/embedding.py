@@ -17,8 +17,8 @@ them from the top-level settings ``model``, ``device``, ``batch_size``, ``precis
   ``indexer.model_loading.choose_precision``. ``auto`` on a CPU takes bf16 where the CPU has native bf16
   instructions, else int8 where ONNX Runtime is installed (the ``int8`` extra) and the exported model passes its
   quality check, else fp32. How they compare: docs/performance.md (``python -m benchmarks.embed_precision``).
-- ``cache_dir``: where exported models are kept, default ``<default state dir>/models`` (the daemon passes
-  ``<state_dir>/models``).
+- ``cache_dir``: where exported models are kept, default ``$XDG_CACHE_HOME/qmd-indexer/models`` (the daemon passes
+  its ``model_cache_dir`` setting, the same by default: every state dir of a user shares one export per model).
 
 The precision is part of ``model_id``, so vectors of different precisions never share a cache entry. Queries run on
 a query model of their own in ONNX Runtime (``indexer.onnx_models``: int8 with int8, else fp32), exported into
@@ -86,9 +86,9 @@ class SentenceTransformerEmbedder:
         if "cache_dir" in config:
             self.cache_dir = Path(config["cache_dir"]).expanduser()
         else:
-            from indexer.config import default_state_dir
+            from indexer.config import default_model_cache_dir
 
-            self.cache_dir = default_state_dir() / "models"
+            self.cache_dir = default_model_cache_dir()
         self.base_id, self._load_path = resolve_model(self.model_name)
         self._model: LazyModel[Any] = LazyModel(self._load)
         # One tokenizer and model serve the worker (chunk sizing, embedding) and the API (queries). A fast tokenizer
