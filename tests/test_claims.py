@@ -122,6 +122,8 @@ def test_the_same_id_on_a_second_daemon_is_refused_until_released(tmp_path: Path
         assert refusal[0]["owner_workspace"] == str(tmp_path / "ws-one")
         assert "collection_prefix" in refusal[0]["hint"] and "qmd-indexer release --agent carol" in refusal[0]["hint"]
         assert two.collections == () and two.state.plan.agents() == []
+        reasons = two.view.health_answer().get("reasons", [])  # said as ok before, with nothing listed
+        assert any("'carol' not served" in r and "state-one" in r for r in reasons), reasons
         index_once(two)
         two.scan("periodic")
         assert {c.name: one.store.count(c.name) for c in one.collections} == before, "nothing of one's deleted"
@@ -365,3 +367,26 @@ def test_the_extra_names_of_the_field_report_differ() -> None:
     two = plan_collections([Workspace(agent="c-a", path=Path("/w/c"), extra_paths=(Path("/y/b"),))])
     assert (one[2].name, two[2].name) == ("memory-extra-b-c--a", "memory-extra-b--c-a")
     assert (one[2].former, two[2].former) == ("memory-extra-b-c-a", "memory-extra-b-c-a"), "moved once, per agent"
+
+
+def test_a_guarded_write_that_cannot_read_the_claims_counts_as_failing(tmp_path: Path) -> None:
+    """During an outage every write first fails to read its claim: ``store_degraded`` must say so (it stayed false,
+    the failed read not being counted as the write's)."""
+    from qdrant.fixtures import free_port
+
+    from indexer.errors import StoreUnavailable
+    from indexer.store.claims import Claim
+    from indexer.store.server import ServerStore
+
+    store = ServerStore(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    try:
+        owner = _owner(tmp_path, "a")
+        store.owner = owner
+        store._claimed = {"memory-dir-dana": Claim("memory-dir-dana", "dana", "/w", owner.id, owner.host,
+                                                  owner.state_dir, 0.0)}
+        assert not store.degraded
+        with pytest.raises(StoreUnavailable):
+            store.guard("memory-dir-dana")
+        assert store.degraded
+    finally:
+        store.close()
