@@ -35,13 +35,16 @@ def terms(text: str) -> set[str]:
     return words
 
 
-_DAILY = re.compile(r"(?:^|/)memory/(?:.*/)?(\d{4})-(\d{2})-(\d{2})\.md$")
+#: a dated daily note: ``memory/YYYY-MM-DD.md``, or OpenClaw's slugged ``memory/YYYY-MM-DD-<slug>.md`` (its
+#: session-memory hook's), in any folder under ``memory/``; dated by the prefix, as OpenClaw's temporal decay reads it
+_DAILY = re.compile(r"(?:^|/)memory/(?:.*/)?(\d{4})-(\d{2})-(\d{2})(?:-[^/]+)?\.md$")
 
 
 def decay(hits: Sequence[Hit], half_life_days: float, now_s: float) -> list[Hit]:
-    """Temporal decay as the reference agent does it: the score of a dated daily note (``memory/YYYY-MM-DD.md``) is
-    multiplied by ``0.5 ** (age_days / half_life_days)`` (age from the file-name date to ``now_s``, Unix seconds;
-    never negative); every other file is evergreen and kept as is. Returns the hits re-sorted by score."""
+    """Temporal decay as the reference agent does it: the score of a dated daily note (``memory/YYYY-MM-DD.md``,
+    ``memory/YYYY-MM-DD-<slug>.md``) is multiplied by ``0.5 ** (age_days / half_life_days)`` (age from the file-name
+    date to ``now_s``, Unix seconds; never negative); every other file (``MEMORY.md``, ``USER.md``, topic notes) is
+    evergreen and kept as is. Returns the hits re-sorted by score."""
     out = []
     for h in hits:
         match = _DAILY.search(str(h.payload.get("path", "")))

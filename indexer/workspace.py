@@ -5,7 +5,9 @@ Rules (following the reference agent's memory layout):
 - **Root memory file**: ``MEMORY.md`` at the workspace root is canonical, ``memory.md`` the legacy name; names are
   matched exactly as ``os.listdir`` returns them, never case-folded, so on a case-insensitive filesystem the one
   file is indexed once. When both exist as distinct files, ``MEMORY.md`` is indexed and the split is reported
-  (``qmd-indexer doctor`` repairs it). ``DREAMS.md`` (legacy ``dreams.md``) is auxiliary root memory, same rule.
+  (``qmd-indexer doctor`` repairs it). ``DREAMS.md`` (legacy ``dreams.md``) is auxiliary root memory, same rule;
+  ``USER.md`` (OpenClaw's user model: preferences, profile facts; no legacy name) is root memory too, evergreen as
+  ``MEMORY.md`` (``indexer.ranking.decay`` ages dated daily notes only).
 - **Memory directory**: every file under ``memory/``, recursively; markdown always, other kinds when a classifier
   names them (images and audio only when the workspace enables that modality).
 - **Extra paths**: files or directories, absolute or workspace-relative, ``~`` expanded, duplicates removed; a
@@ -61,7 +63,8 @@ from indexer.config import Workspace
 
 log = structlog.get_logger("qmd_indexer.workspace")
 
-ROOT_NAMES = (("MEMORY.md", "memory.md"), ("DREAMS.md", "dreams.md"))
+#: the root memory files: each a canonical name, then its legacy names (indexed when the canonical one is absent)
+ROOT_NAMES: tuple[tuple[str, ...], ...] = (("MEMORY.md", "memory.md"), ("DREAMS.md", "dreams.md"), ("USER.md",))
 MEMORY_DIR = "memory"
 REPAIR_DIR = ".openclaw-repair"
 
@@ -242,9 +245,9 @@ def root_files(ws: Workspace) -> tuple[list[Path], list[Skip]]:
     names = _names(ws.path)
     files: list[Path] = []
     skips: list[Skip] = []
-    for canonical, legacy in ROOT_NAMES:
+    for spellings in ROOT_NAMES:
         chosen: Path | None = None
-        for name in (canonical, legacy):
+        for name in spellings:
             if name not in names:
                 continue
             path = ws.path / name
@@ -327,7 +330,7 @@ def walk_paths(collections: Sequence[Collection]
         key = (st.st_dev, st.st_ino)
         if path in seen_paths:  # reached again through another workspace: the innermost one owns it
             index = seen_paths[path]
-            if _rank(collection, Path(path)) > _rank(found[index][0], Path(path)):
+            if _outranks(collection, found[index][0], Path(path)):
                 found[index] = (collection, path)
             return
         if key in seen_inodes:
@@ -395,11 +398,20 @@ def route(collections: Sequence[Collection], path: Path) -> tuple[Collection | N
         verdict, reason = _claim(collection, path)
         if verdict == "pass":
             continue
-        if best is None or _rank(collection, path) > _rank(best, path):
+        if best is None or _outranks(collection, best, path):
             if verdict == "refuse":
                 return None, reason
             best = collection
     return best, None
+
+
+def _outranks(collection: Collection, other: Collection, path: Path) -> bool:
+    """Whether ``collection`` owns ``path`` rather than ``other``, which claimed it first: the innermost workspace
+    (``_rank``); within one workspace, its sessions folder for a transcript in it (a folder inside ``memory/``
+    holds transcripts, not notes: ``memory/sessions/x.jsonl`` was claimed by ``memory/`` and indexed by neither)."""
+    if collection.role == "sessions" and other.role != "sessions" and collection.workspace == other.workspace:
+        return str(path).endswith(collection.source.suffix)
+    return _rank(collection, path) > _rank(other, path)
 
 
 def _rank(collection: Collection, path: Path) -> int:
@@ -416,10 +428,10 @@ def _claim(collection: Collection, path: Path) -> tuple[str, str | None]:
     if collection.role == "root":
         if os.path.dirname(str(path)) != str(ws.path):
             return "pass", None
-        for canonical, legacy in ROOT_NAMES:
+        for canonical, *legacy in ROOT_NAMES:
             if path.name == canonical:
                 return ("refuse", "symlink") if path.is_symlink() else ("own", None)
-            if path.name == legacy:
+            if path.name in legacy:
                 names = _names(ws.path)
                 if canonical in names and not _same_file(ws.path / canonical, path) and path.exists():
                     return "refuse", "split_root_memory"
