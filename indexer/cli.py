@@ -25,6 +25,7 @@ from indexer.cli_local import COMMANDS
 from indexer.cli_options import config_opt, fail, port_opt, settings_from
 from indexer.cli_release import release
 from indexer.errors import EXIT_FAILURE, EXIT_USAGE
+from indexer.openclaw import init
 from indexer.terminal import configure_logging, print_answer, print_status
 
 AGENT_DEFAULT = ("[default: default_agent, or the only agent; with several agents and no default_agent it is "
@@ -80,9 +81,8 @@ def main() -> None:
     """
 
 
-for _command in COMMANDS:  # run, index, migrate, doctor, plugins (click lists every command by name)
+for _command in (*COMMANDS, release, init):  # run, index, migrate, doctor, plugins; release; init --openclaw
     main.add_command(_command)
-main.add_command(release)
 
 
 def _ask(config: Path | None, port: int | None, call: Any) -> Any:
