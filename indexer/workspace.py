@@ -330,7 +330,7 @@ def walk_paths(collections: Sequence[Collection]
         key = (st.st_dev, st.st_ino)
         if path in seen_paths:  # reached again through another workspace: the innermost one owns it
             index = seen_paths[path]
-            if _rank(collection, Path(path)) > _rank(found[index][0], Path(path)):
+            if _outranks(collection, found[index][0], Path(path)):
                 found[index] = (collection, path)
             return
         if key in seen_inodes:
@@ -398,11 +398,20 @@ def route(collections: Sequence[Collection], path: Path) -> tuple[Collection | N
         verdict, reason = _claim(collection, path)
         if verdict == "pass":
             continue
-        if best is None or _rank(collection, path) > _rank(best, path):
+        if best is None or _outranks(collection, best, path):
             if verdict == "refuse":
                 return None, reason
             best = collection
     return best, None
+
+
+def _outranks(collection: Collection, other: Collection, path: Path) -> bool:
+    """Whether ``collection`` owns ``path`` rather than ``other``, which claimed it first: the innermost workspace
+    (``_rank``); within one workspace, its sessions folder for a transcript in it (a folder inside ``memory/``
+    holds transcripts, not notes: ``memory/sessions/x.jsonl`` was claimed by ``memory/`` and indexed by neither)."""
+    if collection.role == "sessions" and other.role != "sessions" and collection.workspace == other.workspace:
+        return str(path).endswith(collection.source.suffix)
+    return _rank(collection, path) > _rank(other, path)
 
 
 def _rank(collection: Collection, path: Path) -> int:

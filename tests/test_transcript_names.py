@@ -62,3 +62,18 @@ def test_index_takes_the_sessions_folder_on_the_command_line(tmp_path: Path) -> 
     refused = subprocess.run([sys.executable, "-m", "indexer.cli", "index", "--once", "--sessions", "x"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--sessions" in refused.stderr
+
+
+def test_a_sessions_folder_inside_memory_indexes_its_transcripts(tmp_path: Path, make_indexer) -> None:
+    """``sessions = "memory/sessions"``: its transcripts were claimed by ``memory/`` (not notes) and by the sessions
+    collection after it, so none was indexed and nothing said why."""
+    ws = tmp_path / "workspace"
+    write(ws / "MEMORY.md", "# Memory\n\n- The user likes kayaks.\n")
+    write(ws / "memory" / "sessions" / f"{SESSION}.jsonl", openclaw(SESSION, "2023-06-02", _talk(EVIDENCE)))
+    indexer = make_indexer([{"agent": "main", "path": ws, "sessions": "memory/sessions"}])
+    index_once(indexer)
+    memory = LocalMemory(indexer.view)
+    top = memory.search(SearchRequest(query="booked the ferry for the kayak race", k=3, corpus="sessions"))["hits"]
+    assert top and top[0]["path"] == f"sessions/{SESSION}.jsonl"
+    assert indexer.view.status()["collections"]["memory-dir-main"]["files"] == 0
+    assert not indexer.state.ledger.failures
