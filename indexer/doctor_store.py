@@ -135,6 +135,11 @@ def claim_findings(store: Store, settings: Settings, collections: Sequence[Colle
         if claim is not None and claim.owner == mine:
             out.append(Finding(c.agent, "claim", c.name, f"held by this daemon ({claim.by()}, workspace "
                                f"{claim.workspace})", problem=False))
+        elif claim is not None and not mine and claim.workspace == str(c.workspace.path):
+            # doctor run without the daemon's state dir: a daemon of this very workspace holds it, most likely the
+            # one this config describes; no notes of another workspace can be served through it
+            out.append(Finding(c.agent, "claim", c.name, f"held by a daemon of this workspace ({claim.by()}); pass "
+                               f"its --state-dir (or config) to tell whether it is this one", problem=False))
         elif claim is not None:
             out.append(Finding(c.agent, "claimed_elsewhere", c.name, f"held by {claim.by()} for workspace "
                                f"{claim.workspace}: this daemon refuses the agent; set another collection_prefix, or "

@@ -390,3 +390,19 @@ def test_a_guarded_write_that_cannot_read_the_claims_counts_as_failing(tmp_path:
         assert store.degraded
     finally:
         store.close()
+
+
+def test_doctor_without_the_daemons_state_dir_does_not_call_its_claims_foreign(
+        tmp_path: Path, make_indexer: Any, server: dict[str, Any]) -> None:
+    one = _daemon(make_indexer, tmp_path, "one", "gus", "keeps bees", server)
+    try:
+        index_once(one)
+        elsewhere = one.settings.model_copy(update={"state_dir": tmp_path / "none"})  # doctor's default state dir
+        found = claim_findings(one.store, elsewhere, plan_collections(elsewhere.workspace))
+        assert {(f.kind, f.problem) for f in found} == {("claim", False)}, found
+        moved = elsewhere.workspace[0].model_copy(update={"path": tmp_path / "ws-two"})
+        other_ws = elsewhere.model_copy(update={"workspace": [moved]})
+        found = claim_findings(one.store, other_ws, plan_collections(other_ws.workspace))
+        assert {(f.kind, f.problem) for f in found} == {("claimed_elsewhere", True)}, found
+    finally:
+        one.store.close()
