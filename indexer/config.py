@@ -381,6 +381,13 @@ def _read_secret(path: Path, key: str) -> str:
     return value
 
 
+def _from(key: str, origin: str) -> str:
+    """Where setting ``key``'s value came from: its environment variable (``QMD_INDEXER_<KEY> (environment)``) when
+    that is set, since the environment beats the file, else ``origin``."""
+    variable = ENV_PREFIX + key.upper()
+    return f"{variable} (environment)" if any(name.upper() == variable for name in os.environ) else origin
+
+
 def _with_secret_files(settings: Settings, origin: str) -> Settings:
     """``settings`` with each secret read from its ``<key>_file``, else from ``$CREDENTIALS_DIRECTORY/<key>`` when
     the secret is not set otherwise."""
@@ -389,11 +396,15 @@ def _with_secret_files(settings: Settings, origin: str) -> Settings:
     for key in SECRETS:
         file: Path | None = getattr(settings, f"{key}_file")
         if file is not None and getattr(settings, key):
-            raise ConfigError(f"{origin}: {key}: set {key} or {key}_file, not both")
+            raise ConfigError(f"{_from(key, _from(key + '_file', origin))}: {key}: set {key} or {key}_file, not both")
         if file is None and not getattr(settings, key) and credentials and (Path(credentials) / key).exists():
             file = Path(credentials) / key
         if file is not None:
-            found[key] = _read_secret(file, key)
+            try:
+                found[key] = _read_secret(file, key)
+            except ConfigError as exc:
+                source = _from(key + "_file", origin)
+                raise ConfigError(f"{source}: {exc}" if source != origin else str(exc)) from None
     return settings.model_copy(update=found) if found else settings
 
 
@@ -454,8 +465,9 @@ def load_settings(config_path: Path | None = None, overrides: dict[str, Any] | N
                               f"each agent needs a workspace of its own (one agent's memory is never another's)")
         paths[ws.path] = ws.agent
     if settings.default_agent and settings.workspace and settings.default_agent not in agents:
-        raise ConfigError(f"{origin}: default_agent: {unknown_agent(settings.default_agent, agents)}")
+        raise ConfigError(f"{_from('default_agent', origin)}: default_agent: "
+                          f"{unknown_agent(settings.default_agent, agents)}")
     if settings.token and len(settings.token) < MIN_TOKEN_CHARS:
-        raise ConfigError(f"{origin}: token: must be at least {MIN_TOKEN_CHARS} characters "
+        raise ConfigError(f"{_from('token', origin)}: token: must be at least {MIN_TOKEN_CHARS} characters "
                           f"(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
     return settings

@@ -63,6 +63,22 @@ def test_an_environment_override_error_names_the_variable(tmp_path: Path, monkey
     assert str(config) not in str(error.value)
 
 
+@pytest.mark.parametrize(("variable", "value", "says"), [
+    ("QMD_INDEXER_DEFAULT_AGENT", "bob", "default_agent: unknown agent 'bob'"),
+    ("QMD_INDEXER_TOKEN", "short", "token: must be at least 16 characters"),
+    ("QMD_INDEXER_TOKEN_FILE", "/nonexistent/token", "cannot read token_file"),
+])
+def test_the_checks_after_parsing_name_the_variable_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        variable: str, value: str, says: str) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f'[[workspace]]\nagent = "main"\npath = "{tmp_path}"\n')
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as error:
+        load_settings(config)
+    assert str(error.value).startswith(f"{variable} (environment): ") and says in str(error.value), error.value
+    assert str(config) not in str(error.value)
+
+
 def test_missing_explicit_config_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load_settings(tmp_path / "nope.toml")
