@@ -33,16 +33,34 @@ function promptBuilder({ availableTools, citationsMode }) {
   ];
 }
 
-function flushPlanResolver({ cfg, nowMs } = {}) {
+function dayStamp(nowMs, timeZone) {
+  try {
+    return new Intl.DateTimeFormat("en-CA", { timeZone, year: "numeric", month: "2-digit", day: "2-digit" })
+      .format(new Date(nowMs));
+  } catch {
+    return new Date(nowMs).toISOString().slice(0, 10);
+  }
+}
+
+// memory-core's plan (its defaults: 4000 tokens before the compaction reserve, 2 MiB of transcript, a 20000-token
+// floor), writing today's daily note in the user's time zone (agents.defaults.userTimezone), which the daemon indexes
+function flushPlanResolver({ cfg, nowMs, contextWindowTokens } = {}) {
   const flush = cfg?.agents?.defaults?.compaction?.memoryFlush;
   if (flush?.enabled === false) return null;
-  const day = new Date(nowMs ?? Date.now()).toISOString().slice(0, 10);
+  const zone = cfg?.agents?.defaults?.userTimezone?.trim() || Intl.DateTimeFormat().resolvedOptions().timeZone;
+  const day = dayStamp(nowMs ?? Date.now(), zone || "UTC");
   const hints = [FLUSH_TARGET, FLUSH_READ_ONLY, FLUSH_APPEND].join(" ").replaceAll("YYYY-MM-DD", day);
+  const reserveTokensFloor = 20_000;
+  let softThresholdTokens = Number.isInteger(flush?.softThresholdTokens) && flush.softThresholdTokens >= 0
+    ? flush.softThresholdTokens : 4000;
+  if (Number.isInteger(contextWindowTokens) && contextWindowTokens > reserveTokensFloor) {
+    softThresholdTokens = Math.min(softThresholdTokens, Math.floor((contextWindowTokens - reserveTokensFloor) / 2));
+  }
   return {
-    softThresholdTokens: Number.isInteger(flush?.softThresholdTokens) ? flush.softThresholdTokens : 4000,
+    softThresholdTokens,
     forceFlushTranscriptBytes: 2 * 1024 * 1024,
-    reserveTokensFloor: 20_000,
-    ...(flush?.model ? { model: flush.model } : {}),
+    reserveTokensFloor,
+    ...(flush?.model?.trim() ? { model: flush.model.trim() } : {}),
     prompt: `Pre-compaction memory flush. ${hints} If nothing to store, reply with NO_REPLY.`,
     systemPrompt: "Pre-compaction memory flush turn. The session is near auto-compaction; capture durable memories " +
       `to disk (qmd-indexer indexes them within seconds). ${hints} You may reply, but usually NO_REPLY is correct.`,

@@ -86,6 +86,10 @@ async function runSearch(ctx, api, params, signal) {
   const { cfg, agentId, sessionKey, sandboxed, settings } = context(ctx, api);
   const query = typeof params?.query === "string" ? params.query.trim() : "";
   if (!query) throw new Error("query required");
+  if (params.corpus !== undefined && !SEARCH_PARAMETERS.properties.corpus.enum.includes(params.corpus)) {
+    // as memory-core: an unknown corpus fails closed, never an unrestricted search
+    throw new Error(`corpus must be one of: ${SEARCH_PARAMETERS.properties.corpus.enum.join(", ")}`);
+  }
   const started = Date.now();
   let found;
   try {
