@@ -318,7 +318,7 @@ class Pipeline:
             raise FileSkipped("undecodable_name")
         workspace = collection.workspace
         reading = Reading(roles=transcripts.ROLES + (("tool",) if workspace.sessions_tool_results else ()),
-                          tool_chars=workspace.sessions_tool_result_chars, redact=redactor.redact)
+                          tool_chars=workspace.sessions_tool_result_chars, redact=redactor.redact, source=str(path))
         settings = (reading.roles, reading.tool_chars, redactor.version)
         tail = known.tail if known is not None and _current(known, redactor.version) else None
         if tail is not None:  # a file that grew: its tail alone (``indexer.tailing``)
@@ -326,7 +326,8 @@ class Pipeline:
             if isinstance(grown, Prepared):
                 grown.file_hash = known.file_hash if known is not None else grown.file_hash  # the points' version
                 return grown
-            reading = Reading(roles=reading.roles, tool_chars=reading.tool_chars, redact=redactor.redact)
+            reading = Reading(roles=reading.roles, tool_chars=reading.tool_chars, redact=redactor.redact,
+                              source=str(path))
         st, head, content_hash = read_fingerprint(path, self.sessions_max_file_bytes, collection)
         file_hash = index_hash(content_hash, redactor.version)
         # a transcript's points keep the hash of its last whole read while tails are appended (``indexer.tailing``):
