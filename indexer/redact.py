@@ -5,7 +5,8 @@ right after extraction, before anything is embedded, cached, keyword-indexed, st
 or logged; ``get`` (``indexer.recall.read_memory``) shows the file redacted the same way. Redaction keeps the line
 count (a replaced span keeps its newlines), so line numbers and citations stay those of the file.
 
-The built-in table (``KINDS``, in match order), each with where its shape comes from:
+The built-in table (``KINDS``, in order: the first listed names a span where matches overlap), each with where its
+shape comes from:
 
 ==================  ==========================================================================================
 kind                what (source)
@@ -14,6 +15,8 @@ kind                what (source)
                     end of its base64 lines when cut short (RFC 7468 section 2; OpenSSH's ``OPENSSH PRIVATE KEY``)
 ``anthropic_key``   ``sk-ant-`` keys (Anthropic API keys: ``sk-ant-api03-...``, ``sk-ant-admin01-...``)
 ``openai_key``      ``sk-`` keys, ``sk-proj-``/``sk-svcacct-`` included (OpenAI API keys; gitleaks ``openai-api-key``)
+``stripe_key``      ``sk_live_``, ``rk_live_`` (and ``_test_``, ``_prod_``) + 10-99 letters and digits: Stripe secret
+                    and restricted keys (gitleaks ``stripe-access-token``); publishable ``pk_`` keys are public, kept
 ``github_token``    ``ghp_``, ``gho_``, ``ghu_``, ``ghs_``, ``ghr_`` + 36 base62 characters, ``github_pat_``
                     fine-grained tokens (GitHub docs, "About authentication: GitHub's token formats")
 ``aws_access_key``  access key ids ``AKIA``/``ASIA``/``ABIA``/``ACCA`` + 16 characters (AWS IAM, "Unique
@@ -21,14 +24,27 @@ kind                what (source)
 ``slack_token``     ``xoxa-``, ``xoxb-``, ``xoxp-``, ``xoxr-``, ``xoxs-`` tokens (Slack API, "Token types")
 ``jwt``             a JSON Web Token: three base64url parts, the first two JSON objects (``eyJ``) (RFC 7519)
 ``bearer_token``    ``Bearer <token>`` as in an ``Authorization`` header (RFC 6750 section 2.1)
+``aws_secret_key``  a secret access key (40 of ``A-Za-z0-9/+``) after a name holding ``aws`` and ``secret``, ``key``,
+                    ``token`` or ``pass``, or ``secret_access_key``/``SecretAccessKey``, then ``=``, ``:``, quotes
+                    or spaces (AWS IAM "Manage access keys"; Yelp detect-secrets ``AWSKeyDetector``, adapted)
+``url_password``    the password of a URL's ``user:password@`` (RFC 3986 section 3.2.1; detect-secrets
+                    ``BasicAuthDetector``, adapted); placeholders (``${VAR}``, ``$(cmd)``, ``{name}``, ``%s``) kept
+``basic_auth``      HTTP Basic credentials (RFC 7617): the base64 after ``Authorization: Basic`` (one character past
+                    the first a digit, capital or symbol, so "Basic authentication" is prose; gitleaks
+                    ``curl-auth-header``), and the password of ``curl -u``/``--user name:password`` (gitleaks
+                    ``curl-auth-user``; ``$VAR`` and ``<...>`` placeholders kept)
 ``password``,       an assignment ``password=...``, ``token: ...``, ``"secret": "..."``, ``api_key = ...`` (names
 ``token``,          ending so: ``db_password``, ``GITHUB_TOKEN``): the value is redacted, the name kept. With ``=``
 ``secret``,         any value of 3+ characters; with ``:``, a quoted value or one of 8+ characters holding a digit
 ``api_key``         or a symbol, so prose ("the token: it expired", "password: see the vault") is kept
 ==================  ==========================================================================================
 
-Patterns match within one line, except ``private_key``'s blocks. The config adds patterns (``redact_patterns``, a
-list of regular expressions, each compiled when the config loads: ``compile_patterns``); their matches become
+Patterns match within one line, except ``private_key``'s blocks; each marks only the secret, the name or URL around
+it stays. Matches that overlap (a key's shape inside an assignment: ``ANTHROPIC_API_KEY=sk-ant-...``) are merged
+into one span before anything is replaced, marked by the kind listed first (the table's order, then assignments,
+then the config's patterns): ``ANTHROPIC_API_KEY=[redacted: anthropic_key]``. A mark is never taken for a value, so
+redacted text redacted again is unchanged. The config adds patterns (``redact_patterns``, a list of regular
+expressions, each compiled when the config loads: ``compile_patterns``); their matches become
 ``[redacted: pattern]``. Settings (``indexer.config``): ``redact_secrets`` (global, default true) and a workspace's
 ``redact_secrets`` (default: the global) for notes; transcripts (a ``sessions`` collection) are always redacted.
 """
@@ -48,26 +64,45 @@ if TYPE_CHECKING:
 
 #: bump when the built-in table changes: part of every point's ``file_hash`` (``Redactor.version``), so a store
 #: written under another table is re-chunked once and loses what the new one redacts
-TABLE_VERSION = 1
+TABLE_VERSION = 2
 USER_KIND = "pattern"
 
 _B = r"(?<![A-Za-z0-9_-])"  # a token starts at a word boundary of its own alphabet
 _E = r"(?![A-Za-z0-9_-])"
 _NAMES = r"(?:password|passwd|secret|token|api[_-]?key)"
-_PATTERNS: tuple[tuple[str, str], ...] = (
+_PATTERNS: tuple[tuple[str, str], ...] = (  # keys known by their shape alone
     ("anthropic_key", _B + r"sk-ant-[A-Za-z0-9_-]{20,}" + _E),
     ("openai_key", _B + r"sk-(?:proj-|svcacct-|admin-)?(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{20,}" + _E),
+    ("stripe_key", _B + r"(?:sk|rk)_(?:live|test|prod)_[A-Za-z0-9]{10,99}" + _E),
     ("github_token", _B + r"(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})" + _E),
     ("aws_access_key", r"(?<![A-Z0-9])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Z0-9])"),
     ("slack_token", _B + r"xox[abprs]-[A-Za-z0-9-]{10,}" + _E),
     ("jwt", _B + r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}" + _E),
     ("bearer_token", r"(?<=\bBearer )[A-Za-z0-9._~+/-]{16,}=*"),
 )
-# ``name = value`` / ``name: value`` / ``"name": "value"``: group ``name`` is the key, ``value`` what is redacted
+_MARKED = r"(?![\"']?\[redacted: )"  # a value that is already a mark is left alone
+# secrets known by what surrounds them: (kind, words one of which the line holds, lowercased, for the pattern to be
+# tried, as gitleaks' rule keywords; the pattern, whose group ``v`` is the secret)
+_CONTEXTS: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
+    ("aws_secret_key", ("aws", "secret"), re.compile(
+        r"(?i:(?<![A-Za-z0-9])(?:aws[\w.-]{0,20}?(?:secret|key|token|pass)|secret_?access_?key)\w{0,30})"
+        r"[\s\"':=>]{1,6}(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])")),
+    ("url_password", ("://",), re.compile(
+        r"://[^\s:/?#\[\]@\"'<>`]*:(?P<v>(?![$<{]|%s|%\()[^\s/?#\[\]\"'<>`]+)@")),
+    ("basic_auth", ("basic",), re.compile(
+        r"(?i:authorization)[\"']?[ \t]*[:=][ \t]*[\"']?(?i:basic)[ \t]+"
+        r"(?P<v>(?=[A-Za-z0-9+/][A-Za-z0-9+/]*[0-9A-Z+/=])[A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])")),
+    ("basic_auth", ("curl",), re.compile(
+        r"\bcurl\b(?:(?!\bcurl\b).)*?[ \t](?:-u|--user)(?:=|[ \t]+)(?P<q>[\"']?)[^\s:\"']*:"  # scans to the next curl
+        r"(?P<v>(?![$<{\[(])[^\s\"']{3,})(?P=q)(?!\S)")),
+)
+# ``name = value`` / ``name: value`` / ``"name": "value"``: group ``name`` ends the key (``db_password``: whatever
+# comes before it is kept as it is, so it is not matched: a lazy prefix made a long run of ``[\w.-]`` quadratic),
+# ``v1``/``v2`` what is redacted
 _ASSIGNMENT = re.compile(
-    r"(?P<key>\b[A-Za-z0-9_.-]*?(?P<name>" + _NAMES + r"))[\"']?[ \t]*"
-    r"(?:(?P<eq>=)[ \t]*(?P<v1>\"[^\"\n]+\"|'[^'\n]+'|[^\s\"',;]{3,})"
-    r"|:[ \t]*(?P<v2>\"[^\"\n]+\"|'[^'\n]+'|(?=\S*[0-9!@#$%^&*+/=_~-])[^\s\"',;]{8,}))",
+    r"(?P<name>" + _NAMES + r")[\"']?[ \t]*"
+    r"(?:(?P<eq>=)[ \t]*" + _MARKED + r"(?P<v1>\"[^\"\n]+\"|'[^'\n]+'|[^\s\"',;]{3,})"
+    r"|:[ \t]*" + _MARKED + r"(?P<v2>\"[^\"\n]+\"|'[^'\n]+'|(?=\S*[0-9!@#$%^&*+/=_~-])[^\s\"',;]{8,}))",
     re.IGNORECASE)
 _BUILTIN = re.compile("|".join(f"(?P<{kind}>{pattern})" for kind, pattern in _PATTERNS))
 _PEM_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----")
@@ -75,6 +110,12 @@ _PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----")
 _PEM_BODY = re.compile(r"^\s*(?:[A-Za-z0-9+/]+=*|[A-Za-z-]+:[^\n]*)?\s*$")  # base64, an RFC 1421 header, blank
 _MARKER = "PRIVATE KEY"
 MAX_TAIL_LINES = 160  # base64 lines of the longest key block (RSA 8192: about 100 lines of 64 characters), rounded up
+#: every kind of the built-in table, in the module's order (``private_key`` first: its blocks are cut before the rest)
+KINDS = ("private_key", *(kind for kind, _ in _PATTERNS), *dict.fromkeys(kind for kind, _, _ in _CONTEXTS),
+         "password", "token", "secret", "api_key")
+_ASSIGNED, _USER = len(_PATTERNS) + len(_CONTEXTS), len(_PATTERNS) + len(_CONTEXTS) + 1  # ranks of the last two
+_RANK = {kind: rank for rank, (kind, _) in enumerate(_PATTERNS)}
+Span = tuple[int, int, int, str]  # start, end (character offsets in the text), rank (lowest: the kind shown), kind
 
 
 def mark(kind: str) -> str:
@@ -98,24 +139,35 @@ def compile_patterns(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
     return tuple(out)
 
 
-def _keep_lines(kind: str) -> Any:
-    def sub(match: re.Match[str]) -> str:
-        return mark(kind) + "\n" * match.group(0).count("\n")
-    return sub
-
-
-def _builtin(match: re.Match[str]) -> str:
-    return mark(match.lastgroup or "secret")
-
-
-def _assignment(match: re.Match[str]) -> str:
-    value = match.group("v1") or match.group("v2")
-    whole = match.group(0)
-    kept = whole[: match.start("v1" if match.group("v1") else "v2") - match.start()]
+def _assigned(match: re.Match[str]) -> Span:
+    """The value of an assignment match, its quotes left out, with the kind its name gives."""
+    group = "v1" if match.group("v1") else "v2"
+    start, end = match.span(group)
+    if match.group(group)[0] in "\"'":
+        start, end = start + 1, end - 1
     name = match.group("name").lower().replace("-", "_")
-    kind = {"passwd": "password", "apikey": "api_key"}.get(name, name)
-    quote = value[0] if value[0] in "\"'" else ""
-    return f"{kept}{quote}{mark(kind)}{quote}"
+    return start, end, _ASSIGNED, {"passwd": "password", "apikey": "api_key"}.get(name, name)
+
+
+def _replaced(text: str, spans: list[Span]) -> str:
+    """``text`` with ``spans`` replaced by marks, overlapping ones merged first into one span marked by the kind of
+    the lowest rank among them (a span keeps its newlines, so the line count stays)."""
+    out: list[str] = []
+    done = 0
+    merged: list[list[Any]] = []
+    for start, end, rank, kind in sorted(spans):
+        if merged and start < merged[-1][1]:
+            last = merged[-1]
+            last[1] = max(last[1], end)
+            if rank < last[2]:
+                last[2], last[3] = rank, kind
+        elif start < end:
+            merged.append([start, end, rank, kind])
+    for start, end, _, kind in merged:
+        out += [text[done:start], mark(kind), "\n" * text.count("\n", start, end)]
+        done = end
+    out.append(text[done:])
+    return "".join(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,12 +271,17 @@ class Redactor:
         yield from (self._line(held) for held in leading)
 
     def _line(self, text: str) -> str:
-        """Every single-line pattern applied to ``text``."""
-        out = _BUILTIN.sub(_builtin, text)
-        out = _ASSIGNMENT.sub(_assignment, out)
+        """Every single-line pattern matched in ``text`` as it is, the matches then replaced (``_replaced``)."""
+        spans: list[Span] = [(m.start(), m.end(), _RANK[m.lastgroup or ""], m.lastgroup or "")
+                             for m in _BUILTIN.finditer(text)]
+        lowered = text.lower()
+        for rank, (kind, words, pattern) in enumerate(_CONTEXTS, len(_PATTERNS)):
+            if any(word in lowered for word in words):
+                spans += [(m.start("v"), m.end("v"), rank, kind) for m in pattern.finditer(text)]
+        spans += [_assigned(m) for m in _ASSIGNMENT.finditer(text)]
         for pattern in self.patterns:
-            out = pattern.sub(_keep_lines(USER_KIND), out)
-        return out
+            spans += [(m.start(), m.end(), _USER, USER_KIND) for m in pattern.finditer(text)]
+        return _replaced(text, spans) if spans else text
 
     def chunks(self, chunks: Sequence[Chunk]) -> list[Chunk]:
         """``chunks`` of one file with ``text``, ``context`` and the string values of ``meta`` redacted (a

@@ -12,8 +12,8 @@ extraction. OCR (``qmd_indexer_image.ocr``), read by the extractor:
 - ``ocr_min_confidence`` (default 60): words Tesseract is less sure of (0-100) are dropped.
 - ``ocr_max_pixels`` (default 8,300,000): larger pictures are shrunk to this many pixels before OCR (not refused).
 - ``ocr_timeout_s`` (default 60): Tesseract is killed after this many seconds; the picture keeps its image chunk.
-- ``ocr_cache``: the SQLite file remembering OCR results by content; default ``<state_dir>/ocr-cache.sqlite3``
-  (in memory without a ``state_dir``).
+- ``ocr_cache``: the SQLite file remembering OCR results by content, the text sealed with a key only the picture's
+  bytes give (``ocr.OcrCache``); default ``<state_dir>/ocr-cache.sqlite3`` (in memory without a ``state_dir``).
 """
 
 from __future__ import annotations
@@ -160,14 +160,14 @@ class ImageExtractor:
         (``ocr_skipped``, logged once: the verdict is remembered too).
         Raises ``ocr.OcrError``, which is not remembered: the same bytes are read again the next time they are
         extracted (the file changed, or the index is rebuilt)."""
-        key = ocr.OcrCache.key(self.ocr_rules, data)
-        lines = self.cache.get(key)
+        digest = ocr.OcrCache.digest(data)
+        lines = self.cache.get(self.ocr_rules, digest)
         if lines is not None:
             return lines
         if min(facts.width, facts.height) < ocr.MIN_SIDE:
             log.info("ocr_skipped", path=rel_path, reason=f"{facts.width}x{facts.height} pixels: thinner than "
                                                           f"{ocr.MIN_SIDE} px, too thin to hold a line of text")
-            self.cache.put(key, [])
+            self.cache.put(self.ocr_rules, digest, [])
             return []
         if facts.frames > 1:
             log.info("ocr_first_frame", path=rel_path, frames=facts.frames)
@@ -176,7 +176,7 @@ class ImageExtractor:
         except ImageDecodeError as exc:
             raise ocr.OcrError(f"cannot decode for OCR: {exc}") from None
         lines = ocr.recognise(picture, self.languages, self.min_confidence, self.timeout_s, scale, self.osd)
-        self.cache.put(key, lines)
+        self.cache.put(self.ocr_rules, digest, lines)
         return lines
 
     def _text_chunks(self, file: FileInfo, data: bytes, facts: ImageFacts, context: ExtractContext) -> Iterator[Chunk]:

@@ -11,14 +11,17 @@ measured the threshold on 50 rendered screenshots and 6 photos: word precision 0
 70, 0.978 at 80; recall 0.960 at 0, 0.957 from 30 to 70, 0.955 at 80, 0.943 at 90. 60 keeps all of the recall
 30-70 keep and most of the precision, with a margin below real screenshots' lower scores.
 
-Results are remembered by content in a SQLite file (``OcrCache``), keyed like an embedding: by the sha256 of the
+Results are remembered by content in a SQLite file (``OcrCache``), keyed like an embedding: by a hash (sha512) of the
 picture's bytes and of everything that could change the text (languages, threshold, pixel cap, Tesseract's version).
+The text is stored sealed with a key that only the picture's bytes give: a key read in a screenshot, which answers
+show redacted (``indexer.redact``), is not kept readable under the state dir.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sqlite3
 import threading
@@ -43,7 +46,7 @@ DEFAULT_OCR_MAX_PIXELS = 8_300_000
 DEFAULT_TIMEOUT_S = 60.0
 #: a picture whose shorter side is under this many pixels holds no legible line (a 1x50000 strip): OCR is skipped
 MIN_SIDE = 8
-CACHE_VERSION = 1  # bump when what is stored, or how lines are built, changes
+CACHE_VERSION = 2  # bump when what is stored, or how lines are built, changes (2: the text sealed)
 
 
 class OcrError(RuntimeError):
@@ -203,9 +206,17 @@ def recognise(picture: Any, languages: Sequence[str], min_confidence: float, tim
 
 
 class OcrCache:
-    """Lines remembered by ``key`` (``cache_key(rules, sha256 of the bytes)``) in a SQLite file (``None``: in memory,
-    for this process), opened on first use so that loading the plugin touches no disk. Thread-safe. A database error
-    is logged once (``ocr_cache_failed``) and then treated as a miss: the picture is read again."""
+    """Lines remembered for a picture's bytes under ``rules`` (what could change its text) in a SQLite file
+    (``None``: in memory, for this process), opened on first use so that loading the plugin touches no disk.
+    Thread-safe. A database error is logged once (``ocr_cache_failed``) and then treated as a miss: the picture is
+    read again.
+
+    A picture is known by its ``digest`` (the sha512 of its bytes, never stored). A row holds ``key`` (made of the
+    digest's first half), a random 16-byte ``nonce`` and the lines as JSON XORed with the SHAKE-256 stream of
+    ``seal_key`` (made of its second half) and the nonce: the text, secrets a screenshot may show included, cannot be
+    read back without the picture itself, while whoever has the picture has its text anyway. The table of version
+    1 (``ocr``: the text in clear) is dropped when the file is opened, and the file vacuumed and its write-ahead log
+    emptied so that no page of it stays."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
@@ -214,9 +225,22 @@ class OcrCache:
         self._reported = False
 
     @staticmethod
-    def key(rules: str, data: bytes) -> bytes:
-        """32 bytes for a picture's bytes ``data`` under ``rules``."""
-        return cache_key(rules, hashlib.sha256(data).digest())
+    def digest(data: bytes) -> bytes:
+        """The sha512 of a picture's bytes ``data`` (64 bytes), what ``get`` and ``put`` take: one pass over them.
+        Not the sha256 the index keeps of a file, so nothing stored gives it."""
+        return hashlib.sha512(data).digest()
+
+    @staticmethod
+    def key(rules: str, digest: bytes) -> bytes:
+        """32 bytes naming the picture of ``digest`` under ``rules``: from the digest's first half alone, so its text
+        cannot be unsealed from it."""
+        return cache_key(rules, digest[:32])
+
+    @staticmethod
+    def seal_key(rules: str, digest: bytes) -> bytes:
+        """32 bytes that seal the text of the picture of ``digest`` under ``rules``, from the digest's second half
+        (which ``key`` does not hold); never stored."""
+        return hashlib.sha256(b"qmd-indexer-image ocr seal\0" + rules.encode("utf-8") + b"\0" + digest[32:]).digest()
 
     def _open(self) -> sqlite3.Connection:
         if self._db is None:
@@ -227,7 +251,14 @@ class OcrCache:
                     raise sqlite3.OperationalError(f"cannot create {self.path.parent}: {exc}") from exc
             db = sqlite3.connect(str(self.path) if self.path else ":memory:", check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute("CREATE TABLE IF NOT EXISTS ocr (key BLOB PRIMARY KEY, lines TEXT NOT NULL)")
+            db.execute("PRAGMA secure_delete=ON")  # what a row replaced or deleted held is zeroed, not left in pages
+            if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ocr'").fetchone():
+                with db:
+                    db.execute("DROP TABLE ocr")  # version 1: the text in clear
+                db.execute("VACUUM")
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.execute("CREATE TABLE IF NOT EXISTS ocr_sealed (key BLOB PRIMARY KEY, nonce BLOB NOT NULL, "
+                       "sealed BLOB NOT NULL)")
             self._db = db
         return self._db
 
@@ -236,22 +267,40 @@ class OcrCache:
             self._reported = True
             log.warning("ocr_cache_failed", path=str(self.path), error=str(exc))
 
-    def get(self, key: bytes) -> list[OcrLine] | None:
-        """The lines remembered for ``key`` (``[]``: a picture without text), or ``None``."""
+    def get(self, rules: str, digest: bytes) -> list[OcrLine] | None:
+        """The lines remembered for the picture of ``digest`` (``OcrCache.digest``) under ``rules`` (``[]``: a
+        picture without text), or ``None`` (also for a row that does not unseal: it is read again and replaced)."""
         try:
             with self._lock:
-                row = self._open().execute("SELECT lines FROM ocr WHERE key = ?", (key,)).fetchone()
+                row = self._open().execute("SELECT nonce, sealed FROM ocr_sealed WHERE key = ?",
+                                           (self.key(rules, digest),)).fetchone()
         except sqlite3.Error as exc:
             self._failed(exc)
             return None
         if row is None:
             return None
-        return [OcrLine(text, (b[0], b[1], b[2], b[3]), conf) for text, b, conf in json.loads(row[0])]
+        try:
+            lines = json.loads(_xor(row[1], self.seal_key(rules, digest), row[0]).decode("utf-8"))
+            return [OcrLine(text, (b[0], b[1], b[2], b[3]), conf) for text, b, conf in lines]
+        except (ValueError, TypeError, IndexError):
+            return None
 
-    def put(self, key: bytes, lines: Sequence[OcrLine]) -> None:
+    def put(self, rules: str, digest: bytes, lines: Sequence[OcrLine]) -> None:
+        """Remember ``lines`` for the picture of ``digest`` (``OcrCache.digest``) under ``rules``, sealed."""
         blob = json.dumps([[line.text, list(line.box), line.confidence] for line in lines], ensure_ascii=False)
+        nonce = os.urandom(16)
+        sealed = _xor(blob.encode("utf-8"), self.seal_key(rules, digest), nonce)
         try:
             with self._lock, self._open() as db:
-                db.execute("INSERT OR REPLACE INTO ocr (key, lines) VALUES (?, ?)", (key, blob))
+                db.execute("INSERT OR REPLACE INTO ocr_sealed (key, nonce, sealed) VALUES (?, ?, ?)",
+                           (self.key(rules, digest), nonce, sealed))
         except sqlite3.Error as exc:
             self._failed(exc)
+
+
+def _xor(text: bytes, key: bytes, nonce: bytes) -> bytes:
+    """``text`` XORed with as many bytes of SHAKE-256(``key`` + ``nonce``) (FIPS 202): seals and unseals."""
+    if not text:
+        return b""
+    stream = hashlib.shake_256(key + nonce).digest(len(text))
+    return (int.from_bytes(text, "big") ^ int.from_bytes(stream, "big")).to_bytes(len(text), "big")

@@ -7,6 +7,7 @@ Without Tesseract (or its English and Chinese data, or the fonts) these tests sk
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from qmd_indexer_image.screenshots import ocr_missing, render, save
 
 from indexer.api import Chunk
 from indexer.plugins import load_registry
+from indexer.redact import Redactor
 from indexer.testing import check_extractor, check_extractor_rejects
 
 LINES = ["Deploy failed: disk quota exceeded on build-07", "Retry the pipeline after clearing the cache",
@@ -158,6 +160,59 @@ def test_results_are_remembered_by_content(tmp_path: Path, monkeypatch: pytest.M
     again = text_chunks(check_extractor(ImageExtractor({"state_dir": str(tmp_path / "state")}), copy, "image"))
     assert [c.text for c in again] == [c.text for c in first]
     assert again[0].context == "b"  # the name is the file's own, not the cached one's
+
+
+#: a screenshot holding secrets Tesseract reads exactly as drawn (an AWS key id, a password in a URL)
+SECRET_LINES = ["Deploy notes for the heliotrope cluster", "aws key id AKIAZ4QXW7PLMNB3KJ5T",
+                "postgres://deploy:Heliotrope2718@db:5432/app"]
+SECRETS = ["AKIAZ4QXW7PLMNB3KJ5T", "Heliotrope2718"]
+
+
+def held(state: Path, secrets: list[str]) -> list[tuple[str, str]]:
+    """``(file name, secret)`` for each secret whose bytes are in a file under ``state`` (the SQLite file, its WAL)."""
+    return [(path.name, s) for path in state.rglob("*") if path.is_file() for s in secrets
+            if s.encode() in path.read_bytes()]
+
+
+def test_the_ocr_cache_holds_no_secret_read_in_a_picture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 57: answers showed a screenshot's key redacted, but the OCR cache under the state dir kept the text as
+    read. The text handed to the pipeline (which redacts it) is the text drawn; what the cache stores is sealed with
+    a key only the picture's bytes give, and a restart still reads it back without Tesseract."""
+    tesseract_or_skip("eng")
+    path = save(render(SECRET_LINES, size=(1000, 200))[0], tmp_path / "memory" / "creds.png")
+    state = tmp_path / "state"
+    (text,) = text_chunks(check_extractor(ImageExtractor({"state_dir": str(state)}), path, "image"))
+    assert text.text.splitlines() == SECRET_LINES  # read as drawn: the secrets are in what OCR found
+    assert (state / "ocr-cache.sqlite3").is_file() and held(state, SECRETS) == []
+    assert not [s for s in SECRETS if s in Redactor().redact(text.text)]  # what the index and answers get
+
+    def no_tesseract(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Tesseract ran again for bytes it has read before")
+
+    monkeypatch.setattr(ocr, "recognise", no_tesseract)
+    (again,) = text_chunks(check_extractor(ImageExtractor({"state_dir": str(state)}), path, "image"))
+    assert again.text == text.text and held(state, SECRETS) == []
+
+
+def test_a_cache_of_the_previous_version_loses_its_text_in_clear(tmp_path: Path) -> None:
+    """A cache written before its text was sealed (table ``ocr``: each picture's lines as JSON in clear) is emptied
+    when the plugin opens it, and its pages are rewritten, so the secrets it held leave the file."""
+    import sqlite3
+
+    tesseract_or_skip("eng")
+    state = tmp_path / "state"
+    state.mkdir()
+    old = sqlite3.connect(state / "ocr-cache.sqlite3")
+    old.execute("PRAGMA journal_mode=WAL")
+    old.execute("CREATE TABLE ocr (key BLOB PRIMARY KEY, lines TEXT NOT NULL)")
+    with old:
+        old.execute("INSERT INTO ocr VALUES (?, ?)", (b"k" * 32, json.dumps([[line, [0, 0, 9, 9], 95.0]
+                                                                             for line in SECRET_LINES])))
+    old.close()
+    assert held(state, SECRETS)
+    path = save(render(LINES)[0], tmp_path / "shot.png")
+    (text,) = text_chunks(check_extractor(ImageExtractor({"state_dir": str(state)}), path, "image"))
+    assert text.text.splitlines() == LINES and held(state, SECRETS) == []
 
 
 def test_bad_pictures_get_one_log_line_and_lose_nothing_else(tmp_path: Path) -> None:
