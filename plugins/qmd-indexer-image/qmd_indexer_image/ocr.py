@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from indexer.cache import cache_key
 
@@ -212,11 +214,12 @@ class OcrCache:
     read again.
 
     A picture is known by its ``digest`` (the sha512 of its bytes, never stored). A row holds ``key`` (made of the
-    digest's first half), a random 16-byte ``nonce`` and the lines as JSON XORed with the SHAKE-256 stream of
-    ``seal_key`` (made of its second half) and the nonce: the text, secrets a screenshot may show included, cannot be
-    read back without the picture itself, while whoever has the picture has its text anyway. The table of version
-    1 (``ocr``: the text in clear) is dropped when the file is opened, and the file vacuumed and its write-ahead log
-    emptied so that no page of it stays."""
+    digest's first half), a random 12-byte ``nonce`` and the lines as JSON sealed with AES-256-GCM (the
+    ``cryptography`` package) under ``seal_key`` (made of its second half): the text, secrets a screenshot may show
+    included, cannot be read back without the picture itself, while whoever has the picture has its text anyway.
+    The table of version 1 (``ocr``: the text in clear) is dropped when the file is opened, and the file vacuumed
+    and its write-ahead log emptied so that no page of it stays. (A row of the first sealed form does not
+    authenticate, reads as a miss and is replaced.)"""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
@@ -280,16 +283,16 @@ class OcrCache:
         if row is None:
             return None
         try:
-            lines = json.loads(_xor(row[1], self.seal_key(rules, digest), row[0]).decode("utf-8"))
+            lines = json.loads(_aead(self.seal_key(rules, digest)).decrypt(row[0], row[1], None).decode("utf-8"))
             return [OcrLine(text, (b[0], b[1], b[2], b[3]), conf) for text, b, conf in lines]
-        except (ValueError, TypeError, IndexError):
+        except (ValueError, TypeError, IndexError, InvalidTag):
             return None
 
     def put(self, rules: str, digest: bytes, lines: Sequence[OcrLine]) -> None:
         """Remember ``lines`` for the picture of ``digest`` (``OcrCache.digest``) under ``rules``, sealed."""
         blob = json.dumps([[line.text, list(line.box), line.confidence] for line in lines], ensure_ascii=False)
-        nonce = os.urandom(16)
-        sealed = _xor(blob.encode("utf-8"), self.seal_key(rules, digest), nonce)
+        nonce = os.urandom(12)  # GCM's 96-bit nonce; a key seals one picture's text, so reuse is out of reach anyway
+        sealed = _aead(self.seal_key(rules, digest)).encrypt(nonce, blob.encode("utf-8"), None)
         try:
             with self._lock, self._open() as db:
                 db.execute("INSERT OR REPLACE INTO ocr_sealed (key, nonce, sealed) VALUES (?, ?, ?)",
@@ -298,9 +301,7 @@ class OcrCache:
             self._failed(exc)
 
 
-def _xor(text: bytes, key: bytes, nonce: bytes) -> bytes:
-    """``text`` XORed with as many bytes of SHAKE-256(``key`` + ``nonce``) (FIPS 202): seals and unseals."""
-    if not text:
-        return b""
-    stream = hashlib.shake_256(key + nonce).digest(len(text))
-    return (int.from_bytes(text, "big") ^ int.from_bytes(stream, "big")).to_bytes(len(text), "big")
+def _aead(key: bytes) -> AESGCM:
+    """AES-256-GCM (NIST SP 800-38D) under the 32-byte ``key``: authenticated, so a row that does not unseal (another
+    picture's, or damaged) raises ``InvalidTag`` instead of reading as garbage."""
+    return AESGCM(key)
