@@ -149,23 +149,9 @@ def open_stores(settings: Any, to_url: str, from_url: str = "", tenancy: str | N
         source.settle(recorded)
     target = ServerStore(to_url, key, replace(options, tenancy=tenancy))
     target.settle(recorded or list(source.collections()))
-    if isinstance(source, ServerStore) and source.tenancy == target.tenancy and same_server(source, target):
+    if isinstance(source, ServerStore) and source.tenancy == target.tenancy and source.same_server(target):
         source.close()
         target.close()
         raise ValueError(f"{from_url} and {to_url} are the same server, and the layout is the same "
                          f"({target.tenancy}): nothing to move")
     return source, target, names
-
-
-def same_server(a: ServerStore, b: ServerStore) -> bool:
-    """Whether ``a`` and ``b`` talk to one server (or cluster), whatever their URLs say (``localhost`` and
-    ``127.0.0.1``, a trailing ``/``, a proxy): a probe collection made through ``b`` is looked for through ``a``,
-    then deleted."""
-    import uuid
-
-    probe = f"qmd-migrate-probe-{uuid.uuid4().hex}"
-    b.client.create_collection(probe, vectors_config=b._m.VectorParams(size=1, distance=b._m.Distance.COSINE))
-    try:
-        return bool(a.client.collection_exists(probe))
-    finally:
-        b.client.delete_collection(probe)

@@ -112,6 +112,21 @@ class ServerStore(ClaimingStore, TenantStore):
 
         return call
 
+    @retried()
+    def same_server(self, other: ServerStore) -> bool:
+        """Whether this store and ``other`` talk to one server (or cluster), whatever their URLs say (``localhost``
+        and ``127.0.0.1``, a trailing ``/``, a proxy): a probe collection made through ``other`` is looked for
+        through this one, then deleted."""
+        import uuid
+
+        probe = f"qmd-migrate-probe-{uuid.uuid4().hex}"
+        other.client.create_collection(probe, vectors_config=self._m.VectorParams(size=1,
+                                                                                  distance=self._m.Distance.COSINE))
+        try:
+            return bool(self.client.collection_exists(probe))
+        finally:
+            other.client.delete_collection(probe)
+
     # collections ------------------------------------------------------------------------------------------------
     def _dense_config(self, name: str) -> dict[str, int] | None:
         return self._physical_config(self._where(name)[0])
