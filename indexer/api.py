@@ -47,9 +47,9 @@ import numpy as np
 from indexer.errors import BadVectors, EmbedError, EmbedUnavailable, ExtractError, FileSkipped
 
 if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
-    from indexer.builtin.markdown import decode_text
     from indexer.chunking import TextChunk, chunk_text
     from indexer.model_loading import LazyModel, load_sentence_transformer
+    from indexer.safeio import decode_text
 
 __all__ = [
     "GROUPS", "HEAD_BYTES", "BadVectors", "Chunk", "Classifier", "EmbedError", "EmbedUnavailable", "Embedder",
@@ -372,7 +372,7 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
 
 
 _HELPERS = {
-    "chunk_text": "indexer.chunking", "TextChunk": "indexer.chunking", "decode_text": "indexer.builtin.markdown",
+    "chunk_text": "indexer.chunking", "TextChunk": "indexer.chunking", "decode_text": "indexer.safeio",
     "load_sentence_transformer": "indexer.model_loading", "LazyModel": "indexer.model_loading",
 }
 

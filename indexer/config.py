@@ -41,6 +41,7 @@ Example file (every key optional except a workspace's ``agent`` and ``path``)::
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -56,6 +57,22 @@ MIB = 1024 * 1024
 MIN_TOKEN_CHARS = 16
 SECRETS = ("token", "qdrant_api_key")  # each may come from <key>_file or $CREDENTIALS_DIRECTORY/<key> instead
 SECRET_WORDS = ("api_key", "password", "secret", "token")  # a plugin table's key named so, or ending so, holds one
+
+
+def compile_patterns(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    """The user's ``redact_patterns`` compiled (``indexer.redact`` applies them; the config checks them as it
+    loads). Raises ``ValueError`` naming the first pattern that does not compile or that matches the empty string
+    (it would redact nothing but mark every position)."""
+    out = []
+    for pattern in patterns:
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"pattern {pattern!r} is not a regular expression: {exc}") from None
+        if compiled.fullmatch(""):
+            raise ValueError(f"pattern {pattern!r} matches the empty string")
+        out.append(compiled)
+    return tuple(out)
 
 
 def default_state_dir() -> Path:
@@ -280,8 +297,6 @@ class Settings(BaseSettings):
     @field_validator("redact_patterns")
     @classmethod
     def _compiles(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from indexer.redact import compile_patterns
-
         compile_patterns(value)  # ValueError naming the pattern
         return value
 

@@ -24,8 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 from indexer.config import Settings
 from indexer.doctor import Finding
 from indexer.rebuild import recorded_identities
-from indexer.store.base import REBUILD, Store
-from indexer.store.layout import PAYLOAD_M, SHARED, STAGING, TENANT_KEY, PerTenant, shared_collection
+from indexer.store.base import Store
+from indexer.store.layout import PAYLOAD_M, REBUILD, SHARED, STAGING, TENANT_KEY, PerTenant, shared_collection
 from indexer.workspace import Collection
 
 Where = Literal["own", "tenant", "staging", "former", "other"]

@@ -44,7 +44,7 @@ it stays. Matches that overlap (a key's shape inside an assignment: ``ANTHROPIC_
 into one span before anything is replaced, marked by the kind listed first (the table's order, then assignments,
 then the config's patterns): ``ANTHROPIC_API_KEY=[redacted: anthropic_key]``. A mark is never taken for a value, so
 redacted text redacted again is unchanged. The config adds patterns (``redact_patterns``, a list of regular
-expressions, each compiled when the config loads: ``compile_patterns``); their matches become
+expressions, each compiled when the config loads: ``indexer.config.compile_patterns``); their matches become
 ``[redacted: pattern]``. Settings (``indexer.config``): ``redact_secrets`` (global, default true) and a workspace's
 ``redact_secrets`` (default: the global) for notes; transcripts (a ``sessions`` collection) are always redacted.
 """
@@ -58,9 +58,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from indexer.config import Settings, Workspace, compile_patterns
+
 if TYPE_CHECKING:
     from indexer.api import Chunk
-    from indexer.config import Settings, Workspace
 
 #: bump when the built-in table changes: part of every point's ``file_hash`` (``Redactor.version``), so a store
 #: written under another table is re-chunked once and loses what the new one redacts
@@ -124,21 +125,6 @@ def mark(kind: str) -> str:
 
 
 @lru_cache(maxsize=32)
-def compile_patterns(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
-    """The user's ``redact_patterns`` compiled. Raises ``ValueError`` naming the first pattern that does not compile
-    or that matches the empty string (it would redact nothing but mark every position)."""
-    out = []
-    for pattern in patterns:
-        try:
-            compiled = re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"pattern {pattern!r} is not a regular expression: {exc}") from None
-        if compiled.fullmatch(""):
-            raise ValueError(f"pattern {pattern!r} matches the empty string")
-        out.append(compiled)
-    return tuple(out)
-
-
 def _assigned(match: re.Match[str]) -> Span:
     """The value of an assignment match, its quotes left out, with the kind its name gives."""
     group = "v1" if match.group("v1") else "v2"

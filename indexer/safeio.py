@@ -1,5 +1,6 @@
 """Open a file beneath a directory without following a symlink at any component, race-free: every open of a memory
-file beneath its root, for reading (``open_beneath``) and for an append (``open_append``).
+file beneath its root, for reading (``open_beneath``) and for an append (``open_append``); and a note's bytes read as
+text (``decode_text``).
 
 Path checks made before ``open()`` can be raced: a directory on the way swapped for a symlink between the check and
 the open makes the kernel follow it out of the workspace. ``open_beneath`` therefore lets the kernel resolve the
@@ -27,6 +28,8 @@ import os
 import platform
 import stat
 from pathlib import Path
+
+from indexer.errors import ExtractError
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -236,3 +239,16 @@ def lock_exclusive(path: Path, holder: str) -> int:
         raise StoreLocked(f"{holder} is in use by another process (a running daemon?); query it with "
                           f"`qmd-indexer search`, or stop it first") from None
     return fd
+
+
+def decode_text(data: bytes) -> tuple[str, int]:
+    """``(text, n_replaced)``: ``data`` decoded as UTF-8 (a BOM is dropped); invalid byte sequences become U+FFFD
+    and are counted, so one bad byte never hides the rest of a note. Raises ``ExtractError`` for NUL bytes, which
+    mark a binary file rather than text."""
+    if b"\x00" in data:
+        raise ExtractError(f"contains NUL bytes (first at byte {data.index(0)}): binary, not text")
+    text = data.decode("utf-8", errors="replace")
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    replaced = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+    return text, replaced

@@ -59,3 +59,71 @@ def test_the_wall_check_finds_a_request_made_outside_the_store(tmp_path: Path) -
     write(tmp_path / "indexer" / "other.py", "from qdrant_client import QdrantClient\n")
     assert qdrant_outside_the_store(tmp_path / "indexer") == ["indexer/migrate.py:2", "indexer/other.py:1",
                                                               "indexer/other.py:1"]
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (at the top, inside functions or under ``TYPE_CHECKING``: an
+    import anywhere is an arrow), from the source of every module of ``package``."""
+    base = package.parent
+    modules = {".".join(p.relative_to(base).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                named = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                named = [a.name for a in node.names]
+            else:
+                continue
+            graph[module] |= {n for n in named if n in modules and n != module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module (Tarjan's algorithm, iterative),
+    each sorted: the import circles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, edges = work[-1]
+            step = next((w for w in edges if w not in index or w in stack), None)
+            if step is not None and step not in index:
+                index[step] = low[step] = len(index)
+                stack.append(step)
+                work.append((step, iter(sorted(graph[step]))))
+                continue
+            if step is not None:
+                low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                part = stack[stack.index(node):]
+                del stack[stack.index(node):]
+                if len(part) > 1:
+                    found.append(sorted(part))
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    assert not circles(import_graph(REPO / "indexer")), "break these circles (a helper moved down, a type passed in)"
+
+
+def test_the_circle_check_finds_a_circle_made_on_purpose(tmp_path: Path) -> None:
+    write(tmp_path / "indexer" / "__init__.py", "")
+    write(tmp_path / "indexer" / "a.py", "from indexer.b import x\n")
+    write(tmp_path / "indexer" / "b.py", "def f():\n    from indexer import c\n")
+    write(tmp_path / "indexer" / "c.py",
+          "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from indexer.a import y\n")
+    write(tmp_path / "indexer" / "d.py", "import indexer.a\n")
+    assert circles(import_graph(tmp_path / "indexer")) == [["indexer.a", "indexer.b", "indexer.c"]]

@@ -15,12 +15,12 @@ from structlog.testing import capture_logs
 
 from indexer.api import Chunk
 from indexer.cache import cache_key
-from indexer.config import load_settings
+from indexer.config import compile_patterns, load_settings
 from indexer.errors import ConfigError
 from indexer.memory import LocalMemory
 from indexer.pipeline import Pipeline, Prepared
 from indexer.plugins import Registry
-from indexer.redact import KINDS, Redactor, compile_patterns
+from indexer.redact import KINDS, Redactor
 from indexer.schema import BootRequest, GetRequest, RecallRequest, SearchRequest
 
 # one example of each kind (shapes from the sources in indexer.redact's table; none is a real credential)

@@ -11,7 +11,7 @@ import structlog
 
 from indexer.api import Chunk, ExtractContext, FileInfo
 from indexer.chunking import OVERLAP_RATIO, TextChunk, chunk_markdown
-from indexer.errors import ExtractError
+from indexer.safeio import decode_text
 
 log = structlog.get_logger("qmd_indexer.markdown")
 SUFFIXES = frozenset({".md", ".markdown"})
@@ -28,19 +28,6 @@ class MarkdownClassifier:
 
     def classify(self, path: Path, head: bytes) -> str | None:
         return "markdown" if path.suffix.lower() in self.suffixes else None
-
-
-def decode_text(data: bytes) -> tuple[str, int]:
-    """``(text, n_replaced)``: ``data`` decoded as UTF-8 (a BOM is dropped); invalid byte sequences become U+FFFD
-    and are counted, so one bad byte never hides the rest of a note. Raises ``ExtractError`` for NUL bytes, which
-    mark a binary file rather than text."""
-    if b"\x00" in data:
-        raise ExtractError(f"contains NUL bytes (first at byte {data.index(0)}): binary, not text")
-    text = data.decode("utf-8", errors="replace")
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    replaced = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
-    return text, replaced
 
 
 def _meta(chunk: TextChunk) -> dict[str, Any]:

@@ -18,21 +18,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import structlog
 
 from indexer.errors import CollectionMismatch
 from indexer.points import NO_PAYLOAD, SPARSE, STATE_FIELDS, FileState, Filter, Hit, Payload, Point, Query
-
-if TYPE_CHECKING:
-    from indexer.store.layout import PerTenant
+from indexer.store.layout import REBUILD, PerTenant
 
 log = structlog.get_logger("qmd_indexer.store")
 
 SCROLL_PAGE = 1024  # payloads per scroll request
-REBUILD = "--rebuild-"  # physical collections of a rebuild are named <name>--rebuild-<n>
 
 
 @dataclass(frozen=True, slots=True)

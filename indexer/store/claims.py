@@ -45,7 +45,7 @@ from typing import Any
 import structlog
 
 from indexer.errors import StoreUnavailable
-from indexer.store.base import REBUILD
+from indexer.store.layout import REBUILD
 from indexer.store.retry import retried
 
 log = structlog.get_logger("qmd_indexer.daemon")

@@ -12,9 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from indexer.store.base import REBUILD
-
 MIB = 1024 * 1024
+REBUILD = "--rebuild-"  # physical collections of a rebuild are named <name>--rebuild-<n>
 
 SHARED = "qmd-shared-"  # shared physical collections (tenancy "shared") are named qmd-shared-<kind>-<space digest>
 STAGING = "--rebuild"  # beside each: the shared collection a rebuild of its tenants fills, moved in by ``swap``

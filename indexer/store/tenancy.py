@@ -18,9 +18,9 @@ from typing import Any
 import structlog
 
 from indexer.errors import StoreUnavailable
-from indexer.store.base import REBUILD, SCROLL_PAGE, Store
+from indexer.store.base import SCROLL_PAGE, Store
 from indexer.store.claims import CLAIMS
-from indexer.store.layout import SHARED, TENANT_KEY, ServerOptions, shared_collection
+from indexer.store.layout import REBUILD, SHARED, TENANT_KEY, ServerOptions, shared_collection
 from indexer.store.retry import retried
 
 log = structlog.get_logger("qmd_indexer.store")
