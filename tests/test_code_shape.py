@@ -127,3 +127,22 @@ def test_the_circle_check_finds_a_circle_made_on_purpose(tmp_path: Path) -> None
           "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from indexer.a import y\n")
     write(tmp_path / "indexer" / "d.py", "import indexer.a\n")
     assert circles(import_graph(tmp_path / "indexer")) == [["indexer.a", "indexer.b", "indexer.c"]]
+
+
+def _reached(graph: dict[str, set[str]], module: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for n in graph[todo.pop()] - seen:
+            seen.add(n)
+            todo.append(n)
+    return seen
+
+
+def test_the_plugin_contract_and_the_payload_schema_stand_on_their_own() -> None:
+    """``indexer.api`` (what a plugin imports) reaches no built-in plugin, and ``schema``/``points`` (the wire and
+    payload shapes) reach no store or pipeline: the lower floors never lean on the rooms above them."""
+    graph = import_graph(REPO / "indexer")
+    assert not {m for m in _reached(graph, "indexer.api") if m.startswith("indexer.builtin")}
+    for shapes in ("indexer.schema", "indexer.points"):
+        assert not {m for m in _reached(graph, shapes) if m.startswith(("indexer.store", "indexer.pipeline"))}
