@@ -471,7 +471,7 @@ FORCED_PRECISIONS = [
 @pytest.mark.parametrize("precision", FORCED_PRECISIONS)
 def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path, workspace: Path, precision: str,
                                                                  monkeypatch) -> None:
-    """A daemon forced to each precision by its setting (a fresh state dir: the int8 and query models are exported
+    """A daemon forced to each precision by its setting (a fresh model cache: the int8 and query models are exported
     into it) indexes the workspace, runs at that precision and answers hybrid searches with dense scores."""
     from conftest import make_settings, wait_for
 
@@ -483,7 +483,8 @@ def test_each_precision_path_indexes_and_answers_hybrid_searches(tmp_path: Path,
     if precision == "int8" and not int8_available():
         pytest.skip("onnxruntime/onnx (the int8 extra) not installed")
     monkeypatch.setenv("QMD_INDEXER_PRECISION", precision)  # the environment beats the file (and the session's)
-    settings = make_settings(tmp_path, [{"agent": "main", "path": workspace}], precision=precision)
+    settings = make_settings(tmp_path, [{"agent": "main", "path": workspace}], precision=precision,
+                             model_cache_dir=tmp_path / "models")  # its own: the session's cache has the exports
     daemon = Indexer.open(settings)  # the store opens before any model loads or export runs (the API listens then)
     try:
         text: Any = daemon.registry.embedders["text"]
