@@ -203,7 +203,7 @@ export function createRuntime(fallbackConfig) {
     async getMemorySearchManager({ cfg, agentId, purpose }) {
       const settings = resolveSettings(cfg, fallbackConfig);
       const manager = createManager(settings, agentId);
-      if (purpose === "status") await manager.sync();
+      await manager.sync(); // status() is synchronous: it reports this probe (two local requests, a few ms)
       return { manager, debug: { backend: "builtin", purpose: purpose ?? "default", managerMs: 0 } };
     },
     resolveMemoryBackendConfig() {

@@ -98,6 +98,9 @@ async function runSearch(ctx, api, params, signal) {
       minScore: params.minScore, corpus: params.corpus, signal });
   } catch (error) {
     if (signal?.aborted) throw error;
+    // a request the daemon refused as malformed (a query over its length limit) is the caller's error, not memory
+    // being unavailable
+    if (error instanceof DaemonError && error.code === "BAD_REQUEST") throw new Error(error.reason);
     return jsonResult(unavailableResult(error));
   }
   const visible = authorizeSearchHits({ cfg, agentId, requesterSessionKey: sessionKey, sandboxed, hits: found.hits });
