@@ -249,6 +249,37 @@ def test_an_agent_the_daemon_lacks_is_an_error_saying_the_fix_and_a_mapped_one_i
     page = setup.get("MEMORY.md", agent="guest")
     assert page["status"] == "error" and page["code"] == "UNKNOWN_AGENT" and "[[workspace]]" in page["action"]
     assert setup.search("how does the user take their coffee?", agent="helper")["results"][0]["path"] == "USER.md"
+    # a mapping shares notes, never conversations: helper reads none of main's transcripts (it read them all)
+    for corpus in ("sessions", "all"):
+        results = setup.search("booked the ferry for the kayak race", agent="helper", corpus=corpus)["results"]
+        assert not any(r["source"] == "sessions" for r in results), (corpus, results)
+    page = setup.get(f"sessions/{MAIN_SESSION}.jsonl", agent="helper")
+    assert page["status"] == "error" and page["code"] == "REFUSED" and page["text"] == "", page
+
+
+def test_a_server_that_is_not_the_daemon_is_unavailable_not_a_missing_file(tmp_path: Path) -> None:
+    """A url pointing at another server: its 404 page read as "MEMORY.md not found" and its HTML filled the error."""
+    need_openclaw()  # its Node runs the plugin's module
+    script = """
+      import http from "node:http";
+      import { readMemory, searchMemory } from MODULE;
+      const server = http.createServer((q, r) => { r.writeHead(404, { "content-type": "text/html" });
+        r.end("<!DOCTYPE HTML><html><body>" + "x".repeat(2000) + "</body></html>"); });
+      await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
+      const settings = { url: `http://127.0.0.1:${server.address().port}`, token: "", agents: {}, timeoutMs: 5000 };
+      const out = {};
+      for (const [name, call] of [["get", () => readMemory(settings, "main", { relPath: "MEMORY.md" })],
+                                  ["search", () => searchMemory(settings, "main", "deploy")]]) {
+        try { out[name] = { answered: await call() }; } catch (e) { out[name] = { code: e.code, message: e.message }; }
+      }
+      server.close();
+      console.log(JSON.stringify(out));
+    """.replace("MODULE", json.dumps(str(REPO / "plugins" / "openclaw" / "src" / "memory.js")))
+    ran = subprocess.run([str(NODE), "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    for name, got in json.loads(ran.stdout).items():
+        assert got.get("code") == "DAEMON_ERROR" and "not a qmd-indexer daemon" in got["message"], (name, got)
+        assert len(got["message"]) < 600 and "x" * 100 not in got["message"], got
 
 
 def test_openclaw_reports_the_daemon_its_model_and_index(setup: Setup) -> None:

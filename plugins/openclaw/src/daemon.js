@@ -26,6 +26,14 @@ export function daemonAgent(settings, agentId) {
   return typeof mapped === "string" && mapped ? mapped : agentId || "main";
 }
 
+/** Whether the daemon agent serving OpenClaw agent `agentId` is that agent itself (no mapping to another id): only
+ * then are its session transcripts the agent's own. A mapping shares notes (agents on one workspace), never another
+ * agent's conversations. */
+export function ownsTranscripts(settings, agentId) {
+  const own = String(agentId || "main").trim().toLowerCase();
+  return String(daemonAgent(settings, agentId)).trim().toLowerCase() === own;
+}
+
 /** An answer the daemon could not give, with what to do about it. `code`: DAEMON_UNREACHABLE, DAEMON_UNAUTHORIZED,
  * UNKNOWN_AGENT, NOT_FOUND, REFUSED, BAD_REQUEST or DAEMON_ERROR; `action`: the fix, one sentence. */
 export class DaemonError extends Error {
@@ -99,11 +107,15 @@ export async function ask(settings, method, path, { body, query, agent, openclaw
   } catch {
     parsed = undefined;
   }
-  if (!response.ok) throw refusal(settings, response.status, detailOf(parsed, text), agent, openclawAgent);
-  if (parsed === undefined) {
-    throw new DaemonError("DAEMON_ERROR", `${settings.url}${path} did not answer JSON; is it a qmd-indexer daemon?`,
-      `Check ${CONFIG_KEY}.url`);
+  if (parsed === undefined || parsed === null || typeof parsed !== "object") {
+    // the daemon answers JSON, its refusals too ({"detail": ...}): anything else is another server, whose 404 must
+    // not read as "no such memory file", nor its error page fill the tool's answer
+    throw new DaemonError("DAEMON_ERROR", `memory is unavailable: ${settings.url} answered ${response.status} ` +
+      `without JSON (${text.replace(/\s+/g, " ").slice(0, 80)}); it is not a qmd-indexer daemon`,
+      `Point ${CONFIG_KEY}.url at the daemon (its port setting, default 8743), or start it: ${START_HINT}`,
+      response.status);
   }
+  if (!response.ok) throw refusal(settings, response.status, detailOf(parsed, text), agent, openclawAgent);
   return parsed;
 }
 

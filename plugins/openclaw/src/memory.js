@@ -1,7 +1,7 @@
 // OpenClaw's memory contract over the daemon: search hits in OpenClaw's shape, reads of memory files, the session-hit
 // authorization and the manager the host asks for status (MemoryPluginRuntime, MemorySearchManager of the SDK).
 
-import { DaemonError, ask, daemonAgent, probe, resolveSettings } from "./daemon.js";
+import { DaemonError, ask, daemonAgent, ownsTranscripts, probe, resolveSettings } from "./daemon.js";
 
 export const DEFAULT_MAX_RESULTS = 6; // memory-core's memory.search.query.maxResults default
 export const DEFAULT_READ_LINES = 120; // memory-core's default excerpt of memory_get
@@ -44,7 +44,7 @@ export function toResult(hit, ownerAgentId) {
     source: transcript ? "sessions" : "memory",
     citation: hit.citation,
   };
-  OWNERS.set(result, normalizeAgent(ownerAgentId));
+  if (ownerAgentId) OWNERS.set(result, normalizeAgent(ownerAgentId));  // none: a transcript hit is withheld
   return result;
 }
 
@@ -56,13 +56,18 @@ export async function searchMemory(settings, agentId, query, { maxResults, minSc
   const chosen = corpusOf(corpus, sources);
   if (chosen) body.corpus = chosen;
   const answer = await ask(settings, "POST", "/search", { body, agent, openclawAgent: agentId, signal });
-  return { answer, hits: (answer.hits ?? []).map((hit) => toResult(hit, agentId)) };
+  const owner = ownsTranscripts(settings, agentId) ? agentId : undefined;  // mapped elsewhere: not its transcripts
+  return { answer, hits: (answer.hits ?? []).map((hit) => toResult(hit, owner)) };
 }
 
 /** memory_get's MemoryReadResult for `relPath` (a hit's path or citation, `path#L3-L5`) of OpenClaw agent `agentId`,
  * read through the daemon's GET /get (memory files of the workspace only). A missing file is `not_found`. */
 export async function readMemory(settings, agentId, { relPath, from, lines, signal } = {}) {
   const agent = daemonAgent(settings, agentId);
+  if (String(relPath ?? "").startsWith("sessions/") && !ownsTranscripts(settings, agentId)) {
+    throw new DaemonError("REFUSED", `${relPath}: a session transcript of qmd-indexer agent "${agent}", which ` +
+      `OpenClaw agent "${agentId}" is mapped to; an agent reads only its own transcripts`, "");
+  }
   const cited = /#L\d+(?:-L\d+)?$/.test(relPath ?? "");
   const query = { path: relPath, agent, max_chars: DEFAULT_READ_MAX_CHARS };
   if (from !== undefined) query.from = from;
