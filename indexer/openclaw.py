@@ -295,6 +295,10 @@ def init(from_openclaw: bool, config: Path | None, openclaw_config: Path | None,
                    err=True)
         sys.exit(EXIT_USAGE)
     source = openclaw_config or config_path()
+    if not source.exists() and not any(a.workspace.is_dir() for a in agents_of({}, os.environ)):
+        click.echo(f"qmd-indexer: no OpenClaw config at {source} and no workspace of OpenClaw's default agent: is "
+                   f"OpenClaw set up here (`openclaw setup`)? Name its config with --openclaw-config PATH", err=True)
+        sys.exit(EXIT_USAGE)
     try:
         agents = read_agents(source)
     except OpenClawConfigError as exc:
@@ -303,7 +307,8 @@ def init(from_openclaw: bool, config: Path | None, openclaw_config: Path | None,
     text, shared = config_toml(agents, source)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
-    click.echo(f"wrote {target}: {len(agents)} OpenClaw agent(s) from {source}")
+    click.echo(f"wrote {target}: {len(agents)} OpenClaw agent(s) from "
+               + (str(source) if source.exists() else f"OpenClaw's defaults ({source} does not exist)"))
     for agent in agents:
         missing = "" if agent.workspace.is_dir() else " (no such directory yet)"
         where = f"shares {shared[agent.id]}'s workspace" if agent.id in shared else f"{agent.workspace}{missing}"

@@ -118,3 +118,17 @@ def test_init_writes_one_workspace_per_agent_and_refuses_to_overwrite(tmp_path, 
     forced = CliRunner().invoke(init, ["--openclaw", "--config", str(target), "--force"])
     assert forced.exit_code == 0 and "[[workspace]]" in target.read_text()
     assert CliRunner().invoke(init, ["--config", str(target), "--force"]).exit_code == 2  # no source named
+
+
+def test_init_without_an_openclaw_config_or_workspace_says_so(tmp_path, monkeypatch) -> None:
+    """A mistyped OPENCLAW_CONFIG_PATH wrote a config for a default agent whose workspace does not exist, exit 0."""
+    monkeypatch.setenv("OPENCLAW_STATE_DIR", str(tmp_path / "no-openclaw"))
+    monkeypatch.setenv("OPENCLAW_CONFIG_PATH", str(tmp_path / "none.json"))
+    monkeypatch.delenv("OPENCLAW_WORKSPACE_DIR", raising=False)
+    monkeypatch.delenv("QMD_INDEXER_CONFIG", raising=False)
+    target = tmp_path / "qmd" / "config.toml"
+    done = CliRunner().invoke(init, ["--openclaw", "--config", str(target)])
+    assert done.exit_code == 2 and "no OpenClaw config at" in done.output and not target.exists(), done.output
+    (tmp_path / "no-openclaw" / "workspace").mkdir(parents=True)  # OpenClaw run without a config file: its defaults
+    done = CliRunner().invoke(init, ["--openclaw", "--config", str(target)])
+    assert done.exit_code == 0 and "OpenClaw's defaults" in done.output, done.output
