@@ -86,15 +86,16 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
 
 def _transcript(collections: Sequence[Collection], workspace: Any, path: str) -> Path | None:
     """The absolute path a transcript's name ``sessions/<file>`` (``workspace.display_path``) stands for in
-    ``workspace``'s sessions folder, when it has one and the file is there; ``None`` otherwise (the name is then
-    read as workspace-relative)."""
+    ``workspace``'s sessions folder, when it has one and the file is there or nowhere (then not found, as a missing
+    note is); ``None`` otherwise (the name is then read as workspace-relative)."""
     if not path.startswith(SESSIONS_PREFIX):
         return None
     for c in collections:
         if c.workspace == workspace and c.role == "sessions":
             candidate = Path(os.path.normpath(c.root / path[len(SESSIONS_PREFIX):]))
-            if candidate.is_relative_to(c.root) and os.path.lexists(candidate):
-                return candidate
+            if candidate.is_relative_to(c.root) and (
+                    os.path.lexists(candidate) or not os.path.lexists(workspace.path / path)):
+                return candidate  # there, or nowhere: a transcript not found (not "not memory")
     return None
 
 

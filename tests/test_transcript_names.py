@@ -77,3 +77,12 @@ def test_a_sessions_folder_inside_memory_indexes_its_transcripts(tmp_path: Path,
     assert top and top[0]["path"] == f"sessions/{SESSION}.jsonl"
     assert indexer.view.status()["collections"]["memory-dir-main"]["files"] == 0
     assert not indexer.state.ledger.failures
+
+
+def test_a_missing_transcript_is_not_found_not_refused(tmp_path: Path, make_indexer) -> None:
+    import pytest
+
+    indexer = make_indexer([_agent(tmp_path)])
+    memory = LocalMemory(indexer.view)
+    with pytest.raises(FileNotFoundError):
+        memory.get(GetRequest(path="sessions/00000000-0000-0000-0000-000000000000.jsonl"))
