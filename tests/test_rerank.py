@@ -220,6 +220,12 @@ def test_rerank_is_off_by_default_and_a_slow_reranker_keeps_the_fused_order(note
             time.sleep(0.3)  # past the 0.05 s budget below
             return [-float(len(t)) for t in texts]
 
+    def rounded(hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # a query may run on the ONNX query model one time and on the loaded model the next: the same vector
+        # within float rounding (indexer.onnx_models), so raw dense cosines may differ in their sixth decimal
+        return [{**h, "dense_score": round(h["dense_score"], 4) if h.get("dense_score") is not None else None}
+                for h in hits]
+
     slow = indexer.view.searcher(reranker=Slow(), rerank_budget_s=0.05)
-    assert slow.search(SearchParams(QUERY, k=6)) == fused
+    assert rounded(slow.search(SearchParams(QUERY, k=6))) == rounded(fused)
     assert (indexer.view.rerank_stats.over_budget, indexer.view.rerank_stats.reranked) == (1, 0)

@@ -81,8 +81,8 @@ def test_a_full_tmpfs_state_dir_degrades_the_daemon_and_it_recovers(workspace: P
         assert daemon.proc.poll() is None, daemon.log.read_text()[-2000:]
         assert httpx.get(f"{url}/status", timeout=5).json()["store_degraded"] is True
         subprocess.run(["mount", "-o", "remount,size=256m", str(state)], check=True)
-        wait_for(daemon.ready, timeout_s=120)
-        assert httpx.get(f"{url}/health", timeout=2).json()["status"] == "ok"
+        wait_for(daemon.ready, timeout_s=120)  # then ok, once the model has loaded too (ready answers first)
+        wait_for(lambda: httpx.get(f"{url}/health", timeout=2).json()["status"] == "ok", timeout_s=120)
         hits = httpx.post(f"{url}/search", json={"query": "ACME-4471", "k": 1}, timeout=30).json()["hits"]
         assert hits and hits[0]["path"] == "memory/incidents.md"
 

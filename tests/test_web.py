@@ -296,8 +296,15 @@ def test_4_the_status_view_changes_after_a_note_is_edited(daemon: Daemon, browse
 
     wait_for(lambda: count("files") == 4, timeout_s=20)  # three notes and the picture
     chunks = count("chunks")
-    facts = browser.execute_script("return Object.fromEntries([...document.querySelectorAll('dd[data-fact]')]"
-                                   ".map(e => [e.dataset.fact, e.textContent]))")
+
+    def read_facts() -> dict[str, str]:
+        return browser.execute_script("return Object.fromEntries([...document.querySelectorAll('dd[data-fact]')]"
+                                      ".map(e => [e.dataset.fact, e.textContent]))")
+
+    # searches answer (ready) before the model has loaded, the query model being in the shared cache: health says
+    # "degraded: model loading" until it has
+    wait_for(lambda: read_facts().get("health") == "ok", timeout_s=120)
+    facts = read_facts()
     assert facts["model"] == "sentence-transformers/all-MiniLM-L6-v2", facts
     assert facts["precision"] == "fp32" and facts["backend"] == "edge", facts
     assert facts["health"] == "ok" and facts["files failing"] == "0" and facts["drift"] == "none", facts

@@ -52,7 +52,7 @@ export function unavailableResult(error) {
   const reason = known ? error.reason : String(error?.message ?? error);
   const action = known && error.action ? error.action
     : "Check the qmd-indexer daemon (`qmd-indexer status`) and the plugin's config, then retry memory_search.";
-  const warning = `Memory search is unavailable: ${reason}.`;
+  const warning = `Memory search is unavailable: ${reason.replace(/^memory is unavailable: /, "")}.`;
   return { results: [], disabled: true, unavailable: true, error: reason, warning, action,
     ...(known ? { code: error.code } : {}), debug: { warning, action, error: reason } };
 }
