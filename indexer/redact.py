@@ -35,7 +35,7 @@ kind                what (source)
                     ``curl-auth-user``; ``$VAR`` and ``<...>`` placeholders kept)
 ``password``,       an assignment ``password=...``, ``token: ...``, ``"secret": "..."``, ``api_key = ...`` (names
 ``token``,          ending so: ``db_password``, ``GITHUB_TOKEN``): the value is redacted, the name kept. With ``=``
-``secret``,         any value of 3+ characters; with ``:``, a quoted value or one of 8+ characters holding a digit
+``secret``,         any value of 3+ characters; with ``:``, a quoted value or one of 6+ characters holding a digit
 ``api_key``         or a symbol, so prose ("the token: it expired", "password: see the vault") is kept
 ==================  ==========================================================================================
 
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
 #: bump when the built-in table changes: part of every point's ``file_hash`` (``Redactor.version``), so a store
 #: written under another table is re-chunked once and loses what the new one redacts
-TABLE_VERSION = 2
+TABLE_VERSION = 3  # 3: a `name: value` assignment's value from 6 characters (8 before)
 USER_KIND = "pattern"
 
 _B = r"(?<![A-Za-z0-9_-])"  # a token starts at a word boundary of its own alphabet
@@ -103,7 +103,7 @@ _CONTEXTS: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
 _ASSIGNMENT = re.compile(
     r"(?P<name>" + _NAMES + r")[\"']?[ \t]*"
     r"(?:(?P<eq>=)[ \t]*" + _MARKED + r"(?P<v1>\"[^\"\n]+\"|'[^'\n]+'|[^\s\"',;]{3,})"
-    r"|:[ \t]*" + _MARKED + r"(?P<v2>\"[^\"\n]+\"|'[^'\n]+'|(?=\S*[0-9!@#$%^&*+/=_~-])[^\s\"',;]{8,}))",
+    r"|:[ \t]*" + _MARKED + r"(?P<v2>\"[^\"\n]+\"|'[^'\n]+'|(?=\S*[0-9!@#$%^&*+/=_~-])[^\s\"',;]{6,}))",
     re.IGNORECASE)
 _BUILTIN = re.compile("|".join(f"(?P<{kind}>{pattern})" for kind, pattern in _PATTERNS))
 _PEM_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----")

@@ -118,6 +118,7 @@ def test_each_kind_is_replaced_by_its_mark(kind: str) -> None:
     ("export GITHUB_TOKEN=abc123def", "export GITHUB_TOKEN=[redacted: token]"),
     ('{"client_secret": "s3cr3t-value"}', '{"client_secret": "[redacted: secret]"}'),
     ("api_key: 9f8e7d6c5b4a", "api_key: [redacted: api_key]"),
+    ("password: hunter2", "password: [redacted: password]"),  # YAML's form of password=hunter2 (kept before)
     ("db_passwd = 'correct horse'", "db_passwd = '[redacted: password]'"),
     ("Authorization: Bearer abcdefghij0123456789", "Authorization: Bearer [redacted: bearer_token]"),
 ])
@@ -128,6 +129,7 @@ def test_assignments_lose_their_values_and_keep_their_names(text: str, expected:
 @pytest.mark.parametrize("prose", [
     "The token: it expired yesterday, ask Dana for a new one.",
     "Reset your password: see the vault entry named Deploy.",
+    "The token: v2 was revoked, the secret: rotate it yearly.",
     "We talked about password managers and secret santa gifts.",
     "A token bucket limits the rate; the secret is patience.",
     "sk-learn is not a key, and neither is ghp_short.",
