@@ -49,90 +49,15 @@ class OpenClawAgent:
 
 
 # -- JSON5 ---------------------------------------------------------------------------------------------------------
-_IDENT = re.compile(r"[A-Za-z_$][\w$]*")
-_NUMBER = re.compile(r"[+-]?(?:0[xX][0-9a-fA-F]+|Infinity|NaN|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)")
-_ESCAPES = {"'": "'", '"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
-            "v": "\v", "0": "\0", "\n": ""}
-
-
-def _string(text: str, at: int) -> tuple[str, int]:
-    """The string literal starting at ``text[at]`` (either quote) and the index after it."""
-    quote, out, i = text[at], list[str](), at + 1
-    while i < len(text):
-        ch = text[i]
-        if ch == quote:
-            return "".join(out), i + 1
-        if ch == "\\":
-            nxt = text[i + 1:i + 2]
-            if nxt == "u":
-                out.append(chr(int(text[i + 2:i + 6], 16)))
-                i += 6
-                continue
-            out.append(_ESCAPES.get(nxt, nxt))
-            i += 2
-            continue
-        out.append(ch)
-        i += 1
-    raise OpenClawConfigError("unterminated string")
-
-
-def _skip(text: str, at: int) -> int:
-    """The index of the next token after whitespace and comments from ``at``."""
-    while at < len(text):
-        if text[at].isspace():
-            at += 1
-        elif text.startswith("//", at):
-            end = text.find("\n", at)
-            at = len(text) if end < 0 else end + 1
-        elif text.startswith("/*", at):
-            end = text.find("*/", at + 2)
-            if end < 0:
-                raise OpenClawConfigError("unterminated comment")
-            at = end + 2
-        else:
-            break
-    return at
-
-
 def read_json5(text: str) -> Any:
-    """``text`` (JSON5: comments, unquoted keys, single quotes, trailing commas, hex numbers) as Python values.
-    Raises ``OpenClawConfigError`` naming the first offset that does not parse."""
-    tokens: list[str] = []  # re-written as strict JSON
-    at = _skip(text, 0)
-    while at < len(text):
-        ch = text[at]
-        if ch in "{}[]:,":
-            if ch in "}]" and tokens and tokens[-1] == ",":
-                tokens.pop()  # a trailing comma
-            tokens.append(ch)
-            at += 1
-        elif ch in "'\"":
-            value, at = _string(text, at)
-            tokens.append(json.dumps(value))
-        elif (number := _NUMBER.match(text, at)) and not _IDENT.match(text, at):
-            raw = number.group().lstrip("+")
-            body = raw.lstrip("-")
-            if body.lower().startswith("0x"):
-                raw = str(int(raw, 16))
-            elif body in ("Infinity", "NaN"):
-                raw = raw if raw.startswith("-") or body == "NaN" else body
-            elif body.startswith(".") or body.endswith("."):
-                raw = str(float(raw))
-            tokens.append(raw)
-            at = number.end()
-        elif ident := _IDENT.match(text, at):
-            word = ident.group()
-            follows = _skip(text, ident.end())
-            tokens.append(word if word in ("true", "false", "null", "Infinity", "NaN") and
-                          text[follows:follows + 1] != ":" else json.dumps(word))
-            at = ident.end()
-        else:
-            raise OpenClawConfigError(f"unexpected {ch!r} at offset {at}")
-        at = _skip(text, at)
+    """``text`` (JSON5: comments, unquoted keys, single quotes, trailing commas, hex numbers; the ``json5``
+    package) as Python values. Raises ``OpenClawConfigError`` saying where it does not parse."""
+    import json5
+
     try:
-        return json.loads("".join(tokens))
-    except json.JSONDecodeError as exc:
-        raise OpenClawConfigError(f"not JSON5: {exc.msg}") from None
+        return json5.loads(text)
+    except ValueError as exc:
+        raise OpenClawConfigError(f"not JSON5: {exc}") from None
 
 
 # -- OpenClaw's layout ---------------------------------------------------------------------------------------------
