@@ -16,6 +16,9 @@ import pytest
 from conftest import write
 from structlog.testing import capture_logs
 from test_sessions import FILLER, openclaw
+from test_sessions_incremental import DAY, _turn
+from test_sessions_incremental import _said as said
+from test_sessions_incremental import _setup as live_session
 
 from indexer import transcripts
 from indexer.builtin.transcripts import OpenClawTranscripts
@@ -25,7 +28,6 @@ from indexer.schema import SearchRequest
 from indexer.transcripts import CUT_MARGIN, MAX_MESSAGE_CHARS, Reading, read_turns
 from indexer.worker import index_once
 
-DAY = "2023-06-02"
 DEPTH = 1000
 DEEP = {  # valid JSON, 1,000 levels: a record that is nothing but nesting, and nested lists in a message's content
     "object": '{"a":' * DEPTH + "1" + "}" * DEPTH,
@@ -37,13 +39,7 @@ MIB = 1024 * 1024
 
 
 def _said(n: int) -> list[tuple[str, str]]:
-    return [("Caroline" if i % 2 == 0 else "Melanie", f"{FILLER[i % len(FILLER)]} plan {i}") for i in range(n)]
-
-
-def _turn(n: int, text: str) -> str:
-    return json.dumps({"type": "message", "id": f"a{n}", "timestamp": f"{DAY}T15:{n % 60:02d}:00.000Z",
-                       "message": {"role": "user" if n % 2 else "assistant",
-                                   "content": [{"type": "text", "text": f"Caroline: {text}"}]}}) + "\n"
+    return said(n, "plan ")
 
 
 def _texts(indexer: Any, path: Path) -> dict[int, str]:
@@ -53,12 +49,7 @@ def _texts(indexer: Any, path: Path) -> dict[int, str]:
 
 
 def _live(make_indexer: Any, tmp_path: Path, turns: int = 12) -> tuple[Any, Path]:
-    ws, sessions = tmp_path / "ws", tmp_path / "sessions"
-    write(ws / "MEMORY.md", "# Memory\n")
-    path = write(sessions / "live.jsonl", openclaw("live", DAY, _said(turns)))
-    indexer = make_indexer([{"agent": "main", "path": ws, "sessions": sessions}])
-    index_once(indexer)
-    return indexer, path
+    return live_session(make_indexer, tmp_path, turns)
 
 
 def _search(indexer: Any, query: str) -> list[Any]:
