@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     from indexer.config import Settings, Workspace
     from indexer.daemon import Indexer
+    from indexer.walk import walk
     from indexer.worker import index_once, run
-    from indexer.workspace import walk
 
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)

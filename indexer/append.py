@@ -49,7 +49,8 @@ from indexer.config import Settings, Workspace
 from indexer.errors import AppendRefused, AppendUnavailable, EntryTooLarge
 from indexer.safeio import UnsafePath, open_append
 from indexer.schema import AppendRequest, AppendResponse
-from indexer.workspace import MEMORY_DIR, REPAIR_DIR, Collection, route
+from indexer.walk import route
+from indexer.workspace import MEMORY_DIR, REPAIR_DIR, Collection
 
 log = structlog.get_logger("qmd_indexer.append")
 

@@ -281,7 +281,8 @@ def doctor(config: Path | None, workspace: Path | None, agent: str | None, fix: 
       qmd-indexer doctor --config /etc/qmd-indexer/config.toml --fix
     """
     from indexer.doctor import findings, language_findings
-    from indexer.workspace import overlaps, plan_collections
+    from indexer.walk import overlaps
+    from indexer.workspace import plan_collections
 
     if workspace is not None and agent is None:
         agent = _served_agent(config, workspace)

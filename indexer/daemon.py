@@ -46,8 +46,9 @@ from indexer.store import Store, open_store
 from indexer.store.layout import for_daemon
 from indexer.sync import Pace, Sync
 from indexer.tailing import restore_tails
+from indexer.walk import overlaps, walk_paths
 from indexer.watcher import Settler
-from indexer.workspace import Collection, overlaps, walk_paths
+from indexer.workspace import Collection
 
 log = structlog.get_logger("qmd_indexer.daemon")
 

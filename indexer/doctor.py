@@ -29,8 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from indexer.config import Workspace
+from indexer.walk import path_problems, root_files, walk
 from indexer.watchmode import poll_reason, watch_roots, watches_exhausted
-from indexer.workspace import REPAIR_DIR, agent_slug, path_problems, plan_collections, root_files, walk
+from indexer.workspace import REPAIR_DIR, agent_slug, plan_collections
 
 LABELS = {"extra_path_missing": "extra path missing", "extra_path_overlaps": "extra path overlaps",
           "unreadable_directory": "unreadable directory", "watch_limit_reached": "inotify watch limit reached",

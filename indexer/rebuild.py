@@ -242,7 +242,7 @@ def rebuild_beside(indexer: Any, pace: Any = None) -> bool:
     ``indexer.sync.Pace``) was set or the store failed; raises ``StoreUnavailable`` from the store's own calls."""
     import time
 
-    from indexer.workspace import walk
+    from indexer.walk import walk
 
     store, stats, collections = indexer.store, indexer.pipeline.stats, indexer.collections
     with indexer.state.rebuilding_now():

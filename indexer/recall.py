@@ -3,7 +3,7 @@
 - ``read_memory``: lines ``from_line`` (1-based) onwards, at most ``lines`` of them and ``max_chars`` characters,
   streamed line by line so a 200 MB file is never loaded whole; says where to continue. Only memory files of the
   workspace are readable: ``..`` escapes, absolute paths outside it, symlinks, hidden and non-memory files are
-  refused with ``ReadRefused`` (the same rules as indexing, ``indexer.workspace.route``). A name spelled under the
+  refused with ``ReadRefused`` (the same rules as indexing, ``indexer.walk.route``). A name spelled under the
   other Unicode normalisation form (NFC ``café`` for an NFD file on disk, as macOS and some editors write them) is
   read when exactly one file matches, and the answer's ``note`` says so; otherwise ``FileNotFoundError`` names the
   closest memory path.
@@ -46,7 +46,8 @@ from indexer.schema import (
 from indexer.search import Searcher, join_degraded
 from indexer.store import Store
 from indexer.transcripts import render_page
-from indexer.workspace import SESSIONS_PREFIX, Collection, anchor, display_path, route, walk
+from indexer.walk import route, walk
+from indexer.workspace import SESSIONS_PREFIX, Collection, anchor, display_path
 
 LIST_ALL = frozenset({"", "*", "all"})
 SESSION_FIELDS = ("session_id", "session_time")  # what a listed transcript shows of its first chunk

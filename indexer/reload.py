@@ -39,7 +39,7 @@ from indexer.errors import CollectionMismatch, ConfigError, StoreUnavailable
 from indexer.plugins import Registry, load_registry, plugin_configs
 from indexer.rebuild import record_identity
 from indexer.state import Plan
-from indexer.workspace import overlaps
+from indexer.walk import overlaps
 
 if TYPE_CHECKING:
     from indexer.daemon import Indexer

@@ -28,8 +28,9 @@ from indexer.search import FallbackStats, Searcher
 from indexer.state import IndexState, Plan
 from indexer.status import CollectionStatus, Health, SessionsStatus, Status
 from indexer.store import Store
+from indexer.walk import Problem, path_problems
 from indexer.watcher import Settler
-from indexer.workspace import Problem, Skip, path_problems
+from indexer.workspace import Skip
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
@@ -268,7 +269,7 @@ def changed(state: IndexState, abs_path: str) -> bool:
 
 
 def problems(state: IndexState, skips: Sequence[Skip]) -> list[Problem]:
-    """The configured paths not usable as meant, for ``status``: the extra paths' (``workspace.path_problems``; each
+    """The configured paths not usable as meant, for ``status``: the extra paths' (``walk.path_problems``; each
     logged once when it appears, and a missing one that appears is logged as ``extra_path_found``) and the
     directories the scan could not list (``skips``; logged by the ledger)."""
     collections, known = state.plan.collections, state.problems

@@ -24,7 +24,8 @@ import structlog
 from indexer.config import Settings
 from indexer.ledger import Ledger
 from indexer.points import FileState
-from indexer.workspace import Collection, Problem, plan_collections
+from indexer.walk import Problem
+from indexer.workspace import Collection, plan_collections
 
 if TYPE_CHECKING:
     from indexer.watcher import Watcher
@@ -125,7 +126,7 @@ class IndexState:
 
     @property
     def problems(self) -> tuple[Problem, ...]:
-        """The configured paths the last scan found not usable as meant (``workspace.path_problems``)."""
+        """The configured paths the last scan found not usable as meant (``walk.path_problems``)."""
         return self._problems
 
     @property

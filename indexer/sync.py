@@ -40,7 +40,8 @@ from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged, trim_he
 from indexer.points import FileState, Point
 from indexer.state import IndexState
 from indexer.store import Store
-from indexer.workspace import ROOT_NAMES, Collection, Skip, route, walk_dir
+from indexer.walk import route, walk_dir
+from indexer.workspace import ROOT_NAMES, Collection, Skip
 
 log = structlog.get_logger("qmd_indexer.daemon")
 

@@ -22,8 +22,8 @@ from indexer.openclaw import OpenClawConfigError, agents_of, init, read_json5
 from indexer.points import Hit, Payload
 from indexer.ranking import decay
 from indexer.schema import SearchRequest
+from indexer.walk import root_files
 from indexer.worker import index_once
-from indexer.workspace import root_files
 
 
 def test_user_md_is_root_memory_and_a_slugged_daily_note_is_dated_by_its_prefix(make_indexer, tmp_path) -> None:

@@ -40,8 +40,9 @@ from indexer.memory import MAX_PAGE_CHARS, MAX_PAGE_LINES, MAX_QUERY_CHARS
 from indexer.pipeline import Pipeline, read_fingerprint
 from indexer.recall import read_memory
 from indexer.server import create_app
+from indexer.walk import route
 from indexer.worker import index_once
-from indexer.workspace import plan_collections, route
+from indexer.workspace import plan_collections
 
 RACE_S = 4.0  # long enough to reproduce the race many times over on the code before the fix (see the test)
 OUTSIDE = "OUTSIDE-SECRET-7f3a"

@@ -9,7 +9,8 @@ from pathlib import Path
 from conftest import write
 
 from indexer.config import Workspace
-from indexer.workspace import plan_collections, route, walk
+from indexer.walk import route, walk
+from indexer.workspace import plan_collections
 
 
 def _ws(path: Path, agent: str = "main", extra: tuple[str, ...] = ()) -> Workspace:

@@ -38,7 +38,7 @@ def bench_index(workspace: Path, state_dir: Path, qdrant_url: str = "",
         return time.perf_counter() - started, time.process_time() - cpu
 
     # the chunk texts the pipeline will embed, from its own extractor (not timed)
-    from indexer.workspace import walk
+    from indexer.walk import walk
 
     indexer = Indexer.open(settings, registry=registry)
     found, _ = walk(indexer.collections)
