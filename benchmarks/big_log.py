@@ -11,7 +11,7 @@ index, and the load average. The issue's goal: growth <= 300 MB and search p95 <
 With ``--transcript`` the same turns are an OpenClaw session transcript instead (JSON Lines: a ``session`` record,
 then one ``message`` record per turn, user and assistant alternating, ``indexer.builtin.transcripts``) of about the
 same size, written into the ``sessions`` folder of the daemon's workspace (a config file's ``[[workspace]]`` table),
-so the transcript path (``indexer.transcripts``, read streamed) is measured too.
+so the transcript path (``indexer.sources.transcripts``, read streamed) is measured too.
 
 Turn texts come from ``../shared/data/convmem`` (real conversation turns), else are generated (said so). With
 ``--before DIR`` (another checkout, e.g. ``git archive`` of an older commit) the same run is made with it first, in

@@ -22,8 +22,8 @@ What it does, in one run:
 5. Prints the ``relevant`` flag's confusion counts: of the questions whose top hit overlaps an evidence turn, how
    many the answer flagged ``relevant: true``.
 
-``--set WINDOW_TURNS=4`` (a constant of ``indexer.transcripts``, ``indexer.chunking`` or ``indexer.conversation``)
-tunes the windows for one run; give it its own ``--variant``.
+``--set WINDOW_TURNS=4`` (a constant of ``indexer.sources.transcripts``, ``indexer.chunking`` or
+``indexer.conversation``) tunes the windows for one run; give it its own ``--variant``.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mmr", type=float, action="append", default=[], metavar="LAMBDA",
                         help="also hybrid with MMR at this lambda (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a constant of indexer.transcripts, indexer.chunking or indexer.conversation "
-                             "for this run (e.g. WINDOW_TURNS=5); give it its own --variant")
+                        help="override a constant of indexer.sources.transcripts, indexer.chunking or "
+                             "indexer.conversation for this run (e.g. WINDOW_TURNS=5); give it its own --variant")
     parser.add_argument("--runs", type=Path, default=None, help="write each run here as score.py-readable JSONL")
     parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
     args = parser.parse_args(argv)
@@ -147,9 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import structlog
 
     from benchmarks.eval import open_indexed, set_constants
-    from indexer import chunking, conversation, transcripts
+    from indexer import chunking, conversation
     from indexer.config import Settings
     from indexer.plugins import load_registry, plugin_configs
+    from indexer.sources import transcripts
 
     problem = set_constants(args.set, transcripts, chunking, conversation)
     if problem:

@@ -18,7 +18,7 @@ one the ``reranker`` setting names) rescores the first fused hits::
     query, [hit text, ...] --Reranker.score--> [float, ...]   (higher is more relevant; the hits are re-sorted)
 
 A session transcript (a ``*.jsonl`` file of a workspace's ``sessions`` folder) is read by the first
-``TranscriptFormat`` whose ``sniff`` claims its first bytes, one JSON record a line (``indexer.transcripts``)::
+``TranscriptFormat`` whose ``sniff`` claims its first bytes, one JSON record a line (``indexer.sources.transcripts``)::
 
     first bytes --TranscriptFormat.sniff--> True
     record      --TranscriptFormat.read-->  TranscriptRecord(session_id, timestamp, messages)

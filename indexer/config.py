@@ -137,7 +137,7 @@ class Workspace(BaseModel):
     # A folder of session transcripts (OpenClaw's ~/.openclaw/agents/<id>/sessions, Claude Code's
     # ~/.claude/projects/<project>): absolute, or relative to the config file that names it (to the workspace when
     # given as a setting in code), ~ expanded; its *.jsonl files whose content a
-    # transcript format plugin recognises become the collection sessions-<agent> (indexer.transcripts).
+    # transcript format plugin recognises become the collection sessions-<agent> (indexer.sources.transcripts).
     sessions: Path | None = None
     # Tool results in transcripts are left out unless this is set; then each is cut to sessions_tool_result_chars.
     sessions_tool_results: bool = False

@@ -12,8 +12,8 @@ Who owns what:
 - the worker (``indexer.worker``): the one thread that drives all of it: ``worker.run(indexer, stop)``
   (``qmd-indexer run``, through ``indexer.service.serve``) or ``worker.index_once(indexer)`` (``index --once``).
 
-A file event's walk runs one way: watcher -> ``Settler`` (debounce) -> worker -> ``Sync`` -> ``Pipeline`` ->
-``Store``.
+A file event's walk runs one way: watcher -> ``Settler`` (debounce) -> worker -> ``Sync`` -> ``Pipeline`` (and its
+collection's reader, ``indexer.sources``) -> ``Store``.
 
 Recovery is not a step: the store's payloads say which content hash each file was indexed at and whether all its
 points were written (``chunk_count``), so after a crash or ``SIGKILL`` the next scan redoes exactly the files whose
@@ -36,16 +36,17 @@ from indexer.cache import EmbeddingCache
 from indexer.config import Settings
 from indexer.errors import CollectionMismatch
 from indexer.metrics import Metrics
-from indexer.pipeline import Pipeline, expired, unchanged_by_stat
+from indexer.pipeline import Pipeline
 from indexer.plugins import Registry, load_registry, plugin_configs
 from indexer.rebuild import attest, check_identity, hold_state_lock, rebuild_beside
 from indexer.rename import placed
 from indexer.report import StatusView
+from indexer.sources import reader
+from indexer.sources.base import unchanged_by_stat
 from indexer.state import NO_DRIFT, Indexed, IndexState, Plan
 from indexer.store import Store, open_store
 from indexer.store.layout import for_daemon
 from indexer.sync import Pace, Sync
-from indexer.tailing import restore_tails
 from indexer.walk import overlaps, walk_paths
 from indexer.watcher import Settler
 from indexer.workspace import Collection
@@ -149,9 +150,9 @@ class Indexer:
                     raise
                 log.warning("collection_replaced_by_rebuild", collection=collection.name, reason=str(exc))
                 continue
-            states = self.store.file_states(collection.name)
-            if collection.corpus == "sessions":
-                states = restore_tails(self.store, collection.name, states, self.state.indexed)
+            # what the reader keeps in the store (a transcript's tail) read back, so a restart reads what was appended
+            states = reader(collection).restore(self.store, collection.name, self.store.file_states(collection.name),
+                                                self.state.indexed)
             for abs_path, file_state in states.items():
                 indexed[abs_path] = Indexed(collection.name, file_state)
         state.swap_plan(plan)
@@ -231,11 +232,11 @@ class Indexer:
     def _unchanged(self, collection: Collection, path: str, st: os.stat_result) -> bool:
         """Whether ``path``, found by the walk for ``collection`` with ``lstat`` result ``st``, is indexed there
         whole at that stat: then nothing is queued for it (the walk never enters a symlink, so the path is as safe
-        as when indexed)."""
+        as when indexed). A file past its source's retention (``Reader.expired``) is queued, to lose its points."""
         entry = self.state.indexed.get(path)
         return (entry is not None and entry.collection == collection.name
                 and unchanged_by_stat(entry.state, st, self.pipeline.redactor(collection).version)
-                and not expired(collection, st))  # a transcript past its retention is queued, to lose its points
+                and not reader(collection).expired(collection, st))
 
     # -- rebuilding ---------------------------------------------------------------------------------------------
     def rebuild(self, pace: Pace | None = None) -> bool:

@@ -21,7 +21,7 @@ from indexer.chunking import LINE_END, split_lines
 from indexer.conversation import turns
 from indexer.points import Hit, Payload
 from indexer.ranking import terms
-from indexer.transcripts import KIND as TRANSCRIPT
+from indexer.sources.transcripts import KIND as TRANSCRIPT
 
 SNIPPET_CHARS = 700  # the reference agent's snippet cap
 WINDOW_CHARS = 1200  # a conversation window (a few whole turns) is shown whole up to this many characters

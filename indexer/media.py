@@ -4,8 +4,9 @@ the bytes as text) and a picture's own bytes (``read_picture``: ``GET /media``, 
 
 Both find the file as ``read_memory`` does (``recall.resolve_memory_path``: the indexing rules, the agent's own
 workspace) and accept only what the plugins classify as a media kind; the bytes are read through
-``recall.open_memory`` (``safeio``: beneath the workspace, no symlink at any component), at most the workspace's
-``multimodal.max_file_bytes``, and served only when their first bytes are a picture a browser shows (``PICTURES``).
+``indexer.sources.base.open_memory`` (``safeio``: beneath the workspace, no symlink at any component), at most the
+workspace's ``multimodal.max_file_bytes``, and served only when their first bytes are a picture a browser shows
+(``PICTURES``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from pathlib import Path
 from indexer.api import HEAD_BYTES
 from indexer.errors import ReadRefused
 from indexer.points import point_id
-from indexer.recall import open_memory, resolve_memory_path
+from indexer.recall import resolve_memory_path
 from indexer.schema import Page
+from indexer.sources.base import open_memory
 from indexer.store import Store
 from indexer.workspace import Collection
 

@@ -135,7 +135,7 @@ class Registry:
             elif r.group == RERANKERS:
                 self.reranker, self.reranker_name = r.obj, r.name
         self.media_kinds: frozenset[str] = frozenset(media)
-        if self.transcript_formats:  # what a transcript hit carries (indexer.transcripts)
+        if self.transcript_formats:  # what a transcript hit carries (indexer.sources.transcripts)
             fields.update(dict.fromkeys(TRANSCRIPT_HIT_FIELDS))
         self.hit_fields: tuple[str, ...] = tuple(fields)
         self.modalities: tuple[str, ...] = tuple(sorted(self.embedders))

@@ -51,7 +51,7 @@ class Payload:
     ``text`` is the chunk's own lines (what a hit shows) and ``context`` the document context embedded and
     keyword-indexed with it (title > headings); ``chunking_version`` is ``indexer.chunking.CHUNKING_VERSION`` when it
     was chunked; ``start_s``/``end_s`` are seconds (audio); ``tail`` (a transcript's chunk 0 only) is where it was
-    indexed up to (``indexer.tailing.Tail.record``); ``extra`` holds a plugin's own fields (``Chunk.meta``,
+    indexed up to (``indexer.sources.tailing.Tail.record``); ``extra`` holds a plugin's own fields (``Chunk.meta``,
     e.g. image ``width``/``height``), stored at the top level of the payload.
     """
 
@@ -170,7 +170,7 @@ class FileState:
     ctime_ns: int = -1
     inode: int = -1
     device: int = -1
-    # a transcript's ``indexer.tailing.Tail`` (where it was indexed up to; stored in chunk 0's payload ``tail``)
+    # a transcript's ``indexer.sources.tailing.Tail`` (where it was indexed up to; stored in chunk 0's payload ``tail``)
     tail: Any = field(default=None, compare=False)
 
     def identity(self) -> tuple[int, int, int, int, int]:

@@ -21,15 +21,13 @@ import os
 import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from indexer.api import HEAD_BYTES, TranscriptFormat
+from indexer.api import HEAD_BYTES
 from indexer.chunking import split_lines
 from indexer.config import Settings
 from indexer.errors import ReadRefused
 from indexer.hits import SNIPPET_CHARS
-from indexer.redact import Redactor
-from indexer.safeio import UnsafePath, open_beneath
 from indexer.schema import (
     DEFAULT_K,
     DEFAULT_MAX_CHARS,
@@ -44,10 +42,11 @@ from indexer.schema import (
     SearchResponse,
 )
 from indexer.search import Searcher, join_degraded
+from indexer.sources import Sniff, reader, redactor
+from indexer.sources.base import open_memory
 from indexer.store import Store
-from indexer.transcripts import render_page
 from indexer.walk import route, walk
-from indexer.workspace import SESSIONS_PREFIX, Collection, anchor, display_path
+from indexer.workspace import Collection, display_path
 
 LIST_ALL = frozenset({"", "*", "all"})
 SESSION_FIELDS = ("session_id", "session_time")  # what a listed transcript shows of its first chunk
@@ -74,7 +73,7 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
         # this one's memory/ belongs to the inner one, never to this agent
         collection, reason = route(collections, candidate)
         if collection is not None and collection.workspace == workspace:
-            if classify is not None and collection.corpus == "memory":  # a transcript: read_memory sniffs it
+            if classify is not None and reader(collection).classified:  # a transcript: its reader sniffs it
                 with open_memory(collection, candidate) as handle:  # FileNotFoundError, ReadRefused propagate
                     kind = classify(candidate, handle.read(HEAD_BYTES))
                 if kind is None or (collection.role == "root" and kind != "markdown"):
@@ -86,41 +85,28 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
 
 
 def _transcript(collections: Sequence[Collection], workspace: Any, path: str) -> Path | None:
-    """The absolute path a transcript's name ``sessions/<file>`` (``workspace.display_path``) stands for in
-    ``workspace``'s sessions folder, when it has one and the file is there or nowhere (then not found, as a missing
-    note is); ``None`` otherwise (the name is then read as workspace-relative)."""
-    if not path.startswith(SESSIONS_PREFIX):
-        return None
+    """The absolute path a name ``<shown_as><file>`` (``workspace.display_path``: a transcript's
+    ``sessions/<file>``) stands for under the root of ``workspace``'s collection whose source names its files so,
+    when the file is there or nowhere (then not found, as a missing note is); ``None`` otherwise (the name is then
+    read as workspace-relative)."""
     for c in collections:
-        if c.workspace == workspace and c.role == "sessions":
-            candidate = Path(os.path.normpath(c.root / path[len(SESSIONS_PREFIX):]))
+        shown_as = c.source.shown_as
+        if c.workspace == workspace and shown_as and path.startswith(shown_as):
+            candidate = Path(os.path.normpath(c.root / path[len(shown_as):]))
             if candidate.is_relative_to(c.root) and (
                     os.path.lexists(candidate) or not os.path.lexists(workspace.path / path)):
                 return candidate  # there, or nowhere: a transcript not found (not "not memory")
     return None
 
 
-def open_memory(collection: Collection, path: Path, text: bool = False) -> IO[Any]:
-    """``path`` of ``collection`` opened for reading beneath its root with no symlink followed at any component
-    (``indexer.safeio.open_beneath``): binary, or text (UTF-8, undecodable bytes replaced). Raises ``ReadRefused``
-    for a symlink on the way, ``..`` or a non-regular file, and ``FileNotFoundError``/``PermissionError``."""
-    base, rel, follow = anchor(collection, path)
-    try:
-        fd = open_beneath(base, rel, follow_root=follow)
-    except UnsafePath as exc:
-        raise ReadRefused(f"{rel}: refused ({exc.reason})") from None
-    if text:
-        return open(fd, encoding="utf-8", errors="replace", newline=None)
-    return open(fd, "rb")
-
-
 def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1, lines: int | None = None,
                 max_chars: int = DEFAULT_MAX_CHARS, agent: str | None = None,
                 classify: Callable[[Path, bytes], str | None] | None = None,
-                transcript_format: Callable[[bytes], tuple[str, TranscriptFormat] | None] | None = None,
+                transcript_format: Sniff | None = None,
                 settings: Settings | None = None) -> Page:
-    """A page of memory file ``path``, its secrets redacted as its collection's chunks are
-    (``indexer.redact.Redactor.for_collection`` of ``settings``; ``None``: the default settings, redaction on).
+    """A page of memory file ``path``, read by its collection's reader (``indexer.sources.Reader.page``), its
+    secrets redacted as its collection's chunks are (``indexer.sources.redactor`` of ``settings``; ``None``: the
+    default settings, redaction on).
 
     Returns ``{"path", "collection", "from", "to", "text", "truncated", "next_from"}``: ``text`` holds whole lines
     ``from``..``to`` (1-based, inclusive; ``to < from`` when the file has no such lines). ``truncated`` is true when
@@ -130,28 +116,14 @@ def read_memory(collections: Sequence[Collection], path: str, from_line: int = 1
     (``classify`` is passed to it) and ``ValueError`` for bad arguments.
 
     A session transcript (``transcript_format``: the registry's sniffing) reads as its turns, each whole on one line
-    (``L12 [2023-05-08 13:57] Caroline (user): ...``, ``indexer.transcripts.render_page``); ``from``, ``to``,
-    ``lines`` and ``next_from`` count its JSONL lines. Without a format that claims it, it is ``ReadRefused``.
+    (``L12 [2023-05-08 13:57] Caroline (user): ...``, ``indexer.sources.transcripts.render_page``); ``from``,
+    ``to``, ``lines`` and ``next_from`` count its JSONL lines. Without a format that claims it, it is ``ReadRefused``.
     """
     if from_line < 1 or (lines is not None and lines < 1) or max_chars < 1:
         raise ValueError("from must be >= 1, lines >= 1 and max_chars >= 1")
     collection, abs_path, note = _found(collections, path, agent, classify)
-    if collection.corpus == "sessions":
-        return _transcript_page(collection, abs_path, from_line, lines, max_chars, transcript_format,
-                                Redactor.for_collection(settings, collection))
-    out, truncated, line_cut = _page_lines(collection, abs_path, from_line, lines, max_chars,
-                                           Redactor.for_collection(settings, collection))
-    result: Page = {
-        "path": display_path(collection, abs_path),
-        "collection": collection.name,
-        "from": from_line,
-        "to": from_line + len(out) - 1,
-        "text": "\n".join(out),
-        "truncated": truncated,
-        "next_from": from_line + len(out) if truncated and not line_cut else (from_line + 1 if line_cut else None),
-    }
-    if line_cut:
-        result["line_truncated"] = True
+    result = reader(collection).page(collection, abs_path, from_line, lines, max_chars,
+                                     redactor(settings, collection), transcript_format)
     if note:
         result["note"] = note
     return result
@@ -174,47 +146,6 @@ def _found(collections: Sequence[Collection], path: str, agent: str | None,
         return collection, abs_path, (f"no file is named {path!r}: read {respelled!r}, the same name in another "
                                       "Unicode normalisation form")
     return collection, abs_path, None
-
-
-def _page_lines(collection: Collection, abs_path: Path, from_line: int, lines: int | None, max_chars: int,
-                redactor: Redactor) -> tuple[list[str], bool, bool]:
-    """``read_memory``'s lines of a note from ``from_line`` (1-based), redacted: at most ``lines`` whole lines
-    within ``max_chars`` characters joined with newlines, or the first line cut to ``max_chars``. Returns
-    ``(lines, truncated, line_cut)``: ``truncated`` when a limit stopped the read, ``line_cut`` when it cut a line."""
-    out: list[str] = []
-    used = 0
-    truncated = line_cut = False
-    with open_memory(collection, abs_path, text=True) as handle:
-        for line_no, raw in enumerate(redactor.lines(handle, from_line), 1):  # from line 1: a block may start before
-            if line_no < from_line:
-                continue
-            line = raw.rstrip("\n")
-            if (lines is not None and len(out) >= lines) or (out and used + 1 + len(line) > max_chars):
-                truncated = True
-                break
-            if not out and len(line) > max_chars:
-                out.append(line[:max_chars])
-                truncated = line_cut = True
-                break
-            used += len(line) + (1 if out else 0)  # joined with "\n" between lines
-            out.append(line)
-    return out, truncated, line_cut
-
-
-def _transcript_page(collection: Collection, abs_path: Path, from_line: int, lines: int | None, max_chars: int,
-                     transcript_format: Callable[[bytes], tuple[str, TranscriptFormat] | None] | None,
-                     redactor: Redactor) -> Page:
-    """``read_memory``'s page of a session transcript, its messages redacted as when indexed."""
-    with open_memory(collection, abs_path) as handle:
-        found = transcript_format(handle.read(HEAD_BYTES)) if transcript_format is not None else None
-        if found is None:
-            raise ReadRefused(f"{abs_path.name}: not a session transcript any format plugin reads")
-        handle.seek(0)
-        shown, last, truncated = render_page(handle, found[1], from_line, lines, max_chars,
-                                             collection.workspace.sessions_tool_results, redactor.redact)
-    return {"path": display_path(collection, abs_path), "collection": collection.name,
-            "from": from_line, "to": last, "text": "\n".join(shown), "truncated": truncated,
-            "next_from": last + 1 if truncated else None}
 
 
 def _respelled(collections: Sequence[Collection], path: str, agent: str | None) -> str | None:

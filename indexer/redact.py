@@ -1,6 +1,6 @@
 """Secrets kept out of the index: each match of a documented pattern replaced by ``[redacted: kind]``.
 
-People paste keys into chats and notes. The pipeline (``indexer.pipeline.Pipeline.prepare``) redacts every chunk
+People paste keys into chats and notes. The sources' readers (``indexer.sources``) redact every chunk
 right after extraction, before anything is embedded, cached, keyword-indexed, stored in a payload, shown in a snippet
 or logged; ``get`` (``indexer.recall.read_memory``) shows the file redacted the same way. Redaction keeps the line
 count (a replaced span keeps its newlines), so line numbers and citations stay those of the file.
@@ -46,7 +46,8 @@ then the config's patterns): ``ANTHROPIC_API_KEY=[redacted: anthropic_key]``. A 
 redacted text redacted again is unchanged. The config adds patterns (``redact_patterns``, a list of regular
 expressions, each compiled when the config loads: ``indexer.config.compile_patterns``); their matches become
 ``[redacted: pattern]``. Settings (``indexer.config``): ``redact_secrets`` (global, default true) and a workspace's
-``redact_secrets`` (default: the global) for notes; transcripts (a ``sessions`` collection) are always redacted.
+``redact_secrets`` (default: the global) for notes. Which applies to a collection is its source's policy
+(``indexer.sources.Reader.redactor``: session transcripts are always redacted); this module is the mechanism.
 """
 
 from __future__ import annotations
@@ -166,25 +167,20 @@ class Redactor:
 
     @classmethod
     def from_settings(cls, settings: Settings | None, workspace: Workspace | None = None,
-                      transcripts: bool = False) -> Redactor:
-        """The redactor for notes of ``workspace`` (its ``redact_secrets``, else the global one), or for session
-        transcripts (``transcripts=True``: always on). ``settings`` ``None``: the defaults (on, built-in table)."""
+                      always: bool = False) -> Redactor:
+        """The redactor of ``workspace`` (its ``redact_secrets``, else the global one), or, with ``always``, one
+        that is on whatever they say (the policy is the source's: ``indexer.sources.Reader.redactor``; session
+        transcripts are always redacted). ``settings`` ``None``: the defaults (on, built-in table)."""
         patterns = compile_patterns(tuple(settings.redact_patterns)) if settings is not None else ()
         enabled = settings.redact_secrets if settings is not None else True
         own = getattr(workspace, "redact_secrets", None)
         if own is not None:
             enabled = own
-        return cls(transcripts or enabled, patterns)
-
-    @classmethod
-    def for_collection(cls, settings: Settings | None, collection: Any) -> Redactor:
-        """``from_settings`` for ``collection`` (an ``indexer.workspace.Collection``): a ``sessions`` collection
-        holds transcripts."""
-        return cls.from_settings(settings, collection.workspace, transcripts=collection.role == "sessions")
+        return cls(always or enabled, patterns)
 
     @property
     def version(self) -> str:
-        """What a point's ``file_hash`` carries of this redactor (``indexer.pipeline.index_hash``): ``off``, or the
+        """What a point's ``file_hash`` carries of this redactor (``indexer.sources.base.index_hash``): ``off``, or the
         table's version and a digest of the user's patterns, so changing either re-chunks the files once."""
         if not self.enabled:
             return "off"

@@ -25,6 +25,7 @@ from indexer.points import stat_identity
 from indexer.rerank import RerankStats, rerank_status
 from indexer.schema import MAX_WAIT_S, Indexing
 from indexer.search import FallbackStats, Searcher
+from indexer.sources import reader
 from indexer.state import IndexState, Plan
 from indexer.status import CollectionStatus, Health, SessionsStatus, Status
 from indexer.store import Store
@@ -238,7 +239,7 @@ class StatusView:
             c.name: {"agent": c.agent, "role": c.role, "root": str(c.root), "files": 0, "chunks": 0}
             for c in plan.collections
         }
-        of_sessions = {c.name: c.agent for c in plan.collections if c.corpus == "sessions"}
+        of_sessions = {c.name: c.agent for c in plan.collections if reader(c).sessions}
         sessions: dict[str, SessionsStatus] = {agent: {"count": 0, "turns": 0} for agent in of_sessions.values()}
         for entry in list(self.state.indexed.values()):
             if entry.collection in per:

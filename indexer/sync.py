@@ -36,8 +36,9 @@ from indexer.errors import (
 )
 from indexer.ledger import FAILURES
 from indexer.metrics import Metrics
-from indexer.pipeline import Interrupted, Pipeline, Prepared, Unchanged, trim_heap
+from indexer.pipeline import Interrupted, Pipeline, trim_heap
 from indexer.points import FileState, Point
+from indexer.sources.base import Prepared, Unchanged
 from indexer.state import IndexState
 from indexer.store import Store
 from indexer.walk import route, walk_dir
@@ -303,21 +304,20 @@ class Sync:
             self.metrics.store_write_seconds.observe(time.monotonic() - started)
             self.state.put(abs_path, file.collection.name, FileState(
                 file.file_hash, file.size_bytes, file.mtime_ns, file.chunk_count, True, file.ctime_ns, file.inode,
-                file.device, file.tail))
+                file.device, file.tail_state))
             log.info("file_indexed", path=abs_path, collection=file.collection.name, kind=file.kind,
                      chunks=file.chunk_count, written=len(points), embedded=file.embedded, cache_hits=file.cache_hits,
                      write_ms=round((time.monotonic() - started) * 1000, 1), **_read(file))
         return retry
 
     def _write_tail(self, name: str, abs_path: str, points: Sequence[Point], had: int, count: int) -> None:
-        """Write a transcript's tail (``indexer.tailing``): its new points over the open window's (same ids),
+        """Write a transcript's tail (``indexer.sources.tailing``): its new points over the open window's (same ids),
         chunk 0 (``points[0]``, the file's state) last, then the indexes past its new end deleted. A crash between
         leaves more points than chunk 0 counts or an old chunk 0: incomplete, re-indexed whole at the next start."""
         self.store.upsert(name, points[1:])
         self.store.upsert(name, points[:1])
         if count < had:
             self.store.trim_file(name, abs_path, count, had)
-
 
     def _write_slices(self, file: Prepared, into: Mapping[str, str] | None, pace: Pace) -> list[Path]:
         """Embed and store one huge file (a 10 MB conversation log: 20,000 chunks) ``GROUP_CHUNKS`` chunks at a
@@ -366,12 +366,11 @@ class Sync:
         if into is None:
             self.state.put(abs_path, logical, FileState(file.file_hash, file.size_bytes, file.mtime_ns,
                                                         file.chunk_count, True, file.ctime_ns, file.inode, file.device,
-                                                        file.tail))
+                                                        file.tail_state))
         log.info("file_indexed", path=abs_path, collection=logical, kind=file.kind, chunks=file.chunk_count,
                  embedded=file.embedded, cache_hits=file.cache_hits, slices=-(-len(file.chunks) // GROUP_CHUNKS),
                  write_ms=round((time.monotonic() - started) * 1000, 1), **_read(file))
         return []
-
 
     def _slices(self, file: Prepared, name: str, pace: Pace, had: int | None) -> None:
         """Embed and upsert ``file``'s chunks ``GROUP_CHUNKS`` at a time into collection ``name``, chunk 0 last
@@ -396,7 +395,7 @@ class Sync:
 def _read(file: Prepared) -> dict[str, int]:
     """A transcript's ``read_bytes``/``read_lines`` for its ``file_indexed`` line (the bytes and JSONL lines parsed:
     its tail alone, or the whole file); nothing for another file."""
-    return {"read_bytes": file.read_bytes, "read_lines": file.read_lines} if file.read_bytes >= 0 else {}
+    return {"read_bytes": file.tail.read_bytes, "read_lines": file.tail.read_lines} if file.tail is not None else {}
 
 
 def _folded(name: str) -> str:

@@ -192,9 +192,10 @@ def route(collections: Sequence[Collection], path: Path) -> tuple[Collection | N
 
 def _outranks(collection: Collection, other: Collection, path: Path) -> bool:
     """Whether ``collection`` owns ``path`` rather than ``other``, which claimed it first: the innermost workspace
-    (``_rank``); within one workspace, its sessions folder for a transcript in it (a folder inside ``memory/``
-    holds transcripts, not notes: ``memory/sessions/x.jsonl`` was claimed by ``memory/`` and indexed by neither)."""
-    if collection.role == "sessions" and other.role != "sessions" and collection.workspace == other.workspace:
+    (``_rank``); within one workspace, a source that ``claims_nested`` for a candidate of its own (a sessions folder
+    inside ``memory/`` holds transcripts, not notes: ``memory/sessions/x.jsonl`` was claimed by ``memory/`` and
+    indexed by neither)."""
+    if collection.source.claims_nested and other.role != collection.role and collection.workspace == other.workspace:
         return str(path).endswith(collection.source.suffix)
     return _rank(collection, path) > _rank(other, path)
 
@@ -275,14 +276,11 @@ def path_problems(collections: Sequence[Collection]) -> list[Problem]:
     """The ``Problem``s of the extra paths and sessions folders among ``collections``, in order."""
     out: list[Problem] = []
     for n, extra in enumerate(collections):
-        if extra.role == "sessions" and not os.path.lexists(extra.root):
-            out.append(Problem("sessions_path_missing", extra.agent, extra.root,
-                               "no sessions folder there yet: an empty collection; indexed once it exists"))
+        missing = extra.source.missing
+        if missing and not os.path.lexists(extra.root):
+            out.append(Problem(missing[0], extra.agent, extra.root, missing[1]))
         if extra.role != "extra":
             continue
-        if not os.path.lexists(extra.root):
-            out.append(Problem("extra_path_missing", extra.agent, extra.root,
-                               "nothing there yet: an empty collection; indexed once it exists"))
         for other in collections[:n]:
             if other.agent != extra.agent or other.role == "root":
                 continue

@@ -124,13 +124,10 @@ def watch_roots(collections: Sequence[Collection]) -> list[tuple[Path, bool]]:
     extra file."""
     roots = [(root, False) for root in sorted({c.workspace.path for c in collections})]
     for collection in collections:
-        if collection.role in ("dir", "sessions"):
+        if collection.role == "extra" and not collection.root.is_dir():  # an extra file: its directory
+            roots.append((collection.root.parent, False))
+        elif collection.source.walked:
             roots.append((collection.root, True))
-        elif collection.role == "extra":
-            if collection.root.is_dir():
-                roots.append((collection.root, True))
-            else:
-                roots.append((collection.root.parent, False))
     return roots
 
 

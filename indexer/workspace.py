@@ -14,7 +14,7 @@ Rules (following the reference agent's memory layout):
   directory is walked like ``memory/``; each gets a collection of its own.
 - **Sessions**: the workspace's ``sessions`` folder (absolute or workspace-relative, ``~`` expanded), walked like
   ``memory/``; its ``*.jsonl`` files are candidates, and a transcript format plugin's sniffing decides which are
-  transcripts (``indexer.transcripts``).
+  transcripts (``indexer.sources.transcripts``).
 - **Never**: a symlink anywhere on the way (a symlinked file, a symlinked ``memory/``, a symlinked extra root): a
   security boundary, so nothing outside the workspace is pulled in; each skip is reported by name. Hidden names
   (``.git``, ``.obsidian``, editor swap files) and ``.openclaw-repair/`` (the doctor's archive) are skipped.
@@ -30,8 +30,10 @@ restored backup or a re-created directory under the same path is noticed (its fi
 distrusted).
 
 Each of these is a *source* (``Source``, ``SOURCES``): what feeds one kind of collection, which corpus it belongs to
-(``memory`` or ``sessions``), where the symlink checks of its files start and which names are candidates. Everything
-downstream (the pipeline, tenancy, search's ``corpus`` filter) asks the source, never the role by name.
+(``memory`` or ``sessions``), its folder in a workspace, where the symlink checks of its files start, which names
+are candidates, how its files are named and which reader reads them (``indexer.sources``: notes or transcripts).
+Everything downstream (the walk, ``indexer.walk``; the pipeline, the daemon, ``get`` and ``status`` through the
+reader; tenancy; search's ``corpus`` filter) asks the source, never the role by name.
 
 Collections are named ``memory-root-<slug>``, ``memory-dir-<slug>``, ``memory-extra-<name>--<slug>``,
 ``sessions-<slug>``, ``<slug>``
@@ -52,7 +54,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -83,8 +85,14 @@ class Source:
     """What feeds one kind of collection: ``corpus`` it belongs to (search's ``corpus`` filter), ``own_root``
     (symlink checks and opens start at the collection's root, not at the workspace: an extra path, the sessions
     folder), ``walked`` (a directory walked for candidates; the root memory files are named instead), ``suffix``
-    (only names ending so are candidates; empty: any name) and ``dense_weight`` (the factor a point's dense part of
-    its fused score gets in hybrid search, ``indexer.ranking.fuse_scores``)."""
+    (only names ending so are candidates; empty: any name), ``dense_weight`` (the factor a point's dense part of
+    its fused score gets in hybrid search, ``indexer.ranking.fuse_scores``), ``reader`` (the name of the reader of
+    its files in ``indexer.sources.READERS``), ``kind`` (its collections' names start so, after the prefix),
+    ``folder`` (its root in a workspace, ``None`` where the workspace has none; ``None``: several, the extra
+    paths), ``shown_as`` (its files are named ``<shown_as><path under its root>`` in hits and by ``get``; empty:
+    relative to the workspace), ``claims_nested`` (its candidates under another collection of its workspace are its
+    own: a sessions folder inside ``memory/``) and ``missing`` (``(problem kind, detail)`` reported while its root
+    does not exist; empty: never)."""
 
     role: Role
     corpus: Corpus
@@ -92,6 +100,12 @@ class Source:
     walked: bool
     suffix: str = ""
     dense_weight: float = 1.0
+    reader: str = "notes"
+    kind: str = ""
+    folder: Callable[[Workspace], Path | None] | None = None
+    shown_as: str = ""
+    claims_nested: bool = False
+    missing: tuple[str, str] | tuple[()] = ()
 
 
 #: The dense part of a transcript window's fused score, against 1 for notes. Chat windows (greetings, thanks, one
@@ -101,14 +115,39 @@ class Source:
 #: 0.3 0.839/0.764; the same weight on convmem's daily logs 0.819 -> 0.828 hit@5 (benchmarks/sessmem_eval.py,
 #: docs/performance.md). Notes keep 1.0: on devvault 0.5 cost nDCG@10 0.886 -> 0.853.
 TRANSCRIPT_DENSE_WEIGHT = 0.4
+SESSIONS_PREFIX = "sessions/"  # how a session transcript is named, wherever its folder lies (``display_path``)
 
 
+def _absolute(ws: Workspace, raw: Path) -> Path:
+    path = raw.expanduser()
+    return Path(os.path.abspath(path if path.is_absolute() else ws.path / path))
+
+
+def sessions_root(ws: Workspace) -> Path | None:
+    """The workspace's ``sessions`` folder, ``~`` expanded, made absolute against the workspace; ``None`` when it
+    configures none."""
+    return None if ws.sessions is None else _absolute(ws, ws.sessions)
+
+
+def _memory_dir(ws: Workspace) -> Path:
+    return ws.path / MEMORY_DIR
+
+
+def _workspace_root(ws: Workspace) -> Path:
+    return ws.path
+
+
+#: every source, in the order a workspace's collections are planned (``plan_collections``)
 SOURCES: dict[str, Source] = {
-    "root": Source("root", "memory", own_root=False, walked=False),
-    "dir": Source("dir", "memory", own_root=False, walked=True),
-    "extra": Source("extra", "memory", own_root=True, walked=True),
+    "root": Source("root", "memory", own_root=False, walked=False, kind="memory-root-", folder=_workspace_root),
+    "dir": Source("dir", "memory", own_root=False, walked=True, kind="memory-dir-", folder=_memory_dir),
+    "extra": Source("extra", "memory", own_root=True, walked=True, kind="memory-extra-",
+                    missing=("extra_path_missing", "nothing there yet: an empty collection; indexed once it exists")),
     "sessions": Source("sessions", "sessions", own_root=True, walked=True, suffix=".jsonl",
-                       dense_weight=TRANSCRIPT_DENSE_WEIGHT),
+                       dense_weight=TRANSCRIPT_DENSE_WEIGHT, reader="transcripts", kind="sessions-",
+                       folder=sessions_root, shown_as=SESSIONS_PREFIX, claims_nested=True,
+                       missing=("sessions_path_missing",
+                                "no sessions folder there yet: an empty collection; indexed once it exists")),
 }
 
 
@@ -180,28 +219,18 @@ def plan_collections(workspaces: Sequence[Workspace], prefix: str = "") -> list[
         out.append(Collection(name, ws.agent, role, root, ws, before if before != name else ""))
 
     for ws in workspaces:
-        add("memory-root-", ws, "root", ws.path)
-        add("memory-dir-", ws, "dir", ws.path / MEMORY_DIR)
-        for extra in extra_roots(ws):
-            part = f"memory-extra-{sanitise(extra.stem if extra.suffix else extra.name)}"
-            name = unique(part, taken, f"--{agent_slug(ws.agent)}")
-            before = unique(f"{part}-{sanitise(ws.agent)}", taken_before)
-            out.append(Collection(name, ws.agent, "extra", extra, ws, before))
-        sessions = sessions_root(ws)
-        if sessions is not None:
-            add("sessions-", ws, "sessions", sessions)
+        for source in SOURCES.values():
+            if source.folder is not None:
+                root = source.folder(ws)
+                if root is not None:
+                    add(source.kind, ws, source.role, root)
+                continue
+            for extra in extra_roots(ws):
+                part = f"{source.kind}{sanitise(extra.stem if extra.suffix else extra.name)}"
+                name = unique(part, taken, f"--{agent_slug(ws.agent)}")
+                before = unique(f"{part}-{sanitise(ws.agent)}", taken_before)
+                out.append(Collection(name, ws.agent, source.role, extra, ws, before))
     return out
-
-
-def _absolute(ws: Workspace, raw: Path) -> Path:
-    path = raw.expanduser()
-    return Path(os.path.abspath(path if path.is_absolute() else ws.path / path))
-
-
-def sessions_root(ws: Workspace) -> Path | None:
-    """The workspace's ``sessions`` folder, ``~`` expanded, made absolute against the workspace; ``None`` when it
-    configures none."""
-    return None if ws.sessions is None else _absolute(ws, ws.sessions)
 
 
 def extra_roots(ws: Workspace) -> list[Path]:
@@ -220,16 +249,15 @@ def rel_path(ws: Workspace, path: Path) -> str:
         return path.as_posix()
 
 
-SESSIONS_PREFIX = "sessions/"  # how a session transcript is named, wherever its folder lies (``display_path``)
-
-
 def display_path(collection: Collection, path: Path) -> str:
-    """How ``path`` of ``collection`` is named in hits, citations and pages, and what ``get`` takes back: a session
-    transcript as ``sessions/<path under the sessions folder>`` (the folder is often outside the workspace, e.g.
+    """How ``path`` of ``collection`` is named in hits, citations and pages, and what ``get`` takes back: a file of
+    a source with ``shown_as`` as that and its path under the collection's root (a session transcript as
+    ``sessions/<path under the sessions folder>``: the folder is often outside the workspace, e.g.
     ``~/.openclaw/agents/<id>/sessions``, and a long absolute path in every citation helps nobody), any other file
     relative to the workspace (``rel_path``)."""
-    if collection.role == "sessions" and path.is_relative_to(collection.root):
-        return SESSIONS_PREFIX + path.relative_to(collection.root).as_posix()
+    shown_as = collection.source.shown_as
+    if shown_as and path.is_relative_to(collection.root):
+        return shown_as + path.relative_to(collection.root).as_posix()
     return rel_path(collection.workspace, path)
 
 

@@ -18,10 +18,11 @@ from indexer.cache import cache_key
 from indexer.config import compile_patterns, load_settings
 from indexer.errors import ConfigError
 from indexer.memory import LocalMemory
-from indexer.pipeline import Pipeline, Prepared
+from indexer.pipeline import Pipeline
 from indexer.plugins import Registry
 from indexer.redact import KINDS, Redactor
 from indexer.schema import BootRequest, GetRequest, RecallRequest, SearchRequest
+from indexer.sources.base import Prepared
 
 # one example of each kind (shapes from the sources in indexer.redact's table; none is a real credential)
 SECRETS = {
@@ -279,7 +280,7 @@ def test_a_workspace_may_keep_its_notes_as_written_and_transcripts_are_always_re
     assert key in answer["hits"][0]["snippet"] and key in page["text"]
     settings = make_settings(tmp_path, [{"agent": "main", "path": str(ws), "redact_secrets": False}])
     assert not Redactor.from_settings(settings, settings.workspace[0]).enabled
-    assert Redactor.from_settings(settings, settings.workspace[0], transcripts=True).redact(key) == \
+    assert Redactor.from_settings(settings, settings.workspace[0], always=True).redact(key) == \
         "[redacted: openai_key]"
     # the setting is part of each point's file_hash: turning it on re-chunks the file (no stale secret stays)
     assert Redactor(False).version != Redactor().version != Redactor(True, Redactor.from_settings(

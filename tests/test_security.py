@@ -37,9 +37,10 @@ from indexer.config import Workspace, load_settings
 from indexer.errors import ConfigError, ExtractError, FileSkipped, ReadRefused
 from indexer.guard import MAX_BODY_BYTES
 from indexer.memory import MAX_PAGE_CHARS, MAX_PAGE_LINES, MAX_QUERY_CHARS
-from indexer.pipeline import Pipeline, read_fingerprint
+from indexer.pipeline import Pipeline
 from indexer.recall import read_memory
 from indexer.server import create_app
+from indexer.sources.base import read_fingerprint
 from indexer.walk import route
 from indexer.worker import index_once
 from indexer.workspace import plan_collections

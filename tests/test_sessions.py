@@ -282,7 +282,7 @@ def test_a_long_windows_snippet_cites_the_jsonl_lines_of_the_turns_it_shows(tmp_
     from indexer.config import Workspace
     from indexer.hits import WINDOW_CHARS, shown
     from indexer.points import Payload
-    from indexer.transcripts import extract
+    from indexer.sources.transcripts import extract
 
     path = tmp_path / f"{SESSION}.jsonl"
     said = [(name, f"{text}\n{text} " * 6) for name, text in _talk(EVIDENCE)]

@@ -1,6 +1,6 @@
-"""A growing transcript is indexed incrementally (``indexer.tailing``): appended turns cost the embedding of the new
-windows only, and the points equal those of a whole re-index; a rewrite of the indexed prefix (compaction) or a
-shrink re-chunks the file whole. Real daemon pipeline, real Edge store, real files, the real model."""
+"""A growing transcript is indexed incrementally (``indexer.sources.tailing``): appended turns cost the embedding of
+the new windows only, and the points equal those of a whole re-index; a rewrite of the indexed prefix (compaction)
+or a shrink re-chunks the file whole. Real daemon pipeline, real Edge store, real files, the real model."""
 
 from __future__ import annotations
 

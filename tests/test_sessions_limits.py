@@ -20,12 +20,12 @@ from test_sessions_incremental import DAY, _turn
 from test_sessions_incremental import _said as said
 from test_sessions_incremental import _setup as live_session
 
-from indexer import transcripts
 from indexer.builtin.transcripts import OpenClawTranscripts
 from indexer.chunking import LINE_END
 from indexer.redact import Redactor
 from indexer.schema import SearchRequest
-from indexer.transcripts import CUT_MARGIN, MAX_MESSAGE_CHARS, Reading, read_turns
+from indexer.sources import jsonl, transcripts
+from indexer.sources.transcripts import CUT_MARGIN, MAX_MESSAGE_CHARS, Reading, read_turns
 from indexer.worker import index_once
 
 DEPTH = 1000
@@ -172,7 +172,7 @@ def test_redaction_reads_a_huge_message_cut_and_never_an_unindexed_tool_result(t
     with path.open("a") as handle:
         handle.write(line)
     roles = transcripts.ROLES + (("tool",) if tool_results else ())
-    reading = Reading(roles=roles, redact=Redactor.from_settings(None, transcripts=True).redact)
+    reading = Reading(roles=roles, redact=Redactor.from_settings(None, always=True).redact)
     with path.open("rb") as handle:
         turns = list(read_turns(handle, OpenClawTranscripts(), reading))
     assert reading.longest_redacted <= MAX_MESSAGE_CHARS + CUT_MARGIN  # never the 50 MB: cut before redaction
@@ -198,13 +198,13 @@ def test_a_huge_lines_strings_are_cut_before_parsing_as_after(tmp_path, monkeypa
     """A line over ``PARSE_BYTES`` has its long strings cut before it is parsed: its turn is the one the whole line
     parsed gives, cut, whatever the escapes, multi-byte characters and surrogate pairs the slices fall on."""
     if slice_bytes is not None:
-        monkeypatch.setattr(transcripts, "SLICE_BYTES", slice_bytes)
+        monkeypatch.setattr(jsonl, "SLICE_BYTES", slice_bytes)
     unit = 'é中😀\n"\\ab\tcd/ \u2028 plain words '
     body = "".join(_literal(unit * 37 + str(n), n % 2 == 0) for n in range(2500))  # ~3 MB of string body
     line = ('{"type": "message", "id": "u", "timestamp": "2023-06-02T15:00:00.000Z", "message": {"role": "user", '
             '"content": [{"type": "text", "text": "' + body + '"}, {"type": "thinking", "thinking": "' + body
             + '"}]}}\n')
-    assert len(line.encode()) > transcripts.PARSE_BYTES
+    assert len(line.encode()) > jsonl.PARSE_BYTES
     path = tmp_path / "one.jsonl"
     path.write_text('{"type": "session", "id": "s", "timestamp": "2023-06-02T15:00:00.000Z"}\n' + line)
     original = json.loads(line)["message"]["content"][0]["text"]
@@ -222,7 +222,7 @@ def test_a_line_too_large_once_cut_is_skipped_unparsed_and_a_torn_one_waits(tmp_
     numbers = ('{"type": "message", "id": "n", "timestamp": "2023-06-02T15:00:00.000Z", "message": {"role": "user", '
                '"content": [{"type": "text", "text": "Caroline: NUMBERSWORD"}]}, "numbers": [' + "0," * (9 * MIB)
                + "0]}\n")
-    assert len(numbers) > transcripts.MAX_RECORD_BYTES  # structure, no long string: cutting strings cannot help
+    assert len(numbers) > jsonl.MAX_RECORD_BYTES  # structure, no long string: cutting strings cannot help
     torn = _turn(4, "The lighthouse picnic moved to Sunday. " + "More words. " * (2 * MIB // 12))
     whole = head + numbers + _turn(3, "The zeppelin tour is on Saturday.")
     path = write(tmp_path / "big.jsonl", whole + torn[:-9])

@@ -36,8 +36,8 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray | None, scif
     start."""
     from benchmarks.bigset import anchored_vectors, scifact_passages
     from indexer.bm25 import Bm25Terms
-    from indexer.pipeline import index_hash
     from indexer.points import Payload, Point, ancestor_dirs, point_id
+    from indexer.sources.base import index_hash
     from indexer.store import open_store
 
     shutil.rmtree(workspace, ignore_errors=True)

@@ -1,19 +1,20 @@
 """Session transcripts: a JSON Lines file of one session read as turns, cut into windows, rendered for ``get``.
 
-A workspace's ``sessions`` folder is a source of its own (``indexer.workspace.SOURCES``); its ``*.jsonl`` files are
-read by the first transcript format plugin (group ``qmd_indexer.transcripts``, ``indexer.api.TranscriptFormat``)
-whose ``sniff`` claims them. Reading is streamed, one record a line (``read_turns``): a record that is not JSON is
-passed over (``bad_lines`` counts them), and a last line without its newline that does not parse is a writer
-mid-append, left for the next event. One record never costs the file: a record nested deeper than the parser goes
-(``RecursionError``, ~1,000 levels) or too large to parse (``MAX_RECORD_BYTES`` once its long strings are cut) is
-passed over too, and logged (``transcript_record_skipped``, with the file and the JSONL line).
+A workspace's ``sessions`` folder is a source of its own (``indexer.workspace.SOURCES``, read by
+``indexer.sources.sessions``); its ``*.jsonl`` files are read by the first transcript format plugin (group
+``qmd_indexer.transcripts``, ``indexer.api.TranscriptFormat``) whose ``sniff`` claims them. Reading is streamed, one
+record a line (``read_turns``): a record that is not JSON is passed over (``bad_lines`` counts them), and a last
+line without its newline that does not parse is a writer mid-append, left for the next event. One record never costs
+the file: a record nested deeper than the parser goes (``RecursionError``, ~1,000 levels) or too large to parse
+(``indexer.sources.jsonl.MAX_RECORD_BYTES`` once its long strings are cut) is passed over too, and logged
+(``transcript_record_skipped``, with the file and the JSONL line).
 
 Limits (memory and time stay bounded whatever one message holds): a message's text is cut to its first
 ``MAX_MESSAGE_CHARS`` characters before it is redacted, windowed or embedded, and its turn says so (``[message cut
 to its first 262,144 of 52,428,800 characters] ...…``, logged as ``transcript_message_cut``); a line over
-``PARSE_BYTES`` has its long strings cut before it is parsed (scanned and decoded ``SLICE_BYTES`` at a time, so the
-line is held once and never parsed whole); a role that is not indexed (tool results, by default) is passed over
-before its text is touched.
+``jsonl.PARSE_BYTES`` has its long strings cut before it is parsed (``indexer.sources.jsonl``: scanned and decoded
+``SLICE_BYTES`` at a time, so the line is held once and never parsed whole); a role that is not indexed (tool
+results, by default) is passed over before its text is touched.
 
 What becomes a chunk (``transcript_chunks``): the user's and the assistant's text, one turn per message, in windows
 of whole turns with overlap (``indexer.conversation.turn_windows``, the windows measured for conversation logs);
@@ -30,14 +31,13 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import json
-import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 import structlog
 
+import indexer.sources.jsonl as jsonl
 from indexer.api import Chunk, ExtractContext, FileInfo, Message, TranscriptFormat
 from indexer.chunking import LINE_END
 from indexer.config import Workspace
@@ -54,16 +54,8 @@ OVERLAP_TURNS = 2  # sessmem_eval.py measures them on transcripts)
 MAX_MESSAGE_CHARS = 256 * 1024
 CUT_MARGIN = 16 * 1024  # characters past the cut that redaction reads: a secret across it goes whole (a PEM block
 # of an RSA 8192 key is ~6,500) before the text is cut
-PARSE_BYTES = 1 << 20  # a longer line has its long strings cut before it is parsed (json.loads copies each 2-3 times)
-MAX_RECORD_BYTES = 16 << 20  # a line still longer once cut is not parsed: what is left is structure (objects,
-# numbers), which parses to ~20x its size in objects
-SLICE_BYTES = 1 << 20  # a long string of a long line is scanned and decoded in slices of this (bounded copies)
 
 log = structlog.get_logger("qmd_indexer.daemon")
-_BODY = re.compile(rb'(?:[^"\\]++|\\u[0-9a-fA-F]{4}|\\["\\/bfnrt])*+')  # a JSON string's body, escapes whole
-_HIGHS = re.compile(rb"(?:\\u[dD][89abAB][0-9a-fA-F]{2})*+(?:\\u[0-9a-fA-F]{4})?")  # high surrogates, the escape after
-# a cut string's kept beginning -> its line and its body's bytes [start, end) there
-_Cuts = dict[str, tuple[bytes | bytearray, int, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +98,6 @@ class Reading:
     cut_messages: int = 0
 
 
-class _TooLarge(Exception):
-    """A line over ``MAX_RECORD_BYTES`` even with its long strings cut: not parsed."""
-
-
 def parse_time(value: str) -> datetime.datetime | None:
     """An ISO 8601 timestamp (``2023-05-08T13:57:00.000Z``) as an aware UTC datetime; ``None`` when unreadable."""
     if not value:
@@ -123,126 +111,21 @@ def parse_time(value: str) -> datetime.datetime | None:
     return parsed.astimezone(datetime.UTC)
 
 
-def _pieces(raw: bytes | bytearray, start: int, end: int) -> Iterator[str]:
-    """The body ``raw[start:end]`` of a JSON string decoded a slice of at most ``SLICE_BYTES`` at a time, each cut
-    where it splits no escape, UTF-8 sequence or surrogate pair. Raises ``ValueError`` where it is no such body."""
-    pos = start
-    while pos < end:
-        stop = min(end, pos + SLICE_BYTES)
-        if raw.find(b"\\", pos, stop) >= 0:  # escapes: cut after a whole one
-            stop = _BODY.match(raw, pos, stop).end()  # type: ignore[union-attr]  # never None
-        while pos < stop < end and 0x80 <= raw[stop] < 0xC0:  # the next byte continues a UTF-8 sequence
-            stop -= 1
-        if stop == pos:
-            raise ValueError("not a JSON string")
-        piece = json.loads('"' + raw[pos:stop].decode("utf-8", "surrogatepass") + '"')
-        if "\ud800" <= piece[-1] <= "\udbff" and stop < end and raw[stop : stop + 2] == b"\\u":
-            # a surrogate pair's first half: decoded with the escapes after it, as json.loads pairs them
-            stop = _HIGHS.match(raw, stop, end).end()  # type: ignore[union-attr]  # never None
-            piece = json.loads('"' + raw[pos:stop].decode("utf-8", "surrogatepass") + '"')
-        yield piece
-        pos = stop
-
-
-def _string_end(raw: bytes | bytearray, start: int) -> int:
-    """Where the JSON string whose body starts at ``raw[start]`` ends (its closing quote), scanned a slice at a
-    time; -1 when it does not (an escape JSON has not, a torn line)."""
-    pos = start
-    while True:
-        limit = pos + SLICE_BYTES
-        quote = raw.find(b'"', pos, limit)
-        escape = raw.find(b"\\", pos, limit if quote < 0 else quote)
-        if escape < 0:  # none before the quote or in the slice: bytes found, not matched
-            if quote >= 0 or limit >= len(raw):
-                return quote
-            pos = limit
-            continue
-        stop = _BODY.match(raw, escape, escape + SLICE_BYTES).end()  # type: ignore[union-attr]  # never None
-        if stop == escape:
-            return -1
-        pos = stop
-
-
-def _precut(raw: bytes | bytearray) -> tuple[bytes | bytearray, _Cuts]:
-    """JSONL line ``raw`` with each string over ``MAX_MESSAGE_CHARS + CUT_MARGIN`` characters cut to that many (its
-    beginning, re-encoded), before it is parsed, and each cut string's kept text -> ``(raw, start, end)`` (its
-    body's bytes: what ``_bounded`` counts the whole of). Raises ``ValueError`` for a string that does not end
-    (a torn line) or whose kept beginning is not JSON."""
-    keep = MAX_MESSAGE_CHARS + CUT_MARGIN
-    parts: list[bytes | memoryview] = []
-    cuts: _Cuts = {}
-    view, done, pos = memoryview(raw), 0, 0
-    while (start := raw.find(b'"', pos) + 1) > 0:
-        end = _string_end(raw, start)
-        if end < 0:
-            raise ValueError("a string without its end")  # torn or not JSON: never parsed whole
-        if end - start > keep:  # in bytes: a body no longer holds no more characters
-            text, size = [], 0
-            for piece in _pieces(raw, start, end):
-                text.append(piece)
-                size += len(piece)
-                if size > keep:
-                    break
-            if size > keep:
-                kept = "".join(text)[:keep]
-                parts += [view[done : start - 1], json.dumps(kept, ensure_ascii=False).encode("utf-8", "surrogatepass")]
-                cuts[kept], done = (raw, start, end), end + 1
-        pos = end + 1
-    if not cuts:
-        return raw, {}
-    parts.append(view[done:])
-    return b"".join(parts), cuts
-
-
-def _lines(handle: IO[bytes]) -> Iterator[bytes | bytearray]:
-    """The lines of ``handle`` from where it is, each read in pieces of at most ``SLICE_BYTES``: a long line is
-    gathered into one buffer (``readline`` would hold it 2-3 times over while joining its pieces)."""
-    while line := handle.readline(SLICE_BYTES):
-        if line.endswith(b"\n") or len(line) < SLICE_BYTES:
-            yield line
-            continue
-        buffer = bytearray(line)
-        while part := handle.readline(SLICE_BYTES):
-            buffer += part
-            if part.endswith(b"\n"):
-                break
-        yield buffer
-        del buffer  # not held while the lines after it are read
-
-
-def _parse(raw: bytes | bytearray) -> tuple[Any, _Cuts]:
-    """The record of JSONL line ``raw`` and the strings cut out of it before it was parsed (``_precut``, for a line
-    over ``PARSE_BYTES``). Raises ``ValueError`` (not JSON), ``RecursionError`` (nested deeper than the parser
-    goes: ~1,000 levels, less the caller's stack) and ``_TooLarge``."""
-    if len(raw) <= PARSE_BYTES:
-        return json.loads(raw), {}
-    shrunk, cuts = _precut(raw)
-    if len(shrunk) > MAX_RECORD_BYTES:
-        raise _TooLarge(f"{len(shrunk)} bytes once its long strings are cut")
-    return json.loads(shrunk), cuts
-
-
-def _bounded(text: str, cuts: _Cuts) -> tuple[str, int]:
+def _bounded(text: str, cuts: jsonl.Cuts) -> tuple[str, int]:
     """``(text to read, characters of the message)``: ``text`` (a message's, as its format read it) cut to
-    ``MAX_MESSAGE_CHARS + CUT_MARGIN`` when the message is longer, counting what ``_precut`` cut of its strings."""
-    total = len(text)
-    for kept, (raw, start, end) in cuts.items():
-        if kept in text:
-            try:
-                total += sum(len(piece) for piece in _pieces(raw, start, end)) - len(kept)
-            except ValueError:  # not JSON past the kept beginning (json.loads would refuse the line): its bytes
-                total += end - start - len(kept)
+    ``MAX_MESSAGE_CHARS + CUT_MARGIN`` when the message is longer, counting what ``jsonl.parse`` cut of its strings."""
+    total = jsonl.length(text, cuts)
     return (text if total <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS + CUT_MARGIN]), total
 
 
-def _turn(line: int, message: Message, fallback: str, reading: Reading, offset: int, cuts: _Cuts) -> Turn | None:
+def _turn(line: int, message: Message, fallback: str, reading: Reading, offset: int, cuts: jsonl.Cuts) -> Turn | None:
     if message.role not in reading.roles:  # before its text is touched: a tool result not indexed is not redacted
         return None
     text, total = _bounded(message.text, cuts)  # cut before redaction, windows and tokens: memory and time bounded
     reading.redacted_chars += len(text)
     reading.longest_redacted = max(reading.longest_redacted, len(text))
     # secrets out per message, before a turn is windowed, embedded, stored or shown: a turn's text never depends on
-    # its neighbours, so a tail read alone (``indexer.tailing``) gives the windows a whole read gives
+    # its neighbours, so a tail read alone (``indexer.sources.tailing``) gives the windows a whole read gives
     text = reading.redact(text)
     time = parse_time(message.timestamp or fallback)
     if message.role == "tool":
@@ -267,7 +150,7 @@ def _turn(line: int, message: Message, fallback: str, reading: Reading, offset: 
     return Turn(line, message.role, name or message.role, text, time, offset)
 
 
-def _record_turns(number: int, record: dict[str, Any], cuts: _Cuts, fmt: TranscriptFormat, reading: Reading,
+def _record_turns(number: int, record: dict[str, Any], cuts: jsonl.Cuts, fmt: TranscriptFormat, reading: Reading,
                   at: int) -> list[Turn]:
     """The turns of the record of JSONL line ``number`` (its first byte ``at``). Raises ``RecursionError`` (a
     format nesting into it) and ``ExtractError`` (any other exception of the format's ``read``)."""
@@ -290,8 +173,8 @@ def _line_turns(raw: bytes | bytearray, number: int, fmt: TranscriptFormat, read
     """The turns of JSONL line ``raw`` (line ``number``, its first byte ``at``), none for a line passed over (see
     ``read_turns``); ``None`` for a last line without its newline that does not parse (a writer mid-append)."""
     try:
-        record, cuts = _parse(raw)
-    except (ValueError, RecursionError, _TooLarge) as exc:
+        record, cuts = jsonl.parse(raw, MAX_MESSAGE_CHARS + CUT_MARGIN)
+    except (ValueError, RecursionError, jsonl.TooLarge) as exc:
         if not raw.endswith(b"\n"):
             return None
         if isinstance(exc, ValueError):
@@ -320,15 +203,16 @@ def read_turns(handle: IO[bytes], fmt: TranscriptFormat, reading: Reading, start
                start_offset: int = 0) -> Iterator[Turn]:
     """The turns of the transcript open in ``handle`` (binary, at the start of line ``start_line``, byte
     ``start_offset``), read one line at a time (never the whole file); ``reading`` is filled as it goes. A line is
-    measured before it is parsed: one over ``PARSE_BYTES`` has its strings over ``MAX_MESSAGE_CHARS +
-    CUT_MARGIN`` characters cut first (scanned in slices), and is not parsed when still over ``MAX_RECORD_BYTES``.
+    measured before it is parsed: one over ``jsonl.PARSE_BYTES`` has its strings over ``MAX_MESSAGE_CHARS +
+    CUT_MARGIN`` characters cut first (scanned in slices), and is not parsed when still over
+    ``jsonl.MAX_RECORD_BYTES``.
     A line that is not JSON, nests deeper than the parser goes (``RecursionError``, in the parser or the format) or
     is too large is passed over (``reading.bad_lines``; the last two logged as ``transcript_record_skipped``, with
     the file and the line), unless it is a last line without its newline: a writer mid-append, read at the next
     event. A plugin's other exception in ``read`` is an ``ExtractError`` naming the line."""
     number, offset = start_line - 1, start_offset
     reading.end = start_offset
-    lines = _lines(handle)
+    lines = jsonl.lines(handle)
     while (raw := next(lines, None)) is not None:
         number += 1
         at, offset = offset, offset + len(raw)
@@ -381,7 +265,7 @@ def windowed(turns: list[Turn], reading: Reading, context: ExtractContext, size:
     still extend) starts: ``(chunks, index of its first turn in turns, index of its first chunk in chunks)``
     (``(0, 0)`` for no turns). ``turn_windows`` is a greedy pass forward in which only the last window reaches the
     end of the turns, so every window before it stays as it is when turns are appended: windowing again from the
-    open window's first turn gives the windows a pass over all the turns gives (``indexer.tailing``)."""
+    open window's first turn gives the windows a pass over all the turns gives (``indexer.sources.tailing``)."""
     if not turns:
         return [], 0, 0
     size = WINDOW_TURNS if size is None else size
@@ -439,7 +323,7 @@ def render_page(handle: IO[bytes], fmt: TranscriptFormat, from_line: int, lines:
     if redact is not None:
         reading.redact = redact
     if from_line > 1:  # skipping lines is cheap: no JSON is parsed before from_line
-        for number, _ in enumerate(_lines(handle), 1):
+        for number, _ in enumerate(jsonl.lines(handle), 1):
             if number >= from_line - 1:
                 break
     out: list[str] = []

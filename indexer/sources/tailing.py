@@ -5,10 +5,10 @@ After a transcript is chunked (whole, or its tail), its ``FileState`` keeps a ``
 which turns appended later may extend) starts: its first turn's byte offset and JSONL line, and its first chunk's
 index. At the next change, ``read_tail`` trusts the indexed prefix when the file is the same one (inode and device),
 is no shorter than ``end``, and its last ``CHECK_BYTES`` before ``end`` hash as they did; it then seeks to the open
-window's first line and reads and windows only from there (``indexer.transcripts.windowed``: the windows before the
-open one are those a whole read gives, see its docstring). The caller embeds the tail's chunks (the open window's
-new version and the new windows), upserts them over the superseded open-window points (same ids: same chunk
-indexes) and deletes the indexes past the new end (``indexer.sync``).
+window's first line and reads and windows only from there (``indexer.sources.transcripts.windowed``: the windows
+before the open one are those a whole read gives, see its docstring). The caller embeds the tail's chunks (the open
+window's new version and the new windows), upserts them over the superseded open-window points (same ids: same
+chunk indexes) and deletes the indexes past the new end (``indexer.sync``).
 
 The trade-off of the check: while the daemon runs it reads ``CHECK_BYTES`` instead of the whole prefix, so a
 writer that rewrote the prefix in place, kept the inode, the length and those last bytes would go unnoticed until
@@ -28,12 +28,12 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import IO, TYPE_CHECKING, Any
 
 from indexer.api import Chunk, ExtractContext, TranscriptFormat
 from indexer.points import point_id
-from indexer.transcripts import Reading, Turn, read_turns, windowed
+from indexer.sources.transcripts import Reading, Turn, read_turns, windowed
 
 if TYPE_CHECKING:
     from indexer.points import FileState, Payload
@@ -66,27 +66,44 @@ class Tail:
     hasher: Any = field(default=None, compare=False, repr=False)
 
     def record(self) -> dict[str, Any]:
-        """The ``Tail`` as JSON (chunk 0's payload ``tail``), ``first`` and ``hasher`` left out: chunk 0 is
-        ``first``, and the hash is verified again after a restart."""
-        return {"inode": self.inode, "device": self.device, "end": self.end, "check": self.check,
-                "open_offset": self.open_offset, "open_line": self.open_line, "open_skip": self.open_skip,
-                "open_index": self.open_index, "chunk_count": self.chunk_count, "session_id": self.session_id,
-                "settings": [list(x) if isinstance(x, tuple) else x for x in self.settings],
-                "turns": self.turns, "open_turns": self.open_turns, "digest": self.digest}
+        """The ``Tail`` as JSON (chunk 0's payload ``tail``): each field by its name (``settings`` a list, its roles
+        a list), ``first`` and ``hasher`` left out: chunk 0 is ``first``, and the hash is verified again after a
+        restart."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in _STORED}
+        out["settings"] = [list(x) if isinstance(x, tuple) else x for x in self.settings]
+        return out
 
     @classmethod
     def restore(cls, record: Mapping[str, Any], first: Chunk) -> Tail | None:
-        """The ``Tail`` of a ``record`` read back from chunk 0 (``first``: that chunk); ``None`` when the record is
-        not one this version writes (the transcript is then re-chunked whole once)."""
+        """The ``Tail`` of a ``record`` read back from chunk 0 (``first``: that chunk), each field by its name;
+        ``None`` when the record is not one this version writes (a field missing or of another type: the
+        transcript is then re-chunked whole once)."""
         try:
             roles, tool_chars, redaction = record["settings"]
-            return cls(int(record["inode"]), int(record["device"]), int(record["end"]), str(record["check"]),
-                       int(record["open_offset"]), int(record["open_line"]), int(record["open_skip"]),
-                       int(record["open_index"]), int(record["chunk_count"]), str(record["session_id"]), first,
-                       (tuple(roles), int(tool_chars), str(redaction)), int(record["turns"]),
-                       int(record["open_turns"]), str(record["digest"]))
+            values = {f.name: _CAST[str(f.type)](record[f.name]) for f in _STORED if f.name != "settings"}
+            return cls(**values, first=first, settings=(tuple(roles), int(tool_chars), str(redaction)))
         except (KeyError, TypeError, ValueError):
             return None
+
+
+#: the fields ``Tail.record`` stores, in order, and how each is read back (by its annotation)
+_STORED = tuple(f for f in fields(Tail) if f.name not in ("first", "hasher"))
+_CAST: dict[str, Any] = {"int": int, "str": str}
+
+
+@dataclass(frozen=True, slots=True)
+class TailRead:
+    """What reading a transcript adds to its ``indexer.sources.base.Prepared``: the ``Tail`` after the read
+    (``state``; ``None`` for a transcript without turns), the bytes and JSONL lines parsed (``read_bytes``,
+    ``read_lines``: the tail alone, or the whole file) and, for a tail read, the chunk index of each prepared chunk
+    (``indexes``: chunk 0 first when it is rewritten, then the open window's index on; ``None`` for a whole read,
+    0, 1, 2...) and the file's chunks in all (``total``)."""
+
+    state: Tail | None
+    read_bytes: int
+    read_lines: int
+    indexes: list[int] | None = None
+    total: int = -1
 
 
 def _check(handle: IO[bytes], end: int) -> str:
@@ -118,9 +135,10 @@ def _tail(handle: IO[bytes], st: os.stat_result, reading: Reading, turns: list[T
     skip = sum(1 for t in turns[:open_turn] if t.line == opening.line)
     skip += skipped if opening.line == turns[0].line else 0
     hasher = _hashed(handle, hasher if hasher is not None else hashlib.sha256(), hashed, reading.end)
-    return Tail(st.st_ino, st.st_dev, reading.end, _check(handle, reading.end), opening.offset, opening.line, skip,
-                base + open_chunk, base + len(chunks), reading.session_id, first, settings, before + len(turns),
-                before + open_turn, hasher.hexdigest(), hasher)
+    return Tail(inode=st.st_ino, device=st.st_dev, end=reading.end, check=_check(handle, reading.end),
+                open_offset=opening.offset, open_line=opening.line, open_skip=skip, open_index=base + open_chunk,
+                chunk_count=base + len(chunks), session_id=reading.session_id, first=first, settings=settings,
+                turns=before + len(turns), open_turns=before + open_turn, digest=hasher.hexdigest(), hasher=hasher)
 
 
 def read_whole(handle: IO[bytes], st: os.stat_result, fmt: TranscriptFormat, reading: Reading,
