@@ -39,7 +39,7 @@ from indexer.dates import may_name_time, parse_time, query_period
 from indexer.errors import BadVectors, EmbedUnavailable
 from indexer.hits import narrowed, shown, to_hit
 from indexer.plugins import Registry
-from indexer.points import NO_PAYLOAD, SPARSE, Hit, Payload, Query, search_filter
+from indexer.points import NO_PAYLOAD, SPARSE, Filter, Hit, Payload, Query, search_filter
 from indexer.ranking import (
     VOTE_DEPTH,
     boost_period,
@@ -50,16 +50,7 @@ from indexer.ranking import (
     mmr,
     with_keyword_zeros,
 )
-from indexer.relevance import (
-    DF_DEPTH,
-    NOTHING,
-    RELEVANCE_DEPTH,
-    DocumentFrequencies,
-    Evidence,
-    Judgement,
-    dated_in,
-    judge,
-)
+from indexer.relevance import DF_DEPTH, NOTHING, DocumentFrequencies, Evidence, Judgement, idf, judge
 from indexer.rerank import Reranker, RerankStats, rerank
 from indexer.schema import SearchRequest, names, search_request
 from indexer.store import Store
@@ -70,8 +61,6 @@ from indexer.workspace import Collection
 TIME_BOOST = 1.0
 #: hits read per hit asked before ``collapse`` thins them (overlapping windows drop out)
 COLLAPSE_DEPTH = 3
-#: first hits (after the stages) in which a note dated in the query's period counts as evidence
-DATED_DEPTH = 3
 
 
 class FallbackStats:
@@ -312,8 +301,8 @@ class Searcher:
                                   budget_s=s.rerank_budget_s, stats=self.rerank_stats, degraded=degraded))
         if s.mmr_lambda is not None:
             stages.append(partial(mmr, lam=s.mmr_lambda, k=params.k))
-        # the answer keeps k hits and the relevance reads DATED_DEPTH; with decay, min_score thins them afterwards
-        limit = None if params.min_score is not None and s.half_life_days else max(params.k, DATED_DEPTH)
+        # the answer keeps k hits; with decay, min_score thins them afterwards
+        limit = None if params.min_score is not None and s.half_life_days else params.k
         stages.append(self._collapse(params.query, narrow=self.reranker is None and s.mmr_lambda is None,
                                      cut=len(fused) > need, limit=limit))
         return stages, need
@@ -365,7 +354,6 @@ class Searcher:
         if not lists:
             return [], NOTHING
         raw = {using: dict(pairs) for using, pairs in lists.items()}
-        pools = lists
         keyword = lists.get(SPARSE)
         if keyword and len(lists) > 1 and not self._keyword_votes(query, params.query, keyword, owner):
             lists = {using: pairs for using, pairs in lists.items() if using != SPARSE}
@@ -378,38 +366,51 @@ class Searcher:
         kept = fused
         if params.min_score is not None and not self.settings.half_life_days:  # with decay: on the decayed scores
             kept = [p for p in fused if p[1] >= params.min_score]
-        # only these become Hits with string ids (each made once: ``str`` of a UUID is not free) and payloads
-        ids = {str(pid): pid for pid, _ in fused[:RELEVANCE_DEPTH]}  # Hit id -> the backend's point id
-        top = list(ids)
-        read: dict[str, Hit] = {}
-        hits = self._ranked(params, degraded, period, fused, kept, owner, ids, read)
-        where = {key: owner[pid] for key, pid in ids.items()}
-
-        def candidates() -> list[Hit]:  # the first fused candidates, with payloads (most were read for the stages)
-            read.update((h.id, h) for h in self._with_payloads([Hit(key, 0.0, NO_PAYLOAD) for key in top
-                                                                if key not in read], where))
-            return [read[key] for key in top if key in read]
-
-        evidence = Evidence(candidates, partial(self._frequencies, targets),
-                            partial(dated_in, hits[:DATED_DEPTH], period))
-        found = judge(pools, query.sparse[0] if query.sparse else (), evidence, self.terms, params.query,
-                      self.settings.dense_floor, self.settings.coverage_floor)
+        ids: dict[str, Any] = {}  # Hit id -> the backend's point id, of the candidates read
+        hits = self._ranked(params, degraded, period, fused, kept, owner, ids)
         if params.min_score is not None and self.settings.half_life_days:
             hits = [h for h in hits if h.score >= params.min_score]
-        return [replace(h, dense_score=raw.get("text", {}).get(ids[h.id]),
-                        keyword_score=raw.get(SPARSE, {}).get(ids[h.id])) for h in hits[: params.k]], found
+        hits = [replace(h, dense_score=raw.get("text", {}).get(ids[h.id]),
+                        keyword_score=raw.get(SPARSE, {}).get(ids[h.id])) for h in hits[: params.k]]
+        first = hits[0] if hits else None
+        found = judge(first, self._evidence(first, owner.get(ids[first.id]) if first else None, query, period),
+                      self.terms, params.query, self.settings.dense_floor, self.settings.coverage_floor)
+        return hits, found
+
+    def _evidence(self, hit: Hit | None, collection: str | None, query: Query,
+                  period: tuple[datetime.date, datetime.date] | None) -> Evidence:
+        """``hit``'s own evidence for ``indexer.relevance.judge``: its dense cosine (looked up by a dense search
+        of its one point when it came from keyword search alone), and its agent's whole index to weigh the query's
+        terms by, whatever collections the request selected."""
+        dense = query.dense.get("text")
+        cosine = hit.dense_score if hit is not None else None
+        if hit is not None and cosine is None and dense is not None and collection is not None:
+            one = Query(limit=1, dense={"text": dense},
+                        filter=Filter(abs_path=hit.payload.abs_path, chunk_index=hit.payload.chunk_index))
+            cosine = next((score for _, score in self.store.scores(collection, one).get("text", ())), None)
+        agent = next((c.agent for c in self.collections if c.name == collection), None)
+        own = [c for c in self.collections if c.agent == agent]
+        terms = query.sparse[0] if query.sparse else ()
+
+        def weights() -> dict[int, float]:
+            if not terms:
+                return {}
+            frequencies, n = self._frequencies(own, terms)
+            return {t: idf(frequencies.get(t, 0), n) for t in set(terms)}
+
+        return Evidence(cosine, dense is not None, weights, period)
 
     def _ranked(self, params: SearchRequest, degraded: list[str] | None,
                 period: tuple[datetime.date, datetime.date] | None, fused: Sequence[tuple[Any, float]],
-                kept: Sequence[tuple[Any, float]], owner: Mapping[Any, str], ids: dict[str, Any],
-                read: dict[str, Hit]) -> list[Hit]:
+                kept: Sequence[tuple[Any, float]], owner: Mapping[Any, str], ids: dict[str, Any]) -> list[Hit]:
         """The hits of ``kept`` (the ``fused`` candidates a ``min_score`` keeps) after the post-fusion stages: as
         many of the first as the stages need (``_stages``), with their payloads, run through them. When the collapse
         leaves fewer than ``k`` (windows sharing their lines, a long turn's pieces) and more candidates are there,
         twice as many are read and ranked again, so an answer is not short while candidates remain (not after a
-        reranker, which would be asked twice). Fills ``ids`` (Hit id -> the backend's point id) and ``read`` (Hit id
-        -> the hit with its payload) with the candidates read."""
+        reranker, which would be asked twice). Fills ``ids`` (Hit id -> the backend's point id) with the candidates
+        read."""
         depth = params.k * COLLAPSE_DEPTH
+        read: dict[str, Hit] = {}
         while True:
             stages, need = self._stages(params, degraded, period, fused, depth)
             chosen = [(str(pid), pid, score) for pid, score in kept[:need]]

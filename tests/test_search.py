@@ -4,7 +4,7 @@ reads (paged get, recall, boot context) over the HTTP API."""
 from __future__ import annotations
 
 import tracemalloc
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ from indexer.hits import snippet
 from indexer.points import SPARSE, Hit, Payload, Query
 from indexer.ranking import decay, fuse_scores, mmr
 from indexer.recall import read_memory
-from indexer.relevance import NOTHING, Evidence, idf, judge, term_coverage, weighted_coverage
+from indexer.relevance import NOTHING, Evidence, held_terms, idf, judge, weighted_coverage
 from indexer.schema import SearchRequest
 from indexer.server import create_app
 from indexer.worker import index_once
@@ -404,13 +404,13 @@ def test_hits_carry_raw_scores_and_say_when_nothing_is_relevant(indexed) -> None
     assert searcher.answer(SearchRequest(query="ACME-4471", k=1, mode="keyword")).relevant is None  # no dense list
 
 
-def _evidence(hits=(), frequencies=None, day=None, asked=None):
-    def candidates():
+def _evidence(cosine=None, frequencies=None, terms=(), period=None, asked=None, dense=True):
+    def weights():
         if asked is not None:
-            asked.append("candidates")
-        return list(hits)
+            asked.append("weights")
+        return {t: idf((frequencies or {}).get(t, 0), 100) for t in terms}
 
-    return Evidence(candidates, lambda terms: (dict(frequencies or {}), 100), lambda: day)
+    return Evidence(cosine, dense, weights, period)
 
 
 def test_relevance_weighs_the_query_terms_by_how_rare_they_are_in_the_index(indexed) -> None:
@@ -419,11 +419,10 @@ def test_relevance_weighs_the_query_terms_by_how_rare_they_are_in_the_index(inde
     indexer, _ = indexed
     terms = indexer.view.terms
     [cat, name] = [terms.query(word)[0][0] for word in ("cat", "name")]
-    hit = [Hit("a", 1.0, Payload(text="Name: Dana. Works as an SRE."))]
-    lists = {"text": [("a", 0.30)], SPARSE: [("a", 2.0)]}
-    common = judge(lists, [cat, name], _evidence(hit, {name: 80, cat: 0}), terms, "what is my cat's name?", 0.42, 0.5)
-    assert common.relevant is False and common.level == "low" and "'cat' in no hit" in common.reason
-    assert judge(lists, [cat, name], _evidence(hit, {name: 1, cat: 80}), terms, "cat name", 0.42, 0.5).relevant
+    hit = Hit("a", 1.0, Payload(text="Name: Dana. Works as an SRE."))
+    common = judge(hit, _evidence(0.30, {name: 80, cat: 0}, [cat, name]), terms, "what is my cat's name?", 0.42, 0.5)
+    assert common.relevant is False and common.level == "low" and "'cat' not in the hit" in common.reason
+    assert judge(hit, _evidence(0.30, {name: 1, cat: 80}, [cat, name]), terms, "cat name", 0.42, 0.5).relevant
     assert weighted_coverage({cat: idf(0, 100), name: idf(80, 100)}, {name}) < 0.2
 
 
@@ -431,32 +430,46 @@ def test_relevance_levels_and_what_counts_as_evidence(indexed) -> None:
     indexer, _ = indexed
     terms = indexer.view.terms
     query = terms.query("disk outage")[0]
-    holds = [Hit("a", 1.0, Payload(text="The disk filled up.", context="Outage review"))]
-    dense, keyword = [("a", 0.9), ("b", 0.2)], [("a", 6.0)]
+    holds = Hit("a", 1.0, Payload(text="The disk filled up.", context="Outage review"))
     asked: list[str] = []
-    sure = judge({"text": dense, SPARSE: keyword}, query, _evidence(holds, asked=asked), terms, "disk outage", 0.42,
-                 0.5)
-    assert (sure.relevant, sure.level) == (True, "high") and "cosine 0.90" in sure.reason
-    assert asked == []  # close in meaning: no payload read, no term looked up (the hot path stays as it was)
-    far = [("a", 0.2)]
-    assert judge({"text": far}, (), _evidence(), terms, "zzz", 0.42, 0.5) == (False, "none", "cosine 0.20")
-    dated = judge({"text": far, SPARSE: keyword}, query, _evidence(day="2026-11-27"), terms, "x", 0.42, 0.5)
-    assert (dated.relevant, dated.level) == (True, "medium") and "a note dated 2026-11-27" in dated.reason
-    words = judge({"text": far, SPARSE: keyword}, query, _evidence(holds), terms, "disk outage", 0.42, 0.5)
-    assert (words.relevant, words.level) == (True, "medium")
-    only = judge({SPARSE: keyword}, query, _evidence(holds), terms, "disk outage", 0.42, 0.5)
+    sure = judge(holds, _evidence(0.9, terms=query, asked=asked), terms, "disk outage", 0.42, 0.5)
+    assert (sure.relevant, sure.level) == (True, "high") and sure.reason == "cosine 0.90"
+    assert asked == []  # close in meaning: no term looked up (the hot path)
+    far = Hit("b", 1.0, Payload(text="Banana bread needs ripe bananas."))
+    assert judge(far, _evidence(0.2), terms, "zzz", 0.42, 0.5) == (False, "none", "cosine 0.20")
+    words = judge(holds, _evidence(0.2, terms=query), terms, "disk outage", 0.42, 0.5)
+    assert (words.relevant, words.level) == (True, "medium") and "telling words 100%" in words.reason
+    only = judge(holds, _evidence(None, terms=query, dense=False), terms, "disk outage", 0.42, 0.5)
     assert only.relevant is None and only.level == "medium"  # keyword only: no meaning to judge by
-    assert judge({}, query, _evidence(holds), terms, "disk outage", 0.42, 0.5) == NOTHING
+    assert judge(None, _evidence(0.9), terms, "disk outage", 0.42, 0.5) == NOTHING
 
 
-def test_term_coverage_counts_the_query_terms_one_hit_holds(indexed) -> None:
+def test_a_hit_dated_in_the_period_asked_answers_it_and_one_dated_outside_does_not(indexed) -> None:
+    """A question that names a period is answered by a hit dated in it, whatever its words; a hit dated outside it
+    names another time, so it is not relevant however close its meaning (a transcript turn of another day said
+    "high" on its cosine 0.64 alone)."""
     indexer, _ = indexed
     terms = indexer.view.terms
-    hits = [Hit("a", 1.0, Payload(text="The disk filled up on the batch host.", context="Outage review")),
-            Hit("b", 0.5, Payload(text="Night pages about storage go to Marco."))]
+    week = (date(2026, 11, 23), date(2026, 11, 29))
+    daily = Hit("a", 1.0, Payload(text="Lunch with Marco.", extra={"note_date": "2026-11-27"}))
+    inside = judge(daily, _evidence(0.2, period=week), terms, "what happened last week?", 0.42, 0.5)
+    assert (inside.relevant, inside.level) == (True, "medium") and "dated 2026-11-27, in the period" in inside.reason
+    other = Hit("b", 1.0, Payload(text="We deployed the export job.", extra={"note_date": "2026-10-02"}))
+    outside = judge(other, _evidence(0.64, period=week), terms, "what did we deploy last week?", 0.42, 0.5)
+    assert (outside.relevant, outside.level) == (False, "low"), outside
+    assert "dated 2026-10-02, outside the period asked" in outside.reason
+    undated = judge(Hit("c", 1.0, Payload(text="We deploy on Tuesdays.")), _evidence(0.64, period=week), terms,
+                    "what did we deploy last week?", 0.42, 0.5)
+    assert (undated.relevant, undated.level) == (True, "high")  # an undated note names no other time
+
+
+def test_held_terms_are_the_hits_context_and_text_as_the_index_tokenises_them(indexed) -> None:
+    indexer, _ = indexed
+    terms = indexer.view.terms
+    hit = Hit("a", 1.0, Payload(text="The disk filled up on the batch host.", context="Outage review"))
     query = terms.query("disk outage Marco pages")[0]
-    assert term_coverage(query, hits, terms) == pytest.approx(2 / 4)  # disk + outage (context) in one hit
-    assert term_coverage(terms.query("banana bread")[0], hits, terms) == 0.0
+    assert set(query) & held_terms(hit, terms) == {terms.query("disk")[0][0], terms.query("outage")[0][0]}
+    assert not set(terms.query("banana bread")[0]) & held_terms(hit, terms)
 
 
 DEMO = Path(__file__).resolve().parent.parent / "deploy" / "demo-workspace"
@@ -487,6 +500,20 @@ def test_relevant_does_not_depend_on_k(indexed) -> None:
     for query in ("when can we deploy?", "disk filled up", "ACME-4471", "recipe for banana bread"):
         flags = {searcher.answer(SearchRequest(query=query, k=k)).relevant for k in (1, 2, 6, 20)}
         assert len(flags) == 1, (query, flags)
+
+
+def test_one_hit_gets_one_verdict_whatever_collections_the_request_selects(indexed) -> None:
+    """The answer's verdict is its first hit's, on that hit's own evidence weighed over its agent's whole index:
+    asking the root collection alone or every collection, the same first hit gets the same flag, level and reason
+    (judged on the whole search, the selected collections' document frequencies weighed its words: 17 % of the
+    telling words alone, 39 % with every collection, and a candidate of another collection could lend its cosine)."""
+    indexer, _ = indexed
+    searcher = indexer.view.searcher()
+    for query in ("where does Dana live?", "does she like long answers?", "which city is the SRE in?"):
+        alone = searcher.answer(SearchRequest(query=query, k=3, collection="memory-root-main"))
+        every = searcher.answer(SearchRequest(query=query, k=3))
+        assert alone.hits[0]["path"] == every.hits[0]["path"] == "MEMORY.md", query
+        assert (alone.relevant, alone.relevance) == (every.relevant, every.relevance), query
 
 
 def test_a_snippet_starts_at_the_lines_that_matched_not_at_the_title() -> None:
