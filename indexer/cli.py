@@ -44,7 +44,7 @@ def _search_request(query: str, fields: dict[str, Any]) -> Any:
              if value != ()}
     request = _request("SearchRequest", query=query, **given)
     try:
-        request.since_ns(), request.until_ns()  # the daemon answers 400 to a time it cannot read
+        request.times()  # the daemon answers 400 to a time it cannot read
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     return request

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import re
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 
 _ISO_DATE = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")
@@ -254,6 +255,26 @@ def parse_time(value: str, name: str = "since", now_s: float | None = None) -> i
         return _clamped(moment.timestamp() * 1e9)
     except (OverflowError, OSError, ValueError):  # year 1 or 9999 shifted out of range by the local offset
         return _clamped(float("-inf") if moment.year < 1970 else float("inf"))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimes:
+    """A search request's times, each read once (``parse_time``) and shared by everything that asks: ``since_ns``
+    and ``until_ns`` (nanoseconds since the epoch; the filter's window ``[since, until)``, ``None``: open) and
+    ``as_of`` (the moment the query's own time words count from, naive local; ``None``: now)."""
+
+    since_ns: int | None = None
+    until_ns: int | None = None
+    as_of: datetime.datetime | None = None
+
+
+def request_times(since: str | None, until: str | None, as_of: str | None,
+                  now_s: float | None = None) -> RequestTimes:
+    """``RequestTimes`` of a request's ``since``, ``until`` (durations count back from ``now_s``, default now) and
+    ``as_of``. Raises ``ValueError`` naming the field and the accepted forms."""
+    return RequestTimes(None if since is None else parse_time(since, "since", now_s),
+                        None if until is None else parse_time(until, "until", now_s),
+                        None if not as_of else datetime.datetime.fromtimestamp(parse_time(as_of, "as_of") / 1e9))
 
 
 def _clamped(ns: float) -> int:

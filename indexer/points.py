@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from indexer.dates import RequestTimes
 from indexer.schema import SearchRequest, names
 
 SPARSE = "bm25"  # the sparse vector's name: BM25 terms with Qdrant's IDF modifier
@@ -210,11 +211,11 @@ class Filter:
 _NO_FILTER = Filter()
 
 
-def search_filter(request: SearchRequest, now_s: float | None = None) -> Filter:
-    """The ``Filter`` of a search request's conditions on points (``path_prefix``, ``kind``, ``since``, ``until``);
-    durations count back from ``now_s`` (default now). Raises ``ValueError`` for a time ``parse_time`` cannot read."""
-    return Filter(path_prefix=request.path_prefix, kinds=names(request.kind), since_ns=request.since_ns(now_s),
-                  until_ns=request.until_ns(now_s))
+def search_filter(request: SearchRequest, times: RequestTimes) -> Filter:
+    """The ``Filter`` of a search request's conditions on points (``path_prefix``, ``kind``, and the window of its
+    ``times``, read once by ``SearchRequest.times``)."""
+    return Filter(path_prefix=request.path_prefix, kinds=names(request.kind), since_ns=times.since_ns,
+                  until_ns=times.until_ns)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,6 +6,7 @@ The post-fusion stages each take the fused hits (payloads read) and return them 
 ``indexer.search.Searcher`` builds the list of stages a search runs from its settings and the query:
 
 - ``decay``: temporal decay of dated daily notes (off by default: ``temporal_half_life_days``);
+- ``at_least``: a request's ``min_score``, on the fused (and decayed) score;
 - ``boost_period``: a soft boost for notes dated in the period the query names (``in May 2023``, ``last week``:
   ``indexer.dates.query_period``);
 - ``indexer.rerank.rerank``: a cross-encoder or rerank server (off unless configured);
@@ -59,6 +60,11 @@ def decay(hits: Sequence[Hit], half_life_days: float, now_s: float) -> list[Hit]
             h = Hit(h.id, h.score * 0.5 ** (age_days / half_life_days), h.payload)
         out.append(h)
     return sorted(out, key=lambda h: -h.score)
+
+
+def at_least(hits: Sequence[Hit], min_score: float) -> list[Hit]:
+    """The hits whose score reaches ``min_score`` (a request's ``min_score``), in their order."""
+    return [h for h in hits if h.score >= min_score]
 
 
 def mmr(hits: Sequence[Hit], lam: float, k: int) -> list[Hit]:

@@ -1,5 +1,5 @@
 """The daemon's wire contract, shared by the HTTP API (``indexer.server``), the Python client (``indexer.client``)
-and the MCP tools (``indexer.mcp``). Imports only pydantic (and ``indexer.dates`` for ``parse_time``).
+and the MCP tools (``indexer.mcp``). Imports only pydantic (and ``indexer.dates`` to read times).
 
 - **Arguments** (``Query``, ``K``, ``Agent``, ``MemoryPath``, ``FromLine``...) are annotated types: each argument
   is described, bounded and aliased once, and used both by the request bodies below and by the MCP tool
@@ -40,7 +40,7 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-from indexer.dates import parse_time
+from indexer.dates import RequestTimes, parse_time, request_times
 
 
 def clean_text(text: str) -> str:
@@ -186,14 +186,10 @@ class SearchRequest(Request):
     as_of: AsOf = None
     wait_s: WaitS = 0.0
 
-    def since_ns(self, now_s: float | None = None) -> int | None:
-        """``since`` as nanoseconds since the epoch (``parse_time``; a duration counts back from ``now_s``, default
-        now), or ``None``. Raises ``ValueError`` naming the accepted forms."""
-        return None if self.since is None else parse_time(self.since, "since", now_s)
-
-    def until_ns(self, now_s: float | None = None) -> int | None:
-        """``until`` as nanoseconds since the epoch, like ``since_ns``."""
-        return None if self.until is None else parse_time(self.until, "until", now_s)
+    def times(self, now_s: float | None = None) -> RequestTimes:
+        """``since``, ``until`` and ``as_of`` read once (``indexer.dates.request_times``; a duration counts back
+        from ``now_s``, default now). Raises ``ValueError`` naming the field and the accepted forms."""
+        return request_times(self.since, self.until, self.as_of, now_s)
 
 
 def search_request(query: str | SearchRequest, /, **fields: Any) -> SearchRequest:

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
@@ -35,13 +35,14 @@ from indexer import schema
 from indexer.api import Embedder, check_vectors
 from indexer.bm25 import Bm25Terms
 from indexer.config import Settings
-from indexer.dates import may_name_time, parse_time, query_period
+from indexer.dates import may_name_time, query_period
 from indexer.errors import BadVectors, EmbedUnavailable
 from indexer.hits import narrowed, shown, to_hit
 from indexer.plugins import Registry
 from indexer.points import NO_PAYLOAD, SPARSE, Filter, Hit, Payload, Query, search_filter
 from indexer.ranking import (
     VOTE_DEPTH,
+    at_least,
     boost_period,
     collapse,
     decay,
@@ -53,12 +54,10 @@ from indexer.ranking import (
 from indexer.relevance import DF_DEPTH, NOTHING, DocumentFrequencies, Evidence, Judgement, idf, judge
 from indexer.rerank import Reranker, RerankStats, rerank
 from indexer.schema import SearchRequest, names, search_request
+from indexer.search_settings import SETTING_NAMES, SearchSettings
 from indexer.store import Store
 from indexer.workspace import Collection
 
-#: how much a note dated in the period the query names gains (``indexer.ranking.boost_period``): its fused score
-#: times 1 + this. Measured on convmem (docs/benchmarks.md, "Conversation memory")
-TIME_BOOST = 1.0
 #: hits read per hit asked before ``collapse`` thins them (overlapping windows drop out)
 COLLAPSE_DEPTH = 3
 
@@ -106,56 +105,41 @@ class Answer(NamedTuple):
     relevance: schema.Relevance = {"level": "none", "reason": "nothing found"}  # noqa: RUF012 - never mutated
 
 
-#: the relevance floor of a text embedder that declares none: measured for the default model, all-MiniLM-L6-v2
-#: (docs/performance.md, "Nothing relevant")
-DEFAULT_RELEVANCE_FLOOR = 0.42
+@dataclass
+class Candidates:
+    """One search's fused candidates, best first (``fused``: ``(point id, score)``), each point's collection
+    (``owner``) and raw score per vector name (``raw``: ``{"text": {id: cosine}, SPARSE: {id: BM25}}``); payloads are
+    read through ``reader`` (``Searcher._with_payloads``) as the stages ask for them, each once."""
 
+    fused: Sequence[tuple[Any, float]]
+    owner: Mapping[Any, str]
+    raw: Mapping[str, Mapping[Any, float]]
+    reader: Callable[[Sequence[Hit], Mapping[str, str]], list[Hit]]
+    _ids: dict[str, Any] = field(default_factory=dict)  # Hit id -> the backend's point id
+    _read: dict[str, Hit] = field(default_factory=dict)  # Hit id -> the hit with its payload
 
-@dataclass(frozen=True, slots=True)
-class SearchSettings:
-    """What shapes every search of a ``Searcher``: the defaults a request may override (``mode``), the fusion
-    (``fusion``, ``rrf_k``, ``prefetch_limit``: candidates per vector), per-vector score floors before fusion
-    (``min_scores``: image cosine), the payload fields hits carry (``hit_fields``), the post-fusion stages
-    (``half_life_days``, ``time_boost``, ``rerank_top_n``/``rerank_budget_s`` in seconds, ``mmr_lambda``) and the
-    relevance floors (``relevance``). ``from_settings`` reads them from the daemon's ``Settings``."""
+    def first(self, n: int) -> list[Hit]:
+        """The first ``n`` candidates as hits with their payloads (a point deleted meanwhile drops out)."""
+        chosen = [(str(pid), pid, score) for pid, score in self.fused[:n]]
+        self._ids.update((key, pid) for key, pid, _ in chosen)
+        fresh = [Hit(key, 0.0, NO_PAYLOAD) for key, _, _ in chosen if key not in self._read]
+        self._read.update((h.id, h) for h in self.reader(fresh, {h.id: self.owner[self._ids[h.id]] for h in fresh}))
+        return [Hit(key, score, self._read[key].payload) for key, _, score in chosen if key in self._read]
 
-    mode: str = "hybrid"
-    fusion: str = "dbsf"
-    rrf_k: int = 60
-    prefetch_limit: int = 100
-    min_scores: Mapping[str, float] = field(default_factory=dict)
-    hit_fields: tuple[str, ...] = ()
-    half_life_days: float | None = None
-    time_boost: float = TIME_BOOST
-    rerank_top_n: int = 20
-    rerank_budget_s: float = 2.0
-    mmr_lambda: float | None = None
-    dense_floor: float = DEFAULT_RELEVANCE_FLOOR
-    coverage_floor: float = 0.5
-    corpus: str = "all"  # the corpus of a request that names none (``default_corpus``)
+    def exhausted(self, n: int, floor: float | None) -> bool:
+        """Whether no candidate after the first ``n`` could pass: there is none, or (the fused list being sorted)
+        the ``n``-th scores under ``floor``."""
+        return n >= len(self.fused) or (floor is not None and self.fused[n - 1][1] < floor)
 
-    @classmethod
-    def from_settings(cls, settings: Settings, registry: Registry) -> SearchSettings:
-        """The configured search of ``settings`` (``search_mode``, ``fusion``, ``rrf_k``, ``prefetch_limit``,
-        ``image_min_score``, ``temporal_half_life_days``, ``rerank_top_n``, ``rerank_budget_s``, ``mmr_lambda``,
-        ``relevance_floor``, ``relevance_coverage``) with ``registry``'s ``hit_fields``."""
-        return cls(mode=settings.search_mode, fusion=settings.fusion, rrf_k=settings.rrf_k,
-                   prefetch_limit=settings.prefetch_limit, min_scores={"image": settings.image_min_score},
-                   hit_fields=tuple(registry.hit_fields), half_life_days=settings.temporal_half_life_days,
-                   rerank_top_n=settings.rerank_top_n, rerank_budget_s=settings.rerank_budget_s,
-                   mmr_lambda=settings.mmr_lambda, dense_floor=relevance_floor(settings, registry),
-                   coverage_floor=settings.relevance_coverage, corpus=settings.default_corpus)
+    def scored(self, hit: Hit) -> Hit:
+        """``hit`` with its raw ``dense_score`` and ``keyword_score`` (``None``: not in that list)."""
+        pid = self._ids[hit.id]
+        return replace(hit, dense_score=self.raw.get("text", {}).get(pid),
+                       keyword_score=self.raw.get(SPARSE, {}).get(pid))
 
-
-_SETTING_NAMES = frozenset(f.name for f in fields(SearchSettings))
-
-def relevance_floor(settings: Settings, registry: Registry) -> float:
-    """The dense cosine from which a search says relevant: ``settings.relevance_floor`` when set, else the text
-    embedder's declared ``relevance_floor`` (``indexer.api.Embedder``), else ``DEFAULT_RELEVANCE_FLOOR``."""
-    if settings.relevance_floor is not None:
-        return settings.relevance_floor
-    declared = getattr(registry.embedders.get("text"), "relevance_floor", None)
-    return float(declared) if declared is not None else DEFAULT_RELEVANCE_FLOOR
+    def owner_of(self, hit: Hit | None) -> str | None:
+        """The collection ``hit`` was found in (``None`` without a hit)."""
+        return None if hit is None else self.owner.get(self._ids[hit.id])
 
 
 class Searcher:
@@ -189,13 +173,13 @@ class Searcher:
         of ``SearchSettings`` or any other keyword of ``__init__`` (benchmarks compare modes and fusions this
         way); an unknown name raises ``TypeError``."""
         search = SearchSettings.from_settings(settings, registry)
-        search = replace(search, **{k: v for k, v in overrides.items() if k in _SETTING_NAMES})
+        search = replace(search, **{k: v for k, v in overrides.items() if k in SETTING_NAMES})
         reranker = registry.configured_reranker(settings.reranker)
         failed = settings.reranker and reranker is None and any(
             r.name == settings.reranker and r.status == "failed" for r in registry.records)
         parts = {"reranker": reranker,
                  "notes": [f"fusion order: reranker {settings.reranker} failed to load"] if failed else [],
-                 **{k: v for k, v in overrides.items() if k not in _SETTING_NAMES}}
+                 **{k: v for k, v in overrides.items() if k not in SETTING_NAMES}}
         return cls(collections, store, registry.embedders, terms_, search, **parts)
 
     @property
@@ -293,6 +277,8 @@ class Searcher:
             need = s.prefetch_limit + params.k
         if s.half_life_days:
             stages.append(partial(decay, half_life_days=s.half_life_days, now_s=self.now()))
+        if params.min_score is not None:
+            stages.append(partial(at_least, min_score=params.min_score))
         if period:
             stages.append(partial(boost_period, period=period, boost=s.time_boost))
             need = s.prefetch_limit + params.k if whole else _boost_depth(fused, need, s.time_boost)
@@ -301,10 +287,8 @@ class Searcher:
                                   budget_s=s.rerank_budget_s, stats=self.rerank_stats, degraded=degraded))
         if s.mmr_lambda is not None:
             stages.append(partial(mmr, lam=s.mmr_lambda, k=params.k))
-        # the answer keeps k hits; with decay, min_score thins them afterwards
-        limit = None if params.min_score is not None and s.half_life_days else params.k
         stages.append(self._collapse(params.query, narrow=self.reranker is None and s.mmr_lambda is None,
-                                     cut=len(fused) > need, limit=limit))
+                                     cut=len(fused) > need, limit=params.k))
         return stages, need
 
     @staticmethod
@@ -343,39 +327,40 @@ class Searcher:
     def _retrieve(self, params: SearchRequest, degraded: list[str] | None) -> tuple[list[Hit], Judgement]:
         _mode(params, self.settings)
         targets = self.targets(params)
-        point_filter = search_filter(params)
+        times = params.times()  # ValueError: a time it cannot read
         if not params.query.strip():
             return [], NOTHING
         if degraded is not None:
             degraded.extend(self.notes)
-        period_of = self._period(params)  # read on another thread while the query is embedded
-        query, _ = self._query(params, point_filter, degraded)
+        period_of = self._period(params.query, times.as_of)  # read on another thread while the query is embedded
+        query, _ = self._query(params, search_filter(params, times), degraded)
+        candidates = self._candidates(targets, query, params.query)
+        if candidates is None:
+            return [], NOTHING
+        period = period_of()
+        hits = [candidates.scored(h) for h in self._ranked(params, degraded, period, candidates)[: params.k]]
+        first = hits[0] if hits else None
+        found = judge(first, self._evidence(first, candidates.owner_of(first), query, period), self.terms,
+                      params.query, self.settings.dense_floor, self.settings.coverage_floor)
+        return hits, found
+
+    def _candidates(self, targets: Sequence[Collection], query: Query, text: str) -> Candidates | None:
+        """The fused candidates of ``query`` over ``targets`` (``None``: no list found any): the pools of every
+        collection (ids and scores only), the keyword list left out where it does not vote (``_keyword_votes``),
+        fused (``fusion``, each dense text part at its source's weight: ``_weights``)."""
         lists, whole, owner = self._pools(targets, query)
         if not lists:
-            return [], NOTHING
+            return None
         raw = {using: dict(pairs) for using, pairs in lists.items()}
         keyword = lists.get(SPARSE)
-        if keyword and len(lists) > 1 and not self._keyword_votes(query, params.query, keyword, owner):
+        if keyword and len(lists) > 1 and not self._keyword_votes(query, text, keyword, owner):
             lists = {using: pairs for using, pairs in lists.items() if using != SPARSE}
         if self.settings.fusion == "dbsf" and whole.get(SPARSE):
             lists = with_keyword_zeros(lists)
         fused = (next(iter(lists.values())) if len(lists) == 1
                  else fuse_scores(list(lists.values()), self.settings.fusion, self.settings.rrf_k, query.limit,
                                   self._weights(targets, lists, owner)))
-        period = period_of()
-        kept = fused
-        if params.min_score is not None and not self.settings.half_life_days:  # with decay: on the decayed scores
-            kept = [p for p in fused if p[1] >= params.min_score]
-        ids: dict[str, Any] = {}  # Hit id -> the backend's point id, of the candidates read
-        hits = self._ranked(params, degraded, period, fused, kept, owner, ids)
-        if params.min_score is not None and self.settings.half_life_days:
-            hits = [h for h in hits if h.score >= params.min_score]
-        hits = [replace(h, dense_score=raw.get("text", {}).get(ids[h.id]),
-                        keyword_score=raw.get(SPARSE, {}).get(ids[h.id])) for h in hits[: params.k]]
-        first = hits[0] if hits else None
-        found = judge(first, self._evidence(first, owner.get(ids[first.id]) if first else None, query, period),
-                      self.terms, params.query, self.settings.dense_floor, self.settings.coverage_floor)
-        return hits, found
+        return Candidates(fused, owner, raw, self._with_payloads)
 
     def _evidence(self, hit: Hit | None, collection: str | None, query: Query,
                   period: tuple[datetime.date, datetime.date] | None) -> Evidence:
@@ -401,43 +386,36 @@ class Searcher:
         return Evidence(cosine, dense is not None, weights, period)
 
     def _ranked(self, params: SearchRequest, degraded: list[str] | None,
-                period: tuple[datetime.date, datetime.date] | None, fused: Sequence[tuple[Any, float]],
-                kept: Sequence[tuple[Any, float]], owner: Mapping[Any, str], ids: dict[str, Any]) -> list[Hit]:
-        """The hits of ``kept`` (the ``fused`` candidates a ``min_score`` keeps) after the post-fusion stages: as
-        many of the first as the stages need (``_stages``), with their payloads, run through them. When the collapse
-        leaves fewer than ``k`` (windows sharing their lines, a long turn's pieces) and more candidates are there,
-        twice as many are read and ranked again, so an answer is not short while candidates remain (not after a
-        reranker, which would be asked twice). Fills ``ids`` (Hit id -> the backend's point id) with the candidates
-        read."""
+                period: tuple[datetime.date, datetime.date] | None, candidates: Candidates) -> list[Hit]:
+        """The first ``candidates`` after the post-fusion stages: as many of them as the stages need (``_stages``),
+        with their payloads, run through them. When the stages leave fewer than ``k`` (windows sharing their lines,
+        a long turn's pieces, a ``min_score``) and more candidates could pass, twice as many are read and ranked
+        again, so an answer is not short while candidates remain (not after a reranker, which would be asked
+        twice)."""
         depth = params.k * COLLAPSE_DEPTH
-        read: dict[str, Hit] = {}
+        floor = params.min_score if not self.settings.half_life_days else None  # decay re-scores every candidate
         while True:
-            stages, need = self._stages(params, degraded, period, fused, depth)
-            chosen = [(str(pid), pid, score) for pid, score in kept[:need]]
-            ids.update((key, pid) for key, pid, _ in chosen)
-            fresh = [Hit(key, 0.0, NO_PAYLOAD) for key, _, _ in chosen if key not in read]
-            read.update((h.id, h) for h in self._with_payloads(fresh, {h.id: owner[ids[h.id]] for h in fresh}))
-            hits = [Hit(key, score, read[key].payload) for key, _, score in chosen if key in read]
+            stages, need = self._stages(params, degraded, period, candidates.fused, depth)
+            hits = candidates.first(need)
             for stage in stages:
                 hits = stage(hits)
-            if len(hits) >= params.k or need >= len(kept) or self.reranker is not None:
+            if len(hits) >= params.k or candidates.exhausted(need, floor) or self.reranker is not None:
                 return hits
             depth *= 2
 
-    def _period(self, params: SearchRequest) -> Callable[[], tuple[datetime.date, datetime.date] | None]:
-        """The days ``params.query`` names (``query_period``), read on a short-lived thread of its own while the
-        query is embedded: dateparser's ~2 ms of Python overlaps the model's run, which releases the GIL (a
+    def _period(self, text: str, as_of: datetime.datetime | None
+                ) -> Callable[[], tuple[datetime.date, datetime.date] | None]:
+        """The days query ``text`` names as of ``as_of`` (``query_period``), read on a short-lived thread of its own
+        while the query is embedded: dateparser's ~2 ms of Python overlaps the model's run, which releases the GIL (a
         first-time question that names a time: embedding + period 6.2 -> 4.6 ms p50, docs/performance.md). Calling
-        the result waits for the thread and returns the period, or raises what ``query_period`` raised; a bad ``as_of``
-        raises ``ValueError`` here."""
-        if not self.settings.time_boost or not may_name_time(params.query):
+        the result waits for the thread and returns the period, or raises what ``query_period`` raised."""
+        if not self.settings.time_boost or not may_name_time(text):
             return lambda: None
-        as_of = _as_of(params)
         period: Future[tuple[datetime.date, datetime.date] | None] = Future()
 
         def read() -> None:
             try:
-                period.set_result(query_period(params.query, as_of))
+                period.set_result(query_period(text, as_of))
             except BaseException as exc:  # raised again by ``period.result()``, on the search's thread
                 period.set_exception(exc)
 
@@ -514,10 +492,3 @@ def _boost_depth(fused: Sequence[tuple[Any, float]], need: int, boost: float) ->
     factor = 1 + boost
     floor = sorted((min(score, score * factor) for _, score in fused), reverse=True)[need - 1]
     return sum(1 for _, score in fused if max(score, score * factor) >= floor)
-
-
-def _as_of(params: SearchRequest) -> datetime.datetime | None:
-    """The moment ``params``' relative time expressions count from (its ``as_of``; now when absent), naive local."""
-    if not params.as_of:
-        return None
-    return datetime.datetime.fromtimestamp(parse_time(params.as_of, "as_of") / 1e9)

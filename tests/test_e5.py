@@ -173,7 +173,7 @@ def test_the_relevance_floor_is_the_models_own(e5: Registry, tmp_path: Path) -> 
     """e5's cosines sit high for any pair: at MiniLM's floor (0.42) a question whose answer is nowhere in memory
     was flagged relevant; at e5's declared floor it is not, while an answerable one still is. A floor set in the
     config wins over the model's."""
-    from indexer.search import DEFAULT_RELEVANCE_FLOOR, relevance_floor
+    from indexer.search_settings import DEFAULT_RELEVANCE_FLOOR, relevance_floor
 
     ws = chinese_workspace(tmp_path / "ws")
     indexer = open_indexer(tmp_path, ws, e5)
