@@ -110,11 +110,14 @@ class Source:
 
 #: The dense part of a transcript window's fused score, against 1 for notes. Chat windows (greetings, thanks, one
 #: speaker's name on every line) look alike to a small sentence model, and its cosine ranks them poorly: on sessmem,
-#: MiniLM alone finds hit@5 0.571 against BM25's 0.816, and fused at equal weight it adds nothing (0.819). Weights
-#: measured there (hybrid hit@5 / recall@5): 1.0 0.819/0.743, 0.6 0.828/0.755, 0.5 0.831/0.754, 0.4 0.845/0.769,
-#: 0.3 0.839/0.764; the same weight on convmem's daily logs 0.819 -> 0.828 hit@5 (benchmarks/sessmem_eval.py,
-#: docs/performance.md). Notes keep 1.0: on devvault 0.5 cost nDCG@10 0.886 -> 0.853.
-TRANSCRIPT_DENSE_WEIGHT = 0.4
+#: MiniLM alone finds hit@5 0.571 against BM25's 0.816, and fused at equal weight it adds nothing (0.819). Measured
+#: on sessmem with daily-log notes about other people beside the transcripts (``benchmarks/sessmem_eval.py --notes
+#: rotated --corpus sessions --corpus all``, chunking v7, hybrid hit@5 sessions / all): 0.4 0.873/0.850, 0.5
+#: 0.884/0.856, 0.6 0.873/0.867, 0.7 0.864/0.859, 0.8 0.859/0.862, 1.0 0.856/0.845. At 0.6 asking notes and
+#: transcripts together (``corpus all``) costs 0.006, at 0.4 0.023: weighed down further, a transcript loses to a
+#: note that only looks like it (docs/benchmarks.md, "Session transcripts"). Notes keep 1.0: on devvault 0.5 cost
+#: nDCG@10 0.886 -> 0.853.
+TRANSCRIPT_DENSE_WEIGHT = 0.6
 SESSIONS_PREFIX = "sessions/"  # how a session transcript is named, wherever its folder lies (``display_path``)
 
 
