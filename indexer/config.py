@@ -259,10 +259,10 @@ class Settings(BaseSettings):
     # here (no real CLIP weights on this machine), so tune it for your model.
     image_min_score: float = 0.2
     bm25: Bm25 = Bm25()
-    # "Nothing relevant": a search answers relevant=false unless a candidate's raw dense cosine reaches
-    # relevance_floor, one of the first 10 fused candidates holds relevance_coverage of the query's terms weighed by
-    # their IDF in the index, or a note dated in the question's period is among the first hits
-    # (indexer.relevance.judge; judged before k cuts the list, so k never changes it).
+    # "Nothing relevant": a search answers relevant=false unless one of its first 3 hits (whatever k) has a raw
+    # dense cosine reaching relevance_floor, holds relevance_coverage of the query's terms weighed by their IDF in
+    # its agent's index, or is a note dated in the question's period (indexer.relevance.judge, each hit on its own
+    # evidence, so one hit gets one verdict whatever corpus or k the request asks).
     # Measured with benchmarks/relevance_table.py: docs/performance.md, "Nothing relevant". Unset, the floor is the
     # text embedder's own (its relevance_floor: e5 0.83), else 0.42 (measured for MiniLM).
     relevance_floor: float | None = Field(default=None, ge=-1, le=1)

@@ -1,11 +1,12 @@
 """Whether a search found anything relevant: the ``relevant`` flag and its graded ``relevance`` (level and reason).
 
 The fused score cannot say it (fusion normalises each query's lists: DBSF top-1 is about 2 for any query), so
-``judge`` reads the evidence itself, and reads it **of one hit**: the answer's first. A hit's verdict depends on the
-hit, the question and its agent's index alone, never on the rest of the answer, so one hit gets one verdict whatever
-the request's ``corpus``, collections or ``k`` (judged on the whole search, a note said false with ``corpus
-memory`` and true with ``corpus all``, where a transcript's cosine or other document frequencies decided). The
-evidence:
+``judge`` reads the evidence itself, and reads it **of one hit**. A hit's verdict depends on the hit, the question
+and its agent's index alone, never on the rest of the answer, so one hit gets one verdict whatever the request's
+``corpus``, collections or ``k`` (judged on the whole search, a note said false with ``corpus memory`` and true with
+``corpus all``, where a transcript's cosine or other document frequencies decided). The answer's own verdict is
+that of the first of its first three hits found relevant (``indexer.search.JUDGED_HITS``, read whatever ``k``).
+The evidence:
 
 - **meaning**: the hit's raw dense cosine to the query (looked up when the hit came from keyword search alone);
 - **telling words**: the query's BM25 terms weighed by their inverse document frequency over every collection of
@@ -14,14 +15,15 @@ evidence:
   of the query's terms the hit's text and context hold (``weighted_coverage``). A question whose telling word is
   nowhere in memory ("my cat's name") is unanswered however close its common words come;
 - **the period**: for a question that names a period ("yesterday", "on 3 May"; ``indexer.dates.query_period``), the
-  hit's date (``note_date``: a dated note's day, a transcript turn's day): in the period it is evidence, outside it
-  the hit does not answer the question (it names another time), however close its meaning.
+  hit's date (``note_date``: a dated note's day, a transcript turn's day) in the period is evidence.
 
 ``relevant`` is true when the cosine reaches ``Settings.relevance_floor``, the hit holds ``relevance_coverage`` of
-the weighted terms, or it is dated in the period asked, and it is not dated outside that period. Levels: ``high``
-(a cosine of ``DENSE_SURE`` or more, or two kinds of evidence), ``medium`` (one kind), both relevant; ``low``
-(something related: a cosine near the floor, some of the words, or a close hit dated outside the period) and
-``none`` (nothing found or nothing close). Measured with ``benchmarks/relevance_table.py`` on the devvault, convmem,
+the weighted terms, or it is dated in the period asked. Levels: ``high`` (a cosine of ``DENSE_SURE`` or more, or two
+kinds of evidence), ``medium`` (one kind), both relevant; ``low`` (something related: a cosine near the floor or
+some of the words) and ``none`` (nothing found or nothing close). A close hit dated outside the period asked is
+``medium`` at most: it may tell of another time (a transcript turn of another day said ``high`` on its cosine 0.64
+alone), though a daily note often tells of days before its own, so it is not refused (refusing it said false to 5
+right top hits of 209 on convmem). Measured with ``benchmarks/relevance_table.py`` on the devvault, convmem,
 sessmem and zhmem dev sets and the demo workspace (docs/performance.md, "Nothing relevant").
 
 Cost: a hit whose cosine reaches ``relevance_floor`` reads nothing more (its payload was read for the answer);
@@ -119,19 +121,17 @@ def judge(hit: Hit | None, evidence: Evidence, bm25: Bm25Terms, query: str, dens
     said = [f"cosine {cosine:.2f}" if cosine is not None else "no dense score" if evidence.dense else "keyword only"]
     dated = [f"dated {day}, {'in' if inside else 'outside'} the period asked"] if day else []
     close = cosine is not None and cosine >= dense_floor
-    if close and not outside:  # close in meaning: nothing more is read (the hot path)
-        sure = cosine is not None and cosine >= max(DENSE_SURE, dense_floor)
+    if close:  # close in meaning: nothing more is read (the hot path)
+        sure = cosine is not None and cosine >= max(DENSE_SURE, dense_floor) and not outside
         return Judgement(True, "high" if sure or inside else "medium", "; ".join(said + dated))
-    weights = {} if close else evidence.weights()  # a close hit dated outside the period: its words change nothing
+    weights = evidence.weights()
     words, missing = _words(hit, weights, bm25)
     if weights:
         said.append(f"telling words {words:.0%}"
                     + (f" ({_word(query, missing, bm25)} not in the hit)" if missing is not None else ""))
     reason = "; ".join(said + dated)
-    if outside:
-        level: Level = "low"
-    elif inside or words >= coverage_floor:
-        level = "high" if inside and words >= coverage_floor else "medium"
+    if inside or words >= coverage_floor:
+        level: Level = "high" if inside and words >= coverage_floor else "medium"
     elif words > 0 or (cosine is not None and cosine >= dense_floor - LOW_MARGIN):
         level = "low"
     else:

@@ -15,7 +15,8 @@ dense search answers from keyword search instead, and says so: the caller's ``de
 ``/metrics``.
 
 Whether anything relevant was found (``Answer.relevant``) and how sure that is (``Answer.relevance``: level and
-reason) is ``indexer.relevance.judge``'s, on the whole candidate lists before ``k`` cuts them.
+reason) is ``indexer.relevance.judge``'s, on each of the answer's first ``JUDGED_HITS`` hits on its own evidence
+(whatever ``k``): one hit gets one verdict whatever the request selects.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ from indexer.search_settings import SETTING_NAMES, SearchSettings
 from indexer.store import Store
 from indexer.workspace import Collection
 
+#: the answer's first hits whose verdicts decide its own (``Searcher._judged``), whatever its ``k``
+JUDGED_HITS = 3
 #: hits read per hit asked before ``collapse`` thins them (overlapping windows drop out)
 COLLAPSE_DEPTH = 3
 
@@ -288,7 +291,7 @@ class Searcher:
         if s.mmr_lambda is not None:
             stages.append(partial(mmr, lam=s.mmr_lambda, k=params.k))
         stages.append(self._collapse(params.query, narrow=self.reranker is None and s.mmr_lambda is None,
-                                     cut=len(fused) > need, limit=params.k))
+                                     cut=len(fused) > need, limit=max(params.k, JUDGED_HITS)))
         return stages, need
 
     @staticmethod
@@ -338,11 +341,23 @@ class Searcher:
         if candidates is None:
             return [], NOTHING
         period = period_of()
-        hits = [candidates.scored(h) for h in self._ranked(params, degraded, period, candidates)[: params.k]]
-        first = hits[0] if hits else None
-        found = judge(first, self._evidence(first, candidates.owner_of(first), query, period), self.terms,
-                      params.query, self.settings.dense_floor, self.settings.coverage_floor)
-        return hits, found
+        hits = [candidates.scored(h) for h in self._ranked(params, degraded, period, candidates)]
+        return hits[: params.k], self._judged(hits[:JUDGED_HITS], candidates, query, period, params.query)
+
+    def _judged(self, hits: Sequence[Hit], candidates: Candidates, query: Query,
+                period: tuple[datetime.date, datetime.date] | None, text: str) -> Judgement:
+        """The answer's verdict: the first of ``hits`` (the answer's first ``JUDGED_HITS``, whatever its ``k``)
+        that ``indexer.relevance.judge`` finds relevant, else the first hit's verdict (``NOTHING`` without one)."""
+        first = NOTHING
+        for i, hit in enumerate(hits):
+            verdict = judge(hit, self._evidence(hit, candidates.owner_of(hit), query, period), self.terms, text,
+                            self.settings.dense_floor, self.settings.coverage_floor)
+            if i == 0:
+                first = verdict
+            if verdict.relevant is not False:  # relevant, or keyword only (not judged: the first says so)
+                return first if verdict.relevant is None else verdict._replace(
+                    reason=verdict.reason if i == 0 else f"hit {i + 1}: {verdict.reason}")
+        return first
 
     def _candidates(self, targets: Sequence[Collection], query: Query, text: str) -> Candidates | None:
         """The fused candidates of ``query`` over ``targets`` (``None``: no list found any): the pools of every
