@@ -22,6 +22,12 @@ What it does, in one run:
 5. Prints the ``relevant`` flag's confusion counts: of the questions whose top hit overlaps an evidence turn, how
    many the answer flagged ``relevant: true``.
 
+``--notes own|rotated`` puts daily-log notes beside the transcripts, as a real agent has both: each agent's
+workspace gets the ``memory/`` notes of ``../convmem`` (the same LoCoMo conversations written as daily logs): its own
+conversation's (``own``: notes that answer too, scored as misses since the labels name transcript lines) or the next
+agent's (``rotated``: the same kind of notes about other people, distractors). ``--corpus all`` then asks notes and
+transcripts together; ``--corpus sessions`` the transcripts alone (what ``all`` must stay within 0.02 of).
+
 ``--set WINDOW_TURNS=4`` (a constant of ``indexer.sources.transcripts``, ``indexer.chunking`` or
 ``indexer.conversation``) tunes the windows for one run; give it its own ``--variant``.
 """
@@ -76,8 +82,27 @@ def load_sessset(data: Path) -> SessSet:
     return SessSet(data, queries, score, agents)
 
 
-def run_product(conv: SessSet, indexer: Any, mode: str,
-                overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def with_notes(agents: dict[str, Path], convmem: Path, into: Path, rotated: bool) -> dict[str, Path]:
+    """Each agent's workspace copied under ``into`` with the ``memory/`` notes of ``convmem``'s agent of the same name
+    (``rotated``: of the next agent, in name order) beside its ``MEMORY.md``. Raises ``DataMissing``."""
+    import shutil
+
+    names = sorted(agents)
+    out = {}
+    for i, agent in enumerate(names):
+        source = convmem / "agents" / (names[(i + 1) % len(names)] if rotated else agent) / "memory"
+        if not source.is_dir():
+            raise DataMissing(f"notes not found: {source} (--notes needs ../convmem beside the sessmem set)")
+        workspace = into / agent
+        if not workspace.is_dir():
+            shutil.copytree(agents[agent], workspace)
+            shutil.copytree(source, workspace / "memory")
+        out[agent] = workspace
+    return out
+
+
+def run_product(conv: SessSet, indexer: Any, mode: str, overrides: dict[str, Any],
+                corpus: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every question through ``Searcher.answer`` (what ``POST /search`` answers); returns (query id -> results,
     query id -> its ``relevant`` flag)."""
     from indexer.schema import SearchRequest
@@ -85,7 +110,8 @@ def run_product(conv: SessSet, indexer: Any, mode: str,
     searcher = indexer.view.searcher(**overrides)
     run, flags = {}, {}
     for q in conv.queries:
-        hits, flag, *_ = searcher.answer(SearchRequest(query=q["query"], agent=q["agent"], k=K, mode=mode))
+        hits, flag, *_ = searcher.answer(SearchRequest(query=q["query"], agent=q["agent"], k=K, mode=mode,
+                                                                 corpus=corpus))
         run[q["id"]] = [{"path": h["path"], "start_line": h["start_line"], "end_line": h["end_line"],
                          "score": h["score"]} for h in hits]
         flags[q["id"]] = flag
@@ -129,6 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override a constant of indexer.sources.transcripts, indexer.chunking or "
                              "indexer.conversation for this run (e.g. WINDOW_TURNS=5); give it its own --variant")
+    parser.add_argument("--notes", choices=("none", "own", "rotated"), default="none",
+                        help="daily-log notes beside the transcripts, from ../convmem (see above) [%(default)s]")
+    parser.add_argument("--corpus", action="append", choices=("sessions", "all", "memory"), default=[],
+                        help="ask this corpus (repeatable; default: the configured one)")
     parser.add_argument("--runs", type=Path, default=None, help="write each run here as score.py-readable JSONL")
     parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
     args = parser.parse_args(argv)
@@ -161,17 +191,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     registry = load_registry(defaults.plugins, plugin_configs(defaults), defaults.prefer)
     log(f"sessmem: {len(conv.queries)} questions over agents {', '.join(conv.agents)}")
     agents = {agent: conv.root / "agents" / agent / "workspace" for agent in conv.agents}
+    if args.notes != "none":
+        try:
+            agents = with_notes(agents, conv.root.parent / "convmem", args.state.resolve() / f"notes-{args.notes}",
+                                rotated=args.notes == "rotated")
+        except DataMissing as exc:
+            print(f"sessmem_eval: {exc}", file=sys.stderr)
+            return 2
     sessions = {agent: conv.root / "agents" / agent / "sessions" for agent in conv.agents}
     indexer, facts = open_indexed(args.state.resolve(), agents, args.variant, "default", None, registry, log,
-                                  "sessmem|" + ",".join(args.set), sessions=sessions)
+                                  "sessmem|" + ",".join(args.set) + f"|notes={args.notes}",
+                                  sessions=sessions)
     runs: dict[str, dict[str, Any]] = {}
     relevance: dict[str, tuple[int, int]] = {}
     try:
         started = time.monotonic()
-        labels = [(f"product {mode}", mode, {"mode": mode}) for mode in args.modes.split(",") if mode]
-        labels += [(f"product hybrid mmr{lam:g}", "hybrid", {"mmr_lambda": lam}) for lam in args.mmr]
-        for label, mode, overrides in labels:
-            run, flags = run_product(conv, indexer, mode, overrides)
+        corpora: list[str | None] = list(args.corpus) or [None]
+        labels = [(f"product {mode}" + (f" {c}" if c else ""), mode, {"mode": mode}, c)
+                  for mode in args.modes.split(",") if mode for c in corpora]
+        labels += [(f"product hybrid mmr{lam:g}", "hybrid", {"mmr_lambda": lam}, None) for lam in args.mmr]
+        for label, mode, overrides, corpus in labels:
+            run, flags = run_product(conv, indexer, mode, overrides, corpus)
             runs[label] = run
             right = [q["id"] for q in conv.queries if top_right(q, run[q["id"]])]
             relevance[label] = (sum(1 for qid in right if flags[qid]), len(right))
