@@ -280,9 +280,14 @@ class Reranker(Protocol):
       and raises ``TimeoutError``. The parameter is optional in a plugin's signature: a ``score(query, texts)`` is
       called without it. Raise on failure: the search then keeps the fused order (it fails open), says so in the
       answer's ``degraded`` and ``status`` counts it, as it does when scoring takes longer than ``rerank_budget_s``.
+    - ``relevance_floor`` (optional, default ``None``): the score from which a text answers the query (0.5 for a
+      probability, 0 for a logit). Declared, the reranker decides whether a hit it scored is relevant
+      (``indexer.relevance``: a model that reads the question and the passage together knows better than a
+      cosine); ``None``: its scores order the hits only.
     """
 
     model_id: str
+    relevance_floor: float | None = None
 
     def score(self, query: str, texts: Sequence[str], timeout_s: float | None = None) -> list[float]: ...
 

@@ -235,10 +235,12 @@ class Query:
 @dataclass(frozen=True, slots=True)
 class Hit:
     """A scored point: ``score`` is the cosine similarity (dense), BM25 score (keyword) or fused score; after fusion,
-    ``dense_score``/``keyword_score`` are the point's raw scores in the text and BM25 lists (``None``: not in it)."""
+    ``dense_score``/``keyword_score`` are the point's raw scores in the text and BM25 lists (``None``: not in it),
+    ``rerank_score`` the reranker's (``None``: not reranked)."""
 
     id: str
     score: float
     payload: Payload
     dense_score: float | None = None
     keyword_score: float | None = None
+    rerank_score: float | None = None

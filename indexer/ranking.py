@@ -21,7 +21,7 @@ import datetime
 import heapq
 import re
 from collections.abc import Callable, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from indexer.points import SPARSE, Hit, Payload
@@ -154,7 +154,7 @@ def collapse(hits: Sequence[Hit], shown: Callable[[Hit], tuple[int, int]],
         score = lowered(h.score, cut[1] ** NARROWED_EXPONENT)
         if settled is not None and score < settled:
             continue
-        heapq.heappush(line, (-score, order, Hit(h.id, score, cut[0], h.dense_score, h.keyword_score)))
+        heapq.heappush(line, (-score, order, replace(h, score=score, payload=cut[0])))
         order += 1
     return out
 

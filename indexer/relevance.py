@@ -8,6 +8,10 @@ and its agent's index alone, never on the rest of the answer, so one hit gets on
 that of the first of its first three hits found relevant (``indexer.search.JUDGED_HITS``, read whatever ``k``).
 The evidence:
 
+- **a reranker's score**: with a reranker that declares a ``relevance_floor`` (``indexer.api.Reranker``; the
+  built-in ones: 0.5), a hit it scored is relevant from that score on, whatever the rest says: a model that reads
+  the question and the passage together separates answers (0.93-0.9997 with a cross-encoder) from gibberish
+  (0.003) far better than a cosine;
 - **meaning**: the hit's raw dense cosine to the query (looked up when the hit came from keyword search alone);
 - **telling words**: the query's BM25 terms weighed by their inverse document frequency over every collection of
   the hit's agent (``idf``: Qdrant's own formula over the index's document frequencies), so a word most notes hold
@@ -93,13 +97,15 @@ def held_terms(hit: Hit, bm25: Bm25Terms) -> set[int]:
 class Evidence(NamedTuple):
     """One hit's own evidence: its dense cosine to the query (``None``: the hit has no dense text vector),
     whether the search was a dense one (``False``: keyword only, no meaning to judge by), the query's term weights
-    (term id -> IDF over every collection of the hit's agent; asked only when the cosine does not decide) and the
-    period the query names (first and last day, inclusive; ``None``: none)."""
+    (term id -> IDF over every collection of the hit's agent; asked only when the cosine does not decide), the
+    period the query names (first and last day, inclusive; ``None``: none) and, when a reranker that declares a
+    ``relevance_floor`` scored the hit, ``(its score, that floor)``: then the reranker decides."""
 
     cosine: float | None
     dense: bool
     weights: Callable[[], Mapping[int, float]]
     period: tuple[datetime.date, datetime.date] | None
+    rerank: tuple[float, float] | None = None
 
 
 def hit_day(hit: Hit) -> str | None:
@@ -120,6 +126,8 @@ def judge(hit: Hit | None, evidence: Evidence, bm25: Bm25Terms, query: str, dens
     outside = day is not None and not inside
     said = [f"cosine {cosine:.2f}" if cosine is not None else "no dense score" if evidence.dense else "keyword only"]
     dated = [f"dated {day}, {'in' if inside else 'outside'} the period asked"] if day else []
+    if evidence.rerank is not None:
+        return _reranked(*evidence.rerank, cosine is not None and cosine >= dense_floor, said + dated)
     close = cosine is not None and cosine >= dense_floor
     if close:  # close in meaning: nothing more is read (the hot path)
         sure = cosine is not None and cosine >= max(DENSE_SURE, dense_floor) and not outside
@@ -137,6 +145,16 @@ def judge(hit: Hit | None, evidence: Evidence, bm25: Bm25Terms, query: str, dens
     else:
         level = "none"
     return Judgement(level in ("high", "medium") if evidence.dense else None, level, reason)
+
+
+def _reranked(score: float, floor: float, close: bool, said: list[str]) -> Judgement:
+    """The verdict of a reranker that scored the hit and declares ``floor``: relevant from ``floor``; ``high`` when
+    the cosine agrees (``close``), else ``medium``; under the floor ``low`` when the cosine is close, else ``none``.
+    The reason names it first (it decided)."""
+    reason = "; ".join([f"rerank score {score:.3g} {'>=' if score >= floor else '<'} {floor:g}", *said])
+    if score >= floor:
+        return Judgement(True, "high" if close else "medium", reason)
+    return Judgement(False, "low" if close else "none", reason)
 
 
 def _words(hit: Hit, weights: Mapping[int, float], bm25: Bm25Terms) -> tuple[float, int | None]:

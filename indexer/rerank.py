@@ -90,7 +90,7 @@ def rerank(hits: Sequence[Hit], query: str, reranker: Reranker, top_n: int, budg
     stats.reranked += 1
     stats.last_error = None
     order = sorted(range(len(head)), key=lambda i: -scores[i])
-    return [Hit(head[i].id, scores[i], head[i].payload) for i in order] + tail
+    return [Hit(head[i].id, scores[i], head[i].payload, rerank_score=scores[i]) for i in order] + tail
 
 
 def _over_budget(hits: Sequence[Hit], seconds: float, budget_s: float, stats: RerankStats,

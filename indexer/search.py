@@ -36,6 +36,7 @@ from indexer import schema
 from indexer.api import Embedder, check_vectors
 from indexer.bm25 import Bm25Terms
 from indexer.config import Settings
+from indexer.contract import RERANKERS, declared
 from indexer.dates import may_name_time, query_period
 from indexer.errors import BadVectors, EmbedUnavailable
 from indexer.hits import narrowed, shown, to_hit
@@ -398,7 +399,10 @@ class Searcher:
             frequencies, n = self._frequencies(own, terms)
             return {t: idf(frequencies.get(t, 0), n) for t in set(terms)}
 
-        return Evidence(cosine, dense is not None, weights, period)
+        scored = hit.rerank_score if hit is not None else None
+        floor = declared(RERANKERS, self.reranker, "relevance_floor") if self.reranker is not None else None
+        rerank = (scored, float(floor)) if scored is not None and floor is not None else None
+        return Evidence(cosine, dense is not None, weights, period, rerank)
 
     def _ranked(self, params: SearchRequest, degraded: list[str] | None,
                 period: tuple[datetime.date, datetime.date] | None, candidates: Candidates) -> list[Hit]:

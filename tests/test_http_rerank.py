@@ -294,6 +294,10 @@ def test_infinity_reranks_a_real_search_in_the_models_order(server: Any, cross_e
         assert [h["score"] for h in answer["hits"]] == pytest.approx([1 / (1 + math.exp(-x)) for x in own], abs=1e-4)
         assert own == sorted(own, reverse=True)  # the model's order
         assert paths(answer) != fused_paths(indexer)  # the stage changed the answer
+        # the server's probability decides the flag (the plugin's relevance_floor, default 0.5)
+        top = answer["hits"][0]["score"]
+        assert answer["relevant"] is (top >= 0.5)
+        assert answer["relevance"]["reason"].startswith(f"rerank score {top:.3g}")
         status = api.get("/status").json()["rerank"]
         assert status == {"reranker": "http", "model_id": f"{MODEL}@{server.url}/rerank", "top_n": 20,
                           "budget_s": 2.0, "reranked": 1, "failed": 0, "over_budget": 0, "last_error": None}

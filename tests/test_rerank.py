@@ -147,6 +147,34 @@ def test_the_configured_cross_encoder_reorders_a_real_search(tiny_cross_encoder:
         "reranked": 1, "failed": 0, "over_budget": 0, "last_error": None}
 
 
+def test_a_reranker_that_declares_a_floor_decides_whether_its_hits_are_relevant(
+        tiny_cross_encoder: Path, notes: Path, open_indexer) -> None:
+    """A configured reranker's ``relevance_floor`` decides the flag for the hits it scored, whatever the cosine: the
+    random tiny model's scores (sigmoids, in (0, 1)) are all over a floor of 0 and all under a floor of 1, so the
+    same question is relevant with the one and not with the other, and the reason names the score and the floor;
+    with ``"off"`` the hit's embedding evidence judges, as without a reranker."""
+    answers = {}
+    for floor in (0.0, 1.0, "off"):
+        indexer = open_indexer(notes, reranker="cross-encoder", rerank_budget_s=60,
+                               plugin={"cross-encoder": {"model": str(tiny_cross_encoder), "relevance_floor": floor}})
+        index_once(indexer)
+        answers[floor] = indexer.view.searcher().answer(SearchParams(QUERY, k=3, mode="hybrid"))
+        indexer.close()
+    top = answers[0.0].hits[0]["score"]
+    assert 0 < top < 1
+    assert answers[0.0].relevant is True and answers[0.0].relevance["reason"].startswith(f"rerank score {top:.3g} >= 0")
+    assert answers[1.0].relevant is False and answers[1.0].relevance["reason"].startswith("rerank score")
+    assert "< 1" in answers[1.0].relevance["reason"]
+    assert "rerank" not in answers["off"].relevance["reason"]
+    assert answers["off"].relevance["reason"].startswith("cosine")  # the first hit's own evidence judged it
+
+
+def test_a_bad_relevance_floor_is_refused_naming_the_table() -> None:
+    with pytest.raises(ValueError, match=r"\[plugin.cross-encoder\] relevance_floor must be a number"):
+        CrossEncoderReranker({"model": "m", "relevance_floor": "high"})
+    assert CrossEncoderReranker({"model": "m"}).relevance_floor == 0.5
+
+
 def test_a_missing_model_fails_open_is_counted_and_recovers(tiny_cross_encoder: Path, notes: Path, tmp_path: Path,
                                                             open_indexer) -> None:
     from fastapi.testclient import TestClient

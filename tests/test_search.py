@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from indexer import bm25
 from indexer.hits import snippet
-from indexer.points import SPARSE, Hit, Payload, Query
+from indexer.points import Hit, Payload, Query
 from indexer.ranking import decay, fuse_scores, mmr
 from indexer.recall import read_memory
 from indexer.relevance import NOTHING, Evidence, held_terms, idf, judge, weighted_coverage

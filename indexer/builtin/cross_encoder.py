@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from indexer.api import LazyModel
+from indexer.builtin.http_rerank import rerank_floor
 
 __all__ = ["CrossEncoderReranker"]
 
@@ -17,12 +18,14 @@ __all__ = ["CrossEncoderReranker"]
 class CrossEncoderReranker:
     """The built-in reranker plugin ``cross-encoder``: a sentence-transformers ``CrossEncoder`` (one relevance logit
     per (query, text) pair) from ``config["model"]`` (a local model directory, ``~`` expanded, or a name already in
-    the local Hugging Face cache), ``device`` (default ``cpu``) and ``batch_size`` (default 32). Raises
+    the local Hugging Face cache), ``device`` (default ``cpu``), ``batch_size`` (default 32) and ``relevance_floor``
+    (the score from which a hit answers the query: default 0.5, as ``predict`` gives a one-label model's sigmoid;
+    ``"off"``: the scores order the hits only; ``indexer.builtin.http_rerank.rerank_floor``). Raises
     ``ValueError`` without a model; the model loads on the first ``score`` (offline unless ``HF_HUB_OFFLINE`` says
     otherwise), which raises ``OSError`` while it is not on disk and loads it once it is."""
 
     #: the keys ``[plugin.cross-encoder]`` may hold (``indexer.plugins`` refuses others, naming them)
-    config_keys = frozenset({"model", "device", "batch_size", "state_dir"})
+    config_keys = frozenset({"model", "device", "batch_size", "relevance_floor", "state_dir"})
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = dict(config or {})
@@ -32,6 +35,7 @@ class CrossEncoderReranker:
         self.model_id = os.path.expanduser(str(config["model"]))
         self.device = str(config.get("device", "cpu"))
         self.batch_size = int(config.get("batch_size", 32))
+        self.relevance_floor = rerank_floor(config, "[plugin.cross-encoder]")
         self._model: LazyModel[Any] = LazyModel(self._load)
 
     @property
@@ -48,7 +52,8 @@ class CrossEncoderReranker:
         return CrossEncoder(self.model_id, device=self.device)
 
     def score(self, query: str, texts: Sequence[str], timeout_s: float | None = None) -> list[float]:
-        """One logit per text; ``timeout_s`` is not used (a running ``predict`` cannot be stopped: ``rerank``
+        """One score per text (``predict``'s: a one-label model's sigmoid); ``timeout_s`` is not used (a running
+        ``predict`` cannot be stopped: ``rerank``
         keeps the fused order when it took longer than the budget)."""
         scores = self.model.predict([(query, text) for text in texts], batch_size=self.batch_size,
                                     show_progress_bar=False, convert_to_numpy=True)

@@ -38,7 +38,18 @@ __all__ = ["APIS", "HttpReranker", "RerankError"]
 APIS = ("cohere", "tei")
 #: the config keys ``[plugin.http]`` may hold (``state_dir`` is added by the daemon)
 KEYS = frozenset({"base_url", "model", "api", "api_key_env", "api_key", "timeout_s", "max_answer_bytes",
-                  "state_dir"})
+                  "relevance_floor", "state_dir"})
+
+
+def rerank_floor(config: dict[str, Any], table: str) -> float | None:
+    """A reranker's ``relevance_floor`` setting (default 0.5, a probability's midpoint; ``"off"``: ``None``).
+    Raises ``ValueError`` naming ``table`` for another value."""
+    value = config.get("relevance_floor", 0.5)
+    if value == "off":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{table} relevance_floor must be a number or \"off\", got {value!r}")
+    return float(value)
 
 
 class RerankError(RuntimeError):
@@ -55,6 +66,9 @@ class HttpReranker:
     - ``api_key_env``: the name of an environment variable holding the API key (default: no key is sent);
     - ``timeout_s``: the longest one call may take, seconds (default 10; a search's budget may cut it shorter).
     - ``max_answer_bytes``: the longest answer read (default 1 MiB plus twice the request's size).
+    - ``relevance_floor``: the score from which a hit answers the query (default 0.5: Cohere, Jina, infinity and
+      TEI answer a probability; set 0 for a server that answers raw logits, as llama.cpp does; ``"off"``: the
+      scores order the hits only and the embedding's evidence judges relevance).
 
     Raises ``ValueError`` for a missing ``base_url``, an unknown ``api`` or key, or an ``api_key_env`` naming an
     unset variable. Nothing is sent until the first ``score``."""
@@ -75,6 +89,7 @@ class HttpReranker:
         if self.api not in APIS:
             raise ValueError(f"[plugin.http] api must be one of {', '.join(APIS)}, got {self.api!r}")
         self.model = str(config.get("model", ""))
+        self.relevance_floor = rerank_floor(config, "[plugin.http]")
         self.timeout_s = float(config.get("timeout_s", 10.0))
         self.max_answer_bytes = int(config["max_answer_bytes"]) if config.get("max_answer_bytes") else None
         if not self.timeout_s > 0:
