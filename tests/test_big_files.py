@@ -69,10 +69,13 @@ def test_a_batch_of_long_chunks_holds_at_most_the_word_piece_budget(registry: Re
     assert (embedder.batch_size, embedder.batch_tokens, embedder.max_tokens + 2) == (32, 4096, 256)
     # long texts padded to the model's 256 word pieces: 16 a pass; short ones fill a batch of up to 32
     assert [len(batch) for batch in batches] == [16, 16, 28]
-    # cut shorter, the same vectors as one text at a time (up to the padding's float rounding)
+    # cut shorter, the same vectors as one text at a time: up to the padding's float rounding in fp32 and bf16; int8
+    # quantizes each batch's activations with one scale (ONNX Runtime's dynamic quantization), so a text's vector
+    # moves a little with its batch (cosine 0.9954 seen on an AVX2 machine, where auto picks int8)
     vectors = embedder.encode(texts[18:24])
     alone = np.stack([embedder.encode([text])[0] for text in texts[18:24]])
-    assert np.einsum("ij,ij->i", vectors, alone).min() > 0.999
+    agreement = 0.99 if embedder.precision == "int8" else 0.999
+    assert np.einsum("ij,ij->i", vectors, alone).min() > agreement
 
 
 @pytest.fixture(name="small_slices")
