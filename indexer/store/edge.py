@@ -32,7 +32,8 @@ import structlog
 from indexer.errors import StateDirFull, StoreLocked
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, STATE_KEY, FileState, Filter, Point, Query
 from indexer.safeio import lock_exclusive
-from indexer.store.base import SCROLL_PAGE, Dialect, Store, point_from_record
+from indexer.store.base import SCROLL_PAGE, Store
+from indexer.store.dialect import Dialect, point_from_record
 from indexer.store.edge_config import edge_config, field_index
 from indexer.store.edge_optimize import optimize_copy
 from indexer.store.edge_states import HASH_FIELD, file_states_by_facets

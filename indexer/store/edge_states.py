@@ -41,7 +41,8 @@ from typing import Any
 import structlog
 
 from indexer.points import STATE_FIELDS, STATE_KEY, FileState, Filter, Payload, parse_state_keys, point_id
-from indexer.store.base import SCROLL_PAGE, Dialect, file_states
+from indexer.store.base import SCROLL_PAGE
+from indexer.store.dialect import Dialect, file_states
 
 HASH_FIELD = "file_hash"  # keyword-indexed on Edge collections, for the facet
 

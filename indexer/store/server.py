@@ -30,8 +30,9 @@ from typing import Any, ParamSpec, TypeVar
 
 from indexer.errors import CollectionMismatch, StoreUnavailable
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, Filter, Point, Query
-from indexer.store.base import SCROLL_PAGE, Dialect, point_from_record
+from indexer.store.base import SCROLL_PAGE
 from indexer.store.claims import ClaimingStore
+from indexer.store.dialect import Dialect, point_from_record
 from indexer.store.layout import PAYLOAD_M, REBUILD, TENANT_KEY, PerTenant, ServerOptions
 from indexer.store.retry import retried, retried_methods, transient
 from indexer.store.tenancy import TenantStore
