@@ -159,7 +159,7 @@ def search(query: str, as_json: bool, config: Path | None, port: int | None, wai
     """
     if not query.strip():
         raise click.UsageError("QUERY is empty; to list every memory file use `qmd-indexer recall`")
-    from indexer.schema import MAX_WAIT_S
+    from indexer.arguments import MAX_WAIT_S
 
     # every option but --json, --wait, --config and --port is a request field; --wait asks in steps the daemon
     # allows (MAX_WAIT_S each) until the first index is built and nothing is pending, or SECONDS have passed

@@ -69,6 +69,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from indexer import __version__
+from indexer.arguments import clean_text
 from indexer.client import Client, ClientError, RemoteMemory
 from indexer.errors import error_answer, unknown_agent
 from indexer.schema import (
@@ -82,7 +83,6 @@ from indexer.schema import (
     Request,
     SearchRequest,
     SearchResponse,
-    clean_text,
 )
 from indexer.status import Status
 

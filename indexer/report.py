@@ -17,13 +17,14 @@ from typing import Any, Literal
 import structlog
 
 from indexer.append import append_state
+from indexer.arguments import MAX_WAIT_S
 from indexer.bm25 import Bm25Terms
 from indexer.metrics import Metrics
 from indexer.pipeline import Pipeline, Stats
 from indexer.plugins import Registry
 from indexer.points import stat_identity
 from indexer.rerank import RerankStats, rerank_status
-from indexer.schema import MAX_WAIT_S, Indexing
+from indexer.schema import Indexing
 from indexer.search import FallbackStats, Searcher
 from indexer.sources import reader
 from indexer.state import IndexState, Plan
