@@ -75,7 +75,7 @@ def run(config: Path | None, workspace: Path | None, agent: str | None, state_di
         import structlog
 
         structlog.get_logger("qmd_indexer.daemon").warning("non_loopback_bind", host=settings.host, detail=warning)
-    from indexer.config import load_settings
+    from indexer.config_load import load_settings
 
     # SIGHUP: the same config file and environment again, with this command line's flags still on top
     flags = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url, "host": host, "workspace": workspace}
@@ -169,9 +169,9 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
     settings = settings_from(config, None, None, state_dir, None)
     configure_logging(settings.log_format, settings.log_level)
     from indexer.errors import CollectionMismatch, StoreLocked, StoreUnavailable
-    from indexer.migrate import drop_sources
+    from indexer.migrate import drop_sources, record_tenancy
     from indexer.migrate import migrate as copy_store
-    from indexer.rebuild import record_tenancy
+    from indexer.statedir import edge_store
 
     if not url and not source_url:
         fail("pass --to URL (from the embedded store) or --from URL (between layouts)", EXIT_USAGE)
@@ -199,7 +199,7 @@ def migrate(url: str | None, source_url: str | None, tenancy: str | None, from_t
     click.echo(f"Copied {len(results)} collections to {to_url} ({layout} layout), every count verified. Start the "
                f"daemon on it with\n  qmd-indexer run --qdrant-url {to_url} ...\nwith qdrant_tenancy = \"{layout}\" "
                f"(environment: QMD_INDEXER_QDRANT_URL, QMD_INDEXER_QDRANT_TENANCY). Nothing is embedded again."
-               + ("" if source_url else f" {settings.state_dir / 'qdrant'} is no longer used and can be removed once "
+               + ("" if source_url else f" {edge_store(settings.state_dir)} is no longer used and can be removed once "
                                          f"you are satisfied."))
 
 

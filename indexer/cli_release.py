@@ -28,6 +28,7 @@ def release(config: Path | None, agents: tuple[str, ...]) -> None:
     """
     from indexer.errors import StoreUnavailable
     from indexer.state import Plan
+    from indexer.statedir import recorded_tenancy
     from indexer.store import ServerOptions, ServerStore
 
     settings = settings_from(config, None, None, None, None)
@@ -39,7 +40,8 @@ def release(config: Path | None, agents: tuple[str, ...]) -> None:
     if unknown:
         fail(f"unknown agent {', '.join(map(repr, unknown))}; this config's agents: {', '.join(plan.agents())}",
              EXIT_USAGE)
-    store = ServerStore(settings.qdrant_url, settings.qdrant_api_key, ServerOptions.from_settings(settings))
+    options = ServerOptions.from_settings(settings, recorded_tenancy(settings.state_dir, settings.qdrant_url))
+    store = ServerStore(settings.qdrant_url, settings.qdrant_api_key, options)
     try:
         released = store.release([c.name for c in plan.collections if c.agent in agents])
     except StoreUnavailable as exc:

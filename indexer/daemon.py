@@ -38,14 +38,14 @@ from indexer.errors import CollectionMismatch
 from indexer.metrics import Metrics
 from indexer.pipeline import Pipeline
 from indexer.plugins import Registry, load_registry, plugin_configs
-from indexer.rebuild import attest, check_identity, hold_state_lock, rebuild_beside
+from indexer.rebuild import attest, check_identity, daemon_options, rebuild_beside
 from indexer.rename import placed
 from indexer.report import StatusView
 from indexer.sources import reader
 from indexer.sources.base import unchanged_by_stat
 from indexer.state import NO_DRIFT, Indexed, IndexState, Plan
+from indexer.statedir import attestations, edge_store, embedding_cache, hold_state_lock
 from indexer.store import Store, open_store
-from indexer.store.layout import for_daemon
 from indexer.sync import Pace, Sync
 from indexer.walk import overlaps, walk_paths
 from indexer.watcher import Settler
@@ -112,9 +112,9 @@ class Indexer:
         registry.check_multimodal({w.agent: w.multimodal.modalities for w in settings.workspace
                                    if w.multimodal.enabled})
         if store is None:
-            store = open_store(settings.state_dir, settings.qdrant_url, settings.qdrant_api_key,
-                               for_daemon(settings, registry.embedders), settings.state_min_free_bytes)
-        cache = EmbeddingCache(settings.state_dir / "embeddings.sqlite3")
+            store = open_store(edge_store(settings.state_dir), settings.qdrant_url, settings.qdrant_api_key,
+                               daemon_options(settings, registry.embedders), settings.state_min_free_bytes)
+        cache = EmbeddingCache(embedding_cache(settings.state_dir))
         indexer = cls(settings, registry, store, cache, terms if terms is not None else Bm25Terms(settings.bm25),
                       polling=polling, reindex=reindex)
         for overlap in overlaps(indexer.collections):
@@ -188,7 +188,7 @@ class Indexer:
         """``rebuild.attest`` the workspaces; the files of one whose path now names another directory lose the
         stat shortcut, so each is re-hashed once instead of trusting sizes and mtimes that may match by accident
         (unchanged text still costs no embedding). True if any changed."""
-        changed = attest(self.settings.workspace, self.settings.state_dir / "attestations.json")
+        changed = attest(self.settings.workspace, attestations(self.settings.state_dir))
         for ws in changed:
             self.state.unstat_under(str(ws.path).rstrip("/") + "/")
         return bool(changed)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from indexer.config import Settings
 from indexer.doctor import Finding
-from indexer.rebuild import recorded_identities
+from indexer.statedir import owner_id, recorded_identities, recorded_tenancy
 from indexer.store.base import Store
 from indexer.store.layout import PAYLOAD_M, REBUILD, SHARED, STAGING, TENANT_KEY, PerTenant, shared_collection
 from indexer.workspace import Collection
@@ -88,7 +88,8 @@ def store_findings(settings: Settings) -> list[Finding]:
 
     out: list[Finding] = []
     collections = Plan.of(settings).collections
-    store = ServerStore(settings.qdrant_url, settings.qdrant_api_key, ServerOptions.from_settings(settings))
+    options = ServerOptions.from_settings(settings, recorded_tenancy(settings.state_dir, settings.qdrant_url))
+    store = ServerStore(settings.qdrant_url, settings.qdrant_api_key, options)
     try:  # "auto" not settled yet: read as the daemon reads it at its first connect
         store.settle([c.name for c in collections] + [c.former for c in collections if c.former])
     except refused() as exc:  # unreachable, or refusing (HTTP 401...)
@@ -121,12 +122,7 @@ def claim_findings(store: Store, settings: Settings, collections: Sequence[Colle
     the workspace its claim (or, unclaimed, this config) names (another owner's files in the index: a problem
     under a claim, information without one).
     Reads only; raises what the store raises."""
-    from indexer.store.claims import OWNER_FILE
-
-    try:
-        mine = (settings.state_dir / OWNER_FILE).read_text().strip()
-    except OSError:
-        mine = ""  # no daemon of this state dir has claimed anything yet
+    mine = owner_id(settings.state_dir, create=False)  # "": no daemon of this state dir has claimed anything yet
     claims = store.read_claims([c.name for c in collections])
     held = store.collections()
     out: list[Finding] = []

@@ -15,7 +15,8 @@ it from the source.
 The embedded store can be opened by one process only: while a daemon runs on it, opening it raises
 ``StoreLocked``; stop the daemon first. ``open_stores`` builds both ends for ``qmd-indexer migrate``: a server source
 is limited to the collections the state dir's daemon recorded (``collection-identity.json``), and the state dir's
-lock is taken, so its daemon cannot write while they move.
+lock is taken, so its daemon cannot write while they move. ``record_tenancy`` writes the layout a server ended in
+(``<state_dir>/qdrant-tenancy.json``: after a move, or what tenancy ``"auto"`` settled on), which the next start keeps.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from indexer.points import Point
+from indexer.statedir import (
+    edge_store,
+    hold_state_lock,
+    read_record,
+    recorded_collections,
+    recorded_identity,
+    recorded_tenancy,
+    tenancy_file,
+    write_record,
+)
 from indexer.store.base import SCROLL_PAGE, Store
 from indexer.store.server import ServerStore
 
@@ -120,17 +131,17 @@ def open_stores(settings: Any, to_url: str, from_url: str = "", tenancy: str | N
     ``"auto"`` is settled as the daemon settles it (``TenantStore.settle``). Shared collections are named by the
     model identity the state dir recorded. Raises ``ValueError`` for a state dir without what is asked (no embedded
     store, no recorded collections, several models), ``StoreLocked`` when its daemon runs, ``StoreUnavailable``."""
-    from indexer.rebuild import hold_state_lock, recorded_collections, recorded_identity, recorded_tenancy
     from indexer.store import EdgeStore, ServerOptions
 
     state_dir: Path = settings.state_dir
-    options = replace(ServerOptions.from_settings(settings), space=recorded_identity(state_dir))
+    options = replace(ServerOptions.from_settings(settings, recorded_tenancy(state_dir, settings.qdrant_url)),
+                      space=recorded_identity(state_dir))
     key = api_key or settings.qdrant_api_key
     recorded = recorded_collections(state_dir)
     if not from_url:
-        if not (state_dir / "qdrant").is_dir():
+        if not edge_store(state_dir).is_dir():
             raise ValueError(f"no embedded store under {state_dir} (nothing to migrate); pass --state-dir")
-        source: Store = EdgeStore(state_dir / "qdrant")
+        source: Store = EdgeStore(edge_store(state_dir))
         names = None
         tenancy = tenancy or settings.qdrant_tenancy
     else:
@@ -155,3 +166,15 @@ def open_stores(settings: Any, to_url: str, from_url: str = "", tenancy: str | N
         raise ValueError(f"{from_url} and {to_url} are the same server, and the layout is the same "
                          f"({target.tenancy}): nothing to move")
     return source, target, names
+
+
+def record_tenancy(state_dir: Path, url: str, tenancy: str) -> None:
+    """Record ``tenancy`` for the server at ``url`` in ``<state_dir>/qdrant-tenancy.json``
+    (``statedir.tenancy_file``), so a later start keeps it (an agent added since, holding Qdrant collections of its
+    own, does not flip the layout); written beside and renamed over, and only when it changed."""
+    path = tenancy_file(state_dir)
+    record = read_record(path)
+    if record.get(url.rstrip("/")) == tenancy:
+        return
+    record[url.rstrip("/")] = tenancy
+    write_record(path, record)

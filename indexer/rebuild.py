@@ -1,10 +1,10 @@
 """What makes rebuilds safe: one process per state dir, and each collection's model identity.
 
-- ``hold_state_lock(state_dir)``: ``Indexer.open`` takes ``<state_dir>/daemon.lock`` before anything else under the
-  state dir is created or opened, so two daemons never build, sweep or swap the same store; it also keeps the state
-  dir private (0700).
+- One process per state dir: ``Indexer.open`` takes ``<state_dir>/daemon.lock`` before anything else under the
+  state dir is created or opened (``statedir.hold_state_lock``), so two daemons never build, sweep or swap the same
+  store.
 - Model identity: ``model_identity`` names what made the vectors and chunks (each embedder's identity, the chunking
-  version). ``<state_dir>/collection-identity.json`` records it per collection (``record_identity``); at every
+  version). ``<state_dir>/collection-identity.json`` records it per collection (``statedir.record_identity``); at every
   ``Indexer.connect``, ``check_identity`` compares it with the configured one and, on a change, asks for a rebuild
   (``on_model_change = "rebuild"``) or refuses to start (``"refuse"``).
 - Workspace identity: ``attest`` records which filesystem object each workspace path is
@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,70 +29,11 @@ import structlog
 
 from indexer import chunking
 from indexer.config import Settings, Workspace
-from indexer.errors import CollectionMismatch, StateReadOnly, StoreLocked
-from indexer.safeio import lock_exclusive
+from indexer.errors import CollectionMismatch
+from indexer.statedir import read_identities, record_identity, recorded_identities, recorded_tenancy
+from indexer.store.layout import ServerOptions
 
 log = structlog.get_logger("qmd_indexer.daemon")
-
-IDENTITY_FILE = "collection-identity.json"  # under the state dir: collection name -> model_identity()
-
-_STATE_LOCKS: dict[Path, int] = {}  # state dir -> fd of its daemon.lock, held until this process exits
-
-
-def hold_state_lock(state_dir: Path) -> None:
-    """Take ``<state_dir>/daemon.lock`` (``fcntl.flock``, exclusive) for the rest of this process's life, before
-    anything else under ``state_dir`` is created or opened: two daemons started at once on an empty state dir
-    would otherwise both create the store and the loser delete the winner's new files. Taking it again in the
-    same process is a no-op (tests open several indexers on one state dir).
-
-    The state holds the notes' text, so it is kept private to this user: the directory is created 0700 and the
-    lock file 0600, whatever the umask (``qmd-indexer run`` and ``index`` also set umask 077, which covers the files
-    the store and the cache create); an existing state dir that group or others can read or enter is made
-    0700/0600 throughout (directories/files, symlinks left alone), logged once as ``state_dir_tightened``.
-
-    Raises ``StoreLocked`` when another process holds it, ``StateReadOnly`` when the lock file cannot be created
-    because the state dir is read-only (or not writable by this user)."""
-    import errno
-    import os
-
-    state_dir = state_dir.resolve()
-    if state_dir in _STATE_LOCKS:
-        return
-    try:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = lock_exclusive(state_dir / "daemon.lock", f"the state directory {state_dir}")
-    except StoreLocked:
-        raise
-    except OSError as exc:
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise StateReadOnly(f"the state directory {state_dir} is read-only ({exc.strerror}); make it "
-                                f"writable or choose another with --state-dir") from None
-        raise
-    _STATE_LOCKS[state_dir] = fd
-    try:
-        os.fchmod(fd, 0o600)
-        if os.stat(state_dir).st_mode & 0o077:
-            log.warning("state_dir_tightened", state_dir=str(state_dir), entries=_make_private(state_dir),
-                        detail="group or others could read the state directory; now 0700 (directories) and 0600 "
-                               "(files)")
-    except OSError as exc:  # not ours to change (another owner): say so and go on, as before
-        log.warning("state_dir_not_private", state_dir=str(state_dir), error=str(exc))
-
-
-def _make_private(root: Path) -> int:
-    """Remove group and other bits from ``root`` and everything under it (symlinks untouched); returns how many
-    entries changed."""
-    import os
-    import stat
-
-    changed = 0
-    for path in [root, *root.rglob("*")]:
-        mode = os.lstat(path).st_mode
-        if not stat.S_ISLNK(mode) and mode & 0o077:
-            os.chmod(path, stat.S_IMODE(mode) & 0o700)
-            changed += 1
-    return changed
-
 
 # -- model identity --------------------------------------------------------------------------------------------------
 def model_identity(embedders: Mapping[str, Any]) -> str:
@@ -101,79 +43,17 @@ def model_identity(embedders: Mapping[str, Any]) -> str:
     return f"{models}; chunking={chunking.CHUNKING_VERSION}"
 
 
-def _read_identities(state_dir: Path) -> dict[str, str]:
-    try:
-        record: dict[str, str] = json.loads((state_dir / IDENTITY_FILE).read_text())
-    except (FileNotFoundError, ValueError):
-        record = {}
-    return record
-
-
-def recorded_collections(state_dir: Path) -> list[str]:
-    """The collections whose model identity ``state_dir`` records (the daemon's collections), sorted."""
-    return sorted(_read_identities(state_dir))
-
-
-def recorded_identities(state_dir: Path) -> list[str]:
-    """The model identities recorded for the collections under ``state_dir``, sorted, each once."""
-    return sorted(set(_read_identities(state_dir).values()))
-
-
-def recorded_identity(state_dir: Path) -> str:
-    """The one model identity recorded for the collections under ``state_dir`` (``""`` when none is recorded): what
-    names the shared collections their points belong in (``ServerOptions.space``). Raises ``ValueError`` when the
-    collections were built with different ones (a rebuild cut short): rebuild before moving them."""
-    identities = recorded_identities(state_dir)
-    if len(identities) > 1:
-        raise ValueError(f"the collections under {state_dir} were built with different models "
-                         f"({'; '.join(identities)}); rebuild them first with `qmd-indexer index --once --reindex`")
-    return identities[0] if identities else ""
-
-
-def record_identity(state_dir: Path, names: Iterable[str], identity: str | None) -> None:
-    """Record ``identity`` for the collections ``names`` in ``<state_dir>/collection-identity.json`` (the others
-    keep theirs; ``None``: forget them, dropped collections); written beside and renamed over, so a crash leaves the
-    old record or the new one."""
-    path = state_dir / IDENTITY_FILE
-    record = _read_identities(state_dir)
-    for name in names:
-        if identity is None:
-            record.pop(name, None)
-        else:
-            record[name] = identity
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    tmp.replace(path)
-
-
-TENANCY_FILE = "qdrant-tenancy.json"  # under the state dir: Qdrant server URL -> the layout "auto" settled on there
-
-
-def recorded_tenancy(state_dir: Path, url: str) -> str | None:
-    """The layout (``"collections"`` or ``"shared"``) that tenancy ``"auto"`` settled on for the server at ``url``
-    under ``state_dir`` (or that ``migrate`` moved it to), ``None`` when none is recorded."""
-    try:
-        record: dict[str, str] = json.loads((state_dir / TENANCY_FILE).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return record.get(url.rstrip("/"))
-
-
-def record_tenancy(state_dir: Path, url: str, tenancy: str) -> None:
-    """Record ``tenancy`` for the server at ``url`` in ``<state_dir>/qdrant-tenancy.json``, so a later start keeps
-    it (an agent added since, holding Qdrant collections of its own, does not flip the layout); written beside and
-    renamed over."""
-    path = state_dir / TENANCY_FILE
-    try:
-        record: dict[str, str] = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        record = {}
-    if record.get(url.rstrip("/")) == tenancy:
-        return
-    record[url.rstrip("/")] = tenancy
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    tmp.replace(path)
+def daemon_options(settings: Settings, embedders: Mapping[str, Any]) -> ServerOptions:
+    """The store options handed to a daemon's store (``ServerOptions.from_settings``, tenancy ``"auto"`` as the state
+    dir recorded it for this server: ``statedir.recorded_tenancy``); with a server whose tenancy may be (or become)
+    ``"shared"``, ``space`` is the embedders' identity (``model_identity``; a remote embedder's asks its server)
+    and ``former_spaces`` the identities the state dir recorded before (a model change)."""
+    options = ServerOptions.from_settings(settings, recorded_tenancy(settings.state_dir, settings.qdrant_url))
+    if not settings.qdrant_url or options.tenancy == "collections":
+        return options
+    space = model_identity(embedders)
+    return replace(options, space=space,
+                   former_spaces=tuple(s for s in recorded_identities(settings.state_dir) if s != space))
 
 
 def check_identity(settings: Settings, names: Sequence[str], embedders: Mapping[str, Any],
@@ -182,7 +62,7 @@ def check_identity(settings: Settings, names: Sequence[str], embedders: Mapping[
     change, set ``rebuild_requested`` (or raise ``CollectionMismatch`` with ``on_model_change = "refuse"``), naming
     both. Unrecorded ones are recorded under ``settings.state_dir``."""
     state_dir = settings.state_dir
-    record = _read_identities(state_dir)
+    record = read_identities(state_dir)
     current = model_identity(embedders)
     changed = {name: record[name] for name in names if name in record and record[name] != current}
     if changed and not rebuild_requested.is_set():

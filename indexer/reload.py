@@ -37,8 +37,8 @@ import structlog
 from indexer.config import Settings
 from indexer.errors import CollectionMismatch, ConfigError, StoreUnavailable
 from indexer.plugins import Registry, load_registry, plugin_configs
-from indexer.rebuild import record_identity
 from indexer.state import Plan
+from indexer.statedir import record_identity
 from indexer.walk import overlaps
 
 if TYPE_CHECKING:

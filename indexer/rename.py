@@ -21,11 +21,12 @@ from pathlib import Path
 
 import structlog
 
+from indexer.migrate import record_tenancy
 from indexer.points import Point, point_id
-from indexer.rebuild import _read_identities, record_identity, record_tenancy
 from indexer.state import Plan
+from indexer.statedir import owner_id, read_identities, record_identity
 from indexer.store import Store
-from indexer.store.claims import NotOwner, claim_agents
+from indexer.store.claims import NotOwner, Owner, claim_agents
 from indexer.workspace import Collection
 
 log = structlog.get_logger("qmd_indexer.daemon")
@@ -42,7 +43,8 @@ def placed(store: Store, plan: Plan, dims: dict[str, int]) -> Plan:
     if store.tenancy == "auto":
         store.settle([c.name for c in plan.collections] + [c.former for c in plan.collections if c.former])
         record_tenancy(state_dir, plan.settings.qdrant_url, str(store.tenancy))
-    refused = claim_agents(store, state_dir, plan.collections)  # one owner per agent
+    refused = claim_agents(store, lambda: Owner.here(owner_id(state_dir), state_dir),  # one owner per agent
+                           plan.collections)
     if refused:
         plan = dataclasses.replace(plan, collections=tuple(c for c in plan.collections if c.agent not in refused))
     move_renamed(store, plan.collections, dims, state_dir)
@@ -105,7 +107,7 @@ def _move(store: Store, c: Collection, dims: dict[str, int], state_dir: Path) ->
             store.delete_file(c.former, path)
     else:
         store.drop(c.former)
-    record = _read_identities(state_dir)
+    record = read_identities(state_dir)
     if c.former in record:
         record_identity(state_dir, [c.name], record[c.former])
         if not left:

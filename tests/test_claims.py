@@ -210,10 +210,11 @@ def _store(server: dict[str, Any]) -> Any:
 
 
 def _owner(tmp_path: Path, name: str) -> Any:
+    from indexer.statedir import owner_id
     from indexer.store.claims import Owner
 
     (tmp_path / name).mkdir(exist_ok=True)
-    return Owner.of(tmp_path / name)
+    return Owner.here(owner_id(tmp_path / name), tmp_path / name)
 
 
 WANTED = {"memory-root-dana": ("dana", "/w/dana"), "memory-dir-dana": ("dana", "/w/dana")}

@@ -21,11 +21,12 @@ from click.testing import CliRunner, Result
 from conftest import write
 
 from indexer.cli import main
-from indexer.config import Settings, load_settings
+from indexer.config import Settings
+from indexer.config_load import load_settings
 from indexer.doctor_store import configured_identity
 from indexer.points import Payload, Point, point_id
-from indexer.rebuild import record_identity
 from indexer.state import Plan
+from indexer.statedir import record_identity
 from indexer.store import ServerOptions, ServerStore
 from indexer.store.layout import shared_collection
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-from indexer.rebuild import hold_state_lock
+from indexer.statedir import hold_state_lock
 
 
 def _loose(root: Path) -> list[str]:

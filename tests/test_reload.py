@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 from conftest import wait_for, write
 
+from indexer.statedir import edge_store
 from indexer.store import open_store
 
 
@@ -125,7 +126,8 @@ def test_sighup_applies_workspace_changes_and_keeps_the_old_config_when_broken(
     assert "Traceback" not in log.read_text()
     [dropped] = _events(log, "collections_dropped")
     assert dropped["collections"] == ["memory-dir-notes", "memory-root-notes"]
-    store = open_store(tmp_path / "state")  # the daemon is gone: the removed workspace's collections went with it
+    # the daemon is gone: the removed workspace's collections went with it
+    store = open_store(edge_store(tmp_path / "state"))
     try:
         assert set(store.collections()) == {"memory-root-main", "memory-dir-main"}
     finally:

@@ -392,7 +392,7 @@ def test_migrate_between_layouts_resumes_verifies_counts_and_the_daemon_embeds_n
     from qdrant.fixtures import drop_all_collections
 
     from indexer.migrate import migrate, open_stores
-    from indexer.rebuild import recorded_tenancy
+    from indexer.statedir import recorded_tenancy
 
     url = qdrant_server.url
     daemon = make_indexer([{"agent": "main", "path": workspace}], qdrant_url=url, qdrant_tenancy="collections")
@@ -466,13 +466,13 @@ def test_migrate_between_layouts_is_refused_while_the_daemon_runs(tmp_path: Path
     import subprocess
     import sys
 
-    from indexer.rebuild import record_identity
+    from indexer.statedir import record_identity
 
     state = tmp_path / "state"
     state.mkdir()
     record_identity(state, ["memory-root-main"], "text=model#1; chunking=4")
     holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
-                               "from indexer.rebuild import hold_state_lock; hold_state_lock(Path(sys.argv[1])); "
+                               "from indexer.statedir import hold_state_lock; hold_state_lock(Path(sys.argv[1])); "
                                "print('held', flush=True); sys.stdin.read()", str(state)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

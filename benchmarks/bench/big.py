@@ -56,11 +56,13 @@ def build_big(workspace: Path, state_dir: Path, vectors: np.ndarray | None, scif
     elif vectors is None:
         raise ValueError("build_big needs the vault's vectors when BIG_ANCHORS is 0")
     settings = settings_for(workspace, state_dir, agent="big", qdrant_url=qdrant_url)
+    from indexer.statedir import edge_store, recorded_tenancy
     from indexer.store import ServerOptions
     from indexer.workspace import plan_collections
 
     collection = next(c for c in plan_collections(settings.workspace) if c.role == "dir")
-    store = open_store(state_dir, qdrant_url, options=ServerOptions.from_settings(settings))
+    options = ServerOptions.from_settings(settings, recorded_tenancy(state_dir, qdrant_url))
+    store = open_store(edge_store(state_dir), qdrant_url, options=options)
     store.drop(collection.name)  # a server keeps collections between runs
     store.ensure_collection(collection.name, {"text": int(embedder.dim)})
     bm25 = Bm25Terms(settings.bm25)  # the product's own BM25 terms

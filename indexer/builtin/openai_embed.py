@@ -67,11 +67,11 @@ from indexer.api import Chunk, check_vectors, l2_normalise
 from indexer.builtin.openai_wire import TooLarge, answer_embeddings, request_body, split_text
 from indexer.errors import BadVectors, EmbedError, EmbedUnavailable
 from indexer.remote import DeadlineClient, RemoteError, server_retrying
+from indexer.statedir import openai_dims
 
 log = structlog.get_logger("qmd_indexer.embedding")
 
 PROBE_EVERY_S = 60.0  # ``unavailable()`` probes the server in the background when its last word is older
-DIM_FILE = "openai-embedder.json"  # under the state dir: the sizing key -> the vector size last answered
 
 
 class OpenAIEmbedder:
@@ -186,7 +186,7 @@ class OpenAIEmbedder:
         if self.state_dir is None:
             return {}
         try:
-            record: dict[str, int] = json.loads((self.state_dir / DIM_FILE).read_text())
+            record: dict[str, int] = json.loads(openai_dims(self.state_dir).read_text())
         except (OSError, ValueError):
             return {}
         return record
@@ -196,7 +196,7 @@ class OpenAIEmbedder:
             return
         with contextlib.suppress(OSError):
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            path = self.state_dir / DIM_FILE
+            path = openai_dims(self.state_dir)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps({**self._read_dims(), self._key(): dim}, indent=1, sort_keys=True))
             tmp.replace(path)

@@ -17,13 +17,14 @@ from indexer.store.server import ServerStore
 __all__ = ["EdgeStore", "ServerOptions", "ServerStore", "Store", "open_store"]
 
 
-def open_store(state_dir: Path, qdrant_url: str = "", api_key: str = "", options: ServerOptions | None = None,
+def open_store(edge_root: Path, qdrant_url: str = "", api_key: str = "", options: ServerOptions | None = None,
                min_free_bytes: int = 0) -> Store:
-    """The configured backend: Edge under ``state_dir/qdrant`` when ``qdrant_url`` is empty (writes refused while
+    """The configured backend: Edge in the folder ``edge_root`` (the daemon's: ``statedir.edge_store``) when
+    ``qdrant_url`` is empty (writes refused while
     fewer than ``min_free_bytes`` bytes would stay free there; of ``options``, its on-disk vectors and quantization),
     qdrant-client's in-process mode for ``":memory:"``, else the server at ``qdrant_url`` (``options``: timeouts,
     request limits, collection creation settings)."""
     if not qdrant_url:
         o = options or ServerOptions()
-        return EdgeStore(state_dir / "qdrant", min_free_bytes, o.on_disk_vectors, o.quantization)
+        return EdgeStore(edge_root, min_free_bytes, o.on_disk_vectors, o.quantization)
     return ServerStore(qdrant_url, api_key, options)

@@ -5,8 +5,9 @@ agent id (or, before ``workspace.agent_slug``, ids that sanitise alike): each wo
 "gone" and answer with the other's notes. So a daemon claims each logical collection it serves (the collection
 name, which is the tenant key with shared tenancy) in one small collection of the server, ``qmd-claims``: one point
 per logical collection (id ``uuid5`` of its name, no vectors) whose payload names the owner (``Owner``: the random
-id recorded once in ``<state_dir>/owner-id``, with the host and the state dir for people to read), the exact agent
-id and the workspace path. ``ClaimingStore`` (``ServerStore``'s base):
+id recorded once in ``<state_dir>/owner-id`` and handed in by the daemon (``indexer.statedir.owner_id``), with the
+host and the state dir for people to read), the exact agent id and the workspace path. ``ClaimingStore``
+(``ServerStore``'s base):
 
 - ``claim`` at connect: an agent any of whose collections another owner holds is refused (the daemon leaves it out
   of its plan and says so in one ``agent_claimed_elsewhere`` line); the others are claimed, each collection by a
@@ -33,11 +34,10 @@ The embedded store has one owner by construction (``daemon.lock``) and claims no
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,6 @@ log = structlog.get_logger("qmd_indexer.daemon")
 
 CHECK_S = 1.0  # seconds a verification of this daemon's claims counts for a read of a claimed collection
 CLAIMS = "qmd-claims"  # the server's collection of claims (one point per claimed logical collection)
-OWNER_FILE = "owner-id"  # under the state dir: this daemon's owner id (uuid4 hex), written once
 
 
 class NotOwner(StoreUnavailable):
@@ -68,20 +67,9 @@ class Owner:
     state_dir: str
 
     @classmethod
-    def of(cls, state_dir: Path) -> Owner:
-        """The owner of ``state_dir``: its recorded id, made (uuid4, file 0600) when there is none yet."""
-        path = state_dir / OWNER_FILE
-        try:
-            owner_id = path.read_text().strip()
-        except FileNotFoundError:
-            owner_id = ""
-        if not owner_id:
-            owner_id = uuid.uuid4().hex
-            tmp = path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(owner_id + "\n")
-            tmp.replace(path)
+    def here(cls, owner_id: str, state_dir: Path) -> Owner:
+        """The owner ``owner_id`` (the id its state dir records: ``statedir.owner_id``, read by the caller) of
+        ``state_dir`` on this host."""
         return cls(owner_id, socket.gethostname(), str(state_dir.resolve()))
 
 
@@ -330,14 +318,15 @@ class ClaimingStore:
         return held
 
 
-def claim_agents(store: Any, state_dir: Path, collections: Sequence[Any]) -> set[str]:
-    """Claim ``collections`` (``workspace.Collection``s of one plan) on ``store`` for the owner of ``state_dir``;
+def claim_agents(store: Any, owner: Callable[[], Owner], collections: Sequence[Any]) -> set[str]:
+    """Claim ``collections`` (``workspace.Collection``s of one plan) on ``store`` for ``owner()`` (called only when
+    there is something to claim, so a state dir whose store claims nothing records no owner id);
     returns the agents another owner holds, each refused in one ``agent_claimed_elsewhere`` line that names the
     other owner and the ways out. Nothing for the embedded store. Raises ``StoreUnavailable``."""
     if store.tenancy is None or not collections:
         return set()
     wanted = {c.name: (c.agent, str(c.workspace.path)) for c in collections}
-    refused = store.claim(Owner.of(state_dir), wanted)
+    refused = store.claim(owner(), wanted)
     for agent, other in refused.items():
         log.error("agent_claimed_elsewhere", agent=agent,
                   collections=[c.name for c in collections if c.agent == agent], owner=other.by(),

@@ -1,15 +1,16 @@
 """The layout of a Qdrant server, in one place: how to talk to it and what to create (``ServerOptions``, read from
-the settings by ``ServerOptions.from_settings``; with the embedders' identity for the daemon by ``for_daemon``), and
-how shared tenancy names its physical collections (``shared_collection``). The daemon, ``migrate``, ``doctor`` and
-``release`` take their options from here; ``indexer.store.tenancy`` and ``indexer.store.server`` use them.
+the settings by ``ServerOptions.from_settings``; with the embedders' identity for the daemon by
+``rebuild.daemon_options``), and how shared tenancy names its physical collections (``shared_collection``). The
+daemon, ``migrate``, ``doctor`` and ``release`` build their options here and hand them to the store (what the state
+dir recorded is read by them, through ``indexer.statedir``); ``indexer.store.tenancy`` and ``indexer.store.server``
+use them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 MIB = 1024 * 1024
@@ -57,14 +58,13 @@ class ServerOptions:
     former_spaces: tuple[str, ...] = ()  # identities the collections were built with before (a model change)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> ServerOptions:
-        """The ``qdrant_*`` keys of ``indexer.config.Settings``; tenancy ``"auto"`` is the layout it settled on
-        before for this server when the state dir recorded one (``rebuild.recorded_tenancy``)."""
-        from indexer.rebuild import recorded_tenancy
-
+    def from_settings(cls, settings: Any, recorded_tenancy: str | None = None) -> ServerOptions:
+        """The ``qdrant_*`` keys of ``indexer.config.Settings``; tenancy ``"auto"`` is ``recorded_tenancy`` when one
+        is handed in (the layout it settled on before for this server: ``statedir.recorded_tenancy``, read by the
+        caller; the store reads no state dir)."""
         tenancy = settings.qdrant_tenancy
-        if tenancy == "auto" and settings.qdrant_url:
-            tenancy = recorded_tenancy(settings.state_dir, settings.qdrant_url) or "auto"
+        if tenancy == "auto" and settings.qdrant_url and recorded_tenancy:
+            tenancy = recorded_tenancy
         return cls(prefer_grpc=settings.qdrant_prefer_grpc, grpc_port=settings.qdrant_grpc_port,
                    timeout_s=settings.qdrant_timeout_s,
                    max_request_bytes=int(settings.qdrant_max_request_mb * MIB),
@@ -73,20 +73,6 @@ class ServerOptions:
                    write_consistency_factor=settings.qdrant_write_consistency_factor,
                    on_disk_vectors=settings.qdrant_on_disk_vectors, quantization=settings.qdrant_quantization,
                    tenancy=tenancy)
-
-
-def for_daemon(settings: Any, embedders: Mapping[str, Any]) -> ServerOptions:
-    """``ServerOptions.from_settings`` for a daemon with ``embedders``: with a server whose tenancy may be (or
-    become) ``"shared"``, ``space`` is the embedders' identity (``rebuild.model_identity``; a remote embedder's asks
-    its server) and ``former_spaces`` the identities the state dir recorded before (a model change)."""
-    from indexer.rebuild import model_identity, recorded_identities
-
-    options = ServerOptions.from_settings(settings)
-    if not settings.qdrant_url or options.tenancy == "collections":
-        return options
-    space = model_identity(embedders)
-    return replace(options, space=space,
-                   former_spaces=tuple(s for s in recorded_identities(settings.state_dir) if s != space))
 
 
 @dataclass(frozen=True, slots=True)
