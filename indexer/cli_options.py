@@ -31,7 +31,7 @@ def settings_from(config: Path | None, workspace: Path | None, agent: str | None
     replaces the config's workspaces with one (taking appends with ``append``, its transcripts from ``sessions``).
     Exits 2 (``fail``) on a config error or ``--agent``/``--extra-path``/``--sessions``/``--append`` without
     ``--workspace``."""
-    from indexer.config import load_settings
+    from indexer.config_load import load_settings
     from indexer.errors import ConfigError
 
     overrides: dict[str, Any] = {"state_dir": state_dir, "port": port, "qdrant_url": qdrant_url, "host": host}

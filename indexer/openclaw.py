@@ -209,7 +209,8 @@ def init(from_openclaw: bool, config: Path | None, openclaw_config: Path | None,
       qmd-indexer init --openclaw
       qmd-indexer init --openclaw --config ./qmd.toml --openclaw-config ~/.openclaw/openclaw.json --force
     """
-    from indexer.config import ENV_PREFIX, default_config_path
+    from indexer.config import ENV_PREFIX
+    from indexer.config_load import default_config_path
 
     if not from_openclaw:
         raise click.UsageError("say what to initialise from: --openclaw (the agents of OpenClaw's openclaw.json)")

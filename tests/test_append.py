@@ -355,7 +355,7 @@ def test_the_daily_note_is_dated_in_the_agents_time_zone(tmp_path: Path) -> None
     assert late["path"] == "memory/2026-12-04.md"
     assert (ws / "memory" / "2026-12-04.md").read_text() == "late\n"  # memory/ made on the way
     with pytest.raises(ConfigError, match="unknown time zone 'Mars/Olympus'"):
-        from indexer.config import load_settings
+        from indexer.config_load import load_settings
 
         config = write(tmp_path / "c.toml", f'[[workspace]]\nagent = "a"\npath = "{ws}"\ntimezone = "Mars/Olympus"\n')
         load_settings(config)

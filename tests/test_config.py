@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from indexer.config import load_settings
+from indexer.config_load import load_settings
 from indexer.errors import ConfigError
 
 

@@ -18,7 +18,8 @@ from structlog.testing import capture_logs
 
 import indexer.onnx_models
 from indexer.builtin.embedding import SentenceTransformerEmbedder
-from indexer.config import Settings, load_settings
+from indexer.config import Settings
+from indexer.config_load import load_settings
 from indexer.errors import ConfigError
 from indexer.model_loading import (
     DEFAULT_MODEL,

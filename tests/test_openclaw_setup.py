@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import write
 
-from indexer.config import Workspace, load_settings
+from indexer.config import Workspace
+from indexer.config_load import load_settings
 from indexer.dates import note_date
 from indexer.memory import LocalMemory
 from indexer.openclaw import OpenClawConfigError, agents_of, init, read_json5

@@ -24,7 +24,7 @@ from structlog.testing import capture_logs
 
 from indexer import __version__, api, testing
 from indexer.api import GROUPS
-from indexer.config import load_settings
+from indexer.config_load import load_settings
 from indexer.contract import CONTRACT, DEFAULTS, PROTOCOLS, TEXT_EMBEDDER, check_contract
 from indexer.errors import ConfigError, ExtractError
 from indexer.plugins import _check_keys, load_registry

@@ -15,7 +15,8 @@ from structlog.testing import capture_logs
 
 from indexer.api import Chunk
 from indexer.cache import cache_key
-from indexer.config import compile_patterns, load_settings
+from indexer.config import compile_patterns
+from indexer.config_load import load_settings
 from indexer.errors import ConfigError
 from indexer.memory import LocalMemory
 from indexer.pipeline import Pipeline

@@ -33,7 +33,8 @@ from structlog.testing import capture_logs
 from indexer import safeio
 from indexer.cache import EmbeddingCache
 from indexer.cli import main
-from indexer.config import Workspace, load_settings
+from indexer.config import Workspace
+from indexer.config_load import load_settings
 from indexer.errors import ConfigError, ExtractError, FileSkipped, ReadRefused
 from indexer.guard import MAX_BODY_BYTES
 from indexer.memory import MAX_PAGE_CHARS, MAX_PAGE_LINES, MAX_QUERY_CHARS

@@ -13,7 +13,7 @@ from pathlib import Path
 from conftest import write
 from test_sessions import EVIDENCE, SESSION, _talk, openclaw
 
-from indexer.config import load_settings
+from indexer.config_load import load_settings
 from indexer.memory import LocalMemory
 from indexer.schema import GetRequest, RecallRequest, SearchRequest
 from indexer.worker import index_once
