@@ -181,8 +181,8 @@ def chunk_cost(text: str) -> dict[str, float]:
 
     from transformers import AutoTokenizer
 
-    from indexer.chunking import chunk_markdown
     from indexer.model_loading import resolve_model
+    from indexer.sections import chunk_markdown
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2")[1])
 

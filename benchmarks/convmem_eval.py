@@ -117,8 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mmr", type=float, action="append", default=[], metavar="LAMBDA",
                         help="also hybrid with MMR at this lambda (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a constant of indexer.chunking or indexer.conversation for this run "
-                             "(e.g. WINDOW_TURNS=5); give it its own --variant")
+                        help="override a constant of indexer.chunking, indexer.sections or indexer.conversation for "
+                             "this run (e.g. WINDOW_TURNS=5); give it its own --variant")
     parser.add_argument("--runs", type=Path, default=None, help="write each run here as score.py-readable JSONL")
     parser.add_argument("--model", choices=("default", "minilm", "e5"), default="default",
                         help="text embedder: the configured one, minilm or e5; give the run its own --variant")
@@ -139,10 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import structlog
 
     from benchmarks.eval import model_registry, open_indexed, set_constants
-    from indexer import chunking, conversation
+    from indexer import chunking, conversation, sections
     from indexer.config import Settings
 
-    problem = set_constants(args.set, chunking, conversation)
+    problem = set_constants(args.set, chunking, sections, conversation)
     if problem:
         print(f"convmem_eval: {problem}", file=sys.stderr)
         return 2

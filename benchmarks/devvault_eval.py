@@ -322,8 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--variant", default="product", help="index name under --state (reuse one per chunking)")
     parser.add_argument("--prefetch-limit", type=int, default=None, help="per-vector depth (default: the product's)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a constant of indexer.chunking for this run (e.g. MERGE_TOKENS=64); give the "
-                             "run its own --variant")
+                        help="override a constant of indexer.chunking or indexer.sections for this run (e.g. "
+                             "MERGE_TOKENS=64); give the run its own --variant")
     parser.add_argument("--bm25", default="default", help="BM25 variant as in benchmarks.eval: default, word, "
                         "nostem, avglen<N>; give the run its own --variant")
     parser.add_argument("--mmr", type=float, action="append", default=[], metavar="LAMBDA",
@@ -352,10 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import structlog
 
     from benchmarks.eval import model_registry, open_indexed, set_constants
-    from indexer import chunking
+    from indexer import chunking, sections
     from indexer.config import Settings
 
-    problem = set_constants(args.set, chunking)
+    problem = set_constants(args.set, chunking, sections)
     if problem:
         print(f"devvault_eval: {problem}", file=sys.stderr)
         return 2

@@ -48,7 +48,7 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "scifact"
 DEFAULT_STATE = REPO / ".eval"
 RECALL_CHUNKS = 300  # chunks asked for when measuring recall@100 (~2.3 chunks per SciFact document)
 # source files whose code decides what points the index holds; a change to any of them rebuilds the eval index
-_POINT_SHAPING = ("indexer/chunking.py", "indexer/conversation.py", "indexer/frontmatter.py",
+_POINT_SHAPING = ("indexer/chunking.py", "indexer/sections.py", "indexer/conversation.py", "indexer/frontmatter.py",
                   "indexer/builtin/markdown.py", "indexer/pipeline.py", "indexer/points.py", "indexer/store.py",
                   "indexer/store/*.py")
 

@@ -28,8 +28,8 @@ conversation's (``own``: notes that answer too, scored as misses since the label
 agent's (``rotated``: the same kind of notes about other people, distractors). ``--corpus all`` then asks notes and
 transcripts together; ``--corpus sessions`` the transcripts alone (what ``all`` must stay within 0.02 of).
 
-``--set WINDOW_TURNS=4`` (a constant of ``indexer.sources.transcripts``, ``indexer.chunking`` or
-``indexer.conversation``) tunes the windows for one run; give it its own ``--variant``.
+``--set WINDOW_TURNS=4`` (a constant of ``indexer.sources.transcripts``, ``indexer.chunking``,
+``indexer.sections`` or ``indexer.conversation``) tunes the windows for one run; give it its own ``--variant``.
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mmr", type=float, action="append", default=[], metavar="LAMBDA",
                         help="also hybrid with MMR at this lambda (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a constant of indexer.sources.transcripts, indexer.chunking or "
-                             "indexer.conversation for this run (e.g. WINDOW_TURNS=5); give it its own --variant")
+                        help="override a constant of indexer.sources.transcripts, indexer.chunking, indexer.sections "
+                             "or indexer.conversation for this run (e.g. WINDOW_TURNS=5); give it its own --variant")
     parser.add_argument("--notes", choices=("none", "own", "rotated"), default="none",
                         help="daily-log notes beside the transcripts, from ../convmem (see above) [%(default)s]")
     parser.add_argument("--corpus", action="append", choices=("sessions", "all", "memory"), default=[],
@@ -177,12 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import structlog
 
     from benchmarks.eval import open_indexed, set_constants
-    from indexer import chunking, conversation
+    from indexer import chunking, conversation, sections
     from indexer.config import Settings
     from indexer.plugins import load_registry, plugin_configs
     from indexer.sources import transcripts
 
-    problem = set_constants(args.set, transcripts, chunking, conversation)
+    problem = set_constants(args.set, transcripts, chunking, sections, conversation)
     if problem:
         print(f"sessmem_eval: {problem}", file=sys.stderr)
         return 2

@@ -119,7 +119,7 @@ class Chunk:
     - ``meta``: small JSON-serialisable extras copied into the payload (e.g. ``{"width": 640, "height": 427}``);
       those the extractor names in ``hit_fields`` are also copied into search hits.
     - ``context``: text chunks only: the document context (e.g. ``"Deploy runbook > Rollback"``, see
-      ``indexer.chunking.chunk_markdown``) that is embedded and keyword-indexed with ``text`` but not shown;
+      ``indexer.sections.chunk_markdown``) that is embedded and keyword-indexed with ``text`` but not shown;
       ``embed_text`` joins the two.
     """
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import Running, make_settings, wait_for, write
 from structlog.testing import capture_logs
 
-from indexer import chunking, model_loading, sync
+from indexer import chunking, model_loading, sections, sync
 from indexer.builtin.embedding import SentenceTransformerEmbedder
 from indexer.daemon import Indexer
 from indexer.memory import LocalMemory
@@ -44,7 +44,7 @@ def test_a_note_tokenized_in_blocks_chunks_as_when_tokenized_whole(registry: Reg
     text = conversation(120) + "\n## After\n\n" + "A long paragraph of plain prose follows here. " * 60 + "\n"
     embedder = registry.text_embedder
     assert embedder is not None
-    whole = chunking.chunk_markdown(text, embedder.token_offsets, 128, "memory/2023-05-08.md")
+    whole = sections.chunk_markdown(text, embedder.token_offsets, 128, "memory/2023-05-08.md")
     calls: list[int] = []
 
     def counted(part: str) -> list[tuple[int, int]]:
@@ -52,7 +52,7 @@ def test_a_note_tokenized_in_blocks_chunks_as_when_tokenized_whole(registry: Reg
         return embedder.token_offsets(part)
 
     monkeypatch.setattr(chunking, "TOKENIZE_BLOCK_CHARS", 500)
-    blocks = chunking.chunk_markdown(text, counted, 128, "memory/2023-05-08.md")
+    blocks = sections.chunk_markdown(text, counted, 128, "memory/2023-05-08.md")
     assert blocks == whole and len(whole) > 10
     big = [n for n in calls if n > 1000]
     assert len(big) == 1 and big[0] > 2500  # only the one-line paragraph, a line longer than a block, goes whole

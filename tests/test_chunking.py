@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from conftest import write
 
-from indexer import chunking
-from indexer.chunking import chunk_markdown, chunk_text, heading_lines
+from indexer import chunking, sections
+from indexer.chunking import chunk_text, heading_lines
 from indexer.search import SearchParams
+from indexer.sections import chunk_markdown
 from indexer.worker import index_once
 
 
@@ -92,7 +93,7 @@ def _lines(text: str, chunk) -> str:
 
 
 def test_a_section_that_fits_is_one_chunk_and_knows_its_document(embedder, monkeypatch) -> None:
-    monkeypatch.setattr(chunking, "MERGE_TOKENS", 0)
+    monkeypatch.setattr(sections, "MERGE_TOKENS", 0)
     text = (f"# Deploy runbook\n\nHow we ship.\n\n## Rollback\n\n{SENTENCE * 5}\n\n### Database\n\n{SENTENCE * 3}\n"
             f"\n## Canary\n\n{SENTENCE * 4}\n")
     chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/ops/deploy.md")
@@ -131,7 +132,7 @@ def test_the_title_falls_back_to_the_file_name_and_a_daily_note_keeps_its_date(e
 
 
 def test_front_matter_comments_and_quotes_do_not_make_sections(embedder, monkeypatch) -> None:
-    monkeypatch.setattr(chunking, "MERGE_TOKENS", 0)
+    monkeypatch.setattr(sections, "MERGE_TOKENS", 0)
     text = ("---\npublish: true\n---\n\n# Guide\n\nIntro.\n\n<!--\n# not a heading\n-->\n\n"
             "> [!Note]\n> ### quoted\n> text\n\n## Real\n\nBody.\n")
     chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/guide.md")
@@ -142,14 +143,14 @@ def test_tiny_sections_merge_under_their_parent(embedder) -> None:
     text = "# Notes\n\n## Tools\n\n### Editor\n\nVim.\n\n### Shell\n\nZsh.\n"
     chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/notes.md")
     assert [(c.start_line, c.end_line, c.context) for c in chunks] == [(1, 11, "")]
-    assert chunking.MERGE_TOKENS > chunks[0].n_tokens
+    assert sections.MERGE_TOKENS > chunks[0].n_tokens
 
 
 def test_a_long_heading_path_takes_at_most_its_share_of_the_window(embedder) -> None:
     heading = " ".join(f"word{i}" for i in range(200))
     text = f"# {heading}\n\n## Part\n\n{SENTENCE * 30}\n"
     chunks = chunk_markdown(text, embedder.token_offsets, embedder.max_tokens, "memory/long.md")
-    cap = int(embedder.max_tokens * chunking.MAX_CONTEXT_RATIO)
+    cap = int(embedder.max_tokens * sections.MAX_CONTEXT_RATIO)
     assert all(len(embedder.token_offsets(c.context + "\n")) <= cap for c in chunks)
     assert all(_fits(embedder, c) for c in chunks)
 

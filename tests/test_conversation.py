@@ -9,13 +9,13 @@ import pytest
 from conftest import write
 
 from indexer import conversation
-from indexer.chunking import chunk_markdown
 from indexer.conversation import is_conversation, turn_speaker, turn_windows
 from indexer.dates import date_words, note_date, query_period
 from indexer.hits import narrowed
 from indexer.points import Hit, Payload
 from indexer.ranking import NARROWED_EXPONENT, boost_period, collapse
 from indexer.schema import SearchRequest
+from indexer.sections import chunk_markdown
 from indexer.worker import index_once
 
 NAMES = ("Caroline", "Melanie")

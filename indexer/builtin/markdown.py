@@ -10,8 +10,9 @@ from typing import Any
 import structlog
 
 from indexer.api import Chunk, ExtractContext, FileInfo
-from indexer.chunking import OVERLAP_RATIO, TextChunk, chunk_markdown
+from indexer.chunking import OVERLAP_RATIO, TextChunk
 from indexer.safeio import decode_text
+from indexer.sections import chunk_markdown
 
 log = structlog.get_logger("qmd_indexer.markdown")
 SUFFIXES = frozenset({".md", ".markdown"})
@@ -44,7 +45,7 @@ def _meta(chunk: TextChunk) -> dict[str, Any]:
 class MarkdownExtractor:
     """A markdown file to heading-section chunks sized to the embedder, each carrying its document's title, heading
     path and front matter tags as ``context``; the front matter itself is in no chunk (see
-    ``indexer.chunking.chunk_markdown``).
+    ``indexer.sections.chunk_markdown``).
 
     Config ``[plugin.markdown]``: ``overlap_ratio``, the share of ``max_tokens`` consecutive windows of a long
     section may overlap by (``0 <= overlap_ratio < 1``, default ``OVERLAP_RATIO`` = 0.2). Raises ``ValueError`` for
