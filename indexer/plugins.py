@@ -18,6 +18,7 @@ Groups: ``qmd_indexer.classifiers``, ``qmd_indexer.extractors``, ``qmd_indexer.e
 - Rerankers are chosen, not combined: only the one the ``reranker`` setting names is loaded (the others are listed
   ``unused``); a name no installed reranker has is a ``ConfigError``. None is loaded by default (rerank is off).
 
+What the settings choose (the allow-list, ``prefer``, the reranker, each table's keys) is ``indexer.plugin_choice``.
 Nothing here imports torch: factories are cheap by contract, and members are checked with
 ``inspect.getattr_static`` so lazy properties (a model's ``dim``) are not evaluated.
 """
@@ -54,15 +55,13 @@ from indexer.contract import (
     declared,
 )
 from indexer.errors import ConfigError, PluginError, did_you_mean
+from indexer.plugin_choice import check_keys, check_names, resolve_conflicts, skipped
 
 if TYPE_CHECKING:
     from indexer.config import Settings
 
 log = structlog.get_logger("qmd_indexer.plugins")
 
-OWN_DISTRIBUTION = "qmd-indexer"
-#: embedders shipped here that run only when ``prefer`` chooses them for their modality (an endpoint to configure)
-OPT_IN_EMBEDDERS = frozenset({"openai", "e5"})
 #: the payload fields a transcript window's hit carries: its session, the time of its first turn, its speakers
 TRANSCRIPT_HIT_FIELDS = ("session_id", "session_time", "speakers")
 
@@ -295,11 +294,11 @@ def load_registry(
         dist, version = _distribution(ep)
         record = PluginRecord(ep.group, ep.name, dist, version, "loaded")
         records.append(record)
-        skipped = _skipped(ep, dist, allow, prefer, reranker)
-        if skipped is not None:
-            record.status, record.reason = skipped
+        left_out = skipped(ep, dist, allow, prefer, reranker)
+        if left_out is not None:
+            record.status, record.reason = left_out
             if set(config.get(ep.name, {})) - {"state_dir"}:  # a table for it: a typo there shows now, not later
-                _check_keys(ep.name, _factory(ep), config[ep.name])
+                check_keys(ep.name, _factory(ep), config[ep.name])
             continue
         same = running.get((ep.group, ep.name, dist, version))
         if same is not None:
@@ -310,21 +309,9 @@ def load_registry(
         installed = ", ".join(sorted(r.name for r in records if r.group == RERANKERS)) or "none"
         raise ConfigError(f"reranker: no installed reranker is named {reranker!r} (installed: {installed}; "
                           f"see `qmd-indexer plugins`)")
-    _resolve_conflicts(records, prefer)
-    _check_names(records, allow, prefer)
+    resolve_conflicts(records, prefer)
+    check_names(records, allow, prefer)
     return Registry(records)
-
-
-def _skipped(ep: EntryPoint, dist: str, allow: set[str], prefer: Mapping[str, str],
-             reranker: str) -> tuple[str, str] | None:
-    """``(status, reason)`` of a plugin the settings leave out (``disabled`` or ``unused``); None to load it."""
-    if allow and dist != OWN_DISTRIBUTION and ep.name not in allow:
-        return "disabled", "not in the plugins allow-list"
-    if ep.group == RERANKERS and ep.name != reranker:
-        return "unused", f"reranker = {reranker!r}" if reranker else "rerank is off: reranker not set"
-    if ep.group == EMBEDDERS and ep.name in OPT_IN_EMBEDDERS and ep.name not in prefer.values():
-        return "unused", f"chosen only with prefer = {{ text = {ep.name!r} }}"
-    return None
 
 
 def _load(record: PluginRecord, ep: EntryPoint, config: Mapping[str, Mapping[str, Any]],
@@ -334,7 +321,7 @@ def _load(record: PluginRecord, ep: EntryPoint, config: Mapping[str, Mapping[str
     factory: Any = None
     try:
         factory = ep.load()
-        _check_keys(ep.name, factory, config.get(ep.name, {}))
+        check_keys(ep.name, factory, config.get(ep.name, {}))
         obj = factory(dict(config.get(ep.name, {})))
         check_contract(ep.group, obj)
         record.obj, record.provides = obj, _provides(ep.group, obj)
@@ -361,30 +348,6 @@ def _factory(ep: EntryPoint) -> Any:
         return None
 
 
-def _check_keys(name: str, factory: Any, table: Mapping[str, Any]) -> None:
-    """Raise ``ConfigError`` naming the key and the table when ``table`` (``[plugin.<name>]``) holds a key the
-    plugin does not take: its factory's ``config_keys`` (a set of names; ``state_dir`` is always allowed). A plugin
-    that declares none is not checked."""
-    known = getattr(factory, "config_keys", None)
-    if known is None:
-        return
-    unknown = sorted(set(table) - set(known) - {"state_dir"})
-    if unknown:
-        raise ConfigError(f"[plugin.{name}]: unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)} (known: "
-                          f"{', '.join(sorted(set(known) - {'state_dir', 'cache_dir'}))})")
-
-
-def _check_names(records: list[PluginRecord], allow: set[str], prefer: Mapping[str, str]) -> None:
-    """Raise ``ConfigError`` for a name in the ``plugins`` allow-list or a ``prefer`` choice that no installed plugin
-    has: left alone, a typo silently disables a plugin or lets another one run instead."""
-    installed = {r.name for r in records}
-    named = [("plugins", name) for name in sorted(allow)] + [(f"prefer.{key}", name) for key, name in prefer.items()]
-    for setting, name in named:
-        if name not in installed:
-            raise ConfigError(f"{setting}: no installed plugin is named {name!r} (installed: "
-                              f"{', '.join(sorted(installed)) or 'none'}; see `qmd-indexer plugins`)")
-
-
 def _media_kinds(group: str, factory: Any) -> tuple[str, ...]:
     """The media kinds a plugin whose factory failed would have served, read from its class without running it: an
     extractor declaring ``media = True``: its ``kinds``; an embedder of a modality other than ``"text"``: that
@@ -402,25 +365,3 @@ def _media_kinds(group: str, factory: Any) -> tuple[str, ...]:
     return ()
 
 
-def _resolve_conflicts(records: list[PluginRecord], prefer: dict[str, str]) -> None:
-    for group in (EXTRACTORS, EMBEDDERS):
-        claims: dict[str, list[PluginRecord]] = {}
-        for r in records:
-            if r.group == group and r.status == "loaded":
-                for key in (r.obj.kinds if group.endswith("extractors") else (r.obj.modality,)):
-                    claims.setdefault(key, []).append(r)
-        for key, rivals in claims.items():
-            if len(rivals) < 2:
-                continue
-            chosen = prefer.get(key)
-            names = sorted(r.name for r in rivals)
-            if chosen is None or chosen not in names:
-                what = "kind" if group.endswith("extractors") else "modality"
-                raise ConfigError(
-                    f"prefer.{key}: plugins {', '.join(names)} all provide {what} {key!r}; "
-                    f"choose one with prefer = {{ {key} = \"{names[0]}\" }}"
-                )
-            for r in rivals:
-                if r.name != chosen:
-                    r.status, r.reason = "unused", f"prefer.{key} = {chosen!r}"
-                    r.obj = None

@@ -27,7 +27,8 @@ from indexer.api import GROUPS
 from indexer.config_load import load_settings
 from indexer.contract import CONTRACT, DEFAULTS, PROTOCOLS, TEXT_EMBEDDER, check_contract
 from indexer.errors import ConfigError, ExtractError
-from indexer.plugins import _check_keys, load_registry
+from indexer.plugin_choice import check_keys
+from indexer.plugins import load_registry
 
 try:
     import test_plugins_fakes as fakes
@@ -404,8 +405,8 @@ def test_the_example_plugin_declares_its_config_keys() -> None:
         sys.path.pop(0)
     for factory in (NotesClassifier, NotesExtractor):
         with pytest.raises(ConfigError, match=r"unknown key 'sufixes' \(did you mean 'suffixes'\?\)"):
-            _check_keys("notes", factory, {"sufixes": [".txt"]})
-        _check_keys("notes", factory, {"suffixes": [".txt"]})
+            check_keys("notes", factory, {"sufixes": [".txt"]})
+        check_keys("notes", factory, {"suffixes": [".txt"]})
 
 
 def test_plugins_command_lists_rerankers_and_loads_the_configured_one(tmp_path: Path) -> None:
