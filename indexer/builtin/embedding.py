@@ -25,7 +25,7 @@ a query model of their own in ONNX Runtime (``indexer.onnx_models``: int8 with i
 ``cache_dir`` at the first load and opened at the next start without torch, so a restart answers queries in full
 while the model itself still loads. Loading is ``indexer.model_loading``; the int8 export and the ONNX Runtime
 sessions are ``indexer.onnx_models``; the load's progress and the opening of the saved ONNX files without torch are
-``indexer.builtin.embedding_bringup``.
+``indexer.builtin.embedding_bringup``; the forward passes (batches) are ``indexer.builtin.embedding_batches``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import numpy as np
 import structlog
 
 from indexer.api import Chunk, l2_normalise
+from indexer.builtin.embedding_batches import BATCH_TOKENS, batches, encode_batched, model_pass
 from indexer.builtin.embedding_bringup import LoadProgress, open_document_encoder, open_query_encoder
 from indexer.errors import EmbedUnavailable
 from indexer.model_loading import (
@@ -57,8 +58,6 @@ from indexer.onnx_models import INT8_FORMAT, int8_dir, query_model, query_model_
 from indexer.onnx_runtime import INT8_MIN_COSINE, OnnxDocumentEncoder, OnnxQueryEncoder, query_threads
 
 log = structlog.get_logger("qmd_indexer.embedding")
-
-BATCH_TOKENS = 4096  # word pieces (padding included) one forward pass may hold: 16 chunks of 256
 
 # all-MiniLM-L6-v2's published facts: 384 dimensions, 256 word pieces per input (including [CLS] and [SEP]).
 _KNOWN_DIMS = {"sentence-transformers/all-MiniLM-L6-v2": 384}
@@ -346,39 +345,14 @@ class SentenceTransformerEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         documents = self._before_load()
-        encode: Callable[[list[str]], np.ndarray]
-        if documents is not None:  # the model still loads (or has not begun to): its ONNX file answers
-            encode = documents
-        else:
-            model = self.model
-
-            def encode(batch: list[str]) -> np.ndarray:
-                with self._use:
-                    vectors: np.ndarray = model.encode(batch, batch_size=len(batch), normalize_embeddings=True,
-                                                       convert_to_numpy=True, show_progress_bar=False)
-                return vectors
-        texts = list(texts)
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        parts = [encode([texts[i] for i in batch]) for batch in self.batches([len(texts[i]) for i in order], order)]
-        vectors = np.empty((len(texts), self.dim), dtype=np.float32)
-        vectors[order] = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts])
-        return l2_normalise(vectors)
+        # the model still loads (or has not begun to): its ONNX file answers
+        encode = documents if documents is not None else model_pass(self.model, self._use)
+        return encode_batched(list(texts), encode, self.batches, self.dim)
 
     def batches(self, lengths: Sequence[int], order: Sequence[int]) -> list[list[int]]:
-        """``order`` (indexes of texts, longest first; ``lengths``: their lengths in characters, in that order) cut
-        into the batches of one forward pass each: at most ``batch_size`` texts, and at most ``batch_tokens`` word
-        pieces once padded to the batch's first (longest) text, counted as its characters plus [CLS] and [SEP]
-        (a word piece holds a character at least), at most ``max_tokens + 2``. A text over the budget alone is a
-        batch of one."""
-        out: list[list[int]] = []
-        limit = self.max_tokens + 2
-        start = 0
-        while start < len(order):
-            width = min(lengths[start] + 2, limit)
-            size = max(1, min(self.batch_size, self.batch_tokens // max(width, 1)))
-            out.append(list(order[start : start + size]))
-            start += size
-        return out
+        """``order`` cut into forward passes under this embedder's ``batch_size`` and ``batch_tokens``
+        (``indexer.builtin.embedding_batches.batches``)."""
+        return batches(lengths, order, self.batch_size, self.batch_tokens, self.max_tokens)
 
     def embed(self, chunks: Sequence[Chunk]) -> np.ndarray:
         """``(len(chunks), dim)`` float32, L2-normalised: the chunks' ``embed_text`` (context and text)."""
