@@ -18,7 +18,6 @@ import os
 import stat
 import threading
 import time
-import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,11 +37,12 @@ from indexer.ledger import FAILURES
 from indexer.metrics import Metrics
 from indexer.pipeline import Interrupted, Pipeline, trim_heap
 from indexer.points import FileState, Point
+from indexer.same_file import indexed_name
 from indexer.sources.base import Prepared, Unchanged
 from indexer.state import IndexState
 from indexer.store import Store
 from indexer.walk import route, walk_dir
-from indexer.workspace import ROOT_NAMES, Collection, Skip
+from indexer.workspace import Collection, Skip
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
@@ -132,7 +132,7 @@ class Sync:
                 self.remove(abs_path, reason="deleted")
             state.ledger.forget_under(key)
             return
-        other = self._indexed_name(key, st)
+        other = indexed_name(self.state, key, st)
         if other is not None:
             path, key = Path(other), other
         collection, reason = route(collections, path)
@@ -164,29 +164,6 @@ class Sync:
             return
         state.ledger.clear(key)
         prepared.append(result)
-
-    def _indexed_name(self, key: str, st: os.stat_result) -> str | None:
-        """One file, two names (a hard link; ``memory.md`` linked to ``MEMORY.md``; or one name spelled another way
-        on a case-insensitive or normalising file system): the file is indexed once, under the name the walk met
-        first. An event names only the name written through, so for a name that is not indexed this returns the
-        indexed name of the same (device, inode), if any, still that file on disk. Another spelling is looked for
-        among the root memory names only (``MEMORY.md``...: the same name under case folding and NFC)."""
-        if not stat.S_ISREG(st.st_mode) or key in self.state.indexed:
-            return None
-        if st.st_nlink < 2:
-            path = Path(key)
-            spelled = _folded(path.name)
-            candidates = [str(path.parent / name) for pair in ROOT_NAMES for name in pair if _folded(name) == spelled]
-        else:
-            candidates = self.state.indexed_as(st.st_ino, st.st_dev)
-        for abs_path in [p for p in candidates if p in self.state.indexed]:
-            if abs_path != key:
-                try:
-                    if os.path.samestat(os.lstat(abs_path), st):
-                        return abs_path
-                except OSError:
-                    continue
-        return None
 
     # -- removing -----------------------------------------------------------------------------------------------
     def remove(self, abs_path: str, reason: str) -> None:
@@ -396,8 +373,3 @@ def _read(file: Prepared) -> dict[str, int]:
     """A transcript's ``read_bytes``/``read_lines`` for its ``file_indexed`` line (the bytes and JSONL lines parsed:
     its tail alone, or the whole file); nothing for another file."""
     return {"read_bytes": file.tail.read_bytes, "read_lines": file.tail.read_lines} if file.tail is not None else {}
-
-
-def _folded(name: str) -> str:
-    """``name`` as a case-insensitive, normalising file system compares it: NFC, case-folded."""
-    return unicodedata.normalize("NFC", name).casefold()
