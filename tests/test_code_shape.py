@@ -1,5 +1,6 @@
-"""The code stays easy to change: no function over 60 lines in the package or the plugins, ``daemon.py`` (the map
-a newcomer reads first) at most 250 lines, the README at most 300, and only ``indexer/store/`` talks to Qdrant."""
+"""The code stays easy to change: no function over 60 lines and no module over 400 in the package or the plugins,
+``daemon.py`` (the map a newcomer reads first) at most 250 lines, the README at most 300, and only
+``indexer/store/`` talks to Qdrant."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from conftest import write
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 400
 
 
 def test_no_function_is_over_60_lines() -> None:
@@ -22,6 +24,33 @@ def test_no_function_is_over_60_lines() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "split these into helpers whose names say their job:\n" + "\n".join(long)
+
+
+def modules_over(limit: int, *packages: Path) -> list[str]:
+    """``path (n lines)`` of each module of ``packages`` longer than ``limit`` lines, the path relative to the
+    packages' folder (``indexer/search.py``)."""
+    found = []
+    for package in packages:
+        for path in sorted(package.rglob("*.py")):
+            lines = len(path.read_text(encoding="utf-8").splitlines())
+            if lines > limit:
+                found.append(f"{path.relative_to(package.parent)} ({lines} lines)")
+    return found
+
+
+def test_every_module_is_at_most_400_lines() -> None:
+    long = modules_over(MAX_MODULE_LINES, REPO / "indexer", REPO / "plugins")
+    assert not long, ("split these along a seam, each part a module whose name says its one job (a cohesive group "
+                      "of functions moved, not comments trimmed):\n" + "\n".join(long))
+
+
+def test_the_size_check_finds_a_module_grown_past_400_lines(tmp_path: Path) -> None:
+    write(tmp_path / "indexer" / "__init__.py", "")
+    write(tmp_path / "indexer" / "kept.py", "x = 1\n" * MAX_MODULE_LINES)
+    write(tmp_path / "indexer" / "store" / "grown.py", "x = 1\n" * (MAX_MODULE_LINES + 1))
+    write(tmp_path / "plugins" / "example" / "grown.py", "x = 1\n" * 500)
+    assert modules_over(MAX_MODULE_LINES, tmp_path / "indexer", tmp_path / "plugins") == [
+        "indexer/store/grown.py (401 lines)", "plugins/example/grown.py (500 lines)"]
 
 
 def test_the_daemon_module_and_the_readme_stay_short() -> None:
