@@ -73,16 +73,16 @@ def run_product(zh: ZhSet, indexer: Any, mode: str, fusion: str | None = None,
     """Every question through ``Searcher.answer`` (in ``fusion``, default the product's; with ``every_list_votes``
     the BM25 list votes whatever it matched, as before ``indexer.ranking.keyword_votes``); returns (query id ->
     ranked results, query id -> ``relevant``)."""
-    from indexer import search
+    from indexer import candidates
 
     searcher = indexer.view.searcher(mode=mode, **({"fusion": fusion} if fusion else {}))
-    rule = search.keyword_votes
+    rule = candidates.keyword_votes
     if every_list_votes:
-        search.keyword_votes = lambda *_: True  # type: ignore[assignment]
+        candidates.keyword_votes = lambda *_: True  # type: ignore[assignment]
     try:
         return _ask(zh, searcher, mode)
     finally:
-        search.keyword_votes = rule  # type: ignore[assignment]
+        candidates.keyword_votes = rule  # type: ignore[assignment]
 
 
 def _ask(zh: ZhSet, searcher: Any, mode: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:

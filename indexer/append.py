@@ -50,7 +50,7 @@ from indexer.errors import AppendRefused, AppendUnavailable, EntryTooLarge
 from indexer.safeio import UnsafePath, open_append
 from indexer.schema import AppendRequest, AppendResponse
 from indexer.walk import route
-from indexer.workspace import MEMORY_DIR, REPAIR_DIR, Collection
+from indexer.workspace import MEMORY_DIR, REPAIR_DIR, Collection, select
 
 log = structlog.get_logger("qmd_indexer.append")
 
@@ -164,10 +164,7 @@ def append_entry(collections: Sequence[Collection], settings: Settings, request:
     permission) and other ``OSError`` from the file system.
     """
     text, path, agent = request.text, request.path, request.agent
-    chosen = [c for c in collections if c.agent == agent]
-    if not chosen:
-        raise KeyError(f"unknown agent {agent!r}")
-    workspace = chosen[0].workspace
+    workspace = select(collections, agent)[0].workspace
     asked = path
     try:
         if not workspace.append:

@@ -46,7 +46,7 @@ from indexer.sources import Sniff, reader, redactor
 from indexer.sources.base import open_memory
 from indexer.store import Store
 from indexer.walk import route, walk
-from indexer.workspace import Collection, display_path
+from indexer.workspace import Collection, display_path, select
 
 LIST_ALL = frozenset({"", "*", "all"})
 SESSION_FIELDS = ("session_id", "session_time")  # what a listed transcript shows of its first chunk
@@ -63,9 +63,7 @@ def resolve_memory_path(collections: Sequence[Collection], path: str, agent: str
     lexically (no symlink resolution), then checked by the indexing rules; the file itself is only ever opened
     with ``open_memory``, which refuses a symlink swapped in after these checks.
     """
-    chosen = [c for c in collections if agent is None or c.agent == agent]
-    if not chosen:
-        raise KeyError(f"unknown agent {agent!r}")
+    chosen = select(collections, agent)
     for workspace in dict.fromkeys(c.workspace for c in chosen):
         candidate = _transcript(chosen, workspace, path) or Path(
             os.path.normpath(path if os.path.isabs(path) else workspace.path / path))
@@ -154,7 +152,7 @@ def _respelled(collections: Sequence[Collection], path: str, agent: str | None) 
     if os.path.isabs(path):
         return None
     parts = Path(os.path.normpath(path)).parts
-    for workspace in dict.fromkeys(c.workspace for c in collections if agent is None or c.agent == agent):
+    for workspace in dict.fromkeys(c.workspace for c in select(collections, agent)):
         here, found = workspace.path, []
         for part in parts:
             try:
@@ -174,7 +172,7 @@ def _respelled(collections: Sequence[Collection], path: str, agent: str | None) 
 def _closest(collections: Sequence[Collection], path: str, agent: str | None) -> str:
     """``FileNotFoundError``'s message for ``path``: the path, and the closest memory file's path when one is near
     (``difflib``'s ratio of at least 0.6)."""
-    chosen = [c for c in collections if agent is None or c.agent == agent]
+    chosen = select(collections, agent)
     files = [display_path(c, p) for c, p in walk(chosen)[0]]
     close = difflib.get_close_matches(unicodedata.normalize("NFC", path), files, n=1)
     return f"{path} (the closest memory file is {close[0]})" if close else path

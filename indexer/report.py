@@ -32,7 +32,7 @@ from indexer.status import CollectionStatus, Health, SessionsStatus, Status
 from indexer.store import Store
 from indexer.walk import Problem, path_problems
 from indexer.watcher import Settler
-from indexer.workspace import Skip
+from indexer.workspace import Skip, select
 
 log = structlog.get_logger("qmd_indexer.daemon")
 
@@ -175,7 +175,7 @@ class StatusView:
         index is being built: indexed so far, and indexed plus ``pending``; ``None`` once it has finished."""
         if self.ready():
             return None
-        names = {c.name for c in self.plan.collections if agent is None or c.agent == agent}
+        names = {c.name for c in select(self.plan.collections, agent)}
         done = sum(1 for entry in list(self.state.indexed.values()) if entry.collection in names)
         return {"done": done, "total": done + len(self.pending(agent))}
 

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
@@ -35,30 +35,27 @@ import numpy as np
 from indexer import schema
 from indexer.api import Embedder, check_vectors
 from indexer.bm25 import Bm25Terms
+from indexer.candidates import Candidates, cosine_of, frequencies, gather
 from indexer.config import Settings
 from indexer.contract import RERANKERS, declared
 from indexer.dates import may_name_time, query_period
 from indexer.errors import BadVectors, EmbedUnavailable
 from indexer.hits import narrowed, shown, to_hit
 from indexer.plugins import Registry
-from indexer.points import NO_PAYLOAD, SPARSE, Filter, Hit, Payload, Query, search_filter
+from indexer.points import Hit, Query, search_filter
 from indexer.ranking import (
-    VOTE_DEPTH,
     at_least,
     boost_period,
     collapse,
     decay,
-    fuse_scores,
-    keyword_votes,
     mmr,
-    with_keyword_zeros,
 )
-from indexer.relevance import DF_DEPTH, NOTHING, DocumentFrequencies, Evidence, Judgement, idf, judge
+from indexer.relevance import NOTHING, DocumentFrequencies, Evidence, Judgement, idf, judge
 from indexer.rerank import Reranker, RerankStats, rerank
 from indexer.schema import SearchRequest, names, search_request
 from indexer.search_settings import SETTING_NAMES, SearchSettings
 from indexer.store import Store
-from indexer.workspace import Collection
+from indexer.workspace import Collection, select
 
 #: the answer's first hits whose verdicts decide its own (``Searcher._judged``), whatever its ``k``
 JUDGED_HITS = 3
@@ -107,43 +104,6 @@ class Answer(NamedTuple):
     relevant: bool | None
     degraded: list[str]
     relevance: schema.Relevance = {"level": "none", "reason": "nothing found"}  # noqa: RUF012 - never mutated
-
-
-@dataclass
-class Candidates:
-    """One search's fused candidates, best first (``fused``: ``(point id, score)``), each point's collection
-    (``owner``) and raw score per vector name (``raw``: ``{"text": {id: cosine}, SPARSE: {id: BM25}}``); payloads are
-    read through ``reader`` (``Searcher._with_payloads``) as the stages ask for them, each once."""
-
-    fused: Sequence[tuple[Any, float]]
-    owner: Mapping[Any, str]
-    raw: Mapping[str, Mapping[Any, float]]
-    reader: Callable[[Sequence[Hit], Mapping[str, str]], list[Hit]]
-    _ids: dict[str, Any] = field(default_factory=dict)  # Hit id -> the backend's point id
-    _read: dict[str, Hit] = field(default_factory=dict)  # Hit id -> the hit with its payload
-
-    def first(self, n: int) -> list[Hit]:
-        """The first ``n`` candidates as hits with their payloads (a point deleted meanwhile drops out)."""
-        chosen = [(str(pid), pid, score) for pid, score in self.fused[:n]]
-        self._ids.update((key, pid) for key, pid, _ in chosen)
-        fresh = [Hit(key, 0.0, NO_PAYLOAD) for key, _, _ in chosen if key not in self._read]
-        self._read.update((h.id, h) for h in self.reader(fresh, {h.id: self.owner[self._ids[h.id]] for h in fresh}))
-        return [Hit(key, score, self._read[key].payload) for key, _, score in chosen if key in self._read]
-
-    def exhausted(self, n: int, floor: float | None) -> bool:
-        """Whether no candidate after the first ``n`` could pass: there is none, or (the fused list being sorted)
-        the ``n``-th scores under ``floor``."""
-        return n >= len(self.fused) or (floor is not None and self.fused[n - 1][1] < floor)
-
-    def scored(self, hit: Hit) -> Hit:
-        """``hit`` with its raw ``dense_score`` and ``keyword_score`` (``None``: not in that list)."""
-        pid = self._ids[hit.id]
-        return replace(hit, dense_score=self.raw.get("text", {}).get(pid),
-                       keyword_score=self.raw.get(SPARSE, {}).get(pid))
-
-    def owner_of(self, hit: Hit | None) -> str | None:
-        """The collection ``hit`` was found in (``None`` without a hit)."""
-        return None if hit is None else self.owner.get(self._ids[hit.id])
 
 
 class Searcher:
@@ -212,23 +172,11 @@ class Searcher:
 
     def targets(self, params: SearchRequest) -> list[Collection]:
         """The collections ``params`` selects (``agent``, ``collection``, ``corpus``: the memory files, the session
-        transcripts or all, default ``SearchSettings.corpus``); raises ``KeyError`` naming an unknown agent or
-        collection."""
-        chosen = self.collections
+        transcripts or all, default ``SearchSettings.corpus``; ``indexer.workspace.select``); raises ``KeyError``
+        naming an unknown agent or collection."""
         wanted = names(params.collection)
         corpus = params.corpus or ("all" if wanted else self.settings.corpus)  # named collections are asked for
-        if corpus != "all":
-            chosen = [c for c in chosen if c.corpus == corpus]
-        if params.agent:
-            chosen = [c for c in chosen if c.agent == params.agent]
-            if not any(c.agent == params.agent for c in self.collections):
-                raise KeyError(f"unknown agent {params.agent!r}")
-        if wanted:
-            unknown = set(wanted) - {c.name for c in self.collections}
-            if unknown:
-                raise KeyError(f"unknown collection {sorted(unknown)[0]!r}")
-            chosen = [c for c in chosen if c.name in wanted]
-        return chosen
+        return select(self.collections, params.agent or None, corpus, wanted)
 
     def _query(self, params: SearchRequest, point_filter: Any, degraded: list[str] | None) -> tuple[Query, str]:
         """The Qdrant query for ``params`` and the mode it runs in: keyword when the query cannot be embedded now
@@ -248,21 +196,6 @@ class Searcher:
         depth = max(self.settings.prefetch_limit, params.k)
         return Query(limit=depth, dense=dense, sparse=sparse, thresholds=self.settings.min_scores,
                      filter=point_filter), mode
-
-    def _pools(self, targets: Sequence[Collection], query: Query) -> tuple[dict[str, list[tuple[Any, float]]],
-                                                                             dict[str, bool], dict[Any, str]]:
-        """Per vector name, the ``(point id, score)`` candidates of every target collection, best first, cut to
-        the query's depth; per vector name whether no collection's list was cut; each point id's collection."""
-        pools: dict[str, list[tuple[Any, float]]] = {}
-        whole: dict[str, bool] = {}
-        owner: dict[Any, str] = {}
-        for collection in targets:
-            for using, pairs in self.store.scores(collection.name, query).items():
-                pools.setdefault(using, []).extend(pairs)
-                whole[using] = whole.get(using, True) and len(pairs) < query.limit
-                owner.update((pid, collection.name) for pid, _ in pairs)
-        lists = {using: sorted(pairs, key=lambda p: -p[1])[: query.limit] for using, pairs in pools.items() if pairs}
-        return lists, whole, owner
 
     def _stages(self, params: SearchRequest, degraded: list[str] | None,
                 period: tuple[datetime.date, datetime.date] | None, fused: Sequence[tuple[Any, float]],
@@ -338,7 +271,7 @@ class Searcher:
             degraded.extend(self.notes)
         period_of = self._period(params.query, times.as_of)  # read on another thread while the query is embedded
         query, _ = self._query(params, search_filter(params, times), degraded)
-        candidates = self._candidates(targets, query, params.query)
+        candidates = gather(self.store, self.terms, self.settings, targets, query, params.query)
         if candidates is None:
             return [], NOTHING
         period = period_of()
@@ -360,24 +293,6 @@ class Searcher:
                     reason=verdict.reason if i == 0 else f"hit {i + 1}: {verdict.reason}")
         return first
 
-    def _candidates(self, targets: Sequence[Collection], query: Query, text: str) -> Candidates | None:
-        """The fused candidates of ``query`` over ``targets`` (``None``: no list found any): the pools of every
-        collection (ids and scores only), the keyword list left out where it does not vote (``_keyword_votes``),
-        fused (``fusion``, each dense text part at its source's weight: ``_weights``)."""
-        lists, whole, owner = self._pools(targets, query)
-        if not lists:
-            return None
-        raw = {using: dict(pairs) for using, pairs in lists.items()}
-        keyword = lists.get(SPARSE)
-        if keyword and len(lists) > 1 and not self._keyword_votes(query, text, keyword, owner):
-            lists = {using: pairs for using, pairs in lists.items() if using != SPARSE}
-        if self.settings.fusion == "dbsf" and whole.get(SPARSE):
-            lists = with_keyword_zeros(lists)
-        fused = (next(iter(lists.values())) if len(lists) == 1
-                 else fuse_scores(list(lists.values()), self.settings.fusion, self.settings.rrf_k, query.limit,
-                                  self._weights(targets, lists, owner)))
-        return Candidates(fused, owner, raw, self._with_payloads)
-
     def _evidence(self, hit: Hit | None, collection: str | None, query: Query,
                   period: tuple[datetime.date, datetime.date] | None) -> Evidence:
         """``hit``'s own evidence for ``indexer.relevance.judge``: its dense cosine (looked up by a dense search
@@ -386,18 +301,16 @@ class Searcher:
         dense = query.dense.get("text")
         cosine = hit.dense_score if hit is not None else None
         if hit is not None and cosine is None and dense is not None and collection is not None:
-            one = Query(limit=1, dense={"text": dense},
-                        filter=Filter(abs_path=hit.payload.abs_path, chunk_index=hit.payload.chunk_index))
-            cosine = next((score for _, score in self.store.scores(collection, one).get("text", ())), None)
+            cosine = cosine_of(self.store, collection, hit, dense)
         agent = next((c.agent for c in self.collections if c.name == collection), None)
-        own = [c for c in self.collections if c.agent == agent]
+        own = select(self.collections, agent) if agent is not None else []
         terms = query.sparse[0] if query.sparse else ()
 
         def weights() -> dict[int, float]:
             if not terms:
                 return {}
-            frequencies, n = self._frequencies(own, terms)
-            return {t: idf(frequencies.get(t, 0), n) for t in set(terms)}
+            counts, n = frequencies(self.store, self.frequencies, own, terms)
+            return {t: idf(counts.get(t, 0), n) for t in set(terms)}
 
         scored = hit.rerank_score if hit is not None else None
         floor = declared(RERANKERS, self.reranker, "relevance_floor") if self.reranker is not None else None
@@ -440,51 +353,6 @@ class Searcher:
 
         threading.Thread(target=read, name="query-period", daemon=True).start()
         return period.result
-
-    @staticmethod
-    def _weights(targets: Sequence[Collection], lists: Mapping[str, Sequence[tuple[Any, float]]],
-                 owner: Mapping[Any, str]) -> list[dict[Any, float] | None]:
-        """Per fused list, point id -> its factor in fusion: a dense text part gets its collection's source's
-        ``dense_weight`` (``indexer.workspace.Source``) where that is not 1; other lists and points are not weighed."""
-        weight = {c.name: c.source.dense_weight for c in targets if c.source.dense_weight != 1.0}
-        if not weight:
-            return []
-        return [{pid: weight[owner[pid]] for pid, _ in pairs if owner[pid] in weight} if using == "text" else None
-                for using, pairs in lists.items()]
-
-    def _frequencies(self, targets: Sequence[Collection], terms: Sequence[int]) -> tuple[dict[int, int], int]:
-        """``(term id -> points holding it, at most DF_DEPTH per collection; points searched)`` over ``targets``,
-        whole (no filter): the document frequencies ``indexer.relevance`` weighs the query's terms by."""
-        sizes = tuple((c.name, self.store.count(c.name)) for c in targets)
-
-        def lookup(term: int) -> int:
-            probe = Query(limit=DF_DEPTH, sparse=([term], [1.0]))
-            return sum(len(self.store.scores(name, probe).get(SPARSE, ())) for name, _ in sizes)
-
-        return self.frequencies.get(sizes, terms, lookup), sum(n for _, n in sizes)
-
-    def _keyword_votes(self, query: Query, text: str, keyword: Sequence[tuple[Any, float]],
-                       owner: Mapping[Any, str]) -> bool:
-        """Whether the BM25 list ``keyword`` votes in fusion (``indexer.ranking.keyword_votes``): the terms its first
-        ``VOTE_DEPTH`` hits hold, read from their payloads and tokenised as the index was."""
-        numbers = self.terms.number_terms(text)
-        if not numbers:  # every hit of a keyword list holds a word of the query: it votes (no payload read)
-            return True
-        first = [Hit(str(pid), 0.0, NO_PAYLOAD) for pid, _ in keyword[:VOTE_DEPTH]]
-        read = self._with_payloads(first, {h.id: owner[pid] for h, (pid, _) in zip(first, keyword)})
-        held = [set(vector[0]) if (vector := self.terms.document(f"{h.payload.context}\n{h.payload.text}")) else set()
-                for h in read]
-        return keyword_votes(set(query.sparse[0]) if query.sparse else set(), numbers, held)
-
-    def _with_payloads(self, hits: Sequence[Hit], owner: Mapping[str, str]) -> list[Hit]:
-        """``hits`` with their payloads read by id (one request per collection; ``owner``: point id -> collection);
-        those already carrying one are kept as they are, and a point deleted meanwhile drops out."""
-        missing = [h for h in hits if not h.payload.abs_path]
-        payloads: dict[str, Payload] = {}
-        for name in dict.fromkeys(owner[h.id] for h in missing):
-            payloads.update(self.store.payloads(name, [h.id for h in missing if owner[h.id] == name]))
-        return [h if h.payload.abs_path else Hit(h.id, h.score, payloads[h.id], h.dense_score, h.keyword_score)
-                for h in hits if h.payload.abs_path or h.id in payloads]
 
     def search(self, params: SearchRequest, degraded: list[str] | None = None) -> list[schema.Hit]:
         """The ``params.k`` best hits across the selected collections, best first, as the API's hits; ``degraded``

@@ -62,6 +62,7 @@ from typing import Literal
 import structlog
 
 from indexer.config import Workspace
+from indexer.errors import unknown_agent
 
 log = structlog.get_logger("qmd_indexer.workspace")
 
@@ -188,6 +189,21 @@ class Collection:
     @property
     def corpus(self) -> Corpus:
         return SOURCES[self.role].corpus
+
+
+def select(collections: Sequence[Collection], agent: str | None = None, corpus: str | None = None,
+           names: Sequence[str] = ()) -> list[Collection]:
+    """The ``collections`` of ``agent`` (``None``: every agent's) in ``corpus`` (``"memory"``, ``"sessions"``;
+    ``None`` or ``"all"``: both) and, when ``names`` are given, among them: the one selector of search, recall,
+    append and status. Raises ``KeyError`` (404 on the API) for an agent no collection has, naming the known ones
+    (``indexer.errors.unknown_agent``), and for a name no collection has."""
+    if agent is not None and not any(c.agent == agent for c in collections):
+        raise KeyError(unknown_agent(agent, {c.agent for c in collections}))
+    unknown = set(names) - {c.name for c in collections}
+    if unknown:
+        raise KeyError(f"unknown collection {sorted(unknown)[0]!r}")
+    return [c for c in collections if (agent is None or c.agent == agent) and corpus in (None, "all", c.corpus)
+            and (not names or c.name in names)]
 
 
 @dataclass(frozen=True, slots=True)

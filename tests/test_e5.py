@@ -235,7 +235,7 @@ def test_a_keyword_list_that_matched_nothing_meaningful_does_not_vote(e5: Regist
     """An English question over Chinese notes that shares only a number with the wrong note: the BM25 list holds
     that note alone, by a number and no word, so it does not vote and RRF keeps the dense list's answer first; with
     every list voting (the old fusion) the stray match came first."""
-    from indexer import search
+    from indexer import candidates
 
     indexer = open_indexer(tmp_path, chinese_workspace(tmp_path / "ws"), e5)
     try:
@@ -243,11 +243,11 @@ def test_a_keyword_list_that_matched_nothing_meaningful_does_not_vote(e5: Regist
         searcher = indexer.view.searcher(fusion="rrf")
         request = SearchRequest(query="Which tea does the user drink, order 350?", k=3)
         assert searcher.search(request)[0]["path"] == "MEMORY.md"
-        rule, search.keyword_votes = search.keyword_votes, lambda *_: True  # every list votes, as before
+        rule, candidates.keyword_votes = candidates.keyword_votes, lambda *_: True  # every list votes, as before
         try:
             assert searcher.search(request)[0]["path"] == "memory/2026-10-20.md"
         finally:
-            search.keyword_votes = rule
+            candidates.keyword_votes = rule
         # a list that holds the question's identifier still votes: it is first
         hits = searcher.search(SearchRequest(query="what is pg_upgrade --link for", k=3))
         assert hits[0]["path"] == "memory/2026-10-03.md" and hits[0]["keyword_score"]

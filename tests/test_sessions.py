@@ -166,17 +166,17 @@ def test_a_day_named_in_the_question_favours_the_transcript_of_that_day(make_ind
 def test_a_transcripts_dense_part_is_weighed_down_in_hybrid_fusion(make_indexer, agent, monkeypatch) -> None:
     """Hybrid search fuses a transcript window's cosine at its source's ``dense_weight`` (chat windows look alike
     to a small model; ``indexer.workspace.TRANSCRIPT_DENSE_WEIGHT``) and a note's at 1."""
-    from indexer import search
+    from indexer import candidates
     from indexer.workspace import TRANSCRIPT_DENSE_WEIGHT
 
     seen: list[Any] = []
-    real = search.fuse_scores
+    real = candidates.fuse_scores
 
     def recording(lists: Any, *args: Any) -> Any:
         seen.append((lists, args))
         return real(lists, *args)
 
-    monkeypatch.setattr(search, "fuse_scores", recording)
+    monkeypatch.setattr(candidates, "fuse_scores", recording)
     indexer = make_indexer([agent])
     index_once(indexer)
     hits = LocalMemory(indexer.view).search(SearchRequest(query="the ferry for the kayak race", k=5))["hits"]
