@@ -169,11 +169,19 @@ _WORD = re.compile(r"\w+")
 
 
 def _word(query: str, term: int, bm25: Bm25Terms) -> str:
-    """The word of ``query`` that gives BM25 term ``term`` (quoted), else ``"its rarest word"``."""
+    """The word of ``query`` that gives BM25 term ``term`` (quoted) when it reads as a word (``plain``), else
+    ``"its rarest word"``: an answer never repeats a token that may be a key pasted as a query, which the index
+    holds only redacted (``indexer.redact``)."""
     for word in _WORD.findall(query):
         if term in bm25.query(word)[0]:
-            return repr(word)
+            return repr(word) if plain(word) else "its rarest word"
     return "its rarest word"
+
+
+def plain(word: str) -> bool:
+    """Whether ``word`` reads as a word people write: letters alone (any script), with at most its first letter a
+    capital or all capitals up to 8 letters (an acronym); ``MIIEowIBAAKCAQEA`` or ``ghp_Zx8Yw7`` do not."""
+    return word.isalpha() and (not any(c.isupper() for c in word[1:]) or (word.isupper() and len(word) <= 8))
 
 
 class DocumentFrequencies:

@@ -463,6 +463,14 @@ def test_a_hit_dated_in_the_period_asked_answers_it_and_one_dated_outside_is_not
     assert (undated.relevant, undated.level) == (True, "high")  # an undated note names no other time
 
 
+def test_the_reason_names_a_missing_word_only_when_it_reads_as_a_word() -> None:
+    from indexer.relevance import plain
+
+    assert all(plain(w) for w in ("cat", "Seuss", "MSRV", "配送路线", "Müller"))
+    assert not any(plain(w) for w in ("MIIEowIBAAKCAQEA", "ghp_Zx8Yw7Vu6Ts5", "AKIAZ4QXW7PLMNB3KJ5T", "hunter2",
+                                      "ABCDEFGHIJKLMNOP"))
+
+
 def test_held_terms_are_the_hits_context_and_text_as_the_index_tokenises_them(indexed) -> None:
     indexer, _ = indexed
     terms = indexer.view.terms
