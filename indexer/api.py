@@ -37,9 +37,11 @@ them.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
@@ -216,8 +218,8 @@ class Embedder(Protocol):
       backoff and never marks them failed nor removes their points; a search answers from keyword search with
       ``degraded`` set. An embedder behind a network must raise this, not ``EmbedError``, for anything transient.
 
-    Optional declarations, read with ``getattr`` (defaults below when a plugin omits them; lazy properties are not
-    evaluated when the plugin loads):
+    Optional declarations, read with ``indexer.contract.declared`` (defaults below when a plugin omits them; lazy
+    properties are not evaluated when the plugin loads):
 
     - ``identity``: what made the vectors, in full (model, precision, a fingerprint of its files; for a remote model
       its endpoint host, model, vector size and prefixes). A change of it rebuilds the collections safely
@@ -228,6 +230,16 @@ class Embedder(Protocol):
       (``indexer.relevance``), measured for its model: cosines of one model sit in a band of their own (MiniLM's
       unrelated pairs near 0.2, e5's near 0.75). Default: ``None``, the product's MiniLM-measured 0.42
       (``Settings.relevance_floor`` set in the config wins over both).
+
+    Optional loading members, for a model that loads while the daemon already serves (``indexer.service``) and says
+    how that goes (``status``, ``health``); read with ``indexer.contract.declared``, defaults below:
+
+    - ``preload()``: start loading the model on a thread of its own and return it (``None``: nothing to load); its
+      queries may raise ``EmbedUnavailable`` meanwhile (searches answer from keyword search).
+    - ``loading``: whether a load is under way now; ``load_error``: the exception the last load raised, ``None``.
+    - ``load_times``: seconds the last load's steps took (``{"load_s": ..., "precision_s": ...}``), logged.
+    - ``load_progress``: ``{"phase", "percent"}`` while a load runs (``status``), else ``None``.
+    - ``unavailable()``: why it cannot embed now (a remote server down), ``None`` when it can; must not wait.
     """
 
     model_id: str
@@ -238,6 +250,12 @@ class Embedder(Protocol):
     precision: str | None = None
     query_file: str | None = None
     relevance_floor: float | None = None
+    preload: Callable[[], threading.Thread | None] | None = None
+    loading: bool = False
+    load_error: BaseException | None = None
+    load_times: Mapping[str, float] = MappingProxyType({})
+    load_progress: Mapping[str, Any] | None = None
+    unavailable: Callable[[], str | None] | None = None
 
     def embed(self, chunks: Sequence[Chunk]) -> np.ndarray: ...
 

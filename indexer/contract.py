@@ -61,7 +61,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 #: members that may be lazy properties loading a model: checked for presence at load, by value in indexer.testing
-LAZY = frozenset({"dim", "max_tokens", "model_id", "identity"})
+LAZY = frozenset({"dim", "max_tokens", "model_id", "identity", "loading", "load_error", "load_progress"})
 
 
 def _is_int(value: Any) -> bool:

@@ -27,6 +27,7 @@ from indexer.api import Chunk, ExtractContext, check_vectors
 from indexer.bm25 import Bm25Terms
 from indexer.cache import EmbeddingCache, cache_key
 from indexer.config import Settings
+from indexer.contract import EMBEDDERS, declared
 from indexer.errors import FileSkipped, PluginError
 from indexer.plugins import Registry
 from indexer.points import SPARSE, FileState, Payload, Point, point_id
@@ -143,7 +144,7 @@ class Pipeline:
             dim = int(embedder.dim)
             # keyed by the embedder's identity (model, precision, fingerprint of its files) where it declares one:
             # weights replaced in place must not be answered with the old model's vectors
-            model = str(getattr(embedder, "identity", embedder.model_id))
+            model = str(declared(EMBEDDERS, embedder, "identity") or embedder.model_id)
             keys = [cache_key(model, self._content(prepared[f].chunks[c])) for f, c in slots]
             cached = self.cache.get_many(list(dict.fromkeys(keys)), dim)
             misses: dict[bytes, list[tuple[int, int]]] = {}

@@ -19,6 +19,7 @@ import structlog
 from indexer.append import append_state
 from indexer.arguments import MAX_WAIT_S
 from indexer.bm25 import Bm25Terms
+from indexer.contract import EMBEDDERS, declared
 from indexer.metrics import Metrics
 from indexer.pipeline import Pipeline, Stats
 from indexer.plugins import Registry
@@ -114,8 +115,8 @@ class StatusView:
             reasons.append(f"embedder unavailable: {outage.reason} ({len(outage.waiting)} file(s) waiting, retried)")
         else:  # nothing to index: what the last search (or an idle probe) met, where the embedder can tell
             for modality, embedder in sorted(self.registry.embedders.items()):
-                unavailable = getattr(embedder, "unavailable", None)
-                reason = unavailable() if callable(unavailable) else None
+                unavailable = declared(EMBEDDERS, embedder, "unavailable")
+                reason = unavailable() if unavailable is not None else None
                 if reason:
                     reasons.append(f"embedder unavailable: {reason} ({modality}: searches answer from keyword search)")
         marks = self.state.ledger.marks
@@ -123,7 +124,7 @@ class StatusView:
         if bad:
             reasons.append(f"embedder answered bad vectors for {len(bad)} file(s), which keep their old points: "
                            f"{self.state.ledger.details.get(bad[0], '')[:200]}")
-        if any(getattr(e, "loading", False) for e in self.registry.embedders.values()):
+        if any(declared(EMBEDDERS, e, "loading") for e in self.registry.embedders.values()):
             reasons.append("model loading")
         reasons += self.registry.failures
         return reasons
@@ -211,8 +212,8 @@ class StatusView:
             "last_scan_s": state.last_scan_s,
             # the precision the text embedder runs at (``precision = "auto"`` resolves per CPU), and its model_id
             # and, with int8, the ONNX file single queries run on (``query-v1.onnx``; ``model.onnx`` if unavailable)
-            "embedding": {"model_id": text.model_id, "precision": getattr(text, "precision", None),
-                          "query_file": getattr(text, "query_file", None)} if text else None,
+            "embedding": {"model_id": text.model_id, "precision": declared(EMBEDDERS, text, "precision"),
+                          "query_file": declared(EMBEDDERS, text, "query_file")} if text else None,
             "watch": watcher.modes() if watcher is not None else {},
             "watch_polled": dict(watcher.poll_reasons) if watcher is not None else {},
             "last_reconcile": reconcile.at,
@@ -254,10 +255,10 @@ class StatusView:
 
     def _models(self) -> dict[str, Any]:
         """Per modality, the embedder's model id, identity, precision and, while it loads, ``{phase, percent}``."""
-        return {modality: {"model_id": e.model_id, "identity": getattr(e, "identity", e.model_id),
-                           "precision": getattr(e, "precision", None),
+        return {modality: {"model_id": e.model_id, "identity": declared(EMBEDDERS, e, "identity") or e.model_id,
+                           "precision": declared(EMBEDDERS, e, "precision"),
                            # while the model loads (a first start exports it too): {phase, percent}
-                           **({"loading": p} if (p := getattr(e, "load_progress", None)) else {})}
+                           **({"loading": p} if (p := declared(EMBEDDERS, e, "load_progress")) else {})}
                 for modality, e in self.registry.embedders.items()}
 
 def changed(state: IndexState, abs_path: str) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from indexer.config import Settings
+from indexer.contract import EMBEDDERS, declared
 from indexer.plugins import Registry
 
 #: how much a note dated in the period the query names gains (``indexer.ranking.boost_period``): its fused score
@@ -60,5 +61,6 @@ def relevance_floor(settings: Settings, registry: Registry) -> float:
     embedder's declared ``relevance_floor`` (``indexer.api.Embedder``), else ``DEFAULT_RELEVANCE_FLOOR``."""
     if settings.relevance_floor is not None:
         return settings.relevance_floor
-    declared = getattr(registry.embedders.get("text"), "relevance_floor", None)
-    return float(declared) if declared is not None else DEFAULT_RELEVANCE_FLOOR
+    text = registry.embedders.get("text")
+    floor = declared(EMBEDDERS, text, "relevance_floor") if text is not None else None
+    return float(floor) if floor is not None else DEFAULT_RELEVANCE_FLOOR

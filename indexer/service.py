@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from indexer.config import Settings
+from indexer.contract import EMBEDDERS, declared
 from indexer.daemon import Indexer
 from indexer.dates import warm_dates
 from indexer.errors import (
@@ -117,26 +118,28 @@ def warm_models(indexer: Indexer) -> None:
     ``model_loaded`` per embedder (seconds of its load and of its precision's step, where it says them) and
     ``startup_phase`` ``model_loaded`` at the end."""
     embedders = indexer.registry.embedders
-    loads = [thread for e in embedders.values() if (thread := getattr(e, "preload", lambda: None)()) is not None]
+    loads = [thread for e in embedders.values()
+             if (preload := declared(EMBEDDERS, e, "preload")) is not None and (thread := preload()) is not None]
     load_fusion()  # qdrant-client's fusion: not inside the first hybrid search
     warm_dates()  # dateparser's language data: not inside the first question that names a time
     for thread in loads:
         thread.join()
     for embedder in embedders.values():
         try:
-            while getattr(embedder, "loading", False):  # a load begun elsewhere (a query may answer meanwhile)
+            while declared(EMBEDDERS, embedder, "loading"):  # a load begun elsewhere (a query may answer meanwhile)
                 time.sleep(0.1)
-            failed = getattr(embedder, "load_error", None)
+            failed = declared(EMBEDDERS, embedder, "load_error")
             if failed is not None:  # queries may answer from the query model: the load's failure is said here
                 raise failed
             while True:
                 try:
                     embedder.embed_query("warm-up")
-                    log.info("model_loaded", model_id=embedder.model_id, precision=getattr(embedder, "precision", None),
-                             **getattr(embedder, "load_times", {}))
+                    log.info("model_loaded", model_id=embedder.model_id,
+                             precision=declared(EMBEDDERS, embedder, "precision"),
+                             **declared(EMBEDDERS, embedder, "load_times"))
                     break
                 except EmbedUnavailable as exc:  # a load another thread began (the first index's) still runs
-                    if not getattr(embedder, "loading", False):
+                    if not declared(EMBEDDERS, embedder, "loading"):
                         raise
                     time.sleep(exc.retry_after_s or 0.5)
         except Exception as exc:

@@ -189,6 +189,11 @@ def test_the_contract_is_derived_from_the_protocols() -> None:
     assert TEXT_EMBEDDER == ("token_offsets",)
     assert DEFAULTS[EXT] == {"media": False, "hit_fields": (), "notice": ""}
     assert DEFAULTS[TRS] == {"priority": 100}
+    # what the daemon reads of an embedder beyond the required members, each declared with its default (a plugin
+    # without a lazily loaded model leaves them out)
+    assert set(DEFAULTS[EMB]) == {"identity", "precision", "query_file", "relevance_floor", "preload", "loading",
+                                  "load_error", "load_times", "load_progress", "unavailable"}
+    assert DEFAULTS[RRK] == {"relevance_floor": None}
 
 
 def test_allow_list_from_config_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
