@@ -202,8 +202,7 @@ class Embedder(Protocol):
       key when there is no ``identity``).
     - ``modality``: the chunks it accepts and the Qdrant named vector it fills (``"text"``, ``"image"``, or any
       lowercase name a plugin declares; ``MODALITY_PATTERN``).
-    - ``dim``: vector size. May be learnt lazily (a remote model's from its first answer).
-    - ``max_tokens``: token limit of one input for text embedders (chunks are sized to it), ``None`` otherwise.
+    - ``dim``: vector size, may be learnt lazily; ``max_tokens``: a text model's input limit (chunks are sized to it).
 
     ``embed(chunks)`` returns ``(len(chunks), dim)`` float32, rows L2-normalised. ``embed_query(text)`` returns
     ``(dim,)`` float32, L2-normalised: the query embedded into this space (for an image embedder, its text tower),
@@ -211,35 +210,25 @@ class Embedder(Protocol):
 
     Errors, both from ``indexer.errors`` (re-exported here):
 
-    - ``EmbedError`` for an input it cannot embed (e.g. undecodable image bytes): the file is marked failed and its
-      points are removed.
+    - ``EmbedError`` for an input it cannot embed (undecodable image bytes): the file is marked failed, its points go.
     - ``EmbedUnavailable`` (a subclass) when it cannot answer now (a server down, 429, 5xx, a timeout, a model still
       loading), with ``retry_after_s`` when the server said how long to wait: indexing retries the files later with
       backoff and never marks them failed nor removes their points; a search answers from keyword search with
       ``degraded`` set. An embedder behind a network must raise this, not ``EmbedError``, for anything transient.
 
-    Optional declarations, read with ``indexer.contract.declared`` (defaults below when a plugin omits them; lazy
-    properties are not evaluated when the plugin loads):
+    Optional declarations, read with ``indexer.contract.declared`` (defaults below; not evaluated at load):
 
     - ``identity``: what made the vectors, in full (model, precision, a fingerprint of its files; for a remote model
       its endpoint host, model, vector size and prefixes). A change of it rebuilds the collections safely
       (``on_model_change``), it keys the embedding cache and ``status`` shows it. Default: ``model_id``.
-    - ``precision``: the numeric precision it runs at (``"fp32"``, ``"int8"``, ...), shown by ``status``.
-    - ``query_file``: the file single queries run on, where it differs from the chunks' model, shown by ``status``.
-    - ``relevance_floor``: for a text embedder, the query-chunk cosine from which its best candidate says "relevant"
-      (``indexer.relevance``), measured for its model: cosines of one model sit in a band of their own (MiniLM's
-      unrelated pairs near 0.2, e5's near 0.75). Default: ``None``, the product's MiniLM-measured 0.42
-      (``Settings.relevance_floor`` set in the config wins over both).
+    - ``precision`` (``"fp32"``, ``"int8"``...) and ``query_file`` (the file single queries run on, where it differs
+      from the chunks' model), shown by ``status``.
+    - ``relevance_floor``: a text model's query-chunk cosine from which a hit is relevant (``indexer.relevance``;
+      MiniLM's unrelated pairs sit near 0.2, e5's near 0.75). ``None``: MiniLM's 0.42; the setting wins over both.
 
-    Optional loading members, for a model that loads while the daemon already serves (``indexer.service``) and says
-    how that goes (``status``, ``health``); read with ``indexer.contract.declared``, defaults below:
-
-    - ``preload()``: start loading the model on a thread of its own and return it (``None``: nothing to load); its
-      queries may raise ``EmbedUnavailable`` meanwhile (searches answer from keyword search).
-    - ``loading``: whether a load is under way now; ``load_error``: the exception the last load raised, ``None``.
-    - ``load_times``: seconds the last load's steps took (``{"load_s": ..., "precision_s": ...}``), logged.
-    - ``load_progress``: ``{"phase", "percent"}`` while a load runs (``status``), else ``None``.
-    - ``unavailable()``: why it cannot embed now (a remote server down), ``None`` when it can; must not wait.
+    - loading (``indexer.service``, ``status``): ``preload()`` starts the load on a thread it returns (queries may
+      raise ``EmbedUnavailable`` meanwhile); ``loading``, ``load_error``, ``load_times`` (seconds per step),
+      ``load_progress`` (``{"phase", "percent"}``); ``unavailable()``: why it cannot embed now, never waiting.
     """
 
     model_id: str
