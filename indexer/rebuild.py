@@ -29,6 +29,7 @@ import structlog
 
 from indexer import chunking
 from indexer.config import Settings, Workspace
+from indexer.contract import EMBEDDERS, declared
 from indexer.errors import CollectionMismatch
 from indexer.statedir import read_identities, record_identity, recorded_identities, recorded_tenancy
 from indexer.store.layout import ServerOptions
@@ -39,7 +40,8 @@ log = structlog.get_logger("qmd_indexer.daemon")
 def model_identity(embedders: Mapping[str, Any]) -> str:
     """What made the vectors and chunks (a str): each embedder's ``identity`` (model, precision, fingerprint of its
     files; ``model_id`` for one without), by modality, and ``chunking.CHUNKING_VERSION``."""
-    models = ", ".join(f"{modality}={getattr(e, 'identity', e.model_id)}" for modality, e in sorted(embedders.items()))
+    models = ", ".join(f"{modality}={declared(EMBEDDERS, e, 'identity') or e.model_id}"
+                       for modality, e in sorted(embedders.items()))
     return f"{models}; chunking={chunking.CHUNKING_VERSION}"
 
 
