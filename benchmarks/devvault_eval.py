@@ -276,8 +276,8 @@ def top_right(q: dict[str, Any], results: Sequence[dict[str, Any]]) -> bool:
 def floor_report(dev: DevSet, runs: dict[str, dict[str, list[dict[str, Any]]]],
                  flags: dict[str, dict[str, bool | None]], floor: float) -> dict[str, list[int]]:
     """"Nothing relevant" on the dev set: the best raw dense score among the first ``FLOOR_K`` hits of the
-    unanswerable and the answerable questions, and the answers' own ``relevant`` flag (``indexer.search.relevance``,
-    judged on the whole candidate lists): how many unanswerable questions it calls not relevant, and how many
+    unanswerable and the answerable questions, and the answers' own ``relevant`` flag (``indexer.relevance``,
+    each of the first hits on its own evidence): how many unanswerable questions it calls not relevant, and how many
     questions whose top hit is right it calls relevant. Returns label -> ``[unanswerable said false,
     unanswerable, right said true, right]``."""
     counts: dict[str, list[int]] = {}
