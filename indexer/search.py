@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
-from functools import lru_cache, partial
+from functools import cache, lru_cache, partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -281,11 +281,21 @@ class Searcher:
     def _judged(self, hits: Sequence[Hit], candidates: Candidates, query: Query,
                 period: tuple[datetime.date, datetime.date] | None, text: str) -> Judgement:
         """The answer's verdict: the first of ``hits`` (the answer's first ``JUDGED_HITS``, whatever its ``k``)
-        that ``indexer.relevance.judge`` finds relevant, else the first hit's verdict (``NOTHING`` without one)."""
+        that ``indexer.relevance.judge`` finds relevant, else the first hit's verdict (``NOTHING`` without one).
+        The query's term weights are looked up once per agent, for every hit of that agent."""
+        terms = query.sparse[0] if query.sparse else ()
+
+        @cache
+        def weights(agent: str) -> dict[int, float]:  # the IDF of the query's terms over the agent's whole index
+            if not terms:
+                return {}
+            counts, n = frequencies(self.store, self.frequencies, select(self.collections, agent), terms)
+            return {t: idf(counts.get(t, 0), n) for t in set(terms)}
+
         first = NOTHING
         for i, hit in enumerate(hits):
-            verdict = judge(hit, self._evidence(hit, candidates.owner_of(hit), query, period), self.terms, text,
-                            self.settings.dense_floor, self.settings.coverage_floor)
+            verdict = judge(hit, self._evidence(hit, candidates.owner_of(hit), query, period, weights), self.terms,
+                            text, self.settings.dense_floor, self.settings.coverage_floor)
             if i == 0:
                 first = verdict
             if verdict.relevant is not False:  # relevant, or keyword only (not judged: the first says so)
@@ -293,29 +303,21 @@ class Searcher:
                     reason=verdict.reason if i == 0 else f"hit {i + 1}: {verdict.reason}")
         return first
 
-    def _evidence(self, hit: Hit | None, collection: str | None, query: Query,
-                  period: tuple[datetime.date, datetime.date] | None) -> Evidence:
+    def _evidence(self, hit: Hit, collection: str | None, query: Query,
+                  period: tuple[datetime.date, datetime.date] | None,
+                  weights: Callable[[str], dict[int, float]]) -> Evidence:
         """``hit``'s own evidence for ``indexer.relevance.judge``: its dense cosine (looked up by a dense search
-        of its one point when it came from keyword search alone), and its agent's whole index to weigh the query's
-        terms by, whatever collections the request selected."""
+        of its one point when it came from keyword search alone), and ``weights`` of its agent (its whole index,
+        whatever collections the request selected)."""
         dense = query.dense.get("text")
-        cosine = hit.dense_score if hit is not None else None
-        if hit is not None and cosine is None and dense is not None and collection is not None:
+        cosine = hit.dense_score
+        if cosine is None and dense is not None and collection is not None:
             cosine = cosine_of(self.store, collection, hit, dense)
         agent = next((c.agent for c in self.collections if c.name == collection), None)
-        own = select(self.collections, agent) if agent is not None else []
-        terms = query.sparse[0] if query.sparse else ()
-
-        def weights() -> dict[int, float]:
-            if not terms:
-                return {}
-            counts, n = frequencies(self.store, self.frequencies, own, terms)
-            return {t: idf(counts.get(t, 0), n) for t in set(terms)}
-
-        scored = hit.rerank_score if hit is not None else None
         floor = declared(RERANKERS, self.reranker, "relevance_floor") if self.reranker is not None else None
-        rerank = (scored, float(floor)) if scored is not None and floor is not None else None
-        return Evidence(cosine, dense is not None, weights, period, rerank)
+        rerank = (hit.rerank_score, float(floor)) if hit.rerank_score is not None and floor is not None else None
+        return Evidence(cosine, dense is not None, partial(weights, agent) if agent is not None else dict,
+                        period, rerank)
 
     def _ranked(self, params: SearchRequest, degraded: list[str] | None,
                 period: tuple[datetime.date, datetime.date] | None, candidates: Candidates) -> list[Hit]:
