@@ -181,7 +181,7 @@ def chunk_cost(text: str) -> dict[str, float]:
 
     from transformers import AutoTokenizer
 
-    from indexer.model_loading import resolve_model
+    from indexer.builtin.text_model import resolve_model
     from indexer.sections import chunk_markdown
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2")[1])

@@ -91,7 +91,7 @@ def ndcg_at_10(doc_vectors: np.ndarray, doc_ids: list[str], query_vectors: np.nd
 
 def cpu_description() -> tuple[str, list[str]]:
     """The CPU model name and its vector/matrix flags from ``/proc/cpuinfo``."""
-    from indexer.model_loading import cpu_flags
+    from indexer.builtin.text_model import cpu_flags
 
     model = platform.processor() or "unknown"
     try:
@@ -134,7 +134,7 @@ def run(data: Path, sample: int = 256, rounds: int = 3, batch_size: int = 32,
 
     import torch
 
-    from indexer.model_loading import BF16_FLAGS, cpu_flags, int8_available
+    from indexer.builtin.text_model import BF16_FLAGS, cpu_flags, int8_available
 
     model_name, flags = cpu_description()
     print(f"CPU: {model_name}; {os.cpu_count()} logical CPUs; torch threads {torch.get_num_threads()}")

@@ -182,7 +182,7 @@ def test_onnx_sessions_plan_no_memory_pattern_per_shape(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper
 
-    from indexer.onnx_runtime import onnx_session
+    from indexer.builtin.onnx_runtime import onnx_session
 
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],

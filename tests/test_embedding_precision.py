@@ -16,22 +16,22 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-import indexer.onnx_models
+import indexer.builtin.onnx_models
 from indexer.builtin.embedding import SentenceTransformerEmbedder
-from indexer.config import Settings
-from indexer.config_load import load_settings
-from indexer.errors import ConfigError
-from indexer.model_loading import (
+from indexer.builtin.onnx_models import QUERY_FORMAT, export_int8, int8_dir
+from indexer.builtin.onnx_runtime import INT8_MIN_COSINE, OnnxQueryEncoder
+from indexer.builtin.text_model import (
     DEFAULT_MODEL,
     PRECISIONS,
     choose_precision,
     cpu_flags,
     int8_available,
-    load_sentence_transformer,
     resolve_model,
 )
-from indexer.onnx_models import QUERY_FORMAT, export_int8, int8_dir
-from indexer.onnx_runtime import INT8_MIN_COSINE, OnnxQueryEncoder
+from indexer.config import Settings
+from indexer.config_load import load_settings
+from indexer.errors import ConfigError
+from indexer.model_loading import load_sentence_transformer
 
 SENTENCES = [
     "Deploy windows are Tuesday and Thursday mornings; no deploys on Fridays.",
@@ -405,7 +405,7 @@ def test_a_query_model_under_the_quality_bar_leaves_queries_on_the_chunks_model(
     def trace_fails(model: Any, path: Path) -> None:
         raise RuntimeError("no space left for the trace")
 
-    monkeypatch.setattr(indexer.onnx_models, "trace_fp32", trace_fails)
+    monkeypatch.setattr(indexer.builtin.onnx_models, "trace_fp32", trace_fails)
     for _ in range(2):  # the second start reads the recorded failure
         with capture_logs() as logs:
             fallback = SentenceTransformerEmbedder({"precision": "int8", "cache_dir": str(cache)})

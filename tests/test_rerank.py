@@ -250,7 +250,7 @@ def test_rerank_is_off_by_default_and_a_slow_reranker_keeps_the_fused_order(note
 
     def rounded(hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # a query may run on the ONNX query model one time and on the loaded model the next: the same vector
-        # within float rounding (indexer.onnx_models), so raw dense cosines may differ in their sixth decimal
+        # within float rounding (indexer.builtin.onnx_models), so raw dense cosines may differ in their sixth decimal
         return [{**h, "dense_score": round(h["dense_score"], 4) if h.get("dense_score") is not None else None}
                 for h in hits]
 

@@ -179,7 +179,7 @@ def test_a_note_saved_while_the_model_loads_is_indexed_without_it(tmp_path: Path
     hybrid search with the model held back by the test the whole time; its vectors are the loaded model's (bf16:
     the fp32 vectors of the same model)."""
     from indexer.builtin.embedding import SentenceTransformerEmbedder
-    from indexer.model_loading import int8_available
+    from indexer.builtin.text_model import int8_available
 
     if not int8_available():
         pytest.skip("onnxruntime/onnx not installed: chunks wait for the model")

@@ -42,20 +42,18 @@ import structlog
 from indexer.api import Chunk, l2_normalise
 from indexer.builtin.embedding_batches import BATCH_TOKENS, batches, encode_batched, model_pass
 from indexer.builtin.embedding_bringup import LoadProgress, open_document_encoder, open_query_encoder
-from indexer.errors import EmbedUnavailable
-from indexer.model_loading import (
+from indexer.builtin.onnx_models import INT8_FORMAT, int8_dir, query_model, query_model_path, use_int8
+from indexer.builtin.onnx_runtime import INT8_MIN_COSINE, OnnxDocumentEncoder, OnnxQueryEncoder, query_threads
+from indexer.builtin.text_model import (
     DEFAULT_MODEL,
-    LazyModel,
-    StillLoading,
     choose_precision,
     cpu_flags,
     int8_available,
-    load_sentence_transformer,
     model_fingerprint,
     resolve_model,
 )
-from indexer.onnx_models import INT8_FORMAT, int8_dir, query_model, query_model_path, use_int8
-from indexer.onnx_runtime import INT8_MIN_COSINE, OnnxDocumentEncoder, OnnxQueryEncoder, query_threads
+from indexer.errors import EmbedUnavailable
+from indexer.model_loading import LazyModel, StillLoading, load_sentence_transformer
 
 log = structlog.get_logger("qmd_indexer.embedding")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from indexer.onnx_runtime import OnnxDocumentEncoder, OnnxQueryEncoder, query_threads
+from indexer.builtin.onnx_runtime import OnnxDocumentEncoder, OnnxQueryEncoder, query_threads
 
 log = structlog.get_logger("qmd_indexer.embedding")
 

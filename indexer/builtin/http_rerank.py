@@ -13,7 +13,7 @@ Two wire shapes, chosen by ``api``:
 The API key is read from the environment variable ``api_key_env`` names, or ``api_key`` (accepted only from a config
 file readable by its owner alone: ``indexer.config``), and sent as ``Authorization: Bearer <key>``.
 
-Each call has one deadline for the whole request, whatever the server's pace (``indexer.remote``): ``timeout_s``
+Each call has one deadline for the whole request, whatever the server's pace (``indexer.builtin.remote``): ``timeout_s``
 seconds, or sooner when the search hands it less of its ``rerank_budget_s``; its answer is read up to
 ``max_answer_bytes`` (default 1 MiB plus twice the request's size, as some servers echo the texts back). Past the
 deadline it raises ``TimeoutError``; any other failure (connection refused, an HTTP error status, an answer too long
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from indexer.remote import DeadlineClient, RemoteError
+from indexer.builtin.remote import DeadlineClient, RemoteError
 
 __all__ = ["APIS", "HttpReranker", "RerankError"]
 

@@ -16,8 +16,8 @@ are the vectors, L2-normalised here. Config keys (``[plugin.openai]``):
 - ``batch_size`` (default 32, TEI's default cap): inputs per request; a 413 or "batch too large" answer halves it
   for the rest of the run. ``max_concurrency`` (default 2): requests in flight at once.
 - ``timeout_s`` (default 60): the deadline of one request while indexing, the whole request whatever the server's
-  pace (``indexer.remote``); ``query_timeout_s`` (default 5): the deadline for a search's query, which then answers
-  from keyword search instead of waiting. ``max_answer_bytes`` (default 1 MiB + 256 KiB per input): a longer
+  pace (``indexer.builtin.remote``); ``query_timeout_s`` (default 5): the deadline for a search's query, which then
+  answers from keyword search instead of waiting. ``max_answer_bytes`` (default 1 MiB + 256 KiB per input): a longer
   answer is refused unread.
 - ``query_prefix``/``document_prefix`` (default empty): prepended to queries/chunks, for asymmetric models (e5
   ``"query: "``/``"passage: "``, nomic ``"search_query: "``/``"search_document: "``); or ``query_input_type``/
@@ -43,7 +43,7 @@ restarted while the server is down still opens its collections and answers keywo
 says why the server could not be reached at its last request (``None`` once one succeeds), for ``/health``; asked
 while the last word is older than ``PROBE_EVERY_S``, it sends one probe request in the background, so an idle
 daemon notices a server gone down. The request's body and the reading of its answer are
-``indexer.builtin.openai_wire``; the deadline and the size cap, ``indexer.remote``.
+``indexer.builtin.openai_wire``; the deadline and the size cap, ``indexer.builtin.remote``.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ import structlog
 
 from indexer.api import Chunk, check_vectors, l2_normalise
 from indexer.builtin.openai_wire import TooLarge, answer_embeddings, request_body, split_text
+from indexer.builtin.remote import DeadlineClient, RemoteError, server_retrying
 from indexer.errors import BadVectors, EmbedError, EmbedUnavailable
-from indexer.remote import DeadlineClient, RemoteError, server_retrying
 from indexer.statedir import openai_dims
 
 log = structlog.get_logger("qmd_indexer.embedding")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from indexer.builtin.remote import Answer, retry_after
 from indexer.errors import EmbedError, EmbedUnavailable
-from indexer.remote import Answer, retry_after
 
 # what servers say when an input or a request is too long or too big (llama.cpp, vLLM, TEI, OpenAI, Ollama)
 _TOO_LONG = re.compile(r"too (long|large|many)|maximum (context|input|sequence|batch)|context length|exceed|"

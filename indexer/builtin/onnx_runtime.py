@@ -1,8 +1,8 @@
-"""The ONNX Runtime side of the text model: the sessions the exports of ``indexer.onnx_models`` run on, with torch
-(``onnx_transformer``, inside sentence-transformers' pipeline) and without it (``OnnxQueryEncoder`` for one query,
-``OnnxDocumentEncoder`` for chunks while the model loads), and the check of an export's quality record that decides
-whether it may be opened (``quality_passed``). Opening an export here needs ONNX Runtime, ``tokenizers`` and numpy
-only; making one (torch) is ``indexer.onnx_models``'s job.
+"""The ONNX Runtime side of the text model: the sessions the exports of ``indexer.builtin.onnx_models`` run on, with
+torch (``onnx_transformer``, inside sentence-transformers' pipeline) and without it (``OnnxQueryEncoder`` for one
+query, ``OnnxDocumentEncoder`` for chunks while the model loads), and the check of an export's quality record that
+decides whether it may be opened (``quality_passed``). Opening an export here needs ONNX Runtime, ``tokenizers``
+and numpy only; making one (torch) is ``indexer.builtin.onnx_models``'s job.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from indexer.api import l2_normalise
 
-# mean cosine between int8 and fp32 vectors of ``indexer.onnx_models.PROBE_SENTENCES`` for int8 to be used
+# mean cosine between int8 and fp32 vectors of ``indexer.builtin.onnx_models.PROBE_SENTENCES`` for int8 to be used
 # (see docs/performance.md)
 INT8_MIN_COSINE = 0.99
 # mean cosine between the fp32 query model's vectors and the fp32 model's for it to be used: an fp32 trace

@@ -26,7 +26,8 @@ under a second, while ``import sentence_transformers`` (torch, transformers) and
 sentence-transformers' own ``backend="onnx"`` needs ``optimum-onnx``, whose only release
 pins ``transformers<4.58`` while sentence-transformers 6 needs ``transformers>=5``, so the ONNX session is wired in
 here instead. The measurements behind each choice are in docs/performance.md ("int8 embedding"). The ONNX Runtime
-sessions and encoders these exports run on, and the check of their quality records, are ``indexer.onnx_runtime``.
+sessions and encoders these exports run on, and the check of their quality records, are
+``indexer.builtin.onnx_runtime``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from indexer.onnx_runtime import (
+from indexer.builtin.onnx_runtime import (
     FP32_MIN_COSINE,
     INT8_MIN_COSINE,
     OnnxQueryEncoder,
