@@ -28,6 +28,9 @@ Sets (folders under ``--data``, default ``../shared/data``; a missing one is sai
 questions are asked twice and the second round timed (query embeddings and term lookups cached, as in a daemon's
 use): ``ms/search`` is ``Searcher.answer`` whole, ``ms judging`` the part ``indexer.relevance.judge`` took (the
 payloads it read and its document-frequency lookups included).
+
+``--model e5`` judges with the ``e5`` plugin (its own ``--state``: the indexes differ); ``--floor COSINE`` (repeat)
+adds one row per dense floor, over the same answers' evidence, to choose a model's ``relevance_floor``.
 """
 
 from __future__ import annotations
@@ -155,13 +158,16 @@ def top_right(q: Question, hits: Sequence[dict[str, Any]]) -> bool:
 
 
 def run_set(the_set: Set, state: Path, registry: Any, log: Callable[[str], None],
-            per_query: bool) -> dict[str, Any]:
-    """The set's row: counts, the level counts and the seconds its searches took."""
+            per_query: bool, floors: Sequence[float | None] = (None,)) -> list[dict[str, Any]]:
+    """The set's rows, one per dense floor of ``floors`` (``None``: the product's, ``relevance_floor``): counts, the
+    level counts and the seconds its searches took."""
+    from dataclasses import replace
+
     from benchmarks.eval import open_indexed
     from indexer.schema import SearchRequest
 
     indexer, facts = open_indexed(state, the_set.agents, the_set.name, "default", None, registry, log, the_set.name)
-    rows = []
+    out = []
     judged = [0.0]
     try:
         import indexer.search as search_module
@@ -177,27 +183,38 @@ def run_set(the_set: Set, state: Path, registry: Any, log: Callable[[str], None]
 
             search_module.judge = timed
         searcher = indexer.view.searcher()
+        product_floor = searcher.settings.dense_floor
         for q in the_set.questions:  # once unmeasured: the query embeddings and term lookups cached, as in use
             searcher.answer(SearchRequest(query=q.query, agent=q.agent, k=K, as_of=q.as_of))
-        judged[0] = 0.0
-        started = time.perf_counter()
-        for q in the_set.questions:
-            answer = searcher.answer(SearchRequest(query=q.query, agent=q.agent, k=K, as_of=q.as_of))
-            rows.append((q, answer.hits, answer.relevant, getattr(answer, "relevance", None)))
-        seconds = time.perf_counter() - started
+        for floor in floors:
+            searcher.settings = replace(searcher.settings, dense_floor=product_floor if floor is None else floor)
+            rows = []
+            judged[0] = 0.0
+            started = time.perf_counter()
+            for q in the_set.questions:
+                answer = searcher.answer(SearchRequest(query=q.query, agent=q.agent, k=K, as_of=q.as_of))
+                rows.append((q, answer.hits, answer.relevant, getattr(answer, "relevance", None)))
+            seconds = time.perf_counter() - started
+            out.append(_row(the_set, facts, rows, seconds, judged[0], searcher.settings.dense_floor, log, per_query))
     finally:
         if judge is not None:
             search_module.judge = judge
         indexer.close()
+    return out
+
+
+def _row(the_set: Set, facts: dict[str, Any], rows: list[tuple[Any, ...]], seconds: float, judged: float,
+         floor: float, log: Callable[[str], None], per_query: bool) -> dict[str, Any]:
     unanswerable = [r for r in rows if not r[0].relevant and r[0].expect is None]
     right = [r for r in rows if r[0].relevant and top_right(r[0], r[1])]
     expected = [r for r in rows if r[0].expect is not None]
-    out = {"set": the_set.name, "questions": len(rows), "files": facts["files"], "chunks": facts["chunks"],
+    out = {"set": the_set.name, "floor": round(floor, 3), "questions": len(rows), "files": facts["files"],
+           "chunks": facts["chunks"],
            "unanswerable": len(unanswerable), "unanswerable_false": sum(r[2] is False for r in unanswerable),
            "right": len(right), "right_true": sum(r[2] is True for r in right),
            "expected": len(expected), "expected_met": sum(r[2] is r[0].expect for r in expected),
            "search_ms": round(1000 * seconds / max(1, len(rows)), 2),
-           "relevance_ms": round(1000 * judged[0] / max(1, len(rows)), 2),
+           "relevance_ms": round(1000 * judged / max(1, len(rows)), 2),
            "levels_unanswerable": _levels(unanswerable), "levels_right": _levels(right)}
     if per_query:
         for q, hits, flag, graded in rows:
@@ -221,13 +238,13 @@ def _levels(rows: Sequence[tuple[Any, ...]]) -> dict[str, int]:
 
 
 def print_table(results: Sequence[dict[str, Any]]) -> None:
-    print(f"{'set':<10}{'questions':>10}{'unanswerable false':>20}{'right top hits true':>22}{'examples':>10}"
-          f"{'ms/search':>11}{'ms judging':>11}  levels (unanswerable | right)")
+    print(f"{'set':<10}{'floor':>7}{'questions':>10}{'unanswerable false':>20}{'right top hits true':>22}"
+          f"{'examples':>10}{'ms/search':>11}{'ms judging':>11}  levels (unanswerable | right)")
     for r in results:
         unanswerable = f"{r['unanswerable_false']}/{r['unanswerable']}" if r["unanswerable"] else "-"
         right = (f"{r['right_true']}/{r['right']} {100 * r['right_true'] / r['right']:.1f}%" if r["right"] else "-")
         examples = f"{r['expected_met']}/{r['expected']}" if r["expected"] else "-"
-        print(f"{r['set']:<10}{r['questions']:>10}{unanswerable:>20}{right:>22}{examples:>10}{r['search_ms']:>11}"
+        print(f"{r['set']:<10}{r['floor']:>7}{r['questions']:>10}{unanswerable:>20}{right:>22}{examples:>10}{r['search_ms']:>11}"
               f"{r['relevance_ms']:>11}  "
               f"{r['levels_unanswerable']} | {r['levels_right']}")
 
@@ -239,6 +256,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sets", default=",".join(LOADERS), help="sets to run [%(default)s]")
     parser.add_argument("--per-query", action="store_true", help="print unanswerable questions and missed right hits")
     parser.add_argument("--json", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--model", choices=("default", "minilm", "e5"), default="default",
+                        help="text embedder (benchmarks.eval.model_registry; use one --state per model) [%(default)s]")
+    parser.add_argument("--floor", type=float, action="append", default=[], metavar="COSINE",
+                        help="dense floor to judge with instead of the model's (repeat: one row per floor)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -247,14 +268,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import structlog
 
+    from benchmarks.eval import model_registry
     from indexer.config import Settings
-    from indexer.plugins import load_registry, plugin_configs
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     state = args.state.resolve()
     state.mkdir(parents=True, exist_ok=True)
     defaults = Settings(state_dir=state)
-    registry = load_registry(defaults.plugins, plugin_configs(defaults), defaults.prefer)
+    registry = model_registry(defaults, args.model)
     results = []
     for name in [n for n in args.sets.split(",") if n]:
         if name not in LOADERS:
@@ -265,8 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"relevance_table: {name} skipped: {data}/queries.jsonl not found (the public sets live in "
                 f"{DEFAULT_DATA}; pass --data DIR)")
             continue
-        results.append(run_set(LOADERS[name](data, state), state, registry, log, args.per_query))
-    print(f"\nrelevant table; model {registry.embedders['text'].model_id}; k {K}; hybrid; "
+        results.extend(run_set(LOADERS[name](data, state), state, registry, log, args.per_query,
+                               args.floor or (None,)))
+    text = registry.embedders["text"]
+    print(f"\nrelevant table; model {getattr(text, 'identity', '') or text.model_id}; k {K}; hybrid; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print_table(results)
     if args.json:

@@ -21,14 +21,16 @@ The evidence:
 - **the period**: for a question that names a period ("yesterday", "on 3 May"; ``indexer.dates.query_period``), the
   hit's date (``note_date``: a dated note's day, a transcript turn's day) in the period is evidence.
 
-``relevant`` is true when the cosine reaches ``Settings.relevance_floor``, the hit holds ``relevance_coverage`` of
-the weighted terms, or it is dated in the period asked. Levels: ``high`` (a cosine of ``DENSE_SURE`` or more, or two
-kinds of evidence), ``medium`` (one kind), both relevant; ``low`` (something related: a cosine near the floor or
-some of the words) and ``none`` (nothing found or nothing close). A close hit dated outside the period asked is
-``medium`` at most: it may tell of another time (a transcript turn of another day said ``high`` on its cosine 0.64
-alone), though a daily note often tells of days before its own, so it is not refused (refusing it said false to 5
-right top hits of 209 on convmem). Measured with ``benchmarks/relevance_table.py`` on the devvault, convmem,
-sessmem and zhmem dev sets and the demo workspace (docs/performance.md, "Nothing relevant").
+``relevant`` is true when the cosine reaches the text model's floor (``indexer.calibration``: the
+``relevance_floor`` setting, the floor the model declares, or one measured on a probe; the reason names it: ``cosine
+0.47 >= 0.42``), the hit holds ``relevance_coverage`` of the weighted terms, or it is dated in the period asked.
+Levels: ``high`` (a cosine of ``DENSE_SURE`` or more, or two kinds of evidence), ``medium`` (one kind), both
+relevant; ``low`` (something related: a cosine near the floor or some of the words) and ``none`` (nothing found or
+nothing close). A close hit dated outside the period asked is ``medium`` at most: it may tell of another time (a
+transcript turn of another day said ``high`` on its cosine 0.64 alone), though a daily note often tells of days
+before its own, so it is not refused (refusing it said false to 5 right top hits of 209 on convmem). Measured with
+``benchmarks/relevance_table.py`` on the devvault, convmem, sessmem and zhmem dev sets and the demo workspace
+(docs/performance.md, "Nothing relevant").
 
 Cost: a hit whose cosine reaches ``relevance_floor`` reads nothing more (its payload was read for the answer);
 else each query term's document frequency is looked up (one keyword search per term and collection of at most
@@ -124,7 +126,8 @@ def judge(hit: Hit | None, evidence: Evidence, bm25: Bm25Terms, query: str, dens
     day = hit_day(hit) if period else None
     inside = day is not None and period is not None and period[0].isoformat() <= day <= period[1].isoformat()
     outside = day is not None and not inside
-    said = [f"cosine {cosine:.2f}" if cosine is not None else "no dense score" if evidence.dense else "keyword only"]
+    said = [f"cosine {cosine:.2f} {'>=' if cosine >= dense_floor else '<'} {dense_floor:.2f}" if cosine is not None
+            else "no dense score" if evidence.dense else "keyword only"]
     dated = [f"dated {day}, {'in' if inside else 'outside'} the period asked"] if day else []
     if evidence.rerank is not None:
         return _reranked(*evidence.rerank, cosine is not None and cosine >= dense_floor, said + dated)

@@ -19,6 +19,7 @@ import structlog
 from indexer.append import append_state
 from indexer.arguments import MAX_WAIT_S
 from indexer.bm25 import Bm25Terms
+from indexer.calibration import Floor
 from indexer.contract import EMBEDDERS, declared
 from indexer.metrics import Metrics
 from indexer.pipeline import Pipeline, Stats
@@ -213,7 +214,9 @@ class StatusView:
             # the precision the text embedder runs at (``precision = "auto"`` resolves per CPU), and its model_id
             # and, with int8, the ONNX file single queries run on (``query-v1.onnx``; ``model.onnx`` if unavailable)
             "embedding": {"model_id": text.model_id, "precision": declared(EMBEDDERS, text, "precision"),
-                          "query_file": declared(EMBEDDERS, text, "query_file")} if text else None,
+                          "query_file": declared(EMBEDDERS, text, "query_file"),
+                          "relevance_floor": _described(Floor(settings.relevance_floor, text, settings.state_dir))
+                          } if text else None,
             "watch": watcher.modes() if watcher is not None else {},
             "watch_polled": dict(watcher.poll_reasons) if watcher is not None else {},
             "last_reconcile": reconcile.at,
@@ -290,3 +293,9 @@ def problems(state: IndexState, skips: Sequence[Skip]) -> list[Problem]:
                 skip.path == c.root or c.root in skip.path.parents)), "")
             unreadable.append(Problem(skip.reason, agent, skip.path, state.ledger.explain(skip.reason)))
     return current + unreadable
+
+
+def _described(floor: Floor) -> str | None:
+    """``status``'s line for a searcher's relevance floor (``Calibration.describe``), ``None`` before the probe ran."""
+    known = floor.known()
+    return known.describe() if known is not None else None

@@ -35,6 +35,7 @@ import numpy as np
 from indexer import schema
 from indexer.api import Embedder, check_vectors
 from indexer.bm25 import Bm25Terms
+from indexer.calibration import Floor
 from indexer.candidates import Candidates, cosine_of, frequencies, gather
 from indexer.config import Settings
 from indexer.contract import RERANKERS, declared
@@ -113,7 +114,8 @@ class Searcher:
     def __init__(self, collections: Sequence[Collection], store: Store, embedders: Mapping[str, Embedder],
                  terms_: Bm25Terms, settings: SearchSettings | None = None, reranker: Reranker | None = None,
                  rerank_stats: RerankStats | None = None, fallback_stats: FallbackStats | None = None,
-                 now: Callable[[], float] = time.time, notes: Sequence[str] = ()) -> None:
+                 now: Callable[[], float] = time.time, notes: Sequence[str] = (),
+                 floor: Floor | None = None) -> None:
         self.collections = list(collections)
         self.store = store
         self.embedders = embedders
@@ -127,6 +129,8 @@ class Searcher:
         self._embed_query = lru_cache(maxsize=256)(self.embed_query)
         self.frequencies = DocumentFrequencies()  # the query terms' document frequencies (``indexer.relevance``)
         self.notes = tuple(notes)  # said in every answer's ``degraded`` (a configured reranker that failed to load)
+        # the text model's relevance floor (``indexer.calibration``), unless ``settings.dense_floor`` names one
+        self.floor = floor if floor is not None else Floor(None, embedders.get("text"), None)
 
     @classmethod
     def from_settings(cls, settings: Settings, collections: Sequence[Collection], store: Store,
@@ -141,7 +145,7 @@ class Searcher:
         reranker = registry.configured_reranker(settings.reranker)
         failed = settings.reranker and reranker is None and any(
             r.name == settings.reranker and r.status == "failed" for r in registry.records)
-        parts = {"reranker": reranker,
+        parts = {"reranker": reranker, "floor": Floor(None, registry.embedders.get("text"), settings.state_dir),
                  "notes": [f"fusion order: reranker {settings.reranker} failed to load"] if failed else [],
                  **{k: v for k, v in overrides.items() if k not in SETTING_NAMES}}
         return cls(collections, store, registry.embedders, terms_, search, **parts)
@@ -293,9 +297,12 @@ class Searcher:
             return {t: idf(counts.get(t, 0), n) for t in set(terms)}
 
         first = NOTHING
+        floor = self.settings.dense_floor
         for i, hit in enumerate(hits):
+            if floor is None:  # the model's own, asked only when there is a hit to judge
+                floor = self.floor.get().floor
             verdict = judge(hit, self._evidence(hit, candidates.owner_of(hit), query, period, weights), self.terms,
-                            text, self.settings.dense_floor, self.settings.coverage_floor)
+                            text, floor, self.settings.coverage_floor)
             if i == 0:
                 first = verdict
             if verdict.relevant is not False:  # relevant, or keyword only (not judged: the first says so)

@@ -7,15 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from indexer.config import Settings
-from indexer.contract import EMBEDDERS, declared
 from indexer.plugins import Registry
 
 #: how much a note dated in the period the query names gains (``indexer.ranking.boost_period``): its fused score
 #: times 1 + this. Measured on convmem (docs/benchmarks.md, "Conversation memory")
 TIME_BOOST = 1.0
-#: the relevance floor of a text embedder that declares none: measured for the default model, all-MiniLM-L6-v2
-#: (docs/performance.md, "Nothing relevant")
-DEFAULT_RELEVANCE_FLOOR = 0.42
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +33,7 @@ class SearchSettings:
     rerank_top_n: int = 20
     rerank_budget_s: float = 2.0
     mmr_lambda: float | None = None
-    dense_floor: float = DEFAULT_RELEVANCE_FLOOR
+    dense_floor: float | None = None  # None: the text model's own (``indexer.calibration``)
     coverage_floor: float = 0.5
     corpus: str = "all"  # the corpus of a request that names none (``default_corpus``)
 
@@ -50,17 +46,8 @@ class SearchSettings:
                    prefetch_limit=settings.prefetch_limit, min_scores={"image": settings.image_min_score},
                    hit_fields=tuple(registry.hit_fields), half_life_days=settings.temporal_half_life_days,
                    rerank_top_n=settings.rerank_top_n, rerank_budget_s=settings.rerank_budget_s,
-                   mmr_lambda=settings.mmr_lambda, dense_floor=relevance_floor(settings, registry),
+                   mmr_lambda=settings.mmr_lambda, dense_floor=settings.relevance_floor,
                    coverage_floor=settings.relevance_coverage, corpus=settings.default_corpus)
 
 
 SETTING_NAMES = frozenset(f.name for f in fields(SearchSettings))
-
-def relevance_floor(settings: Settings, registry: Registry) -> float:
-    """The dense cosine from which a search says relevant: ``settings.relevance_floor`` when set, else the text
-    embedder's declared ``relevance_floor`` (``indexer.api.Embedder``), else ``DEFAULT_RELEVANCE_FLOOR``."""
-    if settings.relevance_floor is not None:
-        return settings.relevance_floor
-    text = registry.embedders.get("text")
-    floor = declared(EMBEDDERS, text, "relevance_floor") if text is not None else None
-    return float(floor) if floor is not None else DEFAULT_RELEVANCE_FLOOR

@@ -12,7 +12,8 @@ One function per entry, each taking the state dir and returning the path (``NAME
 - ``identity_file``: ``collection-identity.json``, the model identity of each collection (helpers below);
 - ``tenancy_file``: ``qdrant-tenancy.json``, the layout of each Qdrant server (``migrate.record_tenancy``);
 - ``owner_file``: ``owner-id``, this daemon's owner id in server claims (``owner_id``);
-- ``openai_dims``: ``openai-embedder.json``, the built-in OpenAI-compatible embedder's vector sizes.
+- ``openai_dims``: ``openai-embedder.json``, the built-in OpenAI-compatible embedder's vector sizes;
+- ``calibration_file``: ``relevance-calibration.json``, the relevance floor measured for each model identity.
 
 Plugins get the state dir as their ``state_dir`` config key and may keep files of their own in it
 (``PLUGIN_FILES``: those of the plugins shipped in ``plugins/``). Records are written beside (``<name>.tmp``) and
@@ -90,9 +91,16 @@ def openai_dims(state_dir: Path) -> Path:
     return state_dir / "openai-embedder.json"
 
 
+def calibration_file(state_dir: Path) -> Path:
+    """``relevance-calibration.json``: JSON ``{model identity: {"floor", "right", "unanswerable", "probe",
+    "measured"}}``, the relevance floor the packaged probe measured for a model that declares none. Written by
+    ``indexer.calibration.store`` and read by ``read_stored`` (a searcher's ``Floor``, ``status``)."""
+    return state_dir / "relevance-calibration.json"
+
+
 #: every entry a daemon (and its built-ins) may create directly under the state dir
 NAMES = tuple(f(Path()).name for f in (lock_file, edge_store, embedding_cache, attestations, identity_file,
-                                       tenancy_file, owner_file, openai_dims))
+                                       tenancy_file, owner_file, openai_dims, calibration_file))
 #: files the plugins shipped in ``plugins/`` keep under the state dir they are given: the image plugin's OCR cache
 #: and the audio plugin's verdict cache (SQLite, theirs alone)
 PLUGIN_FILES = ("ocr-cache.sqlite3", "audio-verdicts.sqlite3")

@@ -98,7 +98,9 @@ class Status(TypedDict):
         "Searches answered from keyword search because the query could not be embedded: keyword_only (count "
         "since start), last_reason."))]]
     embedding: NotRequired[Annotated[dict[str, Any] | None, Field(description=(
-        "The text embedder: model_id, precision, and with int8 the ONNX file single queries run on."))]]
+        "The text embedder: model_id, precision, with int8 the ONNX file single queries run on, and relevance_floor: "
+        "the cosine from which a hit is relevant and where it comes from (setting, model, probe; null until the "
+        "probe has run, at the first search)."))]]
     bind: NotRequired[Annotated[str, Field(description="host:port the API listens on.")]]
     collections: dict[str, CollectionStatus]
     sessions: NotRequired[Annotated[dict[str, SessionsStatus], Field(description=(

@@ -23,6 +23,7 @@ from indexer.daemon import Indexer
 from indexer.errors import PluginError
 from indexer.plugins import Registry, load_registry
 from indexer.schema import SearchRequest
+from indexer.search_settings import SearchSettings
 from indexer.worker import index_once
 
 try:
@@ -173,13 +174,14 @@ def test_the_relevance_floor_is_the_models_own(e5: Registry, tmp_path: Path) -> 
     """e5's cosines sit high for any pair: at MiniLM's floor (0.42) a question whose answer is nowhere in memory
     was flagged relevant; at e5's declared floor it is not, while an answerable one still is. A floor set in the
     config wins over the model's."""
-    from indexer.search_settings import DEFAULT_RELEVANCE_FLOOR, relevance_floor
+    from indexer.calibration import DEFAULT_RELEVANCE_FLOOR
 
     ws = chinese_workspace(tmp_path / "ws")
     indexer = open_indexer(tmp_path, ws, e5)
     try:
         index_once(indexer)
-        assert relevance_floor(indexer.settings, e5) == embedder(e5).relevance_floor > DEFAULT_RELEVANCE_FLOOR
+        floor = indexer.view.searcher().floor.get()
+        assert floor == (embedder(e5).relevance_floor, "model", None, None) and floor.floor > DEFAULT_RELEVANCE_FLOOR
         absent = SearchRequest(query="我的猫叫什么名字？", k=3, mode="dense")  # what is my cat's name?
         assert indexer.view.searcher().answer(absent).relevant is False
         assert indexer.view.searcher(dense_floor=DEFAULT_RELEVANCE_FLOOR).answer(absent).relevant is True
@@ -188,7 +190,7 @@ def test_the_relevance_floor_is_the_models_own(e5: Registry, tmp_path: Path) -> 
         indexer.store.close()
     settings = make_settings(tmp_path, [{"path": str(ws), "agent": "a"}], state_dir=tmp_path / "s2",
                              relevance_floor=0.5)
-    assert relevance_floor(settings, e5) == 0.5
+    assert SearchSettings.from_settings(settings, e5).dense_floor == 0.5  # the setting wins over the model's
 
 
 def test_switching_prefer_text_to_e5_rebuilds_beside_the_live_index(registry: Registry, e5: Registry,

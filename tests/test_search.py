@@ -433,10 +433,10 @@ def test_relevance_levels_and_what_counts_as_evidence(indexed) -> None:
     holds = Hit("a", 1.0, Payload(text="The disk filled up.", context="Outage review"))
     asked: list[str] = []
     sure = judge(holds, _evidence(0.9, terms=query, asked=asked), terms, "disk outage", 0.42, 0.5)
-    assert (sure.relevant, sure.level) == (True, "high") and sure.reason == "cosine 0.90"
+    assert (sure.relevant, sure.level) == (True, "high") and sure.reason == "cosine 0.90 >= 0.42"
     assert asked == []  # close in meaning: no term looked up (the hot path)
     far = Hit("b", 1.0, Payload(text="Banana bread needs ripe bananas."))
-    assert judge(far, _evidence(0.2), terms, "zzz", 0.42, 0.5) == (False, "none", "cosine 0.20")
+    assert judge(far, _evidence(0.2), terms, "zzz", 0.42, 0.5) == (False, "none", "cosine 0.20 < 0.42")
     words = judge(holds, _evidence(0.2, terms=query), terms, "disk outage", 0.42, 0.5)
     assert (words.relevant, words.level) == (True, "medium") and "telling words 100%" in words.reason
     only = judge(holds, _evidence(None, terms=query, dense=False), terms, "disk outage", 0.42, 0.5)

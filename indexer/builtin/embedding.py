@@ -59,6 +59,9 @@ log = structlog.get_logger("qmd_indexer.embedding")
 
 # all-MiniLM-L6-v2's published facts: 384 dimensions, 256 word pieces per input (including [CLS] and [SEP]).
 _KNOWN_DIMS = {"sentence-transformers/all-MiniLM-L6-v2": 384}
+#: all-MiniLM-L6-v2's relevance floor per precision (``indexer.calibration``), measured on the public sets' unanswerable
+#: and right questions (``benchmarks/relevance_table.py --floor``; docs/performance.md, "Nothing relevant")
+RELEVANCE_FLOORS = {"int8": 0.42, "fp32": 0.42, "bf16": 0.42}
 
 
 class SentenceTransformerEmbedder:
@@ -141,6 +144,12 @@ class SentenceTransformerEmbedder:
         return self._identity
 
     @property
+    def relevance_floor(self) -> float | None:
+        """The packaged model's ``RELEVANCE_FLOORS`` at the precision it runs; ``None`` for another (the probe)."""
+        run = self.model_id.partition("@")[2][:4] or "fp32"  # "int8-onnx-v2", "bf16", "" (fp32)
+        return RELEVANCE_FLOORS.get(run) if self.base_id in _KNOWN_DIMS else None
+
+    @property
     def fingerprint(self) -> str:
         """``model_fingerprint`` of the model's files (``""`` for a name that is not a directory). Computed once."""
         if self._fingerprint is None:
@@ -150,14 +159,12 @@ class SentenceTransformerEmbedder:
     # -- lazy model ---------------------------------------------------------------------------------------------
     @property
     def model(self) -> Any:
-        """The loaded ``SentenceTransformer`` (loads on first access; raises ``OSError`` if the model is missing).
-        With int8, its transformer runs in ONNX Runtime (exported on first use)."""
+        """The loaded ``SentenceTransformer`` (loads on first access; ``OSError``: missing); int8: ONNX Runtime."""
         return self._model.get()
 
     @property
     def load_error(self) -> BaseException | None:
-        """What the last load of the model raised (``None`` once it loaded): queries may still answer from the query
-        model, but chunks cannot be embedded."""
+        """What the last load raised (``None`` once loaded): queries may answer from the query model, chunks not."""
         return self._model.last_error
 
     @property
