@@ -26,6 +26,7 @@ from infinity import Infinity, infinity_server, minilm_path
 
 from indexer.api import Chunk
 from indexer.builtin.openai_embed import OpenAIEmbedder
+from indexer.calibration import measure
 from indexer.daemon import Indexer
 from indexer.errors import EmbedUnavailable
 from indexer.plugins import GROUPS, Registry, load_registry
@@ -103,6 +104,10 @@ def test_endpoint_index_and_search_match_in_process(infinity_minilm: Infinity, t
             got = [h["path"] for h in remote.view.searcher().search(request)]
             want = [h["path"] for h in local.view.searcher().search(request)]
             assert got[0] == want[0] and set(got) == set(want), (query, got, want)
+        # an endpoint declares no relevance floor: the probe measures it, as for the same model in process
+        floor = remote.view.searcher().floor.get()
+        assert floor.source == "probe" and abs(floor.floor - measure(registry.embedders["text"]).floor) <= 0.01
+        assert remote.view.status()["embedding"]["relevance_floor"].startswith(f"{floor.floor:.2f} (probe: right")
     finally:
         close(remote)
         close(local)
