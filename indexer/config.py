@@ -240,7 +240,7 @@ class Settings(BaseSettings):
     # its agent's index, or is a note dated in the question's period (indexer.relevance.judge, each hit on its own
     # evidence, so one hit gets one verdict whatever corpus or k the request asks).
     # Measured with benchmarks/relevance_table.py: docs/performance.md, "Nothing relevant". Unset, the floor is the
-    # text embedder's own (its relevance_floor: e5 0.83), else 0.42 (measured for MiniLM).
+    # text model's own (indexer.calibration): the one it declares (MiniLM 0.42, e5 0.83), else measured on a probe.
     relevance_floor: float | None = Field(default=None, ge=-1, le=1)
     relevance_coverage: float = Field(default=0.5, ge=0, le=1)
     # Optional re-ranking of the fused hits, off by default (indexer.search.mmr / decay). MMR lowered nDCG@10 and
