@@ -16,9 +16,9 @@ from conftest import write
 
 from indexer.api import Chunk
 from indexer.builtin.embedding import RELEVANCE_FLOORS, SentenceTransformerEmbedder
+from indexer.builtin.text_model import resolve_model
 from indexer.calibration import DEFAULT_RELEVANCE_FLOOR, Floor, measure, probe
 from indexer.errors import EmbedUnavailable
-from indexer.model_loading import resolve_model
 from indexer.plugins import Registry
 from indexer.schema import SearchRequest
 from indexer.statedir import calibration_file
