@@ -31,8 +31,8 @@ kinds behind a workspace's ``multimodal`` settings, its ``hit_fields`` name the 
 an embedder's ``modality`` names a Qdrant named vector.
 
 Helpers plugins may use are re-exported here (``chunk_text``, ``decode_text``, ``load_sentence_transformer``,
-``LazyModel``, ``l2_normalise``, the errors): import them from ``indexer.api``, not from the modules that implement
-them.
+``LazyModel``, ``KeyedCache`` and its ``cache_key``, ``l2_normalise``, the errors): import them from
+``indexer.api``, not from the modules that implement them.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 
+from indexer.cache import KeyedCache, cache_key
 from indexer.errors import BadVectors, EmbedError, EmbedUnavailable, ExtractError, FileSkipped
 
 if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
@@ -56,8 +57,8 @@ if TYPE_CHECKING:  # the helpers import this module; see __getattr__ below
 __all__ = [
     "GROUPS", "HEAD_BYTES", "BadVectors", "Chunk", "Classifier", "EmbedError", "EmbedUnavailable", "Embedder",
     "ExtractContext", "ExtractError", "Extractor", "FileInfo", "FileSkipped", "Message", "Reranker", "TextChunk",
-    "TextEmbedder", "TranscriptFormat", "TranscriptRecord",
-    "chunk_text", "check_vectors", "decode_text", "l2_normalise", "load_sentence_transformer", "LazyModel",
+    "TextEmbedder", "TranscriptFormat", "TranscriptRecord", "KeyedCache", "LazyModel",
+    "cache_key", "chunk_text", "check_vectors", "decode_text", "l2_normalise", "load_sentence_transformer",
 ]
 
 #: the entry-point groups, in this order: classifiers, extractors, embedders, rerankers, transcript formats
@@ -334,8 +335,7 @@ class TranscriptFormat(Protocol):
     - ``read(record)``: one parsed JSON object (a line of the file) as a ``TranscriptRecord``; a record of a type it
       does not know is an empty ``TranscriptRecord()``. Must not raise for unknown shapes.
 
-    Formats are asked in ascending ``priority`` (built-ins use 100); the first whose ``sniff`` is true reads the
-    file.
+    Formats are asked in ascending ``priority`` (built-ins use 100); the first to ``sniff`` true reads the file.
     """
 
     priority: int = 100

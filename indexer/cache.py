@@ -9,17 +9,23 @@ and a new one is started; a file deleted or replaced while running is noticed at
 device and inode changed) and reopened with one ``cache_reopened`` line, so writes never go to an unlinked file; a
 cache that cannot be written (disk full, read-only) logs ``cache_write_failed`` once per outage and indexing goes
 on uncached. None of these ever stops the daemon.
+
+``KeyedCache`` is the same idea for plugins (re-exported by ``indexer.api``): a record of bytes a plugin worked out
+from a file's content (the text read in a picture, a recording's skip verdict), kept under ``cache_key`` in a SQLite
+file of the plugin's own, damage handled the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import structlog
@@ -30,6 +36,22 @@ log = structlog.get_logger("qmd_indexer.cache")
 def cache_key(model_id: str, content: bytes) -> bytes:
     """sha256 of ``model_id``, a NUL, and ``content``: 32 bytes."""
     return hashlib.sha256(model_id.encode("utf-8") + b"\x00" + content).digest()
+
+
+def set_aside(path: Path, exc: Exception, detail: str) -> Path:
+    """Move the damaged SQLite file ``path`` (and its WAL and SHM files) to ``<name>.corrupt-<unix time>``, with one
+    ``cache_reset`` log line naming ``exc`` and saying ``detail``; returns the new path. Files already gone are
+    skipped; another ``OSError`` (a read-only folder) is raised."""
+    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    for suffix in ("", "-wal", "-shm"):
+        source = path.with_name(path.name + suffix)
+        try:
+            source.replace(aside.with_name(aside.name + suffix))
+        except FileNotFoundError:
+            pass
+    log.warning("cache_reset", path=str(path), set_aside=str(aside), error=f"{type(exc).__name__}: {exc}",
+                detail=detail)
+    return aside
 
 
 class EmbeddingCache:
@@ -98,15 +120,7 @@ class EmbeddingCache:
         """Set the damaged file (and its WAL/SHM) aside and start an empty cache."""
         if self.path is None:
             raise exc
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-        for suffix in ("", "-wal", "-shm"):
-            source = self.path.with_name(self.path.name + suffix)
-            try:
-                source.replace(aside.with_name(aside.name + suffix))
-            except FileNotFoundError:
-                pass
-        log.warning("cache_reset", path=str(self.path), set_aside=str(aside), error=f"{type(exc).__name__}: {exc}",
-                    detail="the embedding cache is disposable; vectors are recomputed as needed")
+        set_aside(self.path, exc, "the embedding cache is disposable; vectors are recomputed as needed")
         return self._connect()
 
     def _recover(self, exc: sqlite3.DatabaseError) -> None:
@@ -177,3 +191,126 @@ class EmbeddingCache:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+T = TypeVar("T")
+#: what a ``KeyedCache``'s ``name`` and ``retired`` tables may be: SQLite table names, written into its statements
+_TABLE = re.compile(r"[a-z][a-z0-9_]{0,62}")
+
+
+class KeyedCache:
+    """Records (``bytes``) under keys (``bytes``, usually ``cache_key(rules, digest of the content)``: 32 bytes) in
+    the SQLite file ``path``, its folder made (``None``: in memory, for this process only). Opened on first use, so a
+    plugin's factory touches no disk. Thread-safe. For a plugin to remember what it worked out from a file's content,
+    so the same bytes are never worked on twice: not at a rescan, nor after a restart, nor under another name.
+
+    - ``name``: the table the records are kept in, and the cache's name in log lines (``[a-z][a-z0-9_]*``).
+    - ``retired``: tables an earlier layout of the same file kept; dropped when it opens, then the file is vacuumed
+      and its write-ahead log emptied, so no page of what they held stays on disk. Replaced records are zeroed too
+      (``secure_delete``).
+
+    Disposable, never raising (but ``ValueError`` for a bad ``name`` or ``retired``): a file that is not a SQLite
+    database, or is damaged, is set aside (``set_aside``: one ``cache_reset`` line) and an empty one started; any
+    other error (an unwritable folder, a full disk) is logged once (``keyed_cache_failed``) and that ``get`` is a
+    miss, that ``put`` remembers nothing. No size bound: a record should be small (a verdict, a page of text)."""
+
+    def __init__(self, path: Path | None, name: str, retired: Sequence[str] = ()) -> None:
+        bad = [t for t in (name, *retired) if not _TABLE.fullmatch(t)]
+        if bad or name in retired:
+            raise ValueError(f"KeyedCache table names must match {_TABLE.pattern} and differ: {name!r}, {retired!r}")
+        self.path = path
+        self.name = name
+        self.retired = tuple(retired)
+        self._db: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._reported = False
+
+    def get(self, key: bytes) -> bytes | None:
+        """The record kept under ``key``, or ``None`` (also when the file cannot be read)."""
+        row = self._run(lambda db: db.execute(f"SELECT record FROM {self.name} WHERE key = ?", (key,)).fetchone())
+        return bytes(row[0]) if row else None
+
+    def put(self, key: bytes, record: bytes) -> None:
+        """Keep ``record`` under ``key``, replacing what was there; nothing is kept when the file cannot be written."""
+
+        def write(db: sqlite3.Connection) -> None:
+            with db:
+                db.execute(f"INSERT OR REPLACE INTO {self.name} (key, record) VALUES (?, ?)", (key, bytes(record)))
+
+        self._run(write)
+
+    def close(self) -> None:
+        """Close the file; the next ``get`` or ``put`` opens it again."""
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def _run(self, work: Callable[[sqlite3.Connection], T]) -> T | None:
+        """``work`` on the open connection, under the lock. A damaged file is set aside and ``work`` tried once more
+        on a new one; any other error is logged once and answers ``None``."""
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    return work(self._open())
+                except sqlite3.Error as exc:
+                    if attempt == 1 and self._damaged(exc):
+                        continue
+                    self._failed(exc)
+                    return None
+            return None
+
+    def _open(self) -> sqlite3.Connection:
+        if self._db is None:
+            if self.path is not None:
+                try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise sqlite3.OperationalError(f"cannot create {self.path.parent}: {exc}") from exc
+            db = sqlite3.connect(str(self.path) if self.path else ":memory:", check_same_thread=False)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA secure_delete=ON")  # what a replaced or dropped row held is zeroed in its page
+                self._retire(db)
+                db.execute(f"CREATE TABLE IF NOT EXISTS {self.name} (key BLOB PRIMARY KEY, record BLOB NOT NULL)")
+                db.execute(f"SELECT key FROM {self.name} LIMIT 1").fetchall()
+            except sqlite3.Error:
+                db.close()
+                raise
+            self._db = db
+        return self._db
+
+    def _retire(self, db: sqlite3.Connection) -> None:
+        found = [t for t in self.retired
+                 if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (t,)).fetchone()]
+        if found:
+            with db:
+                for table in found:
+                    db.execute(f"DROP TABLE {table}")
+            db.execute("VACUUM")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def _damaged(self, exc: sqlite3.Error) -> bool:
+        """Whether ``exc`` says the file itself is damaged (SQLite's ``SQLITE_NOTADB``, ``SQLITE_CORRUPT``) and it was
+        set aside, so a new one opens next. Full disks, read-only files and locks are not damage."""
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # the primary code of an extended one
+        if self.path is None or code not in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+            return False
+        if self._db is not None:
+            try:
+                self._db.close()
+            except sqlite3.Error:
+                pass
+            self._db = None
+        try:
+            set_aside(self.path, exc, f"the {self.name} cache is disposable; its records are worked out again")
+        except OSError:
+            return False
+        return True
+
+    def _failed(self, exc: sqlite3.Error) -> None:
+        if not self._reported:
+            self._reported = True
+            log.warning("keyed_cache_failed", cache=self.name, path=str(self.path),
+                        error=f"{type(exc).__name__}: {exc}",
+                        detail="treated as a miss: what it would have remembered is worked out again")
