@@ -253,6 +253,23 @@ def real_extractor(tmp_path: Path, **config: object) -> AudioExtractor:
                            **config})
 
 
+def test_verdicts_are_kept_by_content_across_a_reopen(tmp_path: Path) -> None:
+    """``VerdictCache`` over ``indexer.api.KeyedCache``: a verdict comes back for the same bytes and rules after a
+    reopen; other rules, or other bytes, miss."""
+    from qmd_indexer_audio.verdicts import VerdictCache, verdict_key
+
+    path = tmp_path / "state" / "audio-verdicts.sqlite3"
+    key = verdict_key("rules", b"recording bytes")
+    cache = VerdictCache(path)
+    assert cache.get(key) is None
+    cache.put(key, "no_speech", "voice-activity detection found no speech in 30.0 s of audio")
+    cache.close()
+    reopened = VerdictCache(path)
+    assert reopened.get(key) == ("no_speech", "voice-activity detection found no speech in 30.0 s of audio")
+    assert reopened.get(verdict_key("other rules", b"recording bytes")) is None
+    assert reopened.get(verdict_key("rules", b"other bytes")) is None
+
+
 def test_noise_is_no_speech_and_the_verdict_is_remembered_with_faster_whisper(tmp_path: Path) -> None:
     noise = pink_noise(tmp_path / "memory" / "hum.wav")
     real = real_extractor(tmp_path / "state")  # defaults: vad on; language unset, as a user would leave it

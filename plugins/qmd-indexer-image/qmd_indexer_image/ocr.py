@@ -11,10 +11,10 @@ measured the threshold on 50 rendered screenshots and 6 photos: word precision 0
 70, 0.978 at 80; recall 0.960 at 0, 0.957 from 30 to 70, 0.955 at 80, 0.943 at 90. 60 keeps all of the recall
 30-70 keep and most of the precision, with a margin below real screenshots' lower scores.
 
-Results are remembered by content in a SQLite file (``OcrCache``), keyed like an embedding: by a hash (sha512) of the
-picture's bytes and of everything that could change the text (languages, threshold, pixel cap, Tesseract's version).
-The text is stored sealed with a key that only the picture's bytes give: a key read in a screenshot, which answers
-show redacted (``indexer.redact``), is not kept readable under the state dir.
+Results are remembered by content (``OcrCache``, over ``indexer.api.KeyedCache``), keyed like an embedding: by a
+hash (sha512) of the picture's bytes and of everything that could change the text (languages, threshold, pixel cap,
+Tesseract's version). The text is stored sealed with a key that only the picture's bytes give: a key read in a
+screenshot, which answers show redacted (``indexer.redact``), is not kept readable under the state dir.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import sqlite3
-import threading
 import time
 import unicodedata
 from collections.abc import Sequence
@@ -32,13 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from indexer.cache import cache_key
-
-log = structlog.get_logger("qmd_indexer.image")
+from indexer.api import KeyedCache, cache_key
 
 DEFAULT_LANGUAGES = ("eng",)
 #: words below this Tesseract confidence (0-100) are dropped (measured: see the module docstring)
@@ -208,24 +203,21 @@ def recognise(picture: Any, languages: Sequence[str], min_confidence: float, tim
 
 
 class OcrCache:
-    """Lines remembered for a picture's bytes under ``rules`` (what could change its text) in a SQLite file
-    (``None``: in memory, for this process), opened on first use so that loading the plugin touches no disk.
-    Thread-safe. A database error is logged once (``ocr_cache_failed``) and then treated as a miss: the picture is
-    read again.
+    """Lines remembered for a picture's bytes under ``rules`` (what could change its text) in a ``KeyedCache``
+    (``indexer.api``) at ``path`` (``None``: in memory, for this process), opened on first use so that loading the
+    plugin touches no disk. Thread-safe. A file that cannot be read or written never raises (a corrupt one is set
+    aside and started again): the picture is read again.
 
-    A picture is known by its ``digest`` (the sha512 of its bytes, never stored). A row holds ``key`` (made of the
-    digest's first half), a random 12-byte ``nonce`` and the lines as JSON sealed with AES-256-GCM (the
+    A picture is known by its ``digest`` (the sha512 of its bytes, never stored). A record is kept under ``key``
+    (made of the digest's first half): a random 12-byte nonce and the lines as JSON sealed with AES-256-GCM (the
     ``cryptography`` package) under ``seal_key`` (made of its second half): the text, secrets a screenshot may show
     included, cannot be read back without the picture itself, while whoever has the picture has its text anyway.
-    The table of version 1 (``ocr``: the text in clear) is dropped when the file is opened, and the file vacuumed
-    and its write-ahead log emptied so that no page of it stays. (A row of the first sealed form does not
-    authenticate, reads as a miss and is replaced.)"""
+    The tables of earlier layouts (``ocr``: version 1, the text in clear; ``ocr_sealed``) are dropped when the file
+    opens, and the file vacuumed and its write-ahead log emptied so that no page of them stays."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-        self._reported = False
+        self._records = KeyedCache(path, "ocr_lines", retired=("ocr", "ocr_sealed"))
 
     @staticmethod
     def digest(data: bytes) -> bytes:
@@ -245,45 +237,15 @@ class OcrCache:
         (which ``key`` does not hold); never stored."""
         return hashlib.sha256(b"qmd-indexer-image ocr seal\0" + rules.encode("utf-8") + b"\0" + digest[32:]).digest()
 
-    def _open(self) -> sqlite3.Connection:
-        if self._db is None:
-            if self.path is not None:
-                try:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    raise sqlite3.OperationalError(f"cannot create {self.path.parent}: {exc}") from exc
-            db = sqlite3.connect(str(self.path) if self.path else ":memory:", check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA secure_delete=ON")  # what a row replaced or deleted held is zeroed, not left in pages
-            if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ocr'").fetchone():
-                with db:
-                    db.execute("DROP TABLE ocr")  # version 1: the text in clear
-                db.execute("VACUUM")
-                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            db.execute("CREATE TABLE IF NOT EXISTS ocr_sealed (key BLOB PRIMARY KEY, nonce BLOB NOT NULL, "
-                       "sealed BLOB NOT NULL)")
-            self._db = db
-        return self._db
-
-    def _failed(self, exc: sqlite3.Error) -> None:
-        if not self._reported:
-            self._reported = True
-            log.warning("ocr_cache_failed", path=str(self.path), error=str(exc))
-
     def get(self, rules: str, digest: bytes) -> list[OcrLine] | None:
         """The lines remembered for the picture of ``digest`` (``OcrCache.digest``) under ``rules`` (``[]``: a
-        picture without text), or ``None`` (also for a row that does not unseal: it is read again and replaced)."""
-        try:
-            with self._lock:
-                row = self._open().execute("SELECT nonce, sealed FROM ocr_sealed WHERE key = ?",
-                                           (self.key(rules, digest),)).fetchone()
-        except sqlite3.Error as exc:
-            self._failed(exc)
-            return None
-        if row is None:
+        picture without text), or ``None`` (also for a record that does not unseal: it is read again and replaced)."""
+        record = self._records.get(self.key(rules, digest))
+        if record is None:
             return None
         try:
-            lines = json.loads(_aead(self.seal_key(rules, digest)).decrypt(row[0], row[1], None).decode("utf-8"))
+            plain = _aead(self.seal_key(rules, digest)).decrypt(record[:_NONCE], record[_NONCE:], None)
+            lines = json.loads(plain.decode("utf-8"))
             return [OcrLine(text, (b[0], b[1], b[2], b[3]), conf) for text, b, conf in lines]
         except (ValueError, TypeError, IndexError, InvalidTag):
             return None
@@ -291,14 +253,13 @@ class OcrCache:
     def put(self, rules: str, digest: bytes, lines: Sequence[OcrLine]) -> None:
         """Remember ``lines`` for the picture of ``digest`` (``OcrCache.digest``) under ``rules``, sealed."""
         blob = json.dumps([[line.text, list(line.box), line.confidence] for line in lines], ensure_ascii=False)
-        nonce = os.urandom(12)  # GCM's 96-bit nonce; a key seals one picture's text, so reuse is out of reach anyway
+        nonce = os.urandom(_NONCE)  # a key seals one picture's text, so a nonce's reuse is out of reach anyway
         sealed = _aead(self.seal_key(rules, digest)).encrypt(nonce, blob.encode("utf-8"), None)
-        try:
-            with self._lock, self._open() as db:
-                db.execute("INSERT OR REPLACE INTO ocr_sealed (key, nonce, sealed) VALUES (?, ?, ?)",
-                           (self.key(rules, digest), nonce, sealed))
-        except sqlite3.Error as exc:
-            self._failed(exc)
+        self._records.put(self.key(rules, digest), nonce + sealed)
+
+
+#: GCM's nonce: 96 bits, stored before the sealed text
+_NONCE = 12
 
 
 def _aead(key: bytes) -> AESGCM:

@@ -194,6 +194,31 @@ def test_the_ocr_cache_holds_no_secret_read_in_a_picture(tmp_path: Path, monkeyp
     assert again.text == text.text and held(state, SECRETS) == []
 
 
+def test_the_ocr_cache_keeps_lines_sealed_by_content_and_rules(tmp_path: Path) -> None:
+    """``OcrCache`` over ``indexer.api.KeyedCache``, without Tesseract: lines come back for the same bytes and rules
+    after a reopen, other rules or other bytes miss, and a table of the first sealed layout is dropped."""
+    import sqlite3
+
+    path = tmp_path / "state" / "ocr-cache.sqlite3"
+    path.parent.mkdir()
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE ocr_sealed (key BLOB PRIMARY KEY, nonce BLOB NOT NULL, sealed BLOB NOT NULL)")
+    old.close()
+    lines = [ocr.OcrLine("aws key id AKIAZ4QXW7PLMNB3KJ5T", (1, 2, 300, 20), 91.5),
+             ocr.OcrLine("合计", (1, 30, 40, 50), 88.0)]
+    digest = ocr.OcrCache.digest(b"picture bytes")
+    cache = ocr.OcrCache(path)
+    cache.put("rules", digest, lines)
+    cache.put("rules", ocr.OcrCache.digest(b"blank picture"), [])
+    reopened = ocr.OcrCache(path)
+    assert reopened.get("rules", digest) == lines and reopened.get("rules", ocr.OcrCache.digest(b"blank picture")) == []
+    assert reopened.get("other rules", digest) is None and reopened.get("rules", ocr.OcrCache.digest(b"x")) is None
+    assert held(path.parent, ["AKIAZ4QXW7PLMNB3KJ5T"]) == []
+    db = sqlite3.connect(path)
+    assert [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["ocr_lines"]
+    db.close()
+
+
 def test_a_cache_of_the_previous_version_loses_its_text_in_clear(tmp_path: Path) -> None:
     """A cache written before its text was sealed (table ``ocr``: each picture's lines as JSON in clear) is emptied
     when the plugin opens it, and its pages are rewritten, so the secrets it held leave the file."""
