@@ -160,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--corpus", action="append", choices=("sessions", "all", "memory"), default=[],
                         help="ask this corpus (repeatable; default: the configured one)")
     parser.add_argument("--runs", type=Path, default=None, help="write each run here as score.py-readable JSONL")
+    parser.add_argument("--model", choices=("default", "minilm", "e5"), default="default",
+                        help="text embedder: the configured one, minilm or e5; give the run its own --variant")
     parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -176,10 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import structlog
 
-    from benchmarks.eval import open_indexed, set_constants
+    from benchmarks.eval import model_registry, open_indexed, set_constants
     from indexer import chunking, conversation, sections
     from indexer.config import Settings
-    from indexer.plugins import load_registry, plugin_configs
     from indexer.sources import transcripts
 
     problem = set_constants(args.set, transcripts, chunking, sections, conversation)
@@ -188,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     defaults = Settings(state_dir=args.state)
-    registry = load_registry(defaults.plugins, plugin_configs(defaults), defaults.prefer)
+    registry = model_registry(defaults, args.model)
     log(f"sessmem: {len(conv.queries)} questions over agents {', '.join(conv.agents)}")
     agents = {agent: conv.root / "agents" / agent / "workspace" for agent in conv.agents}
     if args.notes != "none":
