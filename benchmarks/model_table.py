@@ -8,9 +8,10 @@ process, run one after the other so their resident sets and CPU do not mix:
 (``devvault``: documentation-like notes; ``convmem``: daily conversation logs as notes; ``sessmem``: session
 transcripts through the transcript source; ``zhmem``: notes in Chinese, questions in Chinese and English). The row
 reads the child's summary (hybrid, the product's search: nDCG@10, hit@5, recall@5 where the set's scorer has it,
-recall@10 for devvault; zhmem's hit@5 per question language too), its first index in seconds (chunks embedded, none from the cache: each model has its own
-``--state``, cleared first unless ``--keep``) and its peak resident set (``ru_maxrss`` of the child, MiB). The load
-average is printed beside each row: on a shared machine the seconds are only comparable within one run.
+recall@10 for devvault; zhmem's hit@5 per question language too), its first index in seconds (chunks embedded, none
+from the cache: each model has its own ``--state``, cleared first unless ``--keep``) and its peak resident set
+(``ru_maxrss`` of the child, MiB). The load average is printed beside each row: on a shared machine the seconds are
+only comparable within one run.
 
 A set missing under ``../shared/data`` is said on stderr and skipped (the sets are not part of the repository).
 """
@@ -74,7 +75,8 @@ def one_row(name: str, model: str, data: Path, state: Path, keep: bool) -> dict[
     index = summary.get("index", {})
     hybrid = next(v for k, v in summary["results"].items() if k.endswith("hybrid"))
     by_lang = " / ".join(f"{lang} {v['hit@5']:.3f}" for lang, v in hybrid.get("by_lang", {}).items())
-    return {"set": name, "kind": KIND[name], "model": model, **overall(summary["results"]), "hit@5 by language": by_lang,
+    return {"set": name, "kind": KIND[name], "model": model, **overall(summary["results"]),
+            "hit@5 by language": by_lang,
             "index_s": index.get("seconds"), "chunks": index.get("chunks"), "wall_s": round(time.monotonic() - began),
             "rss_mib": round(usage.ru_maxrss / 1024, 1), "load": f"{load:.1f}-{os.getloadavg()[0]:.1f}"}
 
