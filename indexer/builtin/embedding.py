@@ -14,18 +14,19 @@ them from the top-level settings ``model``, ``device``, ``batch_size``, ``precis
   word pieces took about 240 MiB at their peak, 8 about 60 MiB; 16 cost ~15% more CPU a chunk than 32 on a loaded
   2-core machine, 8 ~45%: docs/performance.md).
 - ``precision``: ``"auto"`` (default), ``"fp32"``, ``"bf16"`` or ``"int8"``; see
-  ``indexer.model_loading.choose_precision``. ``auto`` on a CPU takes bf16 where the CPU has native bf16
+  ``indexer.builtin.text_model.choose_precision``. ``auto`` on a CPU takes bf16 where the CPU has native bf16
   instructions, else int8 where ONNX Runtime is installed (the ``int8`` extra) and the exported model passes its
   quality check, else fp32. How they compare: docs/performance.md (``python -m benchmarks.embed_precision``).
 - ``cache_dir``: where exported models are kept, default ``$XDG_CACHE_HOME/qmd-indexer/models`` (the daemon passes
   its ``model_cache_dir`` setting, the same by default: every state dir of a user shares one export per model).
 
 The precision is part of ``model_id``, so vectors of different precisions never share a cache entry. Queries run on
-a query model of their own in ONNX Runtime (``indexer.onnx_models``: int8 with int8, else fp32), exported into
-``cache_dir`` at the first load and opened at the next start without torch, so a restart answers queries in full
-while the model itself still loads. Loading is ``indexer.model_loading``; the int8 export and the ONNX Runtime
-sessions are ``indexer.onnx_models``; the load's progress and the opening of the saved ONNX files without torch are
-``indexer.builtin.embedding_bringup``; the forward passes (batches) are ``indexer.builtin.embedding_batches``.
+a query model of their own in ONNX Runtime (``indexer.builtin.onnx_models``: int8 with int8, else fp32), exported
+into ``cache_dir`` at the first load and opened at the next start without torch, so a restart answers queries in
+full while the model itself still loads. Loading is ``indexer.builtin.text_model`` and ``indexer.model_loading``;
+the int8 export and the ONNX Runtime sessions are ``indexer.builtin.onnx_models``; the load's progress and the
+opening of the saved ONNX files without torch are ``indexer.builtin.embedding_bringup``; the forward passes
+(batches) are ``indexer.builtin.embedding_batches``.
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ class SentenceTransformerEmbedder:
 
     def open_query_model(self) -> bool:
         """Open the query model an earlier load exported for these model files and precision (``cache_dir``,
-        ``indexer.onnx_models.query_model_path``) with ONNX Runtime and ``tokenizers`` alone, so ``embed_query``
+        ``indexer.builtin.onnx_models.query_model_path``) with ONNX Runtime and ``tokenizers`` alone, so ``embed_query``
         answers before the model is loaded; returns whether queries now have one. ``False`` on another device, or
         when it is not there yet (the first load exports it). A file ONNX Runtime cannot read is logged once and
         its quality record removed, so that load exports it again."""
@@ -366,7 +367,7 @@ class SentenceTransformerEmbedder:
     def embed_query(self, text: str) -> np.ndarray:
         """``(dim,)`` float32, L2-normalised.
 
-        On the query model where there is one (``OnnxQueryEncoder``, ``indexer.onnx_models.export_query``), also
+        On the query model where there is one (``OnnxQueryEncoder``, ``indexer.builtin.onnx_models.export_query``), also
         while the model itself still loads: with int8 its int8 model (within cosine 0.99 of the fp32 vector, not
         equal to ``encode([text])[0]``), or the chunks' model where it is unavailable; with fp32 the fp32 vector
         within float rounding; with bf16 the fp32 vector too, not the bf16 one (cosine 0.9999 to it, the minimum

@@ -39,9 +39,9 @@ class LoadProgress:
 
 
 def open_query_encoder(path: Path) -> OnnxQueryEncoder | None:
-    """The query model at ``path`` (``indexer.onnx_models.query_model_path``) opened for single queries, or ``None``
-    when it is not there yet. A file ONNX Runtime cannot read is logged (``query_model_unreadable``) and its quality
-    record removed, so the next load exports it again; never raises."""
+    """The query model at ``path`` (``indexer.builtin.onnx_models.query_model_path``) opened for single queries, or
+    ``None`` when it is not there yet. A file ONNX Runtime cannot read is logged (``query_model_unreadable``) and its
+    quality record removed, so the next load exports it again; never raises."""
     started = time.monotonic()
     try:
         encoder = OnnxQueryEncoder.open(path, query_threads())
