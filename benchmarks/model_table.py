@@ -42,7 +42,7 @@ def overall(results: dict[str, Any]) -> dict[str, float]:
     """The hybrid run's overall metrics from a child's ``--json`` summary (each set's scorer names its overall row
     differently: ``overall``, ``all``, or the metrics at the top)."""
     run = next((v for k, v in results.items() if k.endswith("hybrid")), None) or next(iter(results.values()))
-    for key in ("overall", "all", "zh+en", "total"):
+    for key in ("overall", "ALL", "all", "total"):
         if isinstance(run.get(key), dict):
             run = run[key]
             break
