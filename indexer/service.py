@@ -114,7 +114,8 @@ def warm_models(indexer: Indexer) -> None:
     """Load the daemon's models while it already serves (its own thread, started once the API listens): each embedder's
     model (``preload`` where it has one: its queries answer ``EmbedUnavailable`` meanwhile, so searches answer
     from keyword search, flagged ``degraded``), the fusion code and the reranker's model, then a warm-up query
-    each, so no search pays for a first call (dateparser's data too: ``indexer.dates.warm_dates``). Logs
+    each, so no search pays for a first call (dateparser's data too: ``indexer.dates.warm_dates``; the relevance
+    floor's probe, ``indexer.calibration``, for a text model that declares none). Logs
     ``model_loaded`` per embedder (seconds of its load and of its precision's step, where it says them) and
     ``startup_phase`` ``model_loaded`` at the end."""
     embedders = indexer.registry.embedders
@@ -145,6 +146,7 @@ def warm_models(indexer: Indexer) -> None:
         except Exception as exc:
             indexer.metrics.error("embedder_failed")
             log.error("embedder_failed", model_id=embedder.model_id, error=f"{type(exc).__name__}: {exc}")
+    indexer.view.searcher().floor.get()  # a model that declares no relevance floor: its probe, not in a search
     reranker = indexer.registry.configured_reranker(indexer.settings.reranker)
     if reranker is not None:  # not inside the first search's time budget
         try:

@@ -12,15 +12,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import write
+from conftest import make_settings, write
 
 from indexer.api import Chunk
 from indexer.builtin.embedding import RELEVANCE_FLOORS, SentenceTransformerEmbedder
 from indexer.builtin.text_model import resolve_model
 from indexer.calibration import DEFAULT_RELEVANCE_FLOOR, Floor, measure, probe
+from indexer.daemon import Indexer
 from indexer.errors import EmbedUnavailable
-from indexer.plugins import Registry
+from indexer.plugins import Registry, load_registry
 from indexer.schema import SearchRequest
+from indexer.service import warm_models
 from indexer.statedir import calibration_file
 from indexer.worker import index_once
 
@@ -50,14 +52,19 @@ class Counted:
         return self.inner.token_offsets(text)
 
 
-@pytest.fixture(name="own_model", scope="module")
-def own_model_fixture(tmp_path_factory: pytest.TempPathFactory) -> SentenceTransformerEmbedder:
-    """all-MiniLM-L6-v2 copied to a folder of its own and loaded from there at fp32: to the daemon a model it has
-    no measured floor for."""
+@pytest.fixture(name="own_registry", scope="module")
+def own_registry_fixture(tmp_path_factory: pytest.TempPathFactory) -> Registry:
+    """The installed plugins with all-MiniLM-L6-v2 copied to a folder of its own and loaded from there at fp32: to
+    the daemon a model it has no measured floor for."""
     folder = tmp_path_factory.mktemp("own") / "my-model"
     shutil.copytree(resolve_model("all-MiniLM-L6-v2")[1], folder)
-    return SentenceTransformerEmbedder({"model": str(folder), "precision": "fp32",
-                                        "cache_dir": str(tmp_path_factory.mktemp("cache"))})
+    return load_registry(config={"sentence-transformers": {
+        "model": str(folder), "precision": "fp32", "cache_dir": str(tmp_path_factory.mktemp("cache"))}})
+
+
+@pytest.fixture(name="own_model", scope="module")
+def own_model_fixture(own_registry: Registry) -> SentenceTransformerEmbedder:
+    return own_registry.embedders["text"]  # type: ignore[return-value]
 
 
 def test_the_probe_is_well_formed() -> None:
@@ -136,3 +143,23 @@ def test_the_answer_and_status_name_the_floor_that_decided(make_indexer: Any, wo
     assert searcher.floor.known() is None
     searcher.answer(SearchRequest(query="what is the cat called?", k=3))
     assert searcher.floor.known() is not None and searcher.floor.known().source == "probe"
+
+
+def test_the_daemon_measures_the_probe_while_it_warms_its_models(own_registry: Registry, workspace: Path,
+                                                                 tmp_path: Path) -> None:
+    """Not inside the first search: ``warm_models`` (the daemon's start, once the API listens) runs the probe of a
+    text model that declares no floor, so the searchers read it back."""
+
+
+    indexer = Indexer.open(make_settings(tmp_path, [{"agent": "main", "path": str(workspace)}]),
+                           registry=own_registry)
+    try:
+        assert indexer.view.searcher().floor.known() is None
+        warm_models(indexer)
+        identity = own_registry.embedders["text"].identity  # type: ignore[attr-defined]
+        assert identity in json.loads(calibration_file(indexer.settings.state_dir).read_text())
+        known = indexer.view.searcher().floor.known()
+        assert known is not None and known.source == "probe"
+        assert indexer.view.status()["embedding"]["relevance_floor"] == known.describe()
+    finally:
+        indexer.close()
