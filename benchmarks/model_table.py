@@ -38,10 +38,16 @@ KIND = {"devvault": "notes (docs-like)", "convmem": "notes (conversation logs)",
 METRICS = ("ndcg@10", "hit@5", "recall@5", "recall@10")
 
 
+def hybrid_label(results: dict[str, Any]) -> str:
+    """The label of the product's default search among a summary's runs (``product hybrid``, or devvault's
+    ``product hybrid dbsf``)."""
+    return next(k for k in results if k in ("product hybrid", "product hybrid dbsf"))
+
+
 def overall(results: dict[str, Any]) -> dict[str, float]:
     """The hybrid run's overall metrics from a child's ``--json`` summary (each set's scorer names its overall row
     differently: ``overall``, ``all``, or the metrics at the top)."""
-    run = next((v for k, v in results.items() if k.endswith("hybrid")), None) or next(iter(results.values()))
+    run = results[hybrid_label(results)]
     for key in ("overall", "ALL", "all", "total"):
         if isinstance(run.get(key), dict):
             run = run[key]
@@ -57,9 +63,8 @@ def one_row(name: str, model: str, data: Path, state: Path, keep: bool) -> dict[
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / "summary.json"
     command = [sys.executable, "-m", f"benchmarks.{name}_eval", "--data", str(data / name), "--model", model,
-               "--modes", "hybrid", "--state", str(folder), "--json", str(out)]
-    if name == "devvault":
-        command.append("--no-baselines")
+               "--state", str(folder), "--json", str(out)]
+    command += ["--no-baselines"] if name == "devvault" else ["--modes", "hybrid"]  # devvault runs every mode
     load = os.getloadavg()[0]
     began = time.monotonic()
     log = folder / "stderr.log"
@@ -73,7 +78,7 @@ def one_row(name: str, model: str, data: Path, state: Path, keep: bool) -> dict[
         return None
     summary = json.loads(out.read_text())
     index = summary.get("index", {})
-    hybrid = next(v for k, v in summary["results"].items() if k.endswith("hybrid"))
+    hybrid = summary["results"][hybrid_label(summary["results"])]
     by_lang = " / ".join(f"{lang} {v['hit@5']:.3f}" for lang, v in hybrid.get("by_lang", {}).items())
     return {"set": name, "kind": KIND[name], "model": model, **overall(summary["results"]),
             "hit@5 by language": by_lang,
