@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import statistics
 import threading
 from importlib import resources
@@ -34,7 +35,7 @@ import structlog
 from indexer.api import Chunk
 from indexer.contract import EMBEDDERS, declared
 from indexer.errors import EmbedUnavailable
-from indexer.statedir import calibration_file, read_record, write_record
+from indexer.statedir import calibration_file, write_record
 
 log = structlog.get_logger("qmd_indexer.search")
 
@@ -80,22 +81,49 @@ def measure(embedder: Any) -> Calibration:
 
 
 def read_stored(state_dir: Path, identity: str) -> Calibration | None:
-    """The probe calibration stored for ``identity`` under ``state_dir`` (``None``: none for this identity and
-    ``PROBE_VERSION``, or a damaged entry)."""
-    known = read_record(calibration_file(state_dir)).get(identity)
-    if isinstance(known, dict) and known.get("probe") == PROBE_VERSION:
-        try:
-            return Calibration(float(known["floor"]), "probe", float(known["right"]), float(known["unanswerable"]))
-        except (KeyError, TypeError, ValueError):
-            return None
-    return None
+    """The probe calibration stored for ``identity`` under ``state_dir``; ``None`` when there is none for this
+    identity and ``PROBE_VERSION``, or the file or the entry is damaged (not JSON, not an object, a floor that is not
+    a finite cosine between the two medians: logged once, then measured again and written over)."""
+    path = calibration_file(state_dir)
+    entry = _record(path).get(identity)
+    if entry is None:
+        return None
+    calibration = _valid(entry)
+    if calibration is None and path not in _DAMAGED:
+        _DAMAGED.add(path)
+        log.warning("calibration_ignored", path=str(path), identity=identity, entry=str(entry)[:200])
+    return calibration
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; ``{}`` when it is missing, unreadable (a folder, no permission) or not an
+    object."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _valid(entry: Any) -> Calibration | None:
+    """A stored entry as a ``probe`` calibration, ``None`` unless it is this probe version's and its three figures
+    are finite cosines with the floor between the medians."""
+    if not isinstance(entry, dict) or type(entry.get("probe")) is not int or entry["probe"] != PROBE_VERSION:
+        return None
+    try:
+        floor, right, unanswerable = (float(entry[key]) for key in ("floor", "right", "unanswerable"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(math.isfinite(v) and -1 <= v <= 1 for v in (floor, right, unanswerable)):
+        return None
+    return Calibration(floor, "probe", right, unanswerable) if unanswerable <= floor <= right else None
 
 
 def store(state_dir: Path, identity: str, calibration: Calibration) -> None:
-    """Store ``calibration`` for ``identity`` under ``state_dir`` (the other identities' stay); an unwritable state
-    dir is logged, and the calibration is measured again by the next daemon."""
+    """Store ``calibration`` for ``identity`` under ``state_dir`` (the other identities' stay; a damaged file is
+    written over); an unwritable state dir is logged, and this process keeps the calibration in memory."""
     path = calibration_file(state_dir)
-    record: dict[str, Any] = read_record(path)
+    record = _record(path)
     record[identity] = {"floor": calibration.floor, "right": calibration.right,
                         "unanswerable": calibration.unanswerable, "probe": PROBE_VERSION,
                         "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
@@ -103,17 +131,27 @@ def store(state_dir: Path, identity: str, calibration: Calibration) -> None:
         write_record(path, record)
     except OSError as exc:
         log.warning("calibration_not_stored", path=str(path), error=str(exc))
+        path.with_suffix(".tmp").unlink(missing_ok=True)
+
+
+#: probe calibrations measured by this process, by (state dir, model identity): every searcher and ``status`` see
+#: one, whether or not the state dir could store it
+_MEASURED: dict[tuple[Path, str], Calibration] = {}
+_MEASURING = threading.Lock()  # one probe at a time: a second asker waits and reads the first one's
+_DAMAGED: set[Path] = set()  # calibration files whose damage was logged
+DEFAULT = Calibration(DEFAULT_RELEVANCE_FLOOR, "default")
 
 
 class Floor:
     """The dense floor one searcher judges with (``get``), resolved once per model (see the module): a setting or a
-    declared floor at once, the probe's at the first search that judges (then read from the state dir). Thread-safe;
-    while the probe cannot run, ``get`` answers ``default`` and tries again next time."""
+    declared floor at once; the probe's once measured (by the daemon's warm-up, once the model is loaded, or by the
+    first dense search that needs it), then read back from this process or the state dir. Thread-safe; while the
+    probe cannot run (the model still loading, an endpoint down), ``get`` answers ``default`` and tries again at the
+    next search."""
 
     def __init__(self, setting: float | None, embedder: Any | None, state_dir: Path | None) -> None:
         self._embedder = embedder
         self._state_dir = state_dir
-        self._lock = threading.Lock()
         self._known: Calibration | None = None
         declared_floor = declared(EMBEDDERS, embedder, "relevance_floor") if embedder is not None else None
         if setting is not None:
@@ -121,36 +159,43 @@ class Floor:
         elif declared_floor is not None:
             self._known = Calibration(float(declared_floor), "model")
         elif embedder is None or state_dir is None:
-            self._known = Calibration(DEFAULT_RELEVANCE_FLOOR, "default")
+            self._known = DEFAULT
 
     def known(self) -> Calibration | None:
-        """The floor when known without embedding anything (a setting, a declared floor, a stored probe
-        calibration); ``None``: the probe is still to run."""
-        if self._known is None and self._embedder is not None and self._state_dir is not None:
-            self._known = read_stored(self._state_dir, self._identity())
+        """The floor when known without embedding anything (a setting, a declared floor, a probe calibration this
+        process measured or the state dir stored); ``None``: the probe is still to run."""
+        if self._known is None and self._state_dir is not None:
+            identity = self._identity()
+            self._known = _MEASURED.get((self._state_dir, identity)) or read_stored(self._state_dir, identity)
         return self._known
 
     def get(self) -> Calibration:
-        """The floor, measuring the probe the first time it is needed (see the class)."""
+        """The floor, measuring the probe when it is still to run and the model is not loading (see the class)."""
         known = self.known()
         if known is not None:
             return known
-        with self._lock:
-            if self._known is None:
-                assert self._embedder is not None and self._state_dir is not None
-                try:
-                    calibration = measure(self._embedder)
-                except EmbedUnavailable as exc:  # loading, or its server down: asked again next search
-                    log.info("calibration_waiting", reason=str(exc)[:200])
-                    return Calibration(DEFAULT_RELEVANCE_FLOOR, "default")
-                except Exception as exc:  # a search never fails on its floor: it judges with the default
-                    log.warning("calibration_failed", error=f"{type(exc).__name__}: {exc}"[:300])
-                    return Calibration(DEFAULT_RELEVANCE_FLOOR, "default")
-                store(self._state_dir, self._identity(), calibration)
-                log.info("relevance_calibrated", identity=self._identity(), floor=calibration.floor,
-                         right=calibration.right, unanswerable=calibration.unanswerable)
-                self._known = calibration
-            return self._known
+        if declared(EMBEDDERS, self._embedder, "loading"):  # the warm-up measures it once the model is loaded
+            return DEFAULT
+        with _MEASURING:
+            known = self.known()  # measured by another searcher meanwhile
+            if known is not None:
+                return known
+            assert self._state_dir is not None
+            try:
+                calibration = measure(self._embedder)
+            except EmbedUnavailable as exc:  # loading, or its server down: asked again next search
+                log.info("calibration_waiting", reason=str(exc)[:200])
+                return DEFAULT
+            except Exception as exc:  # a search never fails on its floor: it judges with the default
+                log.warning("calibration_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+                return DEFAULT
+            identity = self._identity()
+            _MEASURED[(self._state_dir, identity)] = calibration
+            store(self._state_dir, identity, calibration)
+            log.info("relevance_calibrated", identity=identity, floor=calibration.floor, right=calibration.right,
+                     unanswerable=calibration.unanswerable)
+            self._known = calibration
+            return calibration
 
     def _identity(self) -> str:
         embedder = self._embedder

@@ -241,7 +241,7 @@ class Settings(BaseSettings):
     # evidence, so one hit gets one verdict whatever corpus or k the request asks).
     # Measured with benchmarks/relevance_table.py: docs/performance.md, "Nothing relevant". Unset, the floor is the
     # text model's own (indexer.calibration): the one it declares (MiniLM 0.42, e5 0.83), else measured on a probe.
-    relevance_floor: float | None = Field(default=None, ge=-1, le=1)
+    relevance_floor: float | None = Field(default=None, ge=-1, le=1, allow_inf_nan=False)
     relevance_coverage: float = Field(default=0.5, ge=0, le=1)
     # Optional re-ranking of the fused hits, off by default (indexer.search.mmr / decay). MMR lowered nDCG@10 and
     # hit@5 on the devvault dev set, so it is off (docs/performance.md, "Search defaults").
@@ -274,6 +274,13 @@ class Settings(BaseSettings):
     @classmethod
     def _compiles(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         compile_patterns(value)  # ValueError naming the pattern
+        return value
+
+    @field_validator("relevance_floor", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # TOML true would read as 1.0: nothing relevant by meaning, silently
+            raise ValueError("must be a cosine between -1 and 1, not true or false")
         return value
 
     @field_validator("plugins", mode="before")

@@ -126,8 +126,8 @@ def judge(hit: Hit | None, evidence: Evidence, bm25: Bm25Terms, query: str, dens
     day = hit_day(hit) if period else None
     inside = day is not None and period is not None and period[0].isoformat() <= day <= period[1].isoformat()
     outside = day is not None and not inside
-    said = [f"cosine {cosine:.2f} {'>=' if cosine >= dense_floor else '<'} {dense_floor:.2f}" if cosine is not None
-            else "no dense score" if evidence.dense else "keyword only"]
+    said = [versus(cosine, dense_floor) if cosine is not None else "no dense score" if evidence.dense
+            else "keyword only"]
     dated = [f"dated {day}, {'in' if inside else 'outside'} the period asked"] if day else []
     if evidence.rerank is not None:
         return _reranked(*evidence.rerank, cosine is not None and cosine >= dense_floor, said + dated)
@@ -148,6 +148,16 @@ def judge(hit: Hit | None, evidence: Evidence, bm25: Bm25Terms, query: str, dens
     else:
         level = "none"
     return Judgement(level in ("high", "medium") if evidence.dense else None, level, reason)
+
+
+def versus(cosine: float, floor: float) -> str:
+    """``cosine 0.47 >= 0.42`` (or ``<``), with as many decimals (2 to 4) as tell the two apart: never
+    ``cosine 0.42 < 0.42``."""
+    for digits in (2, 3, 4):
+        shown, line = f"{cosine:.{digits}f}", f"{floor:.{digits}f}"
+        if shown != line:
+            break
+    return f"cosine {shown} {'>=' if cosine >= floor else '<'} {line}"
 
 
 def _reranked(score: float, floor: float, close: bool, said: list[str]) -> Judgement:

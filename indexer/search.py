@@ -35,7 +35,7 @@ import numpy as np
 from indexer import schema
 from indexer.api import Embedder, check_vectors
 from indexer.bm25 import Bm25Terms
-from indexer.calibration import Floor
+from indexer.calibration import DEFAULT, Floor
 from indexer.candidates import Candidates, cosine_of, frequencies, gather
 from indexer.config import Settings
 from indexer.contract import RERANKERS, declared
@@ -299,8 +299,8 @@ class Searcher:
         first = NOTHING
         floor = self.settings.dense_floor
         for i, hit in enumerate(hits):
-            if floor is None:  # the model's own, asked only when there is a hit to judge
-                floor = self.floor.get().floor
+            if floor is None:  # the model's own, asked when there is a hit; measured only for a dense search
+                floor = (self.floor.get() if query.dense else self.floor.known() or DEFAULT).floor
             verdict = judge(hit, self._evidence(hit, candidates.owner_of(hit), query, period, weights), self.terms,
                             text, floor, self.settings.coverage_floor)
             if i == 0:

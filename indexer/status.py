@@ -100,7 +100,7 @@ class Status(TypedDict):
     embedding: NotRequired[Annotated[dict[str, Any] | None, Field(description=(
         "The text embedder: model_id, precision, with int8 the ONNX file single queries run on, and relevance_floor: "
         "the cosine from which a hit is relevant and where it comes from (setting, model, probe; null until the "
-        "probe has run, at the first search)."))]]
+        "probe has run, once the model has loaded)."))]]
     bind: NotRequired[Annotated[str, Field(description="host:port the API listens on.")]]
     collections: dict[str, CollectionStatus]
     sessions: NotRequired[Annotated[dict[str, SessionsStatus], Field(description=(

@@ -137,6 +137,10 @@ def print_status(status: Mapping[str, Any]) -> None:
                f"failed files: {status['files_failed']}")
     if status.get("store_degraded"):
         click.echo("store: degraded (writes to Qdrant are failing and being retried)")
+    embedding = status.get("embedding") or {}
+    if embedding:
+        click.echo(f"text model: {embedding['model_id']}  relevance floor: "
+                   f"{embedding.get('relevance_floor') or 'not measured yet (the probe runs once the model loads)'}")
     rerank = status.get("rerank")
     if rerank:
         click.echo(f"rerank: {rerank['reranker']} ({rerank['model_id'] or 'failed to load'})  "

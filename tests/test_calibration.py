@@ -17,10 +17,11 @@ from conftest import make_settings, write
 from indexer.api import Chunk
 from indexer.builtin.embedding import RELEVANCE_FLOORS, SentenceTransformerEmbedder
 from indexer.builtin.text_model import resolve_model
-from indexer.calibration import DEFAULT_RELEVANCE_FLOOR, Floor, measure, probe
+from indexer.calibration import DEFAULT_RELEVANCE_FLOOR, Floor, measure, probe, read_stored
 from indexer.daemon import Indexer
 from indexer.errors import EmbedUnavailable
 from indexer.plugins import Registry, load_registry
+from indexer.relevance import versus
 from indexer.schema import SearchRequest
 from indexer.service import warm_models
 from indexer.statedir import calibration_file
@@ -99,7 +100,8 @@ def test_a_model_that_declares_no_floor_is_calibrated_once_and_again_on_a_swap(
     assert stored["my-model#1"]["floor"] == first.floor
     calls = model.calls
 
-    again = Floor(None, model, tmp_path)  # a restart: read back, nothing embedded
+    assert read_stored(tmp_path, "my-model#1") == first  # what a restart reads back
+    again = Floor(None, model, tmp_path)  # another searcher: nothing embedded
     assert again.get() == first and model.calls == calls
 
     model.identity = "my-model#2"  # a swap (same weights here, so the same floor)
@@ -163,3 +165,67 @@ def test_the_daemon_measures_the_probe_while_it_warms_its_models(own_registry: R
         assert indexer.view.status()["embedding"]["relevance_floor"] == known.describe()
     finally:
         indexer.close()
+
+
+@pytest.mark.parametrize("damage", ["[1, 2]", '"text"', "null", "{not json", "folder",
+                                    '{"my-model#1": {"floor": "nan", "right": 1, "unanswerable": 0, "probe": 1}}',
+                                    '{"my-model#1": {"floor": 7, "right": 1e999, "unanswerable": 0, "probe": 1}}',
+                                    '{"my-model#1": {"floor": 0.9, "right": 0.6, "unanswerable": 0.2, "probe": 1}}',
+                                    '{"my-model#1": {"floor": 0.4, "right": 0.6, "unanswerable": 0.2, "probe": true}}'])
+def test_a_damaged_calibration_file_is_measured_again_and_never_fails_a_search(
+        damage: str, own_model: SentenceTransformerEmbedder, tmp_path: Path) -> None:
+    """Whatever the file holds (JSON that is no object, no JSON, a folder in its place, a floor that is no finite
+    cosine between its medians, another probe version), the entry reads as missing: the probe measures again and
+    the file is written over where it can be (a folder cannot: then this process keeps the floor in memory)."""
+    path = calibration_file(tmp_path)
+    if damage == "folder":
+        path.mkdir()
+    else:
+        path.write_text(damage)
+    assert read_stored(tmp_path, "my-model#1") is None
+    floor = Floor(None, Counted(own_model, "my-model#1"), tmp_path)
+    measured = floor.get()
+    assert measured.source == "probe" and -1 < measured.floor < 1
+    assert Floor(None, Counted(own_model, "my-model#1"), tmp_path).known() == measured  # status sees it too
+    if damage != "folder":
+        assert read_stored(tmp_path, "my-model#1") == measured
+    assert not path.with_suffix(".tmp").exists()
+
+
+def test_a_keyword_search_never_runs_the_probe(make_indexer: Any, workspace: Path,
+                                               own_model: SentenceTransformerEmbedder) -> None:
+    """A keyword-only answer has no cosine to judge: it neither waits on an endpoint for the probe nor measures."""
+    indexer = make_indexer([{"agent": "main", "path": str(workspace)}])
+    index_once(indexer)
+    searcher = indexer.view.searcher()
+    model = Counted(own_model, "my-model#1")
+    searcher.floor = Floor(None, model, indexer.settings.state_dir)
+    answer = searcher.answer(SearchRequest(query="deploy windows", k=3, mode="keyword"))
+    assert answer.hits and answer.relevant is None and model.calls == 0 and searcher.floor.known() is None
+
+
+def test_the_reason_tells_a_cosine_from_the_floor_it_rounds_to() -> None:
+    assert versus(0.4169, 0.42) == "cosine 0.417 < 0.420"
+    assert versus(0.65, 0.42) == "cosine 0.65 >= 0.42"
+    assert versus(0.4421, 0.442) == "cosine 0.4421 >= 0.4420"
+
+
+def test_a_floor_setting_must_be_a_finite_cosine() -> None:
+    from indexer.config import Settings
+
+    for bad in (True, float("nan"), 1.5):
+        with pytest.raises(ValueError, match="relevance_floor"):
+            Settings(relevance_floor=bad)
+    assert Settings(relevance_floor=1).relevance_floor == 1.0
+
+
+def test_a_model_still_loading_is_not_probed_by_a_search(own_model: SentenceTransformerEmbedder,
+                                                         tmp_path: Path) -> None:
+    """While the model loads, a search judges with the default and does not wait for the load to measure: the
+    daemon's warm-up measures once it is loaded."""
+    model = Counted(own_model, "my-model#1")
+    model.loading = True  # type: ignore[attr-defined]  # what the built-in embedder declares while it loads
+    floor = Floor(None, model, tmp_path)
+    assert floor.get() == (DEFAULT_RELEVANCE_FLOOR, "default", None, None) and model.calls == 0
+    model.loading = False  # type: ignore[attr-defined]
+    assert floor.get().source == "probe"
