@@ -209,6 +209,29 @@ def test_a_trickling_embedder_is_cut_at_its_deadline(fake: FakeModelServer, tmp_
         indexer.close()
 
 
+def test_a_restart_against_a_hung_server_takes_the_remembered_size_at_once(fake: FakeModelServer,
+                                                                          tmp_path: Path) -> None:
+    """A daemon restarted while its embedding server hangs (it accepts and never answers in time) learns the
+    vector size the state dir remembered after one try at ``query_timeout_s``, not after ``retries`` tries at
+    ``timeout_s``: with the defaults (3 x 60 s) that held a daemon's start for 3 minutes before it listened."""
+    config = {"base_url": fake.url, "model": "fake", "state_dir": str(tmp_path), "timeout_s": 30.0,
+              "query_timeout_s": 0.5, "retries": 3}
+    first = OpenAIEmbedder(config)
+    assert first.dim == 16  # the first start: asked and remembered
+    first.close()
+    fake.mode, fake.trickle_s = "trickle", 0.05
+    restarted = OpenAIEmbedder(config)
+    try:
+        started = time.monotonic()
+        assert restarted.dim == 16
+        assert time.monotonic() - started < SLACK_S  # up to 3 tries at 30 s each before
+        assert restarted.stats["requests"] == 1
+        fake.mode = "ok"
+        assert restarted.embed([Chunk("back again")]).shape == (1, 16)
+    finally:
+        restarted.close()
+
+
 @pytest.mark.parametrize("mode", ["huge", "bad_json"])
 def test_an_embedding_answer_too_long_or_not_json_is_unavailable(fake: FakeModelServer, mode: str) -> None:
     """50 MB answered to a 1-input request: refused unread (the size cap names it); a 200 that is not JSON: the

@@ -169,13 +169,17 @@ class OpenAIEmbedder:
     @property
     def dim(self) -> int:
         """The vector size of the first answer (one probe request when nothing was embedded yet); while the server
-        is unavailable, the size it last answered (``<state_dir>/openai-embedder.json``). Raises
-        ``EmbedUnavailable`` when neither is known."""
+        is unavailable, the size it last answered (``<state_dir>/openai-embedder.json``): with one remembered, the
+        probe is one try at ``query_timeout_s``, so a restart against a hung server does not wait out ``retries``
+        tries at ``timeout_s`` before it serves. Raises ``EmbedUnavailable`` when neither is known."""
         if self._dim is None:
+            remembered = self._read_dims().get(self._key())
             try:
-                self._post(["dimension probe"], self.document_input_type, self.timeout_s, self.retries)
+                if remembered is None:
+                    self._post(["dimension probe"], self.document_input_type, self.timeout_s, self.retries)
+                else:
+                    self._post(["dimension probe"], self.document_input_type, self.query_timeout_s, 1)
             except EmbedUnavailable:
-                remembered = self._read_dims().get(self._key())
                 if remembered is None:
                     raise
                 self._dim = int(remembered)
