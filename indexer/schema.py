@@ -261,9 +261,9 @@ class SearchResponse(TypedDict):
 
     hits: list[Hit]
     relevant: NotRequired[Annotated[bool | None, Field(
-        description="False when nothing the search found is close enough (relevance_floor, relevance_coverage; "
-                    "judged on every candidate, so k does not change it): nothing relevant was found; null for a "
-                    "keyword-only search and for a listing.")]]
+        description="False when none of the first 3 hits is close enough (the text model's relevance floor, "
+                    "relevance_coverage; read whatever k): nothing relevant was found, or nothing at all; null for "
+                    "a keyword-only search that found something (no meaning to judge by) and for a listing.")]]
     relevance: NotRequired[Annotated[Relevance, Field(description=(
         "A search only: the graded confidence behind `relevant` and its reason."))]]
     indexing: NotRequired[Annotated[Indexing, Field(description=(
