@@ -147,7 +147,8 @@ def test_status_says_which_precision(make_indexer, workspace: Path) -> None:
     text = indexer.registry.embedders["text"]
     assert text.model is not None  # loaded, as the daemon's worker does before it is ready
     embedding = indexer.view.status()["embedding"]
-    assert embedding == {"model_id": text.model_id, "precision": text.precision, "query_file": text.query_file}
+    assert embedding == {"model_id": text.model_id, "precision": text.precision, "query_file": text.query_file,
+                         "relevance_floor": f"{text.relevance_floor:.2f} (model)"}
     assert embedding["precision"] in PRECISIONS and embedding["precision"] != "auto"
     # the ONNX file single queries run on (query-v<QUERY_FORMAT>.onnx; with int8 model.onnx where it is unavailable)
     assert (embedding["query_file"] is None) == (not OnnxQueryEncoder.supports(text.model))
