@@ -35,7 +35,7 @@ import structlog
 from indexer.api import Chunk
 from indexer.contract import EMBEDDERS, declared
 from indexer.errors import EmbedUnavailable
-from indexer.statedir import calibration_file, write_record
+from indexer.statedir import calibration_file, read_record, write_record
 
 log = structlog.get_logger("qmd_indexer.search")
 
@@ -85,7 +85,7 @@ def read_stored(state_dir: Path, identity: str) -> Calibration | None:
     identity and ``PROBE_VERSION``, or the file or the entry is damaged (not JSON, not an object, a floor that is not
     a finite cosine between the two medians: logged once, then measured again and written over)."""
     path = calibration_file(state_dir)
-    entry = _record(path).get(identity)
+    entry = read_record(path).get(identity)
     if entry is None:
         return None
     calibration = _valid(entry)
@@ -93,16 +93,6 @@ def read_stored(state_dir: Path, identity: str) -> Calibration | None:
         _DAMAGED.add(path)
         log.warning("calibration_ignored", path=str(path), identity=identity, entry=str(entry)[:200])
     return calibration
-
-
-def _record(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``; ``{}`` when it is missing, unreadable (a folder, no permission) or not an
-    object."""
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
 
 
 def _valid(entry: Any) -> Calibration | None:
@@ -123,7 +113,7 @@ def store(state_dir: Path, identity: str, calibration: Calibration) -> None:
     """Store ``calibration`` for ``identity`` under ``state_dir`` (the other identities' stay; a damaged file is
     written over); an unwritable state dir is logged, and this process keeps the calibration in memory."""
     path = calibration_file(state_dir)
-    record = _record(path)
+    record = read_record(path)
     record[identity] = {"floor": calibration.floor, "right": calibration.right,
                         "unanswerable": calibration.unanswerable, "probe": PROBE_VERSION,
                         "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}

@@ -29,6 +29,7 @@ import stat
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -171,16 +172,30 @@ def _make_private(root: Path) -> int:
 
 
 # -- JSON records -----------------------------------------------------------------------------------------------------
-def read_record(path: Path) -> dict[str, str]:
-    """The JSON object in ``path`` (a record above); ``{}`` when it is missing or not JSON."""
+def read_record(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` (a record above); ``{}`` when it is missing, or damaged: unreadable (a folder in
+    its place, no permission), not JSON, or JSON that is not an object. Damage is logged once per path
+    (``state_record_ignored``), and the next ``write_record`` writes over a damaged file."""
     try:
-        record: dict[str, str] = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        record = {}
-    return record
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        return _ignored(path, f"{type(exc).__name__}: {exc}")
+    return record if isinstance(record, dict) else _ignored(path, f"a JSON {type(record).__name__}, not an object")
 
 
-def write_record(path: Path, record: dict[str, str]) -> None:
+_IGNORED: set[Path] = set()  # damaged records already logged
+
+
+def _ignored(path: Path, why: str) -> dict[str, Any]:
+    if path not in _IGNORED:
+        _IGNORED.add(path)
+        log.warning("state_record_ignored", path=str(path), reason=why[:200])
+    return {}
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
     """Write ``record`` to ``path`` as JSON: beside it (``.tmp``) and renamed over it."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True))

@@ -58,3 +58,26 @@ def test_the_records_round_trip(tmp_path: Path) -> None:
     assert len(made) == 32 and statedir.owner_id(tmp_path) == made
     assert statedir.owner_file(tmp_path).stat().st_mode & 0o077 == 0
     assert not unnamed(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["[]", '"text"', "{not json", "folder"])
+def test_a_damaged_record_reads_as_empty_and_is_written_over(tmp_path: Path, damage: str) -> None:
+    """The identity and tenancy records hold JSON objects: another value, text that is not JSON or a folder in a
+    record's place reads as no record (what a missing one does, so the daemon starts and records afresh) instead of
+    failing every start with a ``TypeError``/``AttributeError``/``IsADirectoryError``; once the damage is a file,
+    the next record is written over it."""
+    from indexer.migrate import record_tenancy
+
+    for path in (statedir.identity_file(tmp_path), statedir.tenancy_file(tmp_path)):
+        if damage == "folder":
+            path.mkdir()
+        else:
+            write(path, damage)
+    assert statedir.read_identities(tmp_path) == {} and statedir.recorded_collections(tmp_path) == []
+    assert statedir.recorded_identity(tmp_path) == "" and statedir.recorded_tenancy(tmp_path, "http://q") is None
+    if damage == "folder":
+        return
+    statedir.record_identity(tmp_path, ["memory-dir-main"], "text=m")
+    record_tenancy(tmp_path, "http://q", "shared")
+    assert statedir.recorded_collections(tmp_path) == ["memory-dir-main"]
+    assert statedir.recorded_tenancy(tmp_path, "http://q") == "shared"
