@@ -47,7 +47,7 @@ from indexer.state import NO_DRIFT, Indexed, IndexState, Plan
 from indexer.statedir import attestations, edge_store, embedding_cache, hold_state_lock
 from indexer.store import Store, open_store
 from indexer.sync import Pace, Sync
-from indexer.walk import overlaps, walk_paths
+from indexer.walk import missing_workspaces, overlaps, walk_paths
 from indexer.watcher import Settler
 from indexer.workspace import Collection
 
@@ -210,10 +210,12 @@ class Indexer:
         problems = report.problems(state, skips)
         on_disk = {path for _, path in found}
         indexed = state.indexed
+        away = tuple(missing_workspaces(self.collections))  # their files keep their points (``workspace_missing``)
+        gone = {p for p in indexed.keys() - on_disk if not p.startswith(away)}
         if reconcile and state.ready.is_set():  # a reconcile: what it finds is what the watcher missed
             pending = {str(p) for p in [*self.settler.paths(), *state.hand]}
             drift = {"not_indexed": len(on_disk - indexed.keys() - state.ledger.marks.keys() - pending),
-                     "gone": len(indexed.keys() - on_disk - pending),
+                     "gone": len(gone - pending),
                      "changed": sum(report.changed(state, p) for p in (on_disk & indexed.keys()) - pending)}
             state.record_reconcile(drift, reason)
             if any(drift.values()):
@@ -221,7 +223,7 @@ class Indexer:
                             hint="the watcher missed these; indexing them now")
         elif reconcile:  # the start's scan compares disk and index too; what changed while down is not drift
             state.record_reconcile(NO_DRIFT, "start")
-        for abs_path in [p for p in indexed if p not in on_disk]:
+        for abs_path in gone:
             self.sync.remove(abs_path, reason="gone")
         state.ledger.keep_only(on_disk | {str(s.path) for s in skips})  # gone, or no longer a candidate
         to_check = [Path(path) for collection, path in found

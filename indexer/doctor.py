@@ -33,7 +33,8 @@ from indexer.walk import path_problems, root_files, walk
 from indexer.watchmode import poll_reason, watch_roots, watches_exhausted
 from indexer.workspace import REPAIR_DIR, agent_slug, plan_collections
 
-LABELS = {"extra_path_missing": "extra path missing", "extra_path_overlaps": "extra path overlaps",
+LABELS = {"workspace_missing": "workspace missing",
+          "extra_path_missing": "extra path missing", "extra_path_overlaps": "extra path overlaps",
           "unreadable_directory": "unreadable directory", "watch_limit_reached": "inotify watch limit reached",
           "polled": "polled",
           # the Qdrant server's (``indexer.doctor_store``)

@@ -17,7 +17,6 @@ swaps them in; ``StatusView.request_rebuild`` (``POST /reindex``) asks the worke
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,14 @@ from indexer import chunking
 from indexer.config import Settings, Workspace
 from indexer.contract import EMBEDDERS, declared
 from indexer.errors import CollectionMismatch
-from indexer.statedir import read_identities, record_identity, recorded_identities, recorded_tenancy
+from indexer.statedir import (
+    read_identities,
+    read_record,
+    record_identity,
+    recorded_identities,
+    recorded_tenancy,
+    write_record,
+)
 from indexer.store.layout import ServerOptions
 
 log = structlog.get_logger("qmd_indexer.daemon")
@@ -85,30 +91,26 @@ def attest(workspaces: Sequence[Workspace], record: Path) -> list[Workspace]:
     """Record which filesystem object (device, inode) each workspace path is, in the JSON file ``record``
     (``{agent: {"path", "dev", "ino"}}``, replaced atomically); return the workspaces whose path now names another
     object than last time (a restored backup, a re-created directory), each logged as ``workspace_reattested``.
-    A missing workspace is logged as ``workspace_missing`` and left out of the record; an unreadable record counts
-    as empty. Raises ``OSError`` when the record cannot be written."""
-    try:
-        previous = json.loads(record.read_text())
-    except (OSError, ValueError):
-        previous = {}
+    A missing workspace is left out of the record (the scan reports it: ``workspace_missing``); an unreadable or
+    damaged record counts as empty. Raises ``OSError`` when the record cannot be written."""
+    previous = read_record(record)
     current: dict[str, dict[str, str | int]] = {}
     changed: list[Workspace] = []
     for ws in workspaces:
         try:
             st = os.stat(ws.path)
-        except OSError:
-            log.warning("workspace_missing", agent=ws.agent, path=str(ws.path))
+        except OSError:  # a scan reports it (``walk.path_problems``), once
             continue
         current[ws.agent] = {"path": str(ws.path), "dev": st.st_dev, "ino": st.st_ino}
         old = previous.get(ws.agent)
-        if old and old["path"] == str(ws.path) and (old["dev"], old["ino"]) != (st.st_dev, st.st_ino):
+        if not (isinstance(old, dict) and old.get("path") == str(ws.path)):
+            continue  # a new workspace, another path, or a damaged entry: this one is recorded afresh
+        if (old.get("dev"), old.get("ino")) != (st.st_dev, st.st_ino):
             changed.append(ws)
             log.warning("workspace_reattested", agent=ws.agent, path=str(ws.path),
-                        old_inode=old["ino"], new_inode=st.st_ino)
+                        old_inode=old.get("ino"), new_inode=st.st_ino)
     if current != previous:
-        tmp = record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(current, indent=1))
-        tmp.replace(record)
+        write_record(record, current)
     return changed
 
 

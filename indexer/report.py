@@ -274,9 +274,14 @@ def changed(state: IndexState, abs_path: str) -> bool:
     return any(was not in (-1, got) for was, got in zip(state.indexed[abs_path].state.identity(), stat_identity(st)))
 
 
+#: what is logged when a missing path of that kind is there again
+FOUND = {"extra_path_missing": "extra_path_found", "workspace_missing": "workspace_found"}
+
+
 def problems(state: IndexState, skips: Sequence[Skip]) -> list[Problem]:
-    """The configured paths not usable as meant, for ``status``: the extra paths' (``walk.path_problems``; each
-    logged once when it appears, and a missing one that appears is logged as ``extra_path_found``) and the
+    """The configured paths not usable as meant, for ``status``: the workspaces' and extra paths'
+    (``walk.path_problems``; each logged once when it appears, and a missing one that appears is logged as
+    ``extra_path_found`` or ``workspace_found``) and the
     directories the scan could not list (``skips``; logged by the ledger)."""
     collections, known = state.plan.collections, state.problems
     current = path_problems(collections)
@@ -284,8 +289,8 @@ def problems(state: IndexState, skips: Sequence[Skip]) -> list[Problem]:
         if problem not in known:
             log.warning(problem.kind, agent=problem.agent, path=str(problem.path), detail=problem.detail)
     for problem in known:
-        if problem.kind == "extra_path_missing" and problem not in current:
-            log.info("extra_path_found", agent=problem.agent, path=str(problem.path))
+        if problem.kind in FOUND and problem not in current:
+            log.info(FOUND[problem.kind], agent=problem.agent, path=str(problem.path))
     unreadable = []
     for skip in skips:
         if skip.reason == "unreadable_directory":

@@ -75,8 +75,8 @@ class Status(TypedDict):
     recovered: NotRequired[Annotated[int, Field(description="Files the last reconcile found missed (sum of drift).")]]
     recovered_total: NotRequired[Annotated[int, Field(description="Files all reconciles since start found missed.")]]
     problems: NotRequired[Annotated[list[dict[str, str]], Field(description=(
-        "Paths not usable as configured, each {kind, agent, path, detail}: extra_path_missing, extra_path_overlaps, "
-        "unreadable_directory."))]]
+        "Paths not usable as configured, each {kind, agent, path, detail}: workspace_missing (its files keep their "
+        "points), extra_path_missing, sessions_path_missing, extra_path_overlaps, unreadable_directory."))]]
     rerank: NotRequired[Annotated[RerankStatus | None, Field(description="The rerank stage; null when off.")]]
     plugin_errors: NotRequired[Annotated[list[str], Field(description=(
         "Plugins meant to run (the reranker, a prefer choice, one with its own settings) that failed to load, one "

@@ -41,7 +41,7 @@ from indexer.same_file import indexed_name
 from indexer.sources.base import Prepared, Unchanged
 from indexer.state import IndexState
 from indexer.store import Store
-from indexer.walk import route, walk_dir
+from indexer.walk import missing_workspaces, route, walk_dir
 from indexer.workspace import Collection, Skip
 
 log = structlog.get_logger("qmd_indexer.daemon")
@@ -124,6 +124,9 @@ class Sync:
                 skips: list[Skip] = []
                 outcome.found += walk_dir(path, skips)
                 self.report_skips(skips)
+            return
+        if st is None and key.startswith(tuple(missing_workspaces(collections))):
+            log.info("file_kept", path=key, reason="workspace_missing")  # its disk may not be mounted yet
             return
         if st is None:  # gone: a deleted or moved-away file, or a whole directory
             self.remove(key, reason="deleted")

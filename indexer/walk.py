@@ -261,7 +261,8 @@ def overlaps(collections: Sequence[Collection]) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """A configured path the daemon cannot use as meant: ``kind`` is ``extra_path_missing`` or
+    """A configured path the daemon cannot use as meant: ``kind`` is ``workspace_missing`` (the workspace folder is
+    not there: its indexed files are kept, ``missing_workspaces``), ``extra_path_missing`` or
     ``sessions_path_missing`` (nothing there: an empty collection until it appears) or ``extra_path_overlaps``
     (inside, or around, ``memory/`` or an earlier extra path of the same agent: its files are indexed once, in the
     collection ``detail`` names)."""
@@ -272,9 +273,20 @@ class Problem:
     detail: str
 
 
+WORKSPACE_MISSING = ("the workspace folder is not there (an unmounted disk, a folder moved away): its indexed files "
+                     "are kept, and checked again once it is back")
+
+
+def missing_workspaces(collections: Sequence[Collection]) -> list[str]:
+    """The workspace folders of ``collections`` that are not there now, each as ``"<path>/"``: the files indexed
+    under one keep their points (a disk not mounted yet must not cost a re-embedding of everything on it)."""
+    return [str(c.root).rstrip("/") + "/" for c in collections if c.role == "root" and not os.path.isdir(c.root)]
+
+
 def path_problems(collections: Sequence[Collection]) -> list[Problem]:
-    """The ``Problem``s of the extra paths and sessions folders among ``collections``, in order."""
-    out: list[Problem] = []
+    """The ``Problem``s of the workspaces, extra paths and sessions folders among ``collections``, in order."""
+    out: list[Problem] = [Problem("workspace_missing", c.agent, c.root, WORKSPACE_MISSING)
+                          for c in collections if c.role == "root" and not os.path.isdir(c.root)]
     for n, extra in enumerate(collections):
         missing = extra.source.missing
         if missing and not os.path.lexists(extra.root):

@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 
 import indexer
 from indexer.cli import main
+from indexer.worker import index_once
 
 ENV_PYTHONPATH = str(Path(indexer.__file__).parent.parent)  # this checkout's package, for the subprocesses
 
@@ -115,3 +116,53 @@ def test_doctor_says_when_the_inotify_watch_limit_is_used_up(workspace: Path) ->
     if "max_inotify_watches" in done.stderr or "unshare" in done.stderr:
         pytest.skip(f"cannot make a user namespace with its own inotify limit here: {done.stderr.strip()}")
     assert done.returncode == 1 and f"main: inotify watch limit reached: {workspace}" in done.stdout, done.stdout
+
+
+def test_a_missing_workspace_keeps_its_index_is_reported_and_converges_once_back(workspace: Path, tmp_path: Path,
+                                                                                 make_indexer) -> None:
+    """A workspace folder that is not there (a disk not mounted yet, a folder moved away) is a problem ``status`` and
+    ``doctor`` name, and its files keep their points: before, a scan removed every one of them (``file_removed``,
+    exit 0), and they were all embedded again once the folder was back. The running daemon too: its periodic
+    scans and the watcher's events for an edit made while the folder is away remove nothing; back, that edit and a
+    new one are indexed."""
+    away = tmp_path / "away"
+    indexer = make_indexer([{"agent": "main", "path": workspace}], rescan_interval_s=0.3)
+    status = index_once(indexer)
+    files = set(indexer.state.indexed)
+    assert len(files) == 4 and not status["problems"]
+    workspace.rename(away)
+    status = index_once(indexer)
+    assert set(indexer.state.indexed) == files
+    assert [(p["kind"], p["path"]) for p in status["problems"]] == [("workspace_missing", str(workspace))]
+    config = write(tmp_path / "config.toml", f'[[workspace]]\nagent = "main"\npath = "{workspace}"\n')
+    doctor = CliRunner().invoke(main, ["doctor", "--config", str(config)])
+    assert doctor.exit_code == 1 and f"main: workspace missing: {workspace}" in doctor.output, doctor.output
+    away.rename(workspace)
+    with capture_logs() as logs:
+        status = index_once(indexer)
+    assert not status["problems"] and set(indexer.state.indexed) == files
+    assert not [e for e in logs if e["event"] in ("file_removed", "file_indexed")]  # nothing lost, nothing redone
+    assert [e["event"] for e in logs].count("workspace_found") == 1
+
+    with Running(indexer):
+        wait_for(lambda: indexer.view.status()["last_reconcile"] is not None)
+        with capture_logs() as logs:
+            workspace.rename(away)  # the next scans see the folder gone
+            # the watches follow the folder, but name its files by their old paths, which are not there
+            with open(away / "memory" / "incidents.md", "a", encoding="utf-8") as handle:
+                handle.write("Edited while the folder was away.\n")
+            wait_for(lambda: [p["kind"] for p in indexer.view.status()["problems"]] == ["workspace_missing"])
+            seen = indexer.view.status()["last_reconcile"]
+            wait_for(lambda: indexer.view.status()["last_reconcile"] > seen and len(indexer.settler) == 0)
+            assert set(indexer.state.indexed) == files
+            away.rename(workspace)
+            wait_for(lambda: not indexer.view.status()["problems"])
+            # the edit made while away converges (the reconcile finds it changed), and the watcher follows again
+            note = write(workspace / "memory" / "travel.md", "# Travel\n\nBACKAGAIN7 the trains are booked.\n")
+            points = lambda: indexer.store.scroll("memory-dir-main", ["abs_path", "text"])  # noqa: E731
+            wait_for(lambda: any("BACKAGAIN7" in p.text for p in points() if p.abs_path == str(note)))
+            wait_for(lambda: any("while the folder was away" in p.text for p in points()))
+        events = [e["event"] for e in logs]
+        assert "file_removed" not in events
+        assert not [e for e in logs if e["event"] == "reconcile_drift" and e["gone"]]  # kept files are no drift
+        assert events.count("workspace_missing") == 1 and events.count("workspace_found") == 1  # not per rescan

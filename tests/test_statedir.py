@@ -81,3 +81,20 @@ def test_a_damaged_record_reads_as_empty_and_is_written_over(tmp_path: Path, dam
     record_tenancy(tmp_path, "http://q", "shared")
     assert statedir.recorded_collections(tmp_path) == ["memory-dir-main"]
     assert statedir.recorded_tenancy(tmp_path, "http://q") == "shared"
+
+
+@pytest.mark.parametrize("damage", ["[]", "null", '"text"', '{"main": [1]}', '{"main": "x"}',
+                                    '{"main": {"path": "%s"}}'])
+def test_damaged_attestations_read_as_none_and_are_written_over(workspace: Path, tmp_path: Path, damage: str) -> None:
+    """``attestations.json`` holding another JSON value, or an entry that is not ``{"path", "dev", "ino"}``, failed
+    every start (``AttributeError``/``KeyError``/``TypeError``); now such an entry is recorded afresh (one naming
+    the same path but no inode counts as another folder: its files are re-hashed once, never trusted)."""
+    from indexer.config import Workspace
+    from indexer.rebuild import attest
+
+    record = statedir.attestations(tmp_path)
+    write(record, damage.replace("%s", str(workspace)))
+    changed = attest([Workspace(agent="main", path=workspace)], record)
+    assert [ws.agent for ws in changed] == (["main"] if "path" in damage else [])
+    assert statedir.read_record(record)["main"]["ino"] == workspace.stat().st_ino
+    assert attest([Workspace(agent="main", path=workspace)], record) == []
