@@ -143,7 +143,15 @@ class Ledger:
 
     def failed(self, limit: int) -> list[dict[str, str]]:
         """The first ``limit`` files failing in their current state, by path: each ``{path, reason, detail}`` (the
-        absolute path, the reason and the detail it was logged with). Any thread may call it."""
+        absolute path, a byte of a name that is not UTF-8 written ``\\xe9``; the reason and the detail it was logged
+        with). Any thread may call it."""
         failing = sorted(path for path, mark in list(self.marks.items()) if mark[4])[:limit]
-        return [{"path": path, "reason": mark[3], "detail": self.details.get(path, "")}
+        return [{"path": shown_path(path), "reason": mark[3], "detail": self.details.get(path, "")}
                 for path in failing if (mark := self.marks.get(path)) is not None]
+
+
+def shown_path(path: str) -> str:
+    """``path`` as text that JSON and UTF-8 can carry: each byte of a name that is not UTF-8 (which Python reads as a
+    lone surrogate, ``os.fsdecode``) written as ``\\xNN``, as ``ls --quoting-style=escape`` and Python's
+    ``backslashreplace`` write it; any other path unchanged."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 from conftest import write
+from fastapi.testclient import TestClient
 from structlog.testing import capture_logs
 
+from indexer.server import create_app
 from indexer.worker import index_once
 
 
@@ -82,6 +84,12 @@ def test_a_file_name_that_is_not_utf8_fails_alone_and_converges_once_renamed(wor
     [failed] = [e for e in logs if e["event"] == "file_failed"]
     assert failed["reason"] == "undecodable_name" and failed["path"] == str(bad) and "rename" in failed["detail"]
     assert status["files_failed"] == 1
+    # status names it with its undecodable bytes escaped (it was a 500 on HTTP and an error on MCP until renamed)
+    http = TestClient(create_app(indexer.view), base_url="http://127.0.0.1:8743", raise_server_exceptions=False)
+    answer = http.get("/status")
+    assert answer.status_code == 200, answer.text
+    [shown] = answer.json()["failed_files"]
+    assert shown["path"] == str(mem) + "/caf\\xe9-deploys.md" and shown["reason"] == "undecodable_name"
     with capture_logs() as logs:  # an event for it (the watcher's path) is the same quiet failure, not a crash
         indexer.sync.process([bad, mem / "fresh.md"])
     assert not [e for e in logs if e["event"] == "file_failed"]  # logged once per file state
