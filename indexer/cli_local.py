@@ -127,7 +127,7 @@ def index(config: Path | None, workspace: Path | None, agent: str | None, state_
     if as_json:
         click.echo(json.dumps(status, indent=2))
     else:
-        print_status(status)
+        print_status(status, served=False)
     if status["queue_depth"]:
         click.echo(f"qmd-indexer: {status['queue_depth']} file(s) not indexed: the embedder did not answer within "
                    f"{wait_s:g} s (--wait-s): {indexer.state.ledger.outage.reason or 'unavailable'}", err=True)

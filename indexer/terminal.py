@@ -85,6 +85,9 @@ def progress_bar(total: int) -> Iterator[Callable[[int], None]]:
         bar.close()
 
 
+SNIPPET_LINES = 8  # a hit's snippet lines printed; the rest is named, with the command that reads them
+
+
 def print_hits(hits: list[dict[str, Any]]) -> None:
     if not hits:
         click.echo("no hits", err=True)
@@ -94,8 +97,11 @@ def print_hits(hits: list[dict[str, Any]]) -> None:
             where += f" [{hit['start_s']:.1f}s-{hit.get('end_s', hit['start_s']):.1f}s]"
         score = "" if hit.get("score") is None else f"  score {hit['score']:.3f}"
         click.echo(f"{rank}. {where}{score}  ({hit['collection']}, {hit['kind']})")
-        for line in hit["snippet"].splitlines()[:8]:
+        lines = hit["snippet"].splitlines()
+        for line in lines[:SNIPPET_LINES]:
             click.echo(f"     {line}")
+        if len(lines) > SNIPPET_LINES:
+            click.echo(f"     … ({len(lines) - SNIPPET_LINES} more lines: qmd-indexer get '{hit['citation']}')")
 
 
 def print_answer(answer: Mapping[str, Any], offset: int = 0) -> None:
@@ -128,8 +134,10 @@ def print_answer(answer: Mapping[str, Any], offset: int = 0) -> None:
             click.echo(f"listed {where}", err=True)
 
 
-def print_status(status: Mapping[str, Any]) -> None:
-    if "bind" in status:
+def print_status(status: Mapping[str, Any], served: bool = True) -> None:
+    """``status`` as lines; ``served``: whether a daemon serves it (``index --once`` listens nowhere, so it names
+    no address)."""
+    if "bind" in status and served:
         click.echo(f"listening on: {status['bind']}")
     backend = status["backend"] + (f" ({status['tenancy']})" if status.get("tenancy") else "")
     click.echo(f"ready: {status['ready']}  backend: {backend}  queue: {status['queue_depth']}  "

@@ -170,6 +170,7 @@ def test_collection_built_for_another_model_stops_with_a_reindex_hint(workspace:
     assert "--reindex" in result.stderr.strip().splitlines()[-1]
     rebuilt = _cli("index", "--once", "--reindex", "--workspace", str(workspace), "--state-dir", str(state))
     assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "ready: True" in rebuilt.stdout and "listening on" not in rebuilt.stdout  # index --once serves nothing
 
 
 def test_search_without_a_daemon_exits_1_with_a_hint() -> None:
@@ -338,3 +339,19 @@ def test_a_second_state_dir_reuses_the_model_export_of_the_first(tmp_path: Path)
     assert "query_model_exported" in first and "query_model_exported" not in second
     assert list((tmp_path / "cache" / "qmd-indexer" / "models").glob("*-onnx-fp32/query-v*.onnx"))
     assert not (tmp_path / "state-a" / "models").exists() and not (tmp_path / "state-b" / "models").exists()
+
+
+def test_a_long_snippet_says_how_many_lines_it_leaves_out_and_how_to_read_them(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI prints 8 lines of a hit's snippet; it cut the rest silently, so a ninth line holding the answer
+    looked absent."""
+    from indexer.terminal import print_hits
+
+    snippet = "\n".join(f"line {n}" for n in range(1, 11))
+    print_hits([{"path": "MEMORY.md", "start_line": 1, "end_line": 10, "score": 0.5, "collection": "memory-root-main",
+                 "kind": "markdown", "snippet": snippet, "citation": "MEMORY.md#L1-L10"}])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == ["     line 8", "     … (2 more lines: qmd-indexer get 'MEMORY.md#L1-L10')"]
+    print_hits([{"path": "MEMORY.md", "start_line": 1, "end_line": 8, "score": 0.5, "collection": "memory-root-main",
+                 "kind": "markdown", "snippet": "\n".join(snippet.splitlines()[:8]), "citation": "MEMORY.md#L1-L8"}])
+    assert "more lines" not in capsys.readouterr().out
