@@ -63,6 +63,8 @@ def _format_error(error: ValidationError, origin: str) -> str:
     message = first["msg"]
     if first["type"] == "extra_forbidden":
         message = "unknown key" + did_you_mean(str(loc[-1]), _keys_at(loc[:-1]))
+    elif loc == ("workspace",) and isinstance(first.get("input"), dict):  # ``[workspace]``: one table, not a list
+        message = "write [[workspace]] (double brackets: one table per agent), not [workspace]"
     variable = ENV_PREFIX + str(loc[0]).upper() if loc else ""
     if variable and any(name.upper() == variable for name in os.environ):  # the environment beats the file
         origin = f"{variable} (environment)"

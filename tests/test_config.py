@@ -36,6 +36,8 @@ def test_file_env_and_flags_in_order_of_precedence(tmp_path: Path, monkeypatch: 
      "workspace.0.apend: unknown key (did you mean 'append'?)"),
     ('bm25 = { stemer = false }\n', "bm25.stemer: unknown key (did you mean 'stemmer'?)"),
     ('[[workspace]]\nagent = "a"\n', "workspace.0.path: Field required"),
+    ('[workspace]\nagent = "a"\npath = "/x"\n',
+     "workspace: write [[workspace]] (double brackets: one table per agent)"),
     ("port = \n", "invalid TOML"),
     ('qdrant_quantization = "pq"\n', "qdrant_quantization: Input should be 'none' or 'int8'"),
     ("qdrant_replication_factor = 0\n", "qdrant_replication_factor: Input should be greater than or equal to 1"),
