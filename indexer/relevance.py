@@ -179,15 +179,22 @@ def _words(hit: Hit, weights: Mapping[int, float], bm25: Bm25Terms) -> tuple[flo
 
 
 _WORD = re.compile(r"\w+")
+PIECE_CHARS = 8  # the longest piece of a run of words without spaces (``用户喝什么茶``) tried as the missing word
 
 
 def _word(query: str, term: int, bm25: Bm25Terms) -> str:
     """The word of ``query`` that gives BM25 term ``term`` (quoted) when it reads as a word (``plain``), else
-    ``"its rarest word"``: an answer never repeats a token that may be a key pasted as a query, which the index
-    holds only redacted (``indexer.redact``)."""
+    ``"its rarest word"``; of a run written without spaces, the shortest piece that gives it (``'茶'``, not the
+    whole question ``'用户喝什么茶'``): an answer never repeats a token that may be a key pasted as a query, which
+    the index holds only redacted (``indexer.redact``)."""
     for word in _WORD.findall(query):
-        if term in bm25.query(word)[0]:
-            return repr(word) if plain(word) else "its rarest word"
+        held = bm25.query(word)[0]
+        if term not in held:
+            continue
+        if len(held) > 1:  # a run the tokenizer cuts into several words (Chinese, Japanese): name the one piece
+            word = next((piece for n in range(1, min(len(word), PIECE_CHARS) + 1) for i in range(len(word) - n + 1)
+                         if bm25.query(piece := word[i : i + n])[0] == [term]), word)
+        return repr(word) if plain(word) else "its rarest word"
     return "its rarest word"
 
 

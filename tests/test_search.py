@@ -424,6 +424,11 @@ def test_relevance_weighs_the_query_terms_by_how_rare_they_are_in_the_index(inde
     assert common.relevant is False and common.level == "low" and "'cat' not in the hit" in common.reason
     assert judge(hit, _evidence(0.30, {name: 1, cat: 80}, [cat, name]), terms, "cat name", 0.42, 0.5).relevant
     assert weighted_coverage({cat: idf(0, 100), name: idf(80, 100)}, {name}) < 0.2
+    # Chinese is written without spaces: the missing word is named, not the whole question
+    [user, tea] = [terms.query(word)[0][0] for word in ("用户", "茶")]
+    hit = Hit("b", 1.0, Payload(text="用户喜欢咖啡。"))
+    said = judge(hit, _evidence(0.30, {user: 80, tea: 0}, [user, tea]), terms, "用户喝什么茶", 0.42, 0.5)
+    assert "'茶' not in the hit" in said.reason, said.reason
 
 
 def test_relevance_levels_and_what_counts_as_evidence(indexed) -> None:
