@@ -4,6 +4,7 @@
     ├── ConfigError          invalid config file, environment or flags (the CLI exits 2 with one line)
     ├── PluginError          a plugin failed to load or breaks the contract (reported and skipped)
     ├── CollectionMismatch   an existing collection's vectors differ from the configured embedders (reindex)
+    │   └── CollectionDamaged an embedded collection's files cannot be read (reindex replaces it)
     ├── StoreUnavailable     Qdrant cannot be reached or refused an operation (retried, then logged)
     │   └── StoreLocked      the embedded store is held by another process (a config mistake: not retried at start)
     ├── StateReadOnly        the state directory is read-only at start (the daemon exits 1 with one line)
@@ -44,6 +45,11 @@ class PluginError(QmdError):
 
 class CollectionMismatch(QmdError):
     """An existing collection was created for other vectors than the configured embedders produce."""
+
+
+class CollectionDamaged(CollectionMismatch):
+    """An embedded (Qdrant Edge) collection's files cannot be read: its record (``qmd-collection.json``) or the
+    shard itself is damaged. A rebuild (``index --once --reindex``) replaces it, as it does a mismatched one."""
 
 
 class StoreUnavailable(QmdError):

@@ -173,6 +173,24 @@ def test_collection_built_for_another_model_stops_with_a_reindex_hint(workspace:
     assert "ready: True" in rebuilt.stdout and "listening on" not in rebuilt.stdout  # index --once serves nothing
 
 
+@pytest.mark.parametrize(("name", "damage"), [("qmd-collection.json", "[]"), ("edge_config.json", "{")])
+def test_a_damaged_embedded_collection_stops_with_a_reindex_hint_and_reindex_repairs_it(
+        workspace: Path, tmp_path: Path, name: str, damage: str) -> None:
+    """A collection record of the embedded store that cannot be read (ours, or Qdrant Edge's own) was a traceback at
+    every start (``AttributeError``, ``JSONDecodeError``, Edge's ``Failed to deserialize``)."""
+    state = tmp_path / "state"
+    assert _cli("index", "--once", "--workspace", str(workspace), "--state-dir", str(state)).returncode == 0
+    write(state / "qdrant" / "memory-root-main" / name, damage)
+    result = _cli("index", "--once", "--workspace", str(workspace), "--state-dir", str(state))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "memory-root-main" in last and "--reindex" in last, last
+    rebuilt = _cli("index", "--once", "--reindex", "--workspace", str(workspace), "--state-dir", str(state))
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    again = _cli("index", "--once", "--json", "--workspace", str(workspace), "--state-dir", str(state))
+    assert again.returncode == 0 and json.loads(again.stdout)["collections"]["memory-root-main"]["files"] == 1
+
+
 def test_search_without_a_daemon_exits_1_with_a_hint() -> None:
     result = _cli("search", "anything", "--port", str(free_port()))
     assert result.returncode == 1

@@ -29,12 +29,12 @@ from typing import Any
 
 import structlog
 
-from indexer.errors import StateDirFull, StoreLocked
+from indexer.errors import CollectionDamaged, StateDirFull, StoreLocked
 from indexer.points import INTEGER_FIELDS, KEYWORD_FIELDS, SPARSE, STATE_KEY, FileState, Filter, Point, Query
 from indexer.safeio import lock_exclusive
 from indexer.store.base import SCROLL_PAGE, Store
 from indexer.store.dialect import Dialect, point_from_record
-from indexer.store.edge_config import edge_config, field_index
+from indexer.store.edge_config import REBUILD_HINT, collection_record, edge_config, field_index, shard_config
 from indexer.store.edge_optimize import optimize_copy
 from indexer.store.edge_states import HASH_FIELD, file_states_by_facets
 from indexer.store.edge_warm import CREATE_BYTES, DELETE_BYTES, Warmer, load_room_bytes, points_bytes
@@ -156,7 +156,8 @@ class EdgeStore(Store):
                     raise StoreLocked(
                         f"the embedded store {self.root} is in use by another process (a running daemon?); "
                         f"query it with `qmd-indexer search`, or stop it first") from None
-                raise
+                raise CollectionDamaged(f"the embedded collection {self.root / name} cannot be loaded "
+                                        f"({str(exc)[:300]}); {REBUILD_HINT}") from None
             self._shards[name] = shard
             cold = any(v.get("memory") == "cold" for v in self._edge_config(name).get("vectors", {}).values())
             if cold and not self.on_tmpfs:
@@ -181,7 +182,7 @@ class EdgeStore(Store):
         if not meta.exists():
             return None
         shard = self._shard(name)
-        record = json.loads(meta.read_text())
+        record = collection_record(meta)
         integer_missing = record.get("integer_indexes") != list(INTEGER_FIELDS)  # made before range filters
         keyword_missing = [k for k in _KEYWORDS if k not in record.get("keyword_indexes", KEYWORD_FIELDS)]
         if integer_missing or keyword_missing:  # made before those indexes existed: add them, once
@@ -194,11 +195,7 @@ class EdgeStore(Store):
         return {k: int(v) for k, v in record["dense"].items()}
 
     def _edge_config(self, name: str) -> dict[str, Any]:
-        """The shard's own record of how it was created (``edge_config.json``, written by Qdrant Edge)."""
-        try:
-            return dict(json.loads((self.root / name / "edge_config.json").read_text()))
-        except (OSError, ValueError):
-            return {}
+        return shard_config(self.root / name)
 
     def _report_settings(self, name: str) -> None:
         """One log line when ``name`` was created with other vector settings than the configured ones."""

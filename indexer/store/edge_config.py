@@ -1,12 +1,40 @@
 """The configuration a Qdrant Edge shard is created with (``EdgeStore``): its vectors, their memory tiers, its payload
-indexes."""
+indexes; and the two records that say how one was made: ours (``qmd-collection.json``) and Edge's own
+(``edge_config.json``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from indexer.errors import CollectionDamaged
 from indexer.points import SPARSE
+
+REBUILD_HINT = "rebuild it from the memory files with `qmd-indexer index --once --reindex` (nothing else is lost)"
+
+
+def collection_record(meta: Path) -> dict[str, Any]:
+    """A collection's record, ``qmd-collection.json`` (``{"dense": {vector name: size}, ...}``). Raises
+    ``CollectionDamaged`` when it cannot be read as one (not JSON, another value, sizes that are not integers)."""
+    try:
+        record = json.loads(meta.read_text())
+        if not isinstance(record, dict) or not all(isinstance(size, int) for size in record["dense"].values()):
+            raise ValueError("not a collection record")
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        raise CollectionDamaged(f"{meta} is damaged ({type(exc).__name__}: {str(exc)[:200]}); {REBUILD_HINT}") from None
+    return record
+
+
+def shard_config(folder: Path) -> dict[str, Any]:
+    """The shard's own record of how it was created (``edge_config.json``, written by Qdrant Edge); ``{}`` when it
+    cannot be read (loading the shard then says what is wrong)."""
+    try:
+        config = json.loads((folder / "edge_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def edge_config(qe: Any, dense: Mapping[str, int], on_disk_vectors: bool = False, quantization: str = "none") -> Any:
