@@ -141,6 +141,12 @@ class Ledger:
         """How many files fail in their current state (skips are not failures)."""
         return sum(1 for mark in list(self.marks.values()) if mark[4])
 
+    def skipped(self) -> dict[str, int]:
+        """How many files are skipped in their current state, by reason, for the reasons worth a warning (``LOUD``:
+        a too large file, a symlink...; not a hidden name), sorted by reason. Any thread may call it."""
+        counts = Counter(mark[3] for mark in list(self.marks.values()) if not mark[4] and mark[3] in LOUD)
+        return dict(sorted(counts.items()))
+
     def failed(self, limit: int) -> list[dict[str, str]]:
         """The first ``limit`` files failing in their current state, by path: each ``{path, reason, detail}`` (the
         absolute path, a byte of a name that is not UTF-8 written ``\\xe9``; the reason and the detail it was logged

@@ -210,6 +210,7 @@ class StatusView:
             "cache_hits": self.stats.cache_hits,
             "files_failed": state.ledger.files_failed,
             "failed_files": state.ledger.failed(FAILED_LISTED),  # the first ones by path, each with its reason
+            "files_skipped": state.ledger.skipped(),
             "last_scan_s": state.last_scan_s,
             # the precision the text embedder runs at (``precision = "auto"`` resolves per CPU), and its model_id
             # and, with int8, the ONNX file single queries run on (``query-v1.onnx``; ``model.onnx`` if unavailable)

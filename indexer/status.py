@@ -61,6 +61,9 @@ class Status(TypedDict):
     files_failed: Annotated[int, Field(description="Memory files failing to index now (each was logged).")]
     failed_files: NotRequired[Annotated[list[dict[str, str]], Field(description=(
         "The first 20 failing files by path, each {path, reason, detail}; files_failed counts them all."))]]
+    files_skipped: NotRequired[Annotated[dict[str, int], Field(description=(
+        "Files left out on purpose now, by reason worth knowing (too_large, symlink, not_regular_file, "
+        "no_extractor...; each was logged as file_skipped with its path): not failures."))]]
     last_scan_s: float | None
     watch: NotRequired[Annotated[dict[str, str], Field(description="Watched root -> native, poll or dead.")]]
     last_reconcile: NotRequired[Annotated[float | None, Field(description="Unix time of the last reconcile.")]]

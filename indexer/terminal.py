@@ -167,6 +167,10 @@ def print_status(status: Mapping[str, Any], served: bool = True) -> None:
         click.echo(f"failed: {file['path']}: {file['reason']}" + (f" ({file['detail']})" if file["detail"] else ""))
     if status["files_failed"] > len(failed):
         click.echo(f"... and {status['files_failed'] - len(failed)} more failed file(s) (see the log: file_failed)")
+    skipped = status.get("files_skipped") or {}
+    if skipped:
+        click.echo("skipped: " + ", ".join(f"{n} {reason}" for reason, n in skipped.items())
+                   + " (on purpose, not failures; the log names each: file_skipped)")
     for problem in status.get("problems", []):
         click.echo(f"problem: {problem['kind']}: {problem['path']} ({problem['detail']})")
     click.echo(f"{'collection':<40} {'files':>7} {'chunks':>8}  root")

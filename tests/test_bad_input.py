@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from structlog.testing import capture_logs
 
 from indexer.server import create_app
+from indexer.terminal import print_status
 from indexer.worker import index_once
 
 
@@ -42,7 +43,8 @@ def bad_workspace_fixture(workspace: Path) -> Path:
     return workspace
 
 
-def test_bad_files_are_logged_and_the_rest_indexed(bad_workspace: Path, make_indexer) -> None:
+def test_bad_files_are_logged_and_the_rest_indexed(bad_workspace: Path, make_indexer,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
     indexer = make_indexer([{"agent": "main", "path": bad_workspace}])
     status, logs = _run(indexer)
     indexed = {Path(p).name for p in indexer.state.indexed}
@@ -64,6 +66,10 @@ def test_bad_files_are_logged_and_the_rest_indexed(bad_workspace: Path, make_ind
         indexer.state.indexed[str(bad_workspace / "memory" / "empty.md")].state.points == 0
     assert indexer.state.indexed[str(bad_workspace / "memory" / "longline.md")].state.points > 10
     assert status["files_failed"] == 1  # nul.md; skips are deliberate, not failures
+    # but status says how many there are, by reason (they were in the log alone: "failed files: 0", nothing more)
+    assert status["files_skipped"] == {"not_regular_file": 1, "symlink": 1, "too_large": 1}
+    print_status(status)
+    assert "skipped: 1 not_regular_file, 1 symlink, 1 too_large (on purpose" in capsys.readouterr().out
 
     # a rescan of the unchanged bad files stays quiet: one line per problem, not one per scan
     _, logs = _run(indexer)
