@@ -86,7 +86,8 @@ class Client:
         except urllib3.exceptions.HTTPError as exc:
             raise DaemonUnavailable(
                 f"no qmd-indexer daemon answers at {self.base_url} (port {self.port}: {exc.__class__.__name__}); "
-                f"start one with `qmd-indexer run --workspace PATH --agent ID --port {self.port}`, or pass --port"
+                f"start one with `qmd-indexer run --workspace PATH --agent ID --port {self.port}`, or pass the running "
+                f"daemon's --port (or its --config)"
             ) from None
         if response.status >= 400:
             text = response.data.decode("utf-8", "replace")

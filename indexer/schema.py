@@ -174,14 +174,18 @@ class GetRequest(Request):
     @classmethod
     def _citation(cls, data: Any) -> Any:
         """A hit's ``citation`` as ``path`` (``memory/x.md#L3-L7``, ``#L3``) reads that file from line 3, 5 lines,
-        where the request does not give ``from`` or ``lines`` itself."""
+        where the request does not give ``from`` or ``lines`` itself; one that ends before it starts (``#L5-L2``)
+        is refused (it read line 5 alone)."""
         if not isinstance(data, dict) or not isinstance(data.get("path"), str):
             return data
         match = _CITATION.fullmatch(data["path"])
         if match is None:
             return data
-        first = int(match["first"])
-        lines = max(first, int(match["last"] or first)) - first + 1
+        first, last = int(match["first"]), int(match["last"] or match["first"])
+        if last < first:
+            raise ValueError(f"the citation {data['path']!r} ends before it starts: write "
+                             f"{match['path']}#L{last}-L{first}")
+        lines = last - first + 1
         cited = {"path": match["path"]}
         if not {"from", "from_line", "lines"} & set(data):
             cited |= {"from": first, "lines": lines}

@@ -67,3 +67,11 @@ def test_get_publishes_the_minimums_it_enforces(api: TestClient) -> None:
     assert any(option.get("minimum") == 1 for option in params["lines"].get("anyOf", [params["lines"]]))
     assert api.get("/get", params={"path": "MEMORY.md", "lines": 0}).status_code == 422
     assert api.get("/get", params={"path": "MEMORY.md", "lines": 1}).status_code == 200
+
+
+def test_a_citation_that_ends_before_it_starts_is_refused(api: TestClient) -> None:
+    """``MEMORY.md#L5-L2`` read line 5 alone with a 200; a reversed range is a mistake worth a 422 naming the fix."""
+    answer = api.get("/get", params={"path": "MEMORY.md#L3-L2"})
+    assert answer.status_code == 422 and "MEMORY.md#L2-L3" in answer.text, answer.text
+    page = api.get("/get", params={"path": "MEMORY.md#L2-L3"}).json()
+    assert (page["from"], page["to"]) == (2, 3)
