@@ -396,7 +396,7 @@ def test_claude_code_transcripts_are_read_by_their_plugin(make_indexer, tmp_path
     hit = indexer.view.searcher().answer(SearchRequest(query="why the canary deploy fails", k=1)).hits[0]
     assert hit["session_id"] == "cc-1" and hit["session_time"] == "2025-03-04T09:15:00Z"
     page = LocalMemory(indexer.view).get(GetRequest(path=str(path)))
-    assert "L2 [2025-03-04 09:15] user (user): Why does the canary" in page["text"]
+    assert "L2 [2025-03-04 09:15] user: Why does the canary" in page["text"]  # not "user (user)"
 
 
 def test_sniffing_tells_transcripts_from_other_json() -> None:

@@ -331,7 +331,8 @@ def render_page(handle: IO[bytes], fmt: TranscriptFormat, from_line: int, lines:
     for turn in read_turns(handle, fmt, reading, start_line=from_line):
         if lines is not None and turn.line - from_line >= lines:
             return out, last, True
-        shown = f"L{turn.line} [{_when(turn.time)}] {turn.speaker} ({turn.role}): {turn.text}"
+        who = turn.speaker if turn.speaker == turn.role else f"{turn.speaker} ({turn.role})"  # not "user (user)"
+        shown = f"L{turn.line} [{_when(turn.time)}] {who}: {turn.text}"
         if out and used + len(shown) + 1 > max_chars:
             return out, last, True
         out.append(shown[:max_chars])
