@@ -169,13 +169,24 @@ def _respelled(collections: Sequence[Collection], path: str, agent: str | None) 
     return None
 
 
+CLOSE_RATIO = 0.8  # how near a memory file's path must be to be named as the one meant (``_closest``)
+
+
 def _closest(collections: Sequence[Collection], path: str, agent: str | None) -> str:
-    """``FileNotFoundError``'s message for ``path``: the path, and the closest memory file's path when one is near
-    (``difflib``'s ratio of at least 0.6)."""
+    """``FileNotFoundError``'s message for ``path``: the path, and the closest memory file's path when one is near:
+    ``difflib``'s ratio of at least ``CLOSE_RATIO``, of the whole paths or of the file names (a note moved to another
+    folder). Paths all share ``memory/`` and ``.md``, so a lower cutoff named unrelated notes (``memory/zh-notes.md``
+    -> ``memory/projects/home.md``, 0.63)."""
     chosen = select(collections, agent)
     files = [display_path(c, p) for c, p in walk(chosen)[0]]
-    close = difflib.get_close_matches(unicodedata.normalize("NFC", path), files, n=1)
-    return f"{path} (the closest memory file is {close[0]})" if close else path
+    asked = unicodedata.normalize("NFC", path)
+
+    def nearness(file: str) -> float:
+        whole = difflib.SequenceMatcher(None, asked, file).ratio()
+        return max(whole, difflib.SequenceMatcher(None, asked.rsplit("/", 1)[-1], file.rsplit("/", 1)[-1]).ratio())
+
+    best = max(files, key=nearness, default=None)
+    return f"{path} (the closest memory file is {best})" if best is not None and nearness(best) >= CLOSE_RATIO else path
 
 
 def list_memories(collections: Sequence[Collection], store: Store, request: RecallRequest) -> SearchResponse:

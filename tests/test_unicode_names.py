@@ -60,6 +60,11 @@ def test_get_of_a_missing_file_names_the_closest_path(api: tuple[TestClient, Pat
     assert answer.json()["detail"] == f"no such file: memory/cafe-note.md (the closest memory file is {NFD})"
     answer = client.get("/get", params={"path": "memory/zzzz.md"})
     assert answer.status_code == 404 and "closest" not in answer.json()["detail"]
+    # every path shares memory/ and .md: an unrelated note is not named (it was, at difflib's 0.6), a moved one is
+    write(ws / "memory" / "projects" / "home.md", "# Garden\n\nThe tomatoes need watering.\n")
+    assert "closest" not in client.get("/get", params={"path": "memory/zh-plans.md"}).json()["detail"]  # 0.67
+    moved = client.get("/get", params={"path": "memory/home.md"}).json()["detail"]
+    assert moved == "no such file: memory/home.md (the closest memory file is memory/projects/home.md)"
 
 
 def test_two_files_named_alike_in_both_forms_each_read_as_asked(tmp_path: Path) -> None:
