@@ -185,8 +185,8 @@ def _closest(collections: Sequence[Collection], path: str, agent: str | None) ->
         whole = difflib.SequenceMatcher(None, asked, file).ratio()
         return max(whole, difflib.SequenceMatcher(None, asked.rsplit("/", 1)[-1], file.rsplit("/", 1)[-1]).ratio())
 
-    best = max(files, key=nearness, default=None)
-    return f"{path} (the closest memory file is {best})" if best is not None and nearness(best) >= CLOSE_RATIO else path
+    near, best = max(((nearness(file), file) for file in files), default=(0.0, ""))
+    return f"{path} (the closest memory file is {best})" if near >= CLOSE_RATIO else path
 
 
 def list_memories(collections: Sequence[Collection], store: Store, request: RecallRequest) -> SearchResponse:

@@ -192,10 +192,19 @@ def _word(query: str, term: int, bm25: Bm25Terms) -> str:
         if term not in held:
             continue
         if len(held) > 1:  # a run the tokenizer cuts into several words (Chinese, Japanese): name the one piece
-            word = next((piece for n in range(1, min(len(word), PIECE_CHARS) + 1) for i in range(len(word) - n + 1)
-                         if bm25.query(piece := word[i : i + n])[0] == [term]), word)
+            word = _piece(word, term, bm25)
         return repr(word) if plain(word) else "its rarest word"
     return "its rarest word"
+
+
+def _piece(run: str, term: int, bm25: Bm25Terms) -> str:
+    """The shortest piece of ``run`` (at most ``PIECE_CHARS`` characters, the first of equals) that is BM25 term
+    ``term`` alone; ``run`` itself when none is."""
+    for n in range(1, min(len(run), PIECE_CHARS) + 1):
+        for i in range(len(run) - n + 1):
+            if bm25.query(run[i : i + n])[0] == [term]:
+                return run[i : i + n]
+    return run
 
 
 def plain(word: str) -> bool:

@@ -280,13 +280,18 @@ WORKSPACE_MISSING = ("the workspace folder is not there (an unmounted disk, a fo
 def missing_workspaces(collections: Sequence[Collection]) -> list[str]:
     """The workspace folders of ``collections`` that are not there now, each as ``"<path>/"``: the files indexed
     under one keep their points (a disk not mounted yet must not cost a re-embedding of everything on it)."""
-    return [str(c.root).rstrip("/") + "/" for c in collections if c.role == "root" and not os.path.isdir(c.root)]
+    return [str(c.root).rstrip("/") + "/" for c in collections if _workspace_away(c)]
+
+
+def _workspace_away(collection: Collection) -> bool:
+    """Whether ``collection`` is a workspace's root collection whose folder is not there now."""
+    return collection.role == "root" and not os.path.isdir(collection.root)
 
 
 def path_problems(collections: Sequence[Collection]) -> list[Problem]:
     """The ``Problem``s of the workspaces, extra paths and sessions folders among ``collections``, in order."""
     out: list[Problem] = [Problem("workspace_missing", c.agent, c.root, WORKSPACE_MISSING)
-                          for c in collections if c.role == "root" and not os.path.isdir(c.root)]
+                          for c in collections if _workspace_away(c)]
     for n, extra in enumerate(collections):
         missing = extra.source.missing
         if missing and not os.path.lexists(extra.root):
